@@ -1,0 +1,1 @@
+"""Everything the connectors share: the contract, memory, keys, config, metrics, slabs."""

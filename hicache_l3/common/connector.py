@@ -1,0 +1,370 @@
+"""The page-batch contract every connector implements.
+
+A connector stores opaque byte pages under string keys inside one
+:class:`~hicache_l3.common.keys.Namespace`. Pages live in host memory that was
+:meth:`Connector.register`-ed once; every transfer moves bytes straight between that
+memory and the engine.
+
+Contract (the conformance suite in :mod:`hicache_l3.conformance` checks all of it):
+
+* ``batch_set(keys, pages)``, ``batch_get(keys, pages)``, ``batch_exists(keys)`` and
+  ``delete(keys)`` return one ``bool`` per key, in order; a batch is never truncated.
+  A miss, a short read, a size mismatch, a checksum failure, an invalid key, a page
+  outside registered memory or an engine error is ``False`` for that key, and its
+  :class:`~hicache_l3.common.errors.Reason` is counted in :meth:`Connector.stats`.
+  The other keys of the batch are not affected.
+* A page is a sequence of ``(address, length)`` segments (one for ``page_first``,
+  several for ``layer_first``). All pages of a namespace have the same byte size
+  (``page_bytes``, from config or from the first page seen).
+* ``batch_set`` of a key that is already stored returns ``True`` and leaves the stored
+  bytes as they are (pages are content-addressed: same key, same bytes).
+* ``batch_get`` returning ``True`` means the page's bytes are exactly the bytes that
+  were set; on ``False`` the destination memory may have been written to.
+* :meth:`Connector.leading_hits` gives the number of leading keys that exist (what
+  SGLang's prefetch wants).
+* :meth:`Connector.clear` removes this namespace's pages only.
+* Every method is thread-safe. After :meth:`Connector.close` (idempotent) every call
+  raises :class:`~hicache_l3.common.errors.ConnectorClosedError`; close waits for calls
+  in flight, so an engine library is never entered after it was shut down.
+* Exceptions are raised only for caller errors (mismatched list lengths, bad config,
+  closed connector, a region that cannot be registered), never for one bad page.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, ClassVar, Generic, TypeVar
+
+from hicache_l3.common.config import ConnectorConfig
+from hicache_l3.common.errors import (
+    ConnectorClosedError,
+    MemoryRegistrationError,
+    Reason,
+)
+from hicache_l3.common.keys import Namespace, is_valid_key
+from hicache_l3.common.logs import RateLimitedLogger
+from hicache_l3.common.memory import MemoryRegion, RegionTable
+from hicache_l3.common.metrics import Metrics
+from hicache_l3.common.pages import Page, page_nbytes
+
+log = logging.getLogger("hicache_l3")
+
+ConfigT = TypeVar("ConfigT", bound=ConnectorConfig)
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What a connector promises; the conformance suite asserts each declared behaviour.
+
+    - ``persistent``: pages survive :meth:`Connector.close` and a reopen.
+    - ``shared_across_processes``: a page set by one process is seen by another
+      process opening the same engine and namespace.
+    - ``detects_corruption``: stored bytes altered behind the connector's back (same
+      length) read as a miss (checksummed pages).
+    - ``evicts``: a configured capacity is enforced by evicting pages; evicted pages
+      read as misses.
+    """
+
+    persistent: bool
+    shared_across_processes: bool
+    detects_corruption: bool
+    evicts: bool
+
+
+class Connector(abc.ABC, Generic[ConfigT]):
+    """Base class of all connectors: validation, metrics and lifecycle around the
+    engine-specific hooks ``_set``, ``_get``, ``_exists``, ``_delete``, ``_clear``,
+    ``_register``, ``_unregister`` and ``_close``.
+
+    Hooks receive only valid keys and pages inside registered memory, of the right
+    size, and return one :class:`Reason` per key. They must be thread-safe.
+    """
+
+    name: ClassVar[str] = "connector"
+    config_class: ClassVar[type[ConnectorConfig]] = ConnectorConfig
+
+    def __init__(self, config: ConfigT, namespace: Namespace) -> None:
+        self.config = config
+        self.namespace = namespace
+        self.page_bytes: int | None = config.page_bytes
+        self.metrics = Metrics()
+        self.regions = RegionTable()
+        self._log = RateLimitedLogger(log)
+        self._state = threading.Condition()
+        self._inflight = 0
+        self._closed = False
+
+    @classmethod
+    def open(cls, settings: dict[str, Any], namespace: Namespace) -> Connector[Any]:
+        """Build the config from ``settings`` (over the environment) and open the engine."""
+        return cls(cls.config_class.load(cls.name, settings), namespace)  # type: ignore[arg-type]
+
+    # ---- capabilities -------------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def capabilities(self) -> Capabilities:
+        """What this connector, as configured, promises (see :class:`Capabilities`)."""
+
+    # ---- lifecycle ----------------------------------------------------------------
+    def _enter(self) -> None:
+        with self._state:
+            if self._closed:
+                raise ConnectorClosedError(f"{self.name} connector is closed")
+            self._inflight += 1
+
+    def _leave(self) -> None:
+        with self._state:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._state.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed
+
+    def close(self) -> None:
+        """Wait for calls in flight, release the engine and registrations. Idempotent."""
+        with self._state:
+            if self._closed:
+                return
+            self._closed = True
+            self._state.wait_for(lambda: self._inflight == 0, timeout=60.0)
+        for region in list(self.regions):
+            try:
+                self._unregister(region)
+            except Exception as exc:  # closing must not fail halfway
+                log.warning("%s: unregister at close failed: %s", self.name, exc)
+        self._close()
+
+    def __enter__(self) -> Connector[ConfigT]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<{type(self).__name__} {state} {self.namespace.describe()}>"
+
+    # ---- memory -------------------------------------------------------------------
+    def register(self, region: MemoryRegion | Any) -> MemoryRegion:
+        """Make host memory known to the engine once; returns the :class:`MemoryRegion`.
+
+        Accepts a :class:`MemoryRegion`, a CPU torch tensor or any writable buffer.
+        Registering the same region twice is a no-op; an overlapping one is refused.
+        """
+        region = as_region(region)
+        self._enter()
+        try:
+            if not self.regions.add(region):
+                return region
+            try:
+                self._register(region)
+            except Exception as exc:
+                self.regions.remove(region)
+                raise MemoryRegistrationError(
+                    f"{self.name}: registering {region.size} bytes at {region.address:#x} "
+                    f"failed: {exc}"
+                ) from exc
+            return region
+        finally:
+            self._leave()
+
+    def unregister(self, region: MemoryRegion) -> None:
+        """Forget a region registered before (pages in it can no longer be moved)."""
+        self._enter()
+        try:
+            if self.regions.remove(region):
+                self._unregister(region)
+        finally:
+            self._leave()
+
+    # ---- batch operations ---------------------------------------------------------
+    def batch_set(self, keys: Sequence[str], pages: Sequence[Page]) -> list[bool]:
+        """Store page ``i`` under ``keys[i]``; one bool per key (see module docstring)."""
+        return self._transfer("set", keys, pages)
+
+    def batch_get(self, keys: Sequence[str], pages: Sequence[Page]) -> list[bool]:
+        """Load ``keys[i]`` into page ``i``; one bool per key, True only for exact bytes."""
+        return self._transfer("get", keys, pages)
+
+    def batch_exists(self, keys: Sequence[str]) -> list[bool]:
+        """One bool per key: is it stored in this namespace (as far as the engine knows)?"""
+        return self._keyed("exists", keys)
+
+    def leading_hits(self, keys: Sequence[str]) -> int:
+        """How many keys, from the first, exist before the first miss."""
+        n = 0
+        for hit in self.batch_exists(keys):
+            if not hit:
+                break
+            n += 1
+        return n
+
+    def delete(self, keys: Sequence[str]) -> list[bool]:
+        """Remove keys; True per key that was stored and is now gone."""
+        return self._keyed("delete", keys)
+
+    def clear(self) -> None:
+        """Remove every page of this namespace, and nothing of any other namespace."""
+        self._enter()
+        try:
+            self._clear()
+            self.metrics.count("clear")
+        finally:
+            self._leave()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters per op (pages, bytes, ok, failures by reason, latency) and engine info."""
+        return {
+            "connector": self.name,
+            "namespace": self.namespace.describe(),
+            "page_bytes": self.page_bytes,
+            "ops": self.metrics.snapshot(),
+            "engine": self._engine_stats(),
+        }
+
+    # ---- shared validation ----------------------------------------------------------
+    def _transfer(self, op: str, keys: Sequence[str], pages: Sequence[Page]) -> list[bool]:
+        if len(keys) != len(pages):
+            raise ValueError(f"batch_{op}: {len(keys)} keys but {len(pages)} pages")
+        self._enter()
+        start = time.perf_counter()
+        try:
+            reasons: list[Reason] = [Reason.OK] * len(keys)
+            valid: list[int] = []
+            expected = self.page_bytes
+            for i, (key, page) in enumerate(zip(keys, pages)):
+                if not is_valid_key(key):
+                    reasons[i] = Reason.INVALID_KEY
+                elif not page or not self.regions.covers(page):
+                    reasons[i] = Reason.UNREGISTERED
+                else:
+                    nbytes = page_nbytes(page)
+                    if expected is None:
+                        expected = self._learn_page_bytes(nbytes)
+                    if nbytes != expected:
+                        reasons[i] = Reason.SIZE_MISMATCH
+                    else:
+                        valid.append(i)
+            self._warn_rejected(op, keys, reasons)
+            if valid:
+                vkeys = [keys[i] for i in valid]
+                vpages = [pages[i] for i in valid]
+                try:
+                    hook = self._set if op == "set" else self._get
+                    results = hook(vkeys, vpages)
+                    if len(results) != len(valid):
+                        raise RuntimeError(f"_{op} returned {len(results)} results")
+                except Exception as exc:
+                    self._log.warning(f"{op}-exc", "%s: batch_%s failed: %r", self.name, op, exc)
+                    results = [Reason.ENGINE_ERROR] * len(valid)
+                for i, r in zip(valid, results):
+                    reasons[i] = r
+            moved = sum(1 for r in reasons if r is Reason.OK) * (expected or 0)
+            self.metrics.observe(op, reasons, moved, time.perf_counter() - start)
+            return [r is Reason.OK for r in reasons]
+        finally:
+            self._leave()
+
+    def _keyed(self, op: str, keys: Sequence[str]) -> list[bool]:
+        self._enter()
+        start = time.perf_counter()
+        try:
+            reasons: list[Reason] = [Reason.OK] * len(keys)
+            valid = [i for i, k in enumerate(keys) if is_valid_key(k)]
+            if len(valid) != len(keys):
+                for i, k in enumerate(keys):
+                    if not is_valid_key(k):
+                        reasons[i] = Reason.INVALID_KEY
+                self._warn_rejected(op, keys, reasons)
+            if valid:
+                vkeys = keys if len(valid) == len(keys) else [keys[i] for i in valid]
+                try:
+                    hook = self._exists if op == "exists" else self._delete
+                    results = hook(list(vkeys))
+                    if len(results) != len(valid):
+                        raise RuntimeError(f"_{op} returned {len(results)} results")
+                except Exception as exc:
+                    self._log.warning(f"{op}-exc", "%s: %s failed: %r", self.name, op, exc)
+                    results = [Reason.ENGINE_ERROR] * len(valid)
+                for i, r in zip(valid, results):
+                    reasons[i] = r
+            self.metrics.observe(op, reasons, 0, time.perf_counter() - start)
+            return [r is Reason.OK for r in reasons]
+        finally:
+            self._leave()
+
+    def _learn_page_bytes(self, nbytes: int) -> int:
+        with self._state:
+            if self.page_bytes is None:
+                self.page_bytes = nbytes
+            return self.page_bytes
+
+    def _warn_rejected(self, op: str, keys: Sequence[str], reasons: list[Reason]) -> None:
+        for key, r in zip(keys, reasons):
+            if r is Reason.INVALID_KEY:
+                self._log.warning(
+                    f"{op}-key", "%s: %s refused invalid key %.80r", self.name, op, key
+                )
+            elif r is Reason.UNREGISTERED:
+                self._log.warning(
+                    f"{op}-mem",
+                    "%s: %s of key %s refused: page lies outside registered memory "
+                    "(call register() on its buffer first)", self.name, op, key,
+                )
+            elif r is Reason.SIZE_MISMATCH:
+                self._log.warning(
+                    f"{op}-size", "%s: %s of key %s refused: page size differs from "
+                    "page_bytes=%s", self.name, op, key, self.page_bytes,
+                )
+
+    # ---- engine hooks -------------------------------------------------------------
+    def _register(self, region: MemoryRegion) -> None:
+        """Register ``region`` with the engine (default: nothing to do)."""
+
+    def _unregister(self, region: MemoryRegion) -> None:
+        """Undo :meth:`_register` (default: nothing to do)."""
+
+    @abc.abstractmethod
+    def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
+        """Store valid pages; one Reason per key."""
+
+    @abc.abstractmethod
+    def _get(self, keys: list[str], pages: list[Page]) -> list[Reason]:
+        """Load into valid pages; one Reason per key."""
+
+    @abc.abstractmethod
+    def _exists(self, keys: list[str]) -> list[Reason]:
+        """Reason.OK for stored keys, Reason.MISS otherwise."""
+
+    @abc.abstractmethod
+    def _delete(self, keys: list[str]) -> list[Reason]:
+        """Remove keys; Reason.OK where a key was stored."""
+
+    @abc.abstractmethod
+    def _clear(self) -> None:
+        """Remove every page of this namespace only."""
+
+    @abc.abstractmethod
+    def _close(self) -> None:
+        """Release the engine. Called once, with no call in flight."""
+
+    def _engine_stats(self) -> dict[str, Any]:
+        """Engine-specific figures for :meth:`stats` (default: none)."""
+        return {}
+
+
+def as_region(obj: MemoryRegion | Any) -> MemoryRegion:
+    """A :class:`MemoryRegion` from a region, a CPU torch tensor or a writable buffer."""
+    if isinstance(obj, MemoryRegion):
+        return obj
+    if hasattr(obj, "data_ptr") and hasattr(obj, "element_size"):
+        return MemoryRegion.from_tensor(obj)
+    return MemoryRegion.from_buffer(obj)

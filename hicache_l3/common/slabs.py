@@ -1,0 +1,581 @@
+"""The slab store: pages packed into preallocated, reused slab files, with an index that
+every process of a namespace can read. Shared by the file, nixl (file mode) and hf3fs
+connectors, which differ only in how bytes move.
+
+Layout under ``<root>/ns-<namespace digest>/``::
+
+    namespace.json            the namespace and the slot size, written once
+    writers/wNNNN/lock        flock-ed by the process that owns this writer directory
+    writers/wNNNN/index.log   append-only index records of this writer
+    writers/wNNNN/slab-NNNNNN.dat   preallocated data files cut into slots
+
+Writers. Each process that stores pages owns one writer directory (it adopts a free
+one on open, so restarts reuse their slabs instead of growing the disk) and writes
+only into its own slots: writers never contend for a slot. It evicts its own least
+recently used slots when its capacity is reached.
+
+Slots. A slot is a 4 KiB header block, the data, and an end marker::
+
+    [ ... | start header (64 B) ][ data (slot_bytes) ][ end marker (64 B) | pad ]
+
+The start header holds (magic, generation, length, checksum, key fingerprint); the
+end marker holds (generation, key fingerprint). Every write gets a new generation,
+unique per writer. A writer fills a slot in two steps: first the end marker, then the
+start header and data in one ``pwritev``. A reader reads header, data and marker in one
+``preadv`` and accepts the page only if both carry the generation and fingerprint the
+index gave it. A reader that overlaps a rewrite of the slot either reads the new end
+marker (generation differs: miss) or finished reading the data before the rewrite
+began. A torn write, a recycled slot or a crash mid-write therefore reads as a miss,
+never as somebody else's bytes; checksums add detection of bytes altered at rest.
+
+Index. A record is appended to the writer's ``index.log`` only after the data is
+written (and synced, under ``fsync="data"``), so an entry is never visible before its
+bytes. Readers tail every writer's log (one ``fstat`` per writer per call, one
+``stat`` of ``writers/`` to notice new writers), so ``exists`` sees other processes'
+pages on the next call. A PUT record for a slot supersedes whatever that slot held; a
+DEL record names the exact (writer, slab, slot, generation) it removes, so a stale DEL
+can never remove a newer page. The owner frees its slot when it reads a DEL for it.
+
+What the index relies on from the filesystem: ``write(2)`` with ``O_APPEND`` by a single
+owner per log; ``stat``/``fstat`` sizes and directory mtime that reflect other local
+processes' writes; ``flock`` to adopt a writer directory; ``mkdir`` atomicity to create
+one. (Multi-node use over a network filesystem is the hf3fs connector's concern.)
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import json
+import logging
+import os
+import struct
+import threading
+import zlib
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from hicache_l3.common.errors import ConfigError
+from hicache_l3.common.keys import Namespace
+
+log = logging.getLogger("hicache_l3.slabs")
+
+FORMAT_VERSION = 1
+HEADER_BLOCK = 4096
+MARKER = 64
+ALIGN = 4096
+START = struct.Struct("<4sHHQQQ16s")  # magic, version, flags, gen, length, checksum, key fp
+END = struct.Struct("<4s4xQ16s")  # magic, gen, key fp
+START_MAGIC, END_MAGIC = b"HL3S", b"HL3E"
+# crc, kind, pad, key length, writer, slab, slot, pad, gen, length, checksum
+RECORD = struct.Struct("<IBBHIIIIQQQ")
+PUT, DEL = 1, 2
+
+
+def _round_up(value: int, align: int) -> int:
+    return (value + align - 1) // align * align
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """Where one stored page is: writer, slab, slot, generation, length, checksum."""
+
+    writer: int
+    slab: int
+    slot: int
+    gen: int
+    length: int
+    checksum: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+    """Byte offsets of a slot's parts, derived from the slot size."""
+
+    slot_bytes: int
+
+    @property
+    def stride(self) -> int:
+        """Bytes one slot takes in its slab (header block + data + marker, 4 KiB aligned)."""
+        return HEADER_BLOCK + _round_up(self.slot_bytes + MARKER, ALIGN)
+
+    def header_offset(self, slot: int) -> int:
+        """Offset of the start header; the data follows it immediately."""
+        return slot * self.stride + HEADER_BLOCK - MARKER
+
+    def data_offset(self, slot: int) -> int:
+        """Offset of the data (4 KiB aligned, so O_DIRECT can move it)."""
+        return slot * self.stride + HEADER_BLOCK
+
+    def end_offset(self, slot: int) -> int:
+        """Offset of the end marker (fixed, after ``slot_bytes`` of data)."""
+        return slot * self.stride + HEADER_BLOCK + self.slot_bytes
+
+
+def encode_start(gen: int, length: int, checksum: int, fingerprint: bytes) -> bytes:
+    """The 64-byte start header of a slot."""
+    return START.pack(START_MAGIC, FORMAT_VERSION, 0, gen, length, checksum, fingerprint).ljust(
+        MARKER, b"\0"
+    )
+
+
+def encode_end(gen: int, fingerprint: bytes) -> bytes:
+    """The 64-byte end marker of a slot."""
+    return END.pack(END_MAGIC, gen, fingerprint).ljust(MARKER, b"\0")
+
+
+def check_slot(start: bytes | memoryview, end: bytes | memoryview, entry: Entry,
+               fingerprint: bytes) -> bool:
+    """True when a slot's header and marker both carry ``entry``'s generation and length
+    and the key's fingerprint: the bytes between them are that page's, untorn."""
+    magic, version, _, gen, length, checksum, fp = START.unpack_from(start)
+    if magic != START_MAGIC or version != FORMAT_VERSION or gen != entry.gen:
+        return False
+    if length != entry.length or checksum != entry.checksum or fp != fingerprint:
+        return False
+    emagic, egen, efp = END.unpack_from(end)
+    return emagic == END_MAGIC and egen == entry.gen and efp == fingerprint
+
+
+class _LogTail:
+    """A reader's position in one writer's index log."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.offset = 0
+        self.max_gen = 0
+
+
+class SlabStore:
+    """Slots in slab files plus the shared index, for one namespace under ``root``.
+
+    Thread-safe. The store owns metadata only; the caller moves the bytes with the
+    offsets it gets from :meth:`reserve` (set) and :meth:`lookup` (get), then calls
+    :meth:`commit` / :meth:`abort`, or :meth:`invalidate` on a failed check.
+
+    ``capacity_bytes`` bounds this writer's slabs (each writer process has its own);
+    when full, the least recently used own slot is reused. ``fsync`` is ``"none"``
+    (page cache only), ``"data"`` (slabs synced before index records are published) or
+    ``"always"`` (the index log synced too).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        namespace: Namespace,
+        slot_bytes: int,
+        *,
+        capacity_bytes: int | None = None,
+        slab_bytes: int = 256 << 20,
+        fsync: str = "none",
+        direct: bool = False,
+    ) -> None:
+        if fsync not in ("none", "data", "always"):
+            raise ConfigError(f"fsync must be 'none', 'data' or 'always', got {fsync!r}")
+        self.namespace = namespace
+        self.directory = Path(root) / f"ns-{namespace.digest()}"
+        self.writers_dir = self.directory / "writers"
+        self.geometry = Geometry(slot_bytes)
+        self.fsync = fsync
+        self.direct = direct
+        stride = self.geometry.stride
+        self.slots_per_slab = max(1, slab_bytes // stride)
+        self.max_slots = None if capacity_bytes is None else max(1, capacity_bytes // stride)
+        if self.max_slots is not None:
+            self.slots_per_slab = min(self.slots_per_slab, self.max_slots)
+        self._lock = threading.RLock()
+        self._entries: dict[str, Entry] = {}
+        self._slot_key: dict[tuple[int, int, int], str] = {}
+        self._tails: dict[int, _LogTail] = {}
+        self._fds: dict[tuple[int, int, bool], int] = {}
+        self._dir_mtime = -1
+        self._closed = False
+        # writer state, created on first write
+        self.me: int | None = None
+        self._lock_fd = -1
+        self._log_fd = -1
+        self._lru: collections.OrderedDict[tuple[int, int], str] = collections.OrderedDict()
+        self._free: list[tuple[int, int]] = []
+        self._n_slabs = 0
+        self._next_gen = 1
+        self.evictions = 0
+        self._write_namespace_file()
+        self.writers_dir.mkdir(parents=True, exist_ok=True)
+
+    # ---- namespace file -------------------------------------------------------------
+    def _write_namespace_file(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / "namespace.json"
+        body = {
+            "format": FORMAT_VERSION,
+            "slot_bytes": self.geometry.slot_bytes,
+            "namespace": self.namespace.fields(),
+        }
+        if not path.exists():
+            tmp = self.directory / f".namespace.{os.getpid()}.{threading.get_ident()}.tmp"
+            tmp.write_text(json.dumps(body, indent=1, sort_keys=True))
+            try:
+                os.link(tmp, path)  # atomic create-if-absent
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink()
+        existing = read_namespace_file(self.directory)
+        if existing.get("slot_bytes") != self.geometry.slot_bytes:
+            raise ConfigError(
+                f"{self.directory} stores pages of {existing.get('slot_bytes')} bytes, "
+                f"not {self.geometry.slot_bytes}: page_bytes differs for the same namespace"
+            )
+
+    # ---- reading the shared index ------------------------------------------------------
+    def refresh(self) -> None:
+        """Pick up index records appended by every writer (new writers included)."""
+        with self._lock:
+            self._check_open()
+            try:
+                mtime = os.stat(self.writers_dir).st_mtime_ns
+            except FileNotFoundError:
+                return
+            if mtime != self._dir_mtime:
+                self._dir_mtime = mtime
+                self._scan_writers()
+            for writer, tail in self._tails.items():
+                if writer == self.me:
+                    continue
+                size = os.fstat(tail.fd).st_size
+                if size > tail.offset:
+                    self._read_tail(writer, tail, size)
+
+    def _scan_writers(self) -> None:
+        for name in os.listdir(self.writers_dir):
+            if not (name.startswith("w") and name[1:].isdigit()):
+                continue
+            writer = int(name[1:])
+            if writer in self._tails:
+                continue
+            try:
+                fd = os.open(self.writers_dir / name / "index.log", os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            self._tails[writer] = _LogTail(fd)
+
+    def _read_tail(self, writer: int, tail: _LogTail, size: int) -> None:
+        data = os.pread(tail.fd, size - tail.offset, tail.offset)
+        pos, n = 0, len(data)
+        hsize = RECORD.size
+        while pos + hsize <= n:
+            crc, kind, _, keylen, w, slab, slot, _, gen, length, checksum = RECORD.unpack_from(
+                data, pos
+            )
+            end = pos + hsize + keylen
+            if end > n:
+                break
+            if zlib.crc32(data[pos + 4 : end]) != crc:
+                break  # a record still being written (or a crashed writer's tail)
+            key = data[pos + hsize : end].decode()
+            if kind == PUT:
+                self._apply_put(key, Entry(w, slab, slot, gen, length, checksum))
+                tail.max_gen = max(tail.max_gen, gen)
+            elif kind == DEL:
+                self._apply_del(key, Entry(w, slab, slot, gen, length, checksum))
+            pos = end
+        tail.offset += pos
+
+    def _apply_put(self, key: str, entry: Entry) -> None:
+        where = (entry.writer, entry.slab, entry.slot)
+        old_key = self._slot_key.get(where)
+        if old_key is not None:
+            old = self._entries.get(old_key)
+            if old is not None and (old.writer, old.slab, old.slot) == where:
+                del self._entries[old_key]
+        previous = self._entries.get(key)
+        if previous is not None:
+            self._slot_key.pop((previous.writer, previous.slab, previous.slot), None)
+        self._entries[key] = entry
+        self._slot_key[where] = key
+
+    def _apply_del(self, key: str, entry: Entry) -> None:
+        current = self._entries.get(key)
+        if current is None or (current.writer, current.slab, current.slot, current.gen) != (
+            entry.writer, entry.slab, entry.slot, entry.gen
+        ):
+            return
+        del self._entries[key]
+        self._slot_key.pop((entry.writer, entry.slab, entry.slot), None)
+        if entry.writer == self.me:
+            self._release((entry.slab, entry.slot))
+
+    def contains(self, keys: Sequence[str]) -> list[bool]:
+        """One bool per key: is it in the index (after a refresh)?"""
+        self.refresh()
+        entries = self._entries
+        return [k in entries for k in keys]
+
+    def lookup(self, keys: Sequence[str]) -> list[tuple[int, Entry] | None]:
+        """Per key: ``(fd, entry)`` to read the slot from, or None for a miss."""
+        self.refresh()
+        out: list[tuple[int, Entry] | None] = []
+        with self._lock:
+            for key in keys:
+                entry = self._entries.get(key)
+                out.append(None if entry is None else (self._fd(entry.writer, entry.slab), entry))
+        return out
+
+    def touch(self, entries: Iterable[Entry]) -> None:
+        """Mark own slots as recently used (LRU order)."""
+        with self._lock:
+            for e in entries:
+                if e.writer == self.me:
+                    with contextlib.suppress(KeyError):
+                        self._lru.move_to_end((e.slab, e.slot))
+
+    def invalidate(self, key: str, entry: Entry) -> None:
+        """Forget ``key`` if it still maps to ``entry`` (its slot failed a check)."""
+        with self._lock:
+            if self._entries.get(key) == entry:
+                del self._entries[key]
+                self._slot_key.pop((entry.writer, entry.slab, entry.slot), None)
+
+    def fd(self, writer: int, slab: int, direct: bool = False) -> int:
+        """A file descriptor on a slab (cached; O_DIRECT when ``direct``)."""
+        with self._lock:
+            return self._fd(writer, slab, direct)
+
+    def _fd(self, writer: int, slab: int, direct: bool = False) -> int:
+        fd = self._fds.get((writer, slab, direct))
+        if fd is None:
+            flags = os.O_RDWR if writer == self.me else os.O_RDONLY
+            if direct:
+                flags |= os.O_DIRECT
+            fd = os.open(self._slab_path(writer, slab), flags)
+            self._fds[(writer, slab, direct)] = fd
+        return fd
+
+    def _slab_path(self, writer: int, slab: int) -> Path:
+        return self.writers_dir / f"w{writer:04d}" / f"slab-{slab:06d}.dat"
+
+    # ---- writing -----------------------------------------------------------------------
+    def reserve(self, count: int) -> list[tuple[int, int, int, int]]:
+        """Up to ``count`` own slots as ``(fd, slab, slot, gen)``; fewer when full.
+
+        Evicts least recently used own pages when the capacity is reached; their keys
+        are gone from the index at once.
+        """
+        with self._lock:
+            self._check_open()
+            self._become_writer()
+            out = []
+            for _ in range(count):
+                where = self._take_slot()
+                if where is None:
+                    break
+                gen = self._next_gen
+                self._next_gen += 1
+                out.append((self._fd(self.me, where[0]), where[0], where[1], gen))  # type: ignore[arg-type]
+            return out
+
+    def _take_slot(self) -> tuple[int, int] | None:
+        if self._free:
+            return self._free.pop()
+        if self.max_slots is None or self._n_slabs * self.slots_per_slab < self.max_slots:
+            self._grow()
+            return self._free.pop()
+        while self._lru:
+            where, key = self._lru.popitem(last=False)
+            entry = self._entries.get(key)
+            if entry is not None and (entry.writer, entry.slab, entry.slot) == (self.me, *where):
+                del self._entries[key]
+            self._slot_key.pop((self.me, *where), None)  # type: ignore[arg-type]
+            self.evictions += 1
+            return where
+        return None
+
+    def _grow(self) -> None:
+        slab = self._n_slabs
+        slots = self.slots_per_slab
+        if self.max_slots is not None:
+            slots = min(slots, self.max_slots - slab * self.slots_per_slab)
+        size = slots * self.geometry.stride
+        fd = os.open(self._slab_path(self.me, slab), os.O_RDWR | os.O_CREAT, 0o644)  # type: ignore[arg-type]
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                os.close(fd)
+                raise
+            os.ftruncate(fd, size)
+        self._fds[(self.me, slab, False)] = fd  # type: ignore[index]
+        self._n_slabs += 1
+        self._free.extend((slab, s) for s in reversed(range(slots)))
+
+    def commit(self, items: Sequence[tuple[str, int, int, int, int, int]]) -> None:
+        """Publish written pages: ``(key, slab, slot, gen, length, checksum)`` each.
+
+        Call only after the bytes are written; syncs slabs first under ``fsync="data"``.
+        """
+        if not items:
+            return
+        me = self.me
+        assert me is not None
+        if self.fsync != "none":
+            for slab in {it[1] for it in items}:
+                os.fdatasync(self.fd(me, slab))
+        records = b"".join(_encode_record(PUT, key, me, s, sl, g, ln, cs)
+                           for key, s, sl, g, ln, cs in items)
+        with self._lock:
+            self._check_open()
+            os.write(self._log_fd, records)
+            self._tails[me].offset += len(records)
+            for key, slab, slot, gen, length, checksum in items:
+                self._apply_put(key, Entry(me, slab, slot, gen, length, checksum))
+                self._lru[(slab, slot)] = key
+                self._lru.move_to_end((slab, slot))
+        if self.fsync == "always":
+            os.fdatasync(self._log_fd)
+
+    def abort(self, slots: Iterable[tuple[int, int]]) -> None:
+        """Give back reserved ``(slab, slot)`` pairs that were not committed."""
+        with self._lock:
+            for where in slots:
+                self._free.append(where)
+
+    def _release(self, where: tuple[int, int]) -> None:
+        if self._lru.pop(where, None) is not None:
+            self._free.append(where)
+
+    def delete(self, keys: Sequence[str]) -> list[bool]:
+        """Remove keys from the shared index (any writer's); True where a key was there."""
+        self.refresh()
+        with self._lock:
+            self._become_writer()
+            found, records = [], []
+            for key in keys:
+                entry = self._entries.pop(key, None)
+                found.append(entry is not None)
+                if entry is None:
+                    continue
+                self._slot_key.pop((entry.writer, entry.slab, entry.slot), None)
+                records.append(_encode_record(DEL, key, entry.writer, entry.slab, entry.slot,
+                                              entry.gen, entry.length, entry.checksum))
+                if entry.writer == self.me:
+                    self._release((entry.slab, entry.slot))
+            if records:
+                data = b"".join(records)
+                os.write(self._log_fd, data)
+                self._tails[self.me].offset += len(data)  # type: ignore[index]
+            return found
+
+    def clear(self) -> int:
+        """Delete every key of this namespace known now; returns how many."""
+        self.refresh()
+        with self._lock:
+            keys = list(self._entries)
+        return sum(self.delete(keys))
+
+    def _become_writer(self) -> None:
+        if self.me is not None:
+            return
+        self.refresh()
+        existing = sorted(int(n[1:]) for n in os.listdir(self.writers_dir)
+                          if n.startswith("w") and n[1:].isdigit())
+        for writer in existing:
+            if self._try_own(writer):
+                return
+        writer = (existing[-1] + 1) if existing else 0
+        while True:
+            try:
+                (self.writers_dir / f"w{writer:04d}").mkdir()
+            except FileExistsError:
+                writer += 1
+                continue
+            if self._try_own(writer):
+                return
+            writer += 1
+
+    def _try_own(self, writer: int) -> bool:
+        wdir = self.writers_dir / f"w{writer:04d}"
+        fd = os.open(wdir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self._lock_fd = fd
+        log_path = wdir / "index.log"
+        self._log_fd = os.open(log_path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        tail = self._tails.get(writer)
+        if tail is None:
+            tail = _LogTail(os.open(log_path, os.O_RDONLY))
+            self._tails[writer] = tail
+        size = os.fstat(tail.fd).st_size
+        if size > tail.offset:
+            self._read_tail(writer, tail, size)
+        if os.fstat(self._log_fd).st_size > tail.offset:
+            os.ftruncate(self._log_fd, tail.offset)  # drop a crashed writer's torn tail
+        self.me = writer
+        self._next_gen = tail.max_gen + 1
+        owned = sorted(
+            ((e.gen, (e.slab, e.slot), k) for k, e in self._entries.items() if e.writer == writer)
+        )
+        for _, where, key in owned:
+            self._lru[where] = key
+        while self._slab_path(writer, self._n_slabs).exists():
+            slab = self._n_slabs
+            size = os.path.getsize(self._slab_path(writer, slab))
+            self._n_slabs += 1
+            self._free.extend((slab, s) for s in reversed(range(size // self.geometry.stride))
+                              if (slab, s) not in self._lru)
+        return True
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("slab store is closed")
+
+    def stats(self) -> dict[str, Any]:
+        """Counts of indexed pages, own slots, free slots and evictions."""
+        with self._lock:
+            return {
+                "indexed_pages": len(self._entries),
+                "writer": self.me,
+                "own_pages": len(self._lru),
+                "free_slots": len(self._free),
+                "slabs": self._n_slabs,
+                "max_slots": self.max_slots,
+                "evictions": self.evictions,
+                "writers_seen": len(self._tails),
+            }
+
+    def close(self) -> None:
+        """Close every file descriptor and release the writer directory."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            fds = [*self._fds.values(), *(t.fd for t in self._tails.values())]
+            fds += [fd for fd in (self._log_fd, self._lock_fd) if fd >= 0]
+            self._fds.clear()
+            self._tails.clear()
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+
+def _encode_record(kind: int, key: str, writer: int, slab: int, slot: int, gen: int,
+                   length: int, checksum: int) -> bytes:
+    kb = key.encode()
+    body = RECORD.pack(0, kind, 0, len(kb), writer, slab, slot, 0, gen, length, checksum)[4:] + kb
+    return struct.pack("<I", zlib.crc32(body)) + body
+
+
+def read_namespace_file(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``namespace.json`` of a namespace directory ({} when absent)."""
+    try:
+        data: dict[str, Any] = json.loads((Path(directory) / "namespace.json").read_text())
+        return data
+    except FileNotFoundError:
+        return {}

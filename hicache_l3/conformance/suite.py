@@ -1,0 +1,524 @@
+"""``ConnectorTests``: the behaviour every connector must show, against its real engine.
+
+Modelled on zarr's ``StoreTests``. A connector's test module subclasses it::
+
+    class TestMyConnector(ConnectorTests):
+        connector_name = "mine"
+
+        @pytest.fixture
+        def settings(self, tmp_path):          # opens nothing: the engine's settings
+            return {"root": str(tmp_path / "store")}
+
+        def backdoor_read(self, settings, namespace, key): ...      # bytes at rest
+        def backdoor_corrupt(self, settings, namespace, key, how): ...  # "flip" | "truncate"
+
+The backdoor reads and damages stored pages *without* the connector under test, so the
+suite checks bytes at rest, not only round trips. The suite asserts what the connector
+declares in :class:`~hicache_l3.common.connector.Capabilities`: a connector that says it
+persists must hit after a reopen, one that says it does not must miss (never return
+wrong bytes). Skips happen only for capabilities a connector declares it lacks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import pytest
+
+from hicache_l3.common.connector import Connector
+from hicache_l3.common.errors import ConnectorClosedError, MemoryRegistrationError
+from hicache_l3.common.keys import Namespace
+from hicache_l3.common.memory import HostBuffer, MemoryRegion
+from hicache_l3.common.pages import Page, contiguous_pages, strided_pages
+from hicache_l3.common.registry import open_connector
+
+HOSTILE_KEYS = [
+    "../../etc/passwd",
+    "/etc/passwd",
+    "a/b",
+    "a\\b",
+    "nul\0byte",
+    "",
+    ".hidden",
+    "..",
+    "x" * 10_000,
+    "spaces are bad",
+    "line\nbreak",
+    "ümlaut",
+]
+
+
+def page_pattern(key: str, nbytes: int) -> bytes:
+    """Deterministic bytes of a page stored under ``key`` (differs for every key)."""
+    return hashlib.shake_128(key.encode()).digest(nbytes)
+
+
+class Pages:
+    """A host buffer registered with a connector, cut into pages, with helpers."""
+
+    def __init__(self, conn: Connector[Any], page_bytes: int, count: int) -> None:
+        self.page_bytes = page_bytes
+        self.buffer = HostBuffer(max(1, count) * page_bytes)
+        self.view = self.buffer.view()
+        conn.register(self.buffer)
+        self.pages: list[Page] = contiguous_pages(self.buffer.address, page_bytes, range(count))
+
+    def fill(self, keys: list[str]) -> None:
+        """Write each key's pattern into the page of the same index."""
+        pb = self.page_bytes
+        for i, key in enumerate(keys):
+            self.view[i * pb : (i + 1) * pb] = page_pattern(key, pb)
+
+    def wipe(self) -> None:
+        """Zero the whole buffer."""
+        self.view[:] = bytes(len(self.view))
+
+    def matches(self, i: int, key: str) -> bool:
+        """True when page ``i`` holds ``key``'s pattern."""
+        pb = self.page_bytes
+        return self.view[i * pb : (i + 1) * pb] == page_pattern(key, pb)
+
+
+def _keys(prefix: str, n: int) -> list[str]:
+    return [f"{prefix}-{i:06d}" for i in range(n)]
+
+
+@pytest.mark.conformance
+class ConnectorTests:
+    """The shared conformance suite; see the module docstring for how to subclass it."""
+
+    connector_name: ClassVar[str]
+    page_bytes: ClassVar[int] = 16 << 10
+
+    # ---- what a subclass provides ----------------------------------------------------
+    @pytest.fixture
+    def settings(self) -> dict[str, Any]:
+        """The connector's settings on its real engine (override in the subclass)."""
+        raise NotImplementedError("a ConnectorTests subclass must define a settings fixture")
+
+    def backdoor_read(self, settings: dict[str, Any], namespace: Namespace, key: str) -> bytes | None:
+        """The page bytes stored under ``key``, read without the connector; None if absent."""
+        raise NotImplementedError
+
+    def backdoor_corrupt(
+        self, settings: dict[str, Any], namespace: Namespace, key: str, how: str
+    ) -> None:
+        """Damage the stored page: ``"flip"`` one data byte, or ``"truncate"`` it."""
+        raise NotImplementedError
+
+    def eviction_settings(self, settings: dict[str, Any], capacity_pages: int) -> dict[str, Any]:
+        """Settings that bound the store to about ``capacity_pages`` pages (evicting
+        connectors override this)."""
+        raise NotImplementedError
+
+    # ---- fixtures --------------------------------------------------------------------
+    @pytest.fixture
+    def namespace(self) -> Namespace:
+        """A namespace unique to the test, so tests sharing an engine never interfere."""
+        return Namespace(
+            model="conformance/model", kv_dtype="bfloat16", layout="page_first",
+            page_size=16, tag=f"t{uuid.uuid4().hex[:12]}",
+        )
+
+    @pytest.fixture
+    def open_conn(self, settings: dict[str, Any], namespace: Namespace) -> Iterator[Any]:
+        """A factory opening connectors (closed at teardown)."""
+        opened: list[Connector[Any]] = []
+
+        def factory(ns: Namespace | None = None, **overrides: Any) -> Connector[Any]:
+            merged = {**settings, **overrides}
+            conn = open_connector(self.connector_name, ns or namespace, merged)
+            opened.append(conn)
+            return conn
+
+        yield factory
+        for conn in opened:
+            conn.close()
+
+    @pytest.fixture
+    def conn(self, open_conn: Any) -> Connector[Any]:
+        """One open connector on the test's namespace."""
+        connector: Connector[Any] = open_conn()
+        return connector
+
+    def _store(self, conn: Connector[Any], keys: list[str]) -> Pages:
+        pages = Pages(conn, self.page_bytes, len(keys))
+        pages.fill(keys)
+        assert conn.batch_set(keys, pages.pages) == [True] * len(keys)
+        return pages
+
+    def _spawn(self, settings: dict[str, Any], namespace: Namespace, op: str,
+               keys: list[str]) -> list[bool]:
+        spec = {
+            "name": self.connector_name, "namespace": namespace.fields() | {"tp_rank": namespace.tp_rank},
+            "settings": settings, "op": op, "keys": keys, "page_bytes": self.page_bytes,
+        }
+        proc = subprocess.run(
+            [sys.executable, "-m", "hicache_l3.conformance.worker", json.dumps(spec)],
+            capture_output=True, text=True, timeout=120,
+        )
+        assert proc.returncode == 0, f"worker failed:\n{proc.stderr[-3000:]}"
+        results: list[bool] = json.loads(proc.stdout.strip().splitlines()[-1])["results"]
+        return results
+
+    # ---- round trips -------------------------------------------------------------------
+    def test_roundtrip_contiguous(self, conn: Connector[Any]) -> None:
+        keys = _keys("rt", 8)
+        pages = self._store(conn, keys)
+        pages.wipe()
+        assert conn.batch_get(keys, pages.pages) == [True] * 8
+        assert all(pages.matches(i, k) for i, k in enumerate(keys))
+
+    def test_roundtrip_multi_segment(self, conn: Connector[Any]) -> None:
+        count, segments = 6, 4
+        seg = self.page_bytes // segments
+        stride = count * seg
+        buf = HostBuffer(segments * stride)
+        conn.register(buf)
+        pages = strided_pages(buf.address, seg, segments, stride, range(count))
+        view = buf.view()
+        keys = _keys("ms", count)
+        for i, key in enumerate(keys):
+            pattern = page_pattern(key, self.page_bytes)
+            for j in range(segments):
+                off = j * stride + i * seg
+                view[off : off + seg] = pattern[j * seg : (j + 1) * seg]
+        assert conn.batch_set(keys, pages) == [True] * count
+        view[:] = bytes(len(view))
+        assert conn.batch_get(keys, pages) == [True] * count
+        for i, key in enumerate(keys):
+            got = b"".join(view[j * stride + i * seg : j * stride + (i + 1) * seg]
+                           for j in range(segments))
+            assert got == page_pattern(key, self.page_bytes)
+
+    def test_bytes_at_rest_are_the_page(self, conn: Connector[Any], settings: dict[str, Any],
+                                        namespace: Namespace) -> None:
+        keys = _keys("rest", 3)
+        self._store(conn, keys)
+        for key in keys:
+            assert self.backdoor_read(settings, namespace, key) == page_pattern(key, self.page_bytes)
+        assert self.backdoor_read(settings, namespace, "never-stored") is None
+
+    def test_miss(self, conn: Connector[Any]) -> None:
+        pages = Pages(conn, self.page_bytes, 3)
+        assert conn.batch_get(_keys("absent", 3), pages.pages) == [False] * 3
+        assert conn.batch_exists(_keys("absent", 3)) == [False] * 3
+        stats = conn.stats()["ops"]["get"]
+        assert stats["failed"].get("miss") == 3
+
+    def test_mixed_hits_and_misses_keep_order(self, conn: Connector[Any]) -> None:
+        stored = _keys("mix", 4)
+        self._store(conn, stored)
+        query = [stored[0], "mix-absent-1", stored[2], "mix-absent-2", stored[3]]
+        pages = Pages(conn, self.page_bytes, len(query))
+        assert conn.batch_get(query, pages.pages) == [True, False, True, False, True]
+        assert pages.matches(0, stored[0]) and pages.matches(2, stored[2])
+        assert pages.matches(4, stored[3])
+        assert conn.batch_exists(query) == [True, False, True, False, True]
+
+    def test_leading_hits(self, conn: Connector[Any]) -> None:
+        keys = _keys("lead", 6)
+        self._store(conn, [keys[0], keys[1], keys[2], keys[4]])
+        assert conn.leading_hits(keys) == 3
+        assert conn.leading_hits(keys[3:]) == 0
+        assert conn.leading_hits([]) == 0
+
+    @pytest.mark.parametrize("count", [0, 1, 128, 4096])
+    def test_batch_sizes(self, open_conn: Any, count: int) -> None:
+        conn = open_conn()
+        keys = _keys(f"b{count}", count)
+        pages = Pages(conn, self.page_bytes, count)
+        pages.fill(keys)
+        assert conn.batch_set(keys, pages.pages) == [True] * count
+        assert conn.batch_exists(keys) == [True] * count
+        pages.wipe()
+        assert conn.batch_get(keys, pages.pages) == [True] * count
+        assert all(pages.matches(i, k) for i, k in enumerate(keys))
+        assert conn.leading_hits(keys) == count
+
+    def test_set_existing_key_is_harmless(self, conn: Connector[Any]) -> None:
+        keys = _keys("dup", 2)
+        pages = self._store(conn, keys)
+        other = Pages(conn, self.page_bytes, 2)
+        other.fill(["other-a", "other-b"])
+        assert conn.batch_set(keys, other.pages) == [True, True]
+        pages.wipe()
+        assert conn.batch_get(keys, pages.pages) == [True, True]
+        for i, key in enumerate(keys):  # the first or the second value, never a mix
+            got = bytes(pages.view[i * self.page_bytes : (i + 1) * self.page_bytes])
+            assert got in (page_pattern(key, self.page_bytes),
+                           page_pattern(["other-a", "other-b"][i], self.page_bytes))
+
+    def test_duplicate_keys_in_one_batch(self, conn: Connector[Any]) -> None:
+        pages = Pages(conn, self.page_bytes, 3)
+        pages.fill(["dupe", "dupe", "single"])
+        assert conn.batch_set(["dupe", "dupe", "single"], pages.pages) == [True] * 3
+        pages.wipe()
+        assert conn.batch_get(["dupe", "single"], pages.pages[:2]) == [True, True]
+        assert pages.matches(0, "dupe") and pages.matches(1, "single")
+
+    # ---- bad input ---------------------------------------------------------------------
+    def test_wrong_page_size_is_refused_per_key(self, conn: Connector[Any]) -> None:
+        keys = _keys("size", 2)
+        pages = self._store(conn, keys)
+        small = [((pages.buffer.address, self.page_bytes // 2),)]
+        assert conn.batch_set(["size-small"], small) == [False]
+        assert conn.batch_get([keys[0]], small) == [False]
+        assert conn.batch_exists(["size-small"]) == [False]
+        # the good page of a mixed batch still works
+        assert conn.batch_get([keys[0], keys[1]], [small[0], pages.pages[1]]) == [False, True]
+        failed = conn.stats()["ops"]["get"]["failed"]
+        assert failed.get("size_mismatch", 0) >= 2
+
+    def test_unregistered_memory_is_refused_per_key(self, conn: Connector[Any]) -> None:
+        keys = _keys("unreg", 2)
+        pages = self._store(conn, keys)
+        stray = HostBuffer(self.page_bytes)  # never registered
+        bad: Page = ((stray.address, self.page_bytes),)
+        assert conn.batch_set(["unreg-x", keys[0] + "-new"], [bad, pages.pages[0]]) == [False, True]
+        assert conn.batch_get([keys[1], keys[0]], [bad, pages.pages[0]]) == [False, True]
+        half_out: Page = ((pages.buffer.address + pages.buffer.size - 8, self.page_bytes),)
+        assert conn.batch_get([keys[1]], [half_out]) == [False]
+        assert conn.stats()["ops"]["get"]["failed"].get("unregistered_memory") == 2
+        assert conn.batch_exists(["unreg-x"]) == [False]
+
+    def test_mismatched_batch_lengths_raise(self, conn: Connector[Any]) -> None:
+        pages = Pages(conn, self.page_bytes, 2)
+        with pytest.raises(ValueError, match="2 keys but 1 pages"):
+            conn.batch_set(["a", "b"], pages.pages[:1])
+        with pytest.raises(ValueError):
+            conn.batch_get(["a"], pages.pages)
+
+    def test_overlapping_registration_is_refused(self, conn: Connector[Any]) -> None:
+        buf = HostBuffer(4 * self.page_bytes)
+        conn.register(buf)
+        conn.register(buf)  # the same region again: a no-op
+        inner = MemoryRegion(buf.address + self.page_bytes, self.page_bytes, owner=buf)
+        with pytest.raises(MemoryRegistrationError, match="overlaps"):
+            conn.register(inner)
+
+    def test_hostile_keys_never_escape_or_collide(self, conn: Connector[Any]) -> None:
+        n = len(HOSTILE_KEYS)
+        pages = Pages(conn, self.page_bytes, n + 1)
+        keys = [*HOSTILE_KEYS, "honest-key"]
+        pages.fill([f"fill-{i}" for i in range(n + 1)])
+        assert conn.batch_set(keys, pages.pages) == [False] * n + [True]
+        assert conn.batch_exists(keys) == [False] * n + [True]
+        assert conn.batch_get(keys, pages.pages) == [False] * n + [True]
+        assert conn.delete(HOSTILE_KEYS) == [False] * n
+        assert conn.stats()["ops"]["set"]["failed"].get("invalid_key") == n
+        # non-string keys are refused the same way
+        assert conn.batch_exists([None, 42, b"bytes"]) == [False, False, False]  # type: ignore[list-item]
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    def test_close_twice_and_calls_after_close(self, open_conn: Any) -> None:
+        conn = open_conn()
+        pages = Pages(conn, self.page_bytes, 1)
+        conn.close()
+        conn.close()
+        assert conn.closed
+        with pytest.raises(ConnectorClosedError):
+            conn.batch_exists(["k"])
+        with pytest.raises(ConnectorClosedError):
+            conn.batch_get(["k"], pages.pages)
+        with pytest.raises(ConnectorClosedError):
+            conn.batch_set(["k"], pages.pages)
+
+    def test_context_manager_closes(self, settings: dict[str, Any], namespace: Namespace) -> None:
+        with open_connector(self.connector_name, namespace, settings) as conn:
+            assert conn.batch_exists(["x"]) == [False]
+        assert conn.closed
+
+    def test_delete(self, conn: Connector[Any]) -> None:
+        keys = _keys("del", 3)
+        pages = self._store(conn, keys)
+        assert conn.delete([keys[1], "del-never"]) == [True, False]
+        assert conn.batch_exists(keys) == [True, False, True]
+        assert conn.batch_get(keys, pages.pages) == [True, False, True]
+        pages.fill(keys)
+        assert conn.batch_set([keys[1]], [pages.pages[1]]) == [True]
+        assert conn.batch_exists(keys) == [True, True, True]
+
+    def test_clear_touches_only_its_namespace(self, open_conn: Any, namespace: Namespace) -> None:
+        import dataclasses
+
+        mine = open_conn()
+        other_ns = dataclasses.replace(namespace, tag=namespace.tag + "-other")
+        other = open_conn(other_ns)
+        keys = _keys("clr", 4)
+        self._store(mine, keys)
+        self._store(other, keys)
+        mine.clear()
+        assert mine.batch_exists(keys) == [False] * 4
+        assert other.batch_exists(keys) == [True] * 4
+        pages = Pages(other, self.page_bytes, 4)
+        assert other.batch_get(keys, pages.pages) == [True] * 4
+        assert all(pages.matches(i, k) for i, k in enumerate(keys))
+
+    def test_stats_count_every_page(self, conn: Connector[Any]) -> None:
+        keys = _keys("st", 5)
+        pages = self._store(conn, keys)
+        conn.batch_get([*keys, "st-miss"], [*pages.pages, pages.pages[0]])
+        ops = conn.stats()["ops"]
+        assert ops["set"]["ok"] == 5 and ops["set"]["bytes"] == 5 * self.page_bytes
+        assert ops["get"]["pages"] == 6 and ops["get"]["ok"] == 5
+        assert ops["get"]["failed"] == {"miss": 1}
+        assert ops["get"]["calls"] == 1
+
+    # ---- namespaces ----------------------------------------------------------------------
+    @pytest.mark.parametrize(
+        "change",
+        [{"kv_dtype": "float16"}, {"tp_rank": 1, "tp_size": 2}, {"pp_rank": 1, "pp_size": 2},
+         {"layout": "layer_first"}, {"page_size": 32}, {"model": "another/model"},
+         {"tag": "someone-else"}],
+    )
+    def test_namespace_isolation(self, open_conn: Any, namespace: Namespace,
+                                 change: dict[str, Any]) -> None:
+        import dataclasses
+
+        writer = open_conn()
+        keys = _keys("iso", 3)
+        self._store(writer, keys)
+        if "tag" in change:
+            change = {"tag": namespace.tag + change["tag"]}
+        reader = open_conn(dataclasses.replace(namespace, **change))
+        pages = Pages(reader, self.page_bytes, 3)
+        assert reader.batch_exists(keys) == [False] * 3
+        assert reader.batch_get(keys, pages.pages) == [False] * 3
+        same = open_conn(namespace)
+        assert same.batch_exists(keys) == [True] * 3
+
+    # ---- integrity -----------------------------------------------------------------------
+    def test_truncated_page_is_a_miss(self, conn: Connector[Any], settings: dict[str, Any],
+                                      namespace: Namespace) -> None:
+        keys = _keys("trunc", 3)
+        pages = self._store(conn, keys)
+        self.backdoor_corrupt(settings, namespace, keys[1], "truncate")
+        pages.wipe()
+        assert conn.batch_get(keys, pages.pages) == [True, False, True]
+        assert pages.matches(0, keys[0]) and pages.matches(2, keys[2])
+
+    def test_corrupted_page_is_a_miss(self, open_conn: Any, settings: dict[str, Any],
+                                      namespace: Namespace) -> None:
+        conn = open_conn()
+        if not conn.capabilities.detects_corruption:
+            pytest.skip("optional capability detects_corruption: not declared")
+        keys = _keys("flip", 3)
+        pages = self._store(conn, keys)
+        self.backdoor_corrupt(settings, namespace, keys[1], "flip")
+        pages.wipe()
+        assert conn.batch_get(keys, pages.pages) == [True, False, True]
+        assert conn.stats()["ops"]["get"]["failed"] == {"corrupt": 1}
+        # a fresh reader (another connector instance) also refuses it
+        fresh = open_conn()
+        other = Pages(fresh, self.page_bytes, 1)
+        assert fresh.batch_get([keys[1]], other.pages) == [False]
+
+    # ---- persistence and sharing ------------------------------------------------------------
+    def test_reopen(self, open_conn: Any) -> None:
+        keys = _keys("reopen", 4)
+        first = open_conn()
+        self._store(first, keys)
+        persistent = first.capabilities.persistent
+        first.close()
+        second = open_conn()
+        pages = Pages(second, self.page_bytes, 4)
+        got = second.batch_get(keys, pages.pages)
+        if persistent:
+            assert got == [True] * 4
+            assert all(pages.matches(i, k) for i, k in enumerate(keys))
+        else:
+            assert got == [False] * 4
+
+    def test_second_process_reads_and_writes(self, conn: Connector[Any], settings: dict[str, Any],
+                                             namespace: Namespace) -> None:
+        if not conn.capabilities.shared_across_processes:
+            pytest.skip("optional capability shared_across_processes: not declared")
+        mine = _keys("p1", 5)
+        self._store(conn, mine)
+        assert self._spawn(settings, namespace, "exists", [*mine, "p1-absent"]) == [True] * 5 + [False]
+        assert self._spawn(settings, namespace, "get", mine) == [True] * 5
+        theirs = _keys("p2", 5)
+        assert self._spawn(settings, namespace, "set", theirs) == [True] * 5
+        assert conn.batch_exists([*theirs, "p2-absent"]) == [True] * 5 + [False]
+        pages = Pages(conn, self.page_bytes, 5)
+        assert conn.batch_get(theirs, pages.pages) == [True] * 5
+        assert all(pages.matches(i, k) for i, k in enumerate(theirs))
+
+    # ---- concurrency --------------------------------------------------------------------------
+    def test_three_threads_query_get_set(self, conn: Connector[Any]) -> None:
+        stored = _keys("thr", 64)
+        self._store(conn, stored)
+        errors: list[str] = []
+        counts = {"query": 0, "get": 0, "set": 0}
+        deadline = time.monotonic() + 1.5
+
+        def query() -> None:
+            while time.monotonic() < deadline:
+                if conn.leading_hits(stored) != len(stored):
+                    errors.append("leading_hits lost a stored key")
+                counts["query"] += 1
+
+        def get() -> None:
+            pages = Pages(conn, self.page_bytes, 16)
+            while time.monotonic() < deadline:
+                batch = stored[(counts["get"] * 16) % 64 :][:16]
+                if conn.batch_get(batch, pages.pages) != [True] * 16:
+                    errors.append("get missed a stored key")
+                if not all(pages.matches(i, k) for i, k in enumerate(batch)):
+                    errors.append("get returned wrong bytes")
+                counts["get"] += 1
+
+        def put() -> None:
+            pages = Pages(conn, self.page_bytes, 16)
+            n = 0
+            while time.monotonic() < deadline:
+                batch = _keys(f"thr-new{n}", 16)
+                pages.fill(batch)
+                if conn.batch_set(batch, pages.pages) != [True] * 16:
+                    errors.append("set failed")
+                n += 1
+                counts["set"] += 1
+
+        threads = [threading.Thread(target=f) for f in (query, get, put)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors, errors[:5]
+        assert min(counts.values()) > 0, counts
+
+    # ---- capacity -------------------------------------------------------------------------------
+    def test_eviction_gives_misses_never_wrong_bytes(self, open_conn: Any,
+                                                     settings: dict[str, Any]) -> None:
+        probe = open_conn()
+        if not probe.capabilities.evicts:
+            pytest.skip("optional capability evicts: not declared")
+        conn = open_conn(**self.eviction_settings(settings, 16))
+        keys = _keys("ev", 64)
+        pages = Pages(conn, self.page_bytes, 64)
+        pages.fill(keys)
+        for lo in range(0, 64, 8):
+            assert conn.batch_set(keys[lo : lo + 8], pages.pages[lo : lo + 8]) == [True] * 8
+        pages.wipe()
+        got = conn.batch_get(keys, pages.pages)
+        assert 0 < sum(got) <= 32, got
+        assert got[-8:] == [True] * 8  # the newest pages are still there
+        for i, (key, ok) in enumerate(zip(keys, got)):
+            if ok:
+                assert pages.matches(i, key)
+        assert conn.batch_exists(keys) == got
+
+
+def cpu_count() -> int:
+    """Cores available to this process (for sizing thread pools in tests)."""
+    return len(os.sched_getaffinity(0))

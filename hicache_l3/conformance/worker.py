@@ -1,0 +1,48 @@
+"""A second process for the conformance suite: opens a connector and runs one op.
+
+``python -m hicache_l3.conformance.worker '<json>'`` with ``{"name", "namespace",
+"settings", "op": "set"|"get"|"exists", "keys", "page_bytes"}``. ``set`` stores
+:func:`~hicache_l3.conformance.suite.page_pattern` pages; ``get`` reports per key
+whether the bytes read equal the pattern; prints ``{"results": [...]}`` as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from hicache_l3.common.memory import HostBuffer
+from hicache_l3.common.pages import contiguous_pages
+from hicache_l3.common.registry import open_connector
+
+
+def main(argv: list[str]) -> int:
+    """Run the op described by ``argv[0]`` (JSON) and print the results."""
+    from hicache_l3.conformance.suite import page_pattern
+
+    spec = json.loads(argv[0])
+    keys, page_bytes = spec["keys"], spec["page_bytes"]
+    with open_connector(spec["name"], spec["namespace"], spec["settings"]) as conn:
+        if spec["op"] == "exists":
+            results: list[bool] = conn.batch_exists(keys)
+        else:
+            buf = HostBuffer(max(1, len(keys)) * page_bytes)
+            conn.register(buf)
+            pages = contiguous_pages(buf.address, page_bytes, range(len(keys)))
+            view = buf.view()
+            if spec["op"] == "set":
+                for i, key in enumerate(keys):
+                    view[i * page_bytes : (i + 1) * page_bytes] = page_pattern(key, page_bytes)
+                results = conn.batch_set(keys, pages)
+            else:
+                got = conn.batch_get(keys, pages)
+                results = [
+                    ok and view[i * page_bytes : (i + 1) * page_bytes] == page_pattern(k, page_bytes)
+                    for i, (k, ok) in enumerate(zip(keys, got))
+                ]
+    print(json.dumps({"results": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,453 @@
+"""The file connector: pages in preallocated slab files on any POSIX path.
+
+Our answer to SGLang's ``HiCacheFile`` (a file per page, written through a staging copy):
+
+* zero-copy: ``os.preadv``/``os.pwritev`` move bytes straight between registered host
+  memory and the slab file; no staging buffer, no per-page allocation of page bytes;
+* the pages of a batch move in parallel (``io_threads``; the GIL is released in the
+  syscalls and in the checksum);
+* pages live in the shared slab store (:mod:`hicache_l3.common.slabs`): a few large
+  preallocated files per writer process, reused under a byte capacity with LRU
+  eviction, instead of millions of files in one directory;
+* a torn, stale, recycled or (with checksums, the default) corrupted slot is a miss;
+* ``exists`` is answered from the shared index and sees other processes' pages.
+
+``o_direct=true`` moves page data with O_DIRECT (bypassing the page cache) when a page
+is one segment whose address and length are 4 KiB aligned; other pages take the
+buffered path (counted as ``direct_fallback``). ``fsync``: ``none`` (default; pages
+survive a process crash, not a power loss), ``data`` (slabs are synced before a batch's
+index records are published), ``always`` (the index log is synced too).
+
+Roots that are URLs (``s3://``, ``gcs://``, ``memory://``, ``file://``...) go through
+fsspec instead (:class:`FsspecConnector`): one object per page, read and written with a
+copy through Python bytes. That path is slower by design and documented as such.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import threading
+import uuid
+from pathlib import Path
+from typing import Any, Literal
+
+from hicache_l3.common.config import ConnectorConfig, setting
+from hicache_l3.common.connector import Capabilities, Connector
+from hicache_l3.common.errors import ConfigError, EngineUnavailableError, Reason
+from hicache_l3.common.integrity import key_fingerprint, page_checksum
+from hicache_l3.common.keys import Namespace
+from hicache_l3.common.pages import Page, page_nbytes
+from hicache_l3.common.parallel import BatchPool
+from hicache_l3.common.slabs import (
+    ALIGN,
+    MARKER,
+    SlabStore,
+    check_slot,
+    encode_end,
+    encode_start,
+    read_namespace_file,
+)
+
+
+@dataclasses.dataclass
+class FileConfig(ConnectorConfig):
+    """Settings of the file connector (``HICACHE_L3_FILE_<FIELD>`` in the environment)."""
+
+    root: str = setting("", "directory holding the pages (or an fsspec URL: slower copying path)")
+    capacity_bytes: int = setting(
+        0, "slab bytes this process may fill before evicting its LRU pages; "
+        "0 = half the free space of the filesystem at open", size=True,
+    )
+    slab_bytes: int = setting(256 << 20, "size of one preallocated slab file", size=True)
+    io_threads: int = setting(4, "threads moving the pages of one batch in parallel")
+    checksum: Literal["xxh3", "none"] = setting("xxh3", "page checksum verified on every get")
+    fsync: Literal["none", "data", "always"] = setting("none", "durability policy (see docs)")
+    o_direct: bool = setting(False, "move aligned pages with O_DIRECT, bypassing the page cache")
+
+    def validate(self) -> None:
+        """Check values that types alone cannot."""
+        super().validate()
+        if not self.root:
+            raise ConfigError(
+                "file connector: set root to a directory (e.g. root=/mnt/nvme/hicache) "
+                "or an fsspec URL (s3://bucket/prefix)"
+            )
+        if self.io_threads < 1:
+            raise ConfigError(f"io_threads must be >= 1, got {self.io_threads}")
+        if self.slab_bytes < ALIGN:
+            raise ConfigError(f"slab_bytes must be >= {ALIGN}, got {self.slab_bytes}")
+
+
+def open_file_connector(settings: dict[str, Any], namespace: Namespace) -> Connector[Any]:
+    """Registry factory: slab-backed :class:`FileConnector` for paths, fsspec for URLs."""
+    config = FileConfig.load("file", settings)
+    if "://" in config.root:
+        return FsspecConnector(config, namespace)
+    return FileConnector(config, namespace)
+
+
+class FileConnector(Connector[FileConfig]):
+    """Pages in slab files under a local (or mounted) directory; see module docstring."""
+
+    name = "file"
+    config_class = FileConfig
+
+    def __init__(self, config: FileConfig, namespace: Namespace) -> None:
+        super().__init__(config, namespace)
+        self.root = Path(config.root)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"file connector: cannot create root {self.root}: {exc}") from None
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            raise ConfigError(f"file connector: root {self.root} is not writable")
+        if config.capacity_bytes:
+            self.capacity_bytes = config.capacity_bytes
+        else:
+            self.capacity_bytes = shutil.disk_usage(self.root).free // 2
+        self._store: SlabStore | None = None
+        self._store_lock = threading.Lock()
+        self._pool = BatchPool(config.io_threads, "hicache-file")
+        if self.page_bytes is None:
+            existing = read_namespace_file(self.root / f"ns-{namespace.digest()}")
+            self.page_bytes = existing.get("slot_bytes")
+        if self.page_bytes is not None:
+            self._open_store(self.page_bytes)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Persistent, shared across processes, evicting; detects corruption with checksums."""
+        return Capabilities(
+            persistent=True,
+            shared_across_processes=True,
+            detects_corruption=self.config.checksum != "none",
+            evicts=True,
+        )
+
+    def _open_store(self, slot_bytes: int) -> SlabStore:
+        with self._store_lock:
+            if self._store is None:
+                self._store = SlabStore(
+                    self.root, self.namespace, slot_bytes,
+                    capacity_bytes=self.capacity_bytes, slab_bytes=self.config.slab_bytes,
+                    fsync=self.config.fsync, direct=self.config.o_direct,
+                )
+            return self._store
+
+    def _existing_store(self) -> SlabStore | None:
+        """The store, opened now if another process created the namespace meanwhile."""
+        if self._store is None:
+            existing = read_namespace_file(self.root / f"ns-{self.namespace.digest()}")
+            slot_bytes = existing.get("slot_bytes")
+            if slot_bytes is None or self.page_bytes not in (None, slot_bytes):
+                return None
+            self._learn_page_bytes(slot_bytes)
+            return self._open_store(slot_bytes)
+        return self._store
+
+    def _store_for_io(self) -> SlabStore:
+        store = self._store
+        if store is None:
+            assert self.page_bytes is not None  # base class learned it from the batch
+            store = self._open_store(self.page_bytes)
+        return store
+
+    # ---- hooks --------------------------------------------------------------------
+    def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
+        store = self._store_for_io()
+        reasons = [Reason.OK] * len(keys)
+        present = store.contains(keys)
+        seen: set[str] = set()
+        todo = []
+        for i, key in enumerate(keys):
+            if not present[i] and key not in seen:
+                seen.add(key)
+                todo.append(i)
+        slots = store.reserve(len(todo))
+        for i in todo[len(slots):]:
+            reasons[i] = Reason.NO_SPACE
+        todo = todo[: len(slots)]
+        geometry = store.geometry
+        checksum = self.config.checksum != "none"
+        direct = self.config.o_direct
+
+        def write(lo: int, hi: int) -> tuple[list[tuple[str, int, int, int, int, int]],
+                                              list[tuple[int, int]]]:
+            done, failed = [], []
+            for j in range(lo, hi):
+                i = todo[j]
+                fd, slab, slot, gen = slots[j]
+                views = self.regions.views(pages[i])
+                if views is None:
+                    reasons[i] = Reason.UNREGISTERED
+                    failed.append((slab, slot))
+                    continue
+                nbytes = page_nbytes(pages[i])
+                csum = page_checksum(views) if checksum else 0
+                fp = key_fingerprint(keys[i])
+                start = encode_start(gen, nbytes, csum, fp)
+                try:
+                    # end marker first, then header+data: see slabs.py "Slots"
+                    os.pwrite(fd, encode_end(gen, fp), geometry.end_offset(slot))
+                    if direct and _aligned(pages[i]):
+                        dfd = store.fd(store.me, slab, direct=True)  # type: ignore[arg-type]
+                        ok = os.pwritev(dfd, views, geometry.data_offset(slot)) == nbytes
+                        ok = ok and os.pwrite(fd, start, geometry.header_offset(slot)) == MARKER
+                    else:
+                        if direct:
+                            self.metrics.count("direct_fallback")
+                        n = os.pwritev(fd, [start, *views], geometry.header_offset(slot))
+                        ok = n == MARKER + nbytes
+                except OSError as exc:
+                    reasons[i] = Reason.NO_SPACE if exc.errno == 28 else Reason.ENGINE_ERROR
+                    self._log.warning("set-io", "file: write of %s failed: %s", keys[i], exc)
+                    failed.append((slab, slot))
+                    continue
+                if ok:
+                    done.append((keys[i], slab, slot, gen, nbytes, csum))
+                else:
+                    reasons[i] = Reason.ENGINE_ERROR
+                    failed.append((slab, slot))
+            return done, failed
+
+        shares = self._pool.map(write, len(todo))
+        store.commit([d for done, _ in shares for d in done])
+        store.abort([f for _, failed in shares for f in failed])
+        return reasons
+
+    def _get(self, keys: list[str], pages: list[Page]) -> list[Reason]:
+        store = self._existing_store()
+        if store is None:
+            return [Reason.MISS] * len(keys)
+        found = store.lookup(keys)
+        reasons = [Reason.MISS] * len(keys)
+        work = [i for i, f in enumerate(found) if f is not None]
+        geometry = store.geometry
+        slot_bytes = geometry.slot_bytes
+        direct = self.config.o_direct
+
+        def read(lo: int, hi: int) -> list[Any]:
+            scratch = memoryview(bytearray(2 * MARKER))
+            start, end = scratch[:MARKER], scratch[MARKER:]
+            hits = []
+            for j in range(lo, hi):
+                i = work[j]
+                fd, entry = found[i]  # type: ignore[misc]
+                views = self.regions.views(pages[i])
+                if views is None:
+                    reasons[i] = Reason.UNREGISTERED
+                    continue
+                nbytes = page_nbytes(pages[i])
+                if entry.length != nbytes:
+                    reasons[i] = Reason.SIZE_MISMATCH
+                    continue
+                try:
+                    if direct and _aligned(pages[i]):
+                        dfd = store.fd(entry.writer, entry.slab, direct=True)
+                        ok = os.preadv(fd, [start], geometry.header_offset(entry.slot)) == MARKER
+                        ok = ok and os.preadv(dfd, views, geometry.data_offset(entry.slot)) == nbytes
+                        ok = ok and os.preadv(fd, [end], geometry.end_offset(entry.slot)) == MARKER
+                    else:
+                        iov: list[Any] = [start, *views, end]
+                        if nbytes < slot_bytes:
+                            iov.insert(-1, bytearray(slot_bytes - nbytes))
+                        n = os.preadv(fd, iov, geometry.header_offset(entry.slot))
+                        ok = n == 2 * MARKER + slot_bytes
+                except OSError as exc:
+                    self._log.warning("get-io", "file: read of %s failed: %s", keys[i], exc)
+                    reasons[i] = Reason.ENGINE_ERROR
+                    continue
+                fp = key_fingerprint(keys[i])
+                if not ok or not check_slot(start, end, entry, fp) or (
+                    entry.checksum and page_checksum(views) != entry.checksum
+                ):
+                    reasons[i] = Reason.CORRUPT
+                    store.invalidate(keys[i], entry)
+                    continue
+                reasons[i] = Reason.OK
+                hits.append(entry)
+            return hits
+
+        shares = self._pool.map(read, len(work))
+        store.touch(e for hits in shares for e in hits)
+        return reasons
+
+    def _exists(self, keys: list[str]) -> list[Reason]:
+        store = self._existing_store()
+        if store is None:
+            return [Reason.MISS] * len(keys)
+        return [Reason.OK if hit else Reason.MISS for hit in store.contains(keys)]
+
+    def _delete(self, keys: list[str]) -> list[Reason]:
+        store = self._existing_store()
+        if store is None:
+            return [Reason.MISS] * len(keys)
+        return [Reason.OK if hit else Reason.MISS for hit in store.delete(keys)]
+
+    def _clear(self) -> None:
+        store = self._existing_store()
+        if store is not None:
+            store.clear()
+
+    def _close(self) -> None:
+        self._pool.shutdown()
+        if self._store is not None:
+            self._store.close()
+
+    def _engine_stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"root": str(self.root), "capacity_bytes": self.capacity_bytes}
+        if self._store is not None:
+            out.update(self._store.stats())
+        return out
+
+
+def _aligned(page: Page) -> bool:
+    return len(page) == 1 and page[0][0] % ALIGN == 0 and page[0][1] % ALIGN == 0
+
+
+class FsspecConnector(Connector[FileConfig]):
+    """The file connector over an fsspec URL: one object per page, copied through
+    Python bytes (slower than the slab path; for roots that are not local paths).
+
+    Object layout: ``<root>/ns-<digest>/<fp[:2]>/<key>.page``, each a 64-byte header
+    (the slab start header: length, checksum, key fingerprint) then the page bytes.
+    Writes go to a temporary name and are moved into place, so a reader never sees a
+    partial object where the filesystem's move is atomic (local and ``file://``; on
+    object stores a single PUT is atomic already).
+    """
+
+    name = "file"
+    config_class = FileConfig
+
+    def __init__(self, config: FileConfig, namespace: Namespace) -> None:
+        super().__init__(config, namespace)
+        try:
+            import fsspec
+        except ImportError as exc:
+            raise EngineUnavailableError(
+                "file connector with a URL root needs fsspec: pip install 'hicache-l3[fsspec]'"
+            ) from exc
+        try:
+            self.fs, path = fsspec.core.url_to_fs(config.root)
+        except (ImportError, ValueError) as exc:
+            raise ConfigError(f"file connector: cannot open root {config.root!r}: {exc}") from None
+        self.base = f"{path.rstrip('/')}/ns-{namespace.digest()}"
+        self.fs.makedirs(self.base, exist_ok=True)
+        self._pool = BatchPool(config.io_threads, "hicache-fsspec", min_share=1)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Persistent and shared (as the filesystem is); no eviction of its own."""
+        return Capabilities(
+            persistent=True,
+            shared_across_processes=True,
+            detects_corruption=self.config.checksum != "none",
+            evicts=False,
+        )
+
+    def _path(self, key: str) -> str:
+        return f"{self.base}/{key_fingerprint(key).hex()[:2]}/{key}.page"
+
+    def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
+        reasons = [Reason.OK] * len(keys)
+
+        def write(lo: int, hi: int) -> None:
+            for i in range(lo, hi):
+                path = self._path(keys[i])
+                views = self.regions.views(pages[i])
+                if views is None:
+                    reasons[i] = Reason.UNREGISTERED
+                    continue
+                try:
+                    if self.fs.exists(path):
+                        continue
+                    csum = page_checksum(views) if self.config.checksum != "none" else 0
+                    head = encode_start(0, page_nbytes(pages[i]), csum, key_fingerprint(keys[i]))
+                    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+                    self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+                    self.fs.pipe_file(tmp, b"".join([head, *views]))
+                    self.fs.mv(tmp, path)
+                except Exception as exc:
+                    self._log.warning("set-io", "file(fsspec): write of %s failed: %s", keys[i], exc)
+                    reasons[i] = Reason.ENGINE_ERROR
+
+        self._pool.map(write, len(keys))
+        return reasons
+
+    def _get(self, keys: list[str], pages: list[Page]) -> list[Reason]:
+        from hicache_l3.common.slabs import START, START_MAGIC
+
+        reasons = [Reason.OK] * len(keys)
+
+        def read(lo: int, hi: int) -> None:
+            for i in range(lo, hi):
+                try:
+                    blob = self.fs.cat_file(self._path(keys[i]))
+                except FileNotFoundError:
+                    reasons[i] = Reason.MISS
+                    continue
+                except Exception as exc:
+                    self._log.warning("get-io", "file(fsspec): read of %s failed: %s", keys[i], exc)
+                    reasons[i] = Reason.ENGINE_ERROR
+                    continue
+                nbytes = page_nbytes(pages[i])
+                if len(blob) < MARKER:
+                    reasons[i] = Reason.CORRUPT
+                    continue
+                magic, _, _, _, length, csum, fp = START.unpack_from(blob)
+                body = memoryview(blob)[MARKER:]
+                if magic != START_MAGIC or fp != key_fingerprint(keys[i]) or len(body) != length:
+                    reasons[i] = Reason.CORRUPT
+                    continue
+                if length != nbytes:
+                    reasons[i] = Reason.SIZE_MISMATCH
+                    continue
+                if csum and page_checksum([body]) != csum:
+                    reasons[i] = Reason.CORRUPT
+                    continue
+                views = self.regions.views(pages[i])
+                if views is None:
+                    reasons[i] = Reason.UNREGISTERED
+                    continue
+                pos = 0
+                for v in views:
+                    v[:] = body[pos : pos + len(v)]
+                    pos += len(v)
+
+        self._pool.map(read, len(keys))
+        return reasons
+
+    def _exists(self, keys: list[str]) -> list[Reason]:
+        out = [Reason.MISS] * len(keys)
+
+        def check(lo: int, hi: int) -> None:
+            for i in range(lo, hi):
+                if self.fs.exists(self._path(keys[i])):
+                    out[i] = Reason.OK
+
+        self._pool.map(check, len(keys))
+        return out
+
+    def _delete(self, keys: list[str]) -> list[Reason]:
+        out = []
+        for key in keys:
+            try:
+                self.fs.rm_file(self._path(key))
+                out.append(Reason.OK)
+            except FileNotFoundError:
+                out.append(Reason.MISS)
+        return out
+
+    def _clear(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(self.base, recursive=True)
+        self.fs.makedirs(self.base, exist_ok=True)
+
+    def _close(self) -> None:
+        self._pool.shutdown()
+
+    def _engine_stats(self) -> dict[str, Any]:
+        return {"root": self.config.root, "path": "fsspec (copying)"}

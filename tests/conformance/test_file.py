@@ -1,0 +1,197 @@
+"""The conformance suite on the file connector: slab store on local disk, and the
+fsspec path through fsspec's real ``file://`` implementation."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hicache_l3.common.keys import Namespace
+from hicache_l3.common.slabs import MARKER, RECORD, Geometry, read_namespace_file
+from hicache_l3.conformance import ConnectorTests
+
+
+def _slab_locations(root: Path, namespace: Namespace) -> dict[str, tuple[Path, int, int]]:
+    """Backdoor index parse: key -> (slab path, data offset, length), newest record wins."""
+    nsdir = root / f"ns-{namespace.digest()}"
+    meta = read_namespace_file(nsdir)
+    if not meta:
+        return {}
+    geometry = Geometry(meta["slot_bytes"])
+    out: dict[str, tuple[Path, int, int]] = {}
+    for log in sorted(nsdir.glob("writers/w*/index.log")):
+        data = log.read_bytes()
+        pos = 0
+        while pos + RECORD.size <= len(data):
+            _, kind, _, keylen, w, slab, slot, _, _, length, _ = RECORD.unpack_from(data, pos)
+            key = data[pos + RECORD.size : pos + RECORD.size + keylen].decode()
+            pos += RECORD.size + keylen
+            path = nsdir / "writers" / f"w{w:04d}" / f"slab-{slab:06d}.dat"
+            if kind == 1:
+                out[key] = (path, geometry.data_offset(slot), length)
+            else:
+                out.pop(key, None)
+    return out
+
+
+class TestFileConnector(ConnectorTests):
+    connector_name = "file"
+
+    @pytest.fixture
+    def settings(self, tmp_path: Path) -> dict[str, Any]:
+        return {"root": str(tmp_path / "store"), "capacity_bytes": "1GiB"}
+
+    def backdoor_read(self, settings: dict[str, Any], namespace: Namespace, key: str) -> bytes | None:
+        where = _slab_locations(Path(settings["root"]), namespace).get(key)
+        if where is None:
+            return None
+        path, offset, length = where
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(length)
+
+    def backdoor_corrupt(self, settings: dict[str, Any], namespace: Namespace, key: str,
+                         how: str) -> None:
+        path, offset, length = _slab_locations(Path(settings["root"]), namespace)[key]
+        fd = os.open(path, os.O_RDWR)
+        try:
+            if how == "flip":
+                byte = os.pread(fd, 1, offset + length // 2)
+                os.pwrite(fd, bytes([byte[0] ^ 0xFF]), offset + length // 2)
+            else:  # a torn write: the end marker never made it
+                os.pwrite(fd, bytes(MARKER), offset + length)
+        finally:
+            os.close(fd)
+
+    def eviction_settings(self, settings: dict[str, Any], capacity_pages: int) -> dict[str, Any]:
+        stride = Geometry(self.page_bytes).stride
+        return {**settings, "capacity_bytes": capacity_pages * stride}
+
+    # ---- file-specific -------------------------------------------------------------------
+    def test_hostile_keys_create_nothing_outside_root(self, open_conn: Any, tmp_path: Path) -> None:
+        from hicache_l3.conformance.suite import HOSTILE_KEYS, Pages
+
+        conn = open_conn()
+        pages = Pages(conn, self.page_bytes, len(HOSTILE_KEYS))
+        conn.batch_set(HOSTILE_KEYS, pages.pages)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["store"]
+        names = {p.name for p in (tmp_path / "store").rglob("*")}
+        assert not any("passwd" in n for n in names)
+
+    def test_few_files_for_many_pages(self, open_conn: Any, tmp_path: Path) -> None:
+        from hicache_l3.conformance.suite import Pages
+
+        conn = open_conn()
+        keys = [f"many-{i}" for i in range(2000)]
+        pages = Pages(conn, self.page_bytes, len(keys))
+        assert all(conn.batch_set(keys, pages.pages))
+        files = [p for p in (tmp_path / "store").rglob("*") if p.is_file()]
+        assert len(files) <= 6, files
+
+    def test_restart_reuses_writer_slabs(self, open_conn: Any, tmp_path: Path) -> None:
+        from hicache_l3.conformance.suite import Pages
+
+        for round_ in range(3):
+            conn = open_conn()
+            keys = [f"r{round_}-{i}" for i in range(4)]
+            pages = Pages(conn, self.page_bytes, 4)
+            assert all(conn.batch_set(keys, pages.pages))
+            conn.close()
+        writers = list((tmp_path / "store").glob("ns-*/writers/w*"))
+        assert len(writers) == 1, writers
+
+    def test_stale_slot_after_reuse_is_a_miss(self, open_conn: Any) -> None:
+        """A reader whose index still points at a reused slot must not get the new bytes."""
+        from hicache_l3.conformance.suite import Pages
+
+        writer = open_conn(**self.eviction_settings({}, 2))
+        reader = open_conn()
+        pages = Pages(writer, self.page_bytes, 4)
+        keys = ["old-0", "old-1", "new-0", "new-1"]
+        pages.fill(keys)
+        assert writer.batch_set(keys[:2], pages.pages[:2]) == [True, True]
+        assert reader.batch_exists(keys[:2]) == [True, True]  # reader indexed the old slots
+        rpages = Pages(reader, self.page_bytes, 2)
+        store = reader._store  # freeze the reader's index: it does not see the reuse yet
+        assert store is not None
+        entries = dict(store._entries)
+        assert writer.batch_set(keys[2:], pages.pages[2:]) == [True, True]  # evicts old-*
+        store._entries.update(entries)
+        store.refresh = lambda: None  # type: ignore[method-assign]
+        assert reader.batch_get(keys[:2], rpages.pages) == [False, False]
+        assert reader.stats()["ops"]["get"]["failed"] == {"corrupt": 2}
+
+    def test_torn_log_tail_is_ignored_and_repaired(self, open_conn: Any, tmp_path: Path) -> None:
+        from hicache_l3.conformance.suite import Pages
+
+        conn = open_conn()
+        pages = Pages(conn, self.page_bytes, 2)
+        pages.fill(["t0", "t1"])
+        assert conn.batch_set(["t0", "t1"], pages.pages) == [True, True]
+        conn.close()
+        log = next((tmp_path / "store").glob("ns-*/writers/w*/index.log"))
+        with open(log, "ab") as f:  # a crashed writer's half record
+            f.write(struct.pack("<I", 123) + b"\x01\x00\x20")
+        again = open_conn()
+        assert again.batch_exists(["t0", "t1"]) == [True, True]
+        pages2 = Pages(again, self.page_bytes, 1)
+        pages2.fill(["t2"])
+        assert again.batch_set(["t2"], pages2.pages) == [True]
+        third = open_conn()
+        assert third.batch_exists(["t0", "t1", "t2"]) == [True, True, True]
+
+    def test_page_size_is_pinned_per_namespace(self, open_conn: Any, namespace: Namespace) -> None:
+        from hicache_l3.common.errors import ConfigError
+
+        conn = open_conn()
+        from hicache_l3.conformance.suite import Pages
+
+        Pages(conn, self.page_bytes, 1)
+        pages = Pages(conn, self.page_bytes, 1)
+        assert conn.batch_set(["pin"], pages.pages) == [True]
+        with pytest.raises(ConfigError, match="page_bytes differs"):
+            open_conn(page_bytes=self.page_bytes * 2)
+
+    def test_namespace_file_records_the_namespace(self, conn: Any, tmp_path: Path,
+                                                  namespace: Namespace) -> None:
+        from hicache_l3.conformance.suite import Pages
+
+        pages = Pages(conn, self.page_bytes, 1)
+        conn.batch_set(["nsfile"], pages.pages)
+        meta = read_namespace_file(tmp_path / "store" / f"ns-{namespace.digest()}")
+        assert meta["namespace"]["kv_dtype"] == namespace.kv_dtype
+        assert meta["slot_bytes"] == self.page_bytes
+
+
+class TestFileFsspec(ConnectorTests):
+    """The copying fsspec path, run on fsspec's real local (``file://``) filesystem."""
+
+    connector_name = "file"
+
+    @pytest.fixture
+    def settings(self, tmp_path: Path) -> dict[str, Any]:
+        return {"root": f"file://{tmp_path}/fs-store", "io_threads": 2}
+
+    def _path(self, settings: dict[str, Any], namespace: Namespace, key: str) -> Path:
+        from hicache_l3.common.integrity import key_fingerprint
+
+        base = Path(settings["root"].removeprefix("file://")) / f"ns-{namespace.digest()}"
+        return base / key_fingerprint(key).hex()[:2] / f"{key}.page"
+
+    def backdoor_read(self, settings: dict[str, Any], namespace: Namespace, key: str) -> bytes | None:
+        path = self._path(settings, namespace, key)
+        return path.read_bytes()[MARKER:] if path.exists() else None
+
+    def backdoor_corrupt(self, settings: dict[str, Any], namespace: Namespace, key: str,
+                         how: str) -> None:
+        path = self._path(settings, namespace, key)
+        data = bytearray(path.read_bytes())
+        if how == "flip":
+            data[len(data) // 2] ^= 0xFF
+        else:
+            data = data[: len(data) - 100]
+        path.write_bytes(bytes(data))
