@@ -1,0 +1,1 @@
+"""The bench: connectors against their raw engines, and an agentic workload replay."""
