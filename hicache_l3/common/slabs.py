@@ -499,9 +499,7 @@ class SlabStore:
     def _try_own(self, writer: int) -> bool:
         wdir = self.writers_dir / f"w{writer:04d}"
         fd = os.open(wdir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        if not self._lock_writer(fd):
             os.close(fd)
             return False
         self._lock_fd = fd
@@ -529,6 +527,15 @@ class SlabStore:
             self._n_slabs += 1
             self._free.extend((slab, s) for s in reversed(range(size // self.geometry.stride))
                               if (slab, s) not in self._lru)
+        return True
+
+    def _lock_writer(self, fd: int) -> bool:
+        """Take the writer directory's lock on ``fd`` without blocking; False if held.
+        (``flock``: exclusive per node only on FUSE mounts; the hf3fs store adds leases.)"""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
         return True
 
     # ---- lifecycle ---------------------------------------------------------------------
