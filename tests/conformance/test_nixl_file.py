@@ -1,0 +1,106 @@
+"""The conformance suite on the nixl connector in file mode: NIXL's real POSIX plugin
+moving pages into the shared slab store on local disk.
+
+The backdoor reads the slabs the way the file connector's tests do (same layout).
+``checksum=xxh3`` here so that the suite's corruption test runs (the mode's default,
+``auto``, means no checksum; the slot markers are tested either way).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_file import _slab_locations  # the file connector's backdoor: same slab layout
+
+from hicache_l3.common.keys import Namespace
+from hicache_l3.common.slabs import MARKER, Geometry
+from hicache_l3.conformance import ConnectorTests
+from hicache_l3.conformance.suite import Pages
+
+
+class TestNixlFile(ConnectorTests):
+    connector_name = "nixl"
+
+    @pytest.fixture
+    def settings(self, tmp_path: Path) -> dict[str, Any]:
+        return {"mode": "file", "root": str(tmp_path / "store"), "capacity_bytes": "1GiB",
+                "checksum": "xxh3"}
+
+    def backdoor_read(self, settings: dict[str, Any], namespace: Namespace, key: str) -> bytes | None:
+        where = _slab_locations(Path(settings["root"]), namespace).get(key)
+        if where is None:
+            return None
+        path, offset, length = where
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(length)
+
+    def backdoor_corrupt(self, settings: dict[str, Any], namespace: Namespace, key: str,
+                         how: str) -> None:
+        path, offset, length = _slab_locations(Path(settings["root"]), namespace)[key]
+        fd = os.open(path, os.O_RDWR)
+        try:
+            if how == "flip":
+                byte = os.pread(fd, 1, offset + length // 2)
+                os.pwrite(fd, bytes([byte[0] ^ 0xFF]), offset + length // 2)
+            else:  # a torn write: the end marker never made it
+                os.pwrite(fd, bytes(MARKER), offset + length)
+        finally:
+            os.close(fd)
+
+    def eviction_settings(self, settings: dict[str, Any], capacity_pages: int) -> dict[str, Any]:
+        return {**settings, "capacity_bytes": capacity_pages * Geometry(self.page_bytes).stride}
+
+    # ---- nixl file mode specifics -------------------------------------------------------
+    @pytest.mark.parametrize("engine", ["aio", "uring", "posix_aio"])
+    def test_every_posix_engine_round_trips(self, open_conn: Any, engine: str) -> None:
+        conn = open_conn(posix_engine=engine)
+        keys = [f"eng-{engine}-{i}" for i in range(16)]
+        pages = Pages(conn, self.page_bytes, len(keys))
+        pages.fill(keys)
+        assert conn.batch_set(keys, pages.pages) == [True] * 16
+        pages.wipe()
+        assert conn.batch_get(keys, pages.pages) == [True] * 16
+        assert all(pages.matches(i, k) for i, k in enumerate(keys))
+        assert conn.stats()["engine"]["posix_engine"] == engine
+
+    def test_slabs_registered_once(self, conn: Any) -> None:
+        pages = Pages(conn, self.page_bytes, 32)
+        for r in range(4):
+            keys = [f"reg{r}-{i}" for i in range(32)]
+            pages.fill(keys)
+            assert conn.batch_set(keys, pages.pages) == [True] * 32
+            assert conn.batch_get(keys, pages.pages) == [True] * 32
+        engine = conn.stats()["engine"]
+        assert engine["registered_files"] == engine["slabs"] == 1
+
+    def test_default_checksum_is_off_but_markers_still_guard(self, open_conn: Any,
+                                                            settings: dict[str, Any],
+                                                            namespace: Namespace) -> None:
+        conn = open_conn(checksum="auto")
+        assert not conn.capabilities.detects_corruption
+        keys = ["mk-0", "mk-1", "mk-2"]
+        pages = Pages(conn, self.page_bytes, 3)
+        pages.fill(keys)
+        assert conn.batch_set(keys, pages.pages) == [True] * 3
+        self.backdoor_corrupt(settings, namespace, keys[1], "truncate")
+        pages.wipe()
+        assert conn.batch_get(keys, pages.pages) == [True, False, True]
+        assert conn.stats()["ops"]["get"]["failed"] == {"corrupt": 1}
+
+    def test_reads_pages_of_the_file_connector(self, open_conn: Any, settings: dict[str, Any],
+                                               namespace: Namespace) -> None:
+        from hicache_l3.common.registry import open_connector
+
+        keys = [f"interop-{i}" for i in range(4)]
+        with open_connector("file", namespace, {"root": settings["root"]}) as writer:
+            wpages = Pages(writer, self.page_bytes, 4)
+            wpages.fill(keys)
+            assert writer.batch_set(keys, wpages.pages) == [True] * 4
+        conn = open_conn(checksum="auto")
+        pages = Pages(conn, self.page_bytes, 4)
+        assert conn.batch_get(keys, pages.pages) == [True] * 4
+        assert all(pages.matches(i, k) for i, k in enumerate(keys))
