@@ -45,8 +45,9 @@ class BenchTarget(abc.ABC):
     ops: tuple[str, ...] = OPS
 
     @abc.abstractmethod
-    def prepare(self, buffer: HostBuffer, page_bytes: int) -> None:
-        """Called once before any timing: register ``buffer``, open files, warm up."""
+    def prepare(self, buffers: list[HostBuffer], page_bytes: int) -> None:
+        """Called once before any timing: register the bench ``buffers`` (the source
+        pages of sets and the destination pages of gets), open files, warm up."""
 
     def plan(self, op: str, keys: list[str], pages: list[Page]) -> Any:
         """Untimed: build whatever request lists ``run`` needs for one batch."""
@@ -76,9 +77,10 @@ class ConnectorTarget(BenchTarget):
         self.backend = backend
         self.extra = extra
 
-    def prepare(self, buffer: HostBuffer, page_bytes: int) -> None:
-        """Register the bench buffer once."""
-        self.connector.register(buffer)
+    def prepare(self, buffers: list[HostBuffer], page_bytes: int) -> None:
+        """Register the bench buffers once."""
+        for buffer in buffers:
+            self.connector.register(buffer)
 
     def run(self, op: str, plan: Any) -> list[bool]:
         """One batch through the connector."""

@@ -253,10 +253,14 @@ class Connector(abc.ABC, Generic[ConfigT]):
                         reasons[i] = Reason.SIZE_MISMATCH
                     else:
                         valid.append(i)
-            self._warn_rejected(op, keys, reasons)
+            if len(valid) != len(keys):
+                self._warn_rejected(op, keys, reasons)
             if valid:
-                vkeys = [keys[i] for i in valid]
-                vpages = [pages[i] for i in valid]
+                if len(valid) == len(keys):
+                    vkeys, vpages = list(keys), list(pages)
+                else:
+                    vkeys = [keys[i] for i in valid]
+                    vpages = [pages[i] for i in valid]
                 try:
                     hook = self._set if op == "set" else self._get
                     results = hook(vkeys, vpages)

@@ -66,10 +66,10 @@ log = logging.getLogger("hicache_l3.slabs")
 
 FORMAT_VERSION = 1
 HEADER_BLOCK = 4096
-MARKER = 64
+MARKER = 64  # bytes of a start header and of an end marker
 ALIGN = 4096
-START = struct.Struct("<4sHHQQQ16s")  # magic, version, flags, gen, length, checksum, key fp
-END = struct.Struct("<4s4xQ16s")  # magic, gen, key fp
+START = struct.Struct("<4sHHQQQ16s16x")  # magic, version, flags, gen, length, checksum, key fp
+END = struct.Struct("<4s4xQ16s32x")  # magic, gen, key fp
 START_MAGIC, END_MAGIC = b"HL3S", b"HL3E"
 # crc, kind, pad, key length, writer, slab, slot, pad, gen, length, checksum
 RECORD = struct.Struct("<IBBHIIIIQQQ")
@@ -97,11 +97,10 @@ class Geometry:
     """Byte offsets of a slot's parts, derived from the slot size."""
 
     slot_bytes: int
+    stride: int = 0  # bytes one slot takes in its slab (header block + data + marker, aligned)
 
-    @property
-    def stride(self) -> int:
-        """Bytes one slot takes in its slab (header block + data + marker, 4 KiB aligned)."""
-        return HEADER_BLOCK + _round_up(self.slot_bytes + MARKER, ALIGN)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stride", HEADER_BLOCK + _round_up(self.slot_bytes + MARKER, ALIGN))
 
     def header_offset(self, slot: int) -> int:
         """Offset of the start header; the data follows it immediately."""
@@ -118,27 +117,21 @@ class Geometry:
 
 def encode_start(gen: int, length: int, checksum: int, fingerprint: bytes) -> bytes:
     """The 64-byte start header of a slot."""
-    return START.pack(START_MAGIC, FORMAT_VERSION, 0, gen, length, checksum, fingerprint).ljust(
-        MARKER, b"\0"
-    )
+    return START.pack(START_MAGIC, FORMAT_VERSION, 0, gen, length, checksum, fingerprint)
 
 
 def encode_end(gen: int, fingerprint: bytes) -> bytes:
     """The 64-byte end marker of a slot."""
-    return END.pack(END_MAGIC, gen, fingerprint).ljust(MARKER, b"\0")
+    return END.pack(END_MAGIC, gen, fingerprint)
 
 
 def check_slot(start: bytes | memoryview, end: bytes | memoryview, entry: Entry,
                fingerprint: bytes) -> bool:
-    """True when a slot's header and marker both carry ``entry``'s generation and length
-    and the key's fingerprint: the bytes between them are that page's, untorn."""
-    magic, version, _, gen, length, checksum, fp = START.unpack_from(start)
-    if magic != START_MAGIC or version != FORMAT_VERSION or gen != entry.gen:
-        return False
-    if length != entry.length or checksum != entry.checksum or fp != fingerprint:
-        return False
-    emagic, egen, efp = END.unpack_from(end)
-    return emagic == END_MAGIC and egen == entry.gen and efp == fingerprint
+    """True when a slot's header and marker both carry ``entry``'s generation, length and
+    checksum and the key's fingerprint: the bytes between them are that page's, untorn."""
+    return start == encode_start(entry.gen, entry.length, entry.checksum, fingerprint) and (
+        end == encode_end(entry.gen, fingerprint)
+    )
 
 
 class _LogTail:
@@ -325,13 +318,15 @@ class SlabStore:
                 out.append(None if entry is None else (self._fd(entry.writer, entry.slab), entry))
         return out
 
-    def touch(self, entries: Iterable[Entry]) -> None:
-        """Mark own slots as recently used (LRU order)."""
+    def touch(self, own: Sequence[tuple[int, int]]) -> None:
+        """Mark own ``(slab, slot)`` pairs as recently used (LRU order)."""
+        if not own:
+            return
         with self._lock:
-            for e in entries:
-                if e.writer == self.me:
-                    with contextlib.suppress(KeyError):
-                        self._lru.move_to_end((e.slab, e.slot))
+            lru = self._lru
+            for where in own:
+                if where in lru:
+                    lru.move_to_end(where)
 
     def invalidate(self, key: str, entry: Entry) -> None:
         """Forget ``key`` if it still maps to ``entry`` (its slot failed a check)."""

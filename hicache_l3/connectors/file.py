@@ -37,12 +37,13 @@ from typing import Any, Literal
 from hicache_l3.common.config import ConnectorConfig, setting
 from hicache_l3.common.connector import Capabilities, Connector
 from hicache_l3.common.errors import ConfigError, EngineUnavailableError, Reason
-from hicache_l3.common.integrity import key_fingerprint, page_checksum
+from hicache_l3.common.integrity import buffer_checksum, key_fingerprint, page_checksum
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.pages import Page, page_nbytes
 from hicache_l3.common.parallel import BatchPool
 from hicache_l3.common.slabs import (
     ALIGN,
+    HEADER_BLOCK,
     MARKER,
     SlabStore,
     check_slot,
@@ -171,8 +172,11 @@ class FileConnector(Connector[FileConfig]):
             reasons[i] = Reason.NO_SPACE
         todo = todo[: len(slots)]
         geometry = store.geometry
+        nbytes = geometry.slot_bytes  # == page_bytes: the base class checked every page
+        stride, head, tail = geometry.stride, HEADER_BLOCK - MARKER, HEADER_BLOCK + nbytes
         checksum = self.config.checksum != "none"
         direct = self.config.o_direct
+        views_of, pwrite, pwritev = self.regions.views, os.pwrite, os.pwritev
 
         def write(lo: int, hi: int) -> tuple[list[tuple[str, int, int, int, int, int]],
                                               list[tuple[int, int]]]:
@@ -180,27 +184,27 @@ class FileConnector(Connector[FileConfig]):
             for j in range(lo, hi):
                 i = todo[j]
                 fd, slab, slot, gen = slots[j]
-                views = self.regions.views(pages[i])
+                page = pages[i]
+                views = views_of(page)
                 if views is None:
                     reasons[i] = Reason.UNREGISTERED
                     failed.append((slab, slot))
                     continue
-                nbytes = page_nbytes(pages[i])
-                csum = page_checksum(views) if checksum else 0
+                csum = page_checksum(page) if checksum else 0
                 fp = key_fingerprint(keys[i])
                 start = encode_start(gen, nbytes, csum, fp)
+                base = slot * stride
                 try:
                     # end marker first, then header+data: see slabs.py "Slots"
-                    os.pwrite(fd, encode_end(gen, fp), geometry.end_offset(slot))
-                    if direct and _aligned(pages[i]):
+                    pwrite(fd, encode_end(gen, fp), base + tail)
+                    if direct and _aligned(page):
                         dfd = store.fd(store.me, slab, direct=True)  # type: ignore[arg-type]
-                        ok = os.pwritev(dfd, views, geometry.data_offset(slot)) == nbytes
-                        ok = ok and os.pwrite(fd, start, geometry.header_offset(slot)) == MARKER
+                        ok = pwritev(dfd, views, base + HEADER_BLOCK) == nbytes
+                        ok = ok and pwrite(fd, start, base + head) == MARKER
                     else:
                         if direct:
                             self.metrics.count("direct_fallback")
-                        n = os.pwritev(fd, [start, *views], geometry.header_offset(slot))
-                        ok = n == MARKER + nbytes
+                        ok = pwritev(fd, [start, *views], base + head) == MARKER + nbytes
                 except OSError as exc:
                     reasons[i] = Reason.NO_SPACE if exc.errno == 28 else Reason.ENGINE_ERROR
                     self._log.warning("set-io", "file: write of %s failed: %s", keys[i], exc)
@@ -226,53 +230,52 @@ class FileConnector(Connector[FileConfig]):
         reasons = [Reason.MISS] * len(keys)
         work = [i for i, f in enumerate(found) if f is not None]
         geometry = store.geometry
-        slot_bytes = geometry.slot_bytes
+        nbytes = geometry.slot_bytes  # == page_bytes: the base class checked every page
+        stride, head = geometry.stride, HEADER_BLOCK - MARKER
+        expect = 2 * MARKER + nbytes
         direct = self.config.o_direct
+        views_of, preadv = self.regions.views, os.preadv
 
-        def read(lo: int, hi: int) -> list[Any]:
+        def read(lo: int, hi: int) -> list[tuple[int, int]]:
             scratch = memoryview(bytearray(2 * MARKER))
             start, end = scratch[:MARKER], scratch[MARKER:]
             hits = []
             for j in range(lo, hi):
                 i = work[j]
                 fd, entry = found[i]  # type: ignore[misc]
-                views = self.regions.views(pages[i])
+                page = pages[i]
+                views = views_of(page)
                 if views is None:
                     reasons[i] = Reason.UNREGISTERED
                     continue
-                nbytes = page_nbytes(pages[i])
                 if entry.length != nbytes:
                     reasons[i] = Reason.SIZE_MISMATCH
                     continue
                 try:
-                    if direct and _aligned(pages[i]):
+                    if direct and _aligned(page):
                         dfd = store.fd(entry.writer, entry.slab, direct=True)
-                        ok = os.preadv(fd, [start], geometry.header_offset(entry.slot)) == MARKER
-                        ok = ok and os.preadv(dfd, views, geometry.data_offset(entry.slot)) == nbytes
-                        ok = ok and os.preadv(fd, [end], geometry.end_offset(entry.slot)) == MARKER
+                        ok = preadv(fd, [start], geometry.header_offset(entry.slot)) == MARKER
+                        ok = ok and preadv(dfd, views, geometry.data_offset(entry.slot)) == nbytes
+                        ok = ok and preadv(fd, [end], geometry.end_offset(entry.slot)) == MARKER
                     else:
-                        iov: list[Any] = [start, *views, end]
-                        if nbytes < slot_bytes:
-                            iov.insert(-1, bytearray(slot_bytes - nbytes))
-                        n = os.preadv(fd, iov, geometry.header_offset(entry.slot))
-                        ok = n == 2 * MARKER + slot_bytes
+                        ok = preadv(fd, [start, *views, end], entry.slot * stride + head) == expect
                 except OSError as exc:
                     self._log.warning("get-io", "file: read of %s failed: %s", keys[i], exc)
                     reasons[i] = Reason.ENGINE_ERROR
                     continue
-                fp = key_fingerprint(keys[i])
-                if not ok or not check_slot(start, end, entry, fp) or (
-                    entry.checksum and page_checksum(views) != entry.checksum
+                if not ok or not check_slot(start, end, entry, key_fingerprint(keys[i])) or (
+                    entry.checksum and page_checksum(page) != entry.checksum
                 ):
                     reasons[i] = Reason.CORRUPT
                     store.invalidate(keys[i], entry)
                     continue
                 reasons[i] = Reason.OK
-                hits.append(entry)
+                if entry.writer == store.me:
+                    hits.append((entry.slab, entry.slot))
             return hits
 
         shares = self._pool.map(read, len(work))
-        store.touch(e for hits in shares for e in hits)
+        store.touch([where for hits in shares for where in hits])
         return reasons
 
     def _exists(self, keys: list[str]) -> list[Reason]:
@@ -364,7 +367,7 @@ class FsspecConnector(Connector[FileConfig]):
                 try:
                     if self.fs.exists(path):
                         continue
-                    csum = page_checksum(views) if self.config.checksum != "none" else 0
+                    csum = buffer_checksum(views) if self.config.checksum != "none" else 0
                     head = encode_start(0, page_nbytes(pages[i]), csum, key_fingerprint(keys[i]))
                     tmp = f"{path}.tmp-{uuid.uuid4().hex}"
                     self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
@@ -405,7 +408,7 @@ class FsspecConnector(Connector[FileConfig]):
                 if length != nbytes:
                     reasons[i] = Reason.SIZE_MISMATCH
                     continue
-                if csum and page_checksum([body]) != csum:
+                if csum and buffer_checksum([body]) != csum:
                     reasons[i] = Reason.CORRUPT
                     continue
                 views = self.regions.views(pages[i])

@@ -1,0 +1,195 @@
+"""hicache-l3 bench: measure connectors against their raw engines, side by side.
+
+For every backend (--backend file,mooncake,...) and every combination of --page-size,
+--batch and --threads, the bench writes, reads and queries --pages pages, --reps times,
+the connector and its raw engine baseline (raw-posix, raw-mooncake, raw-nixl)
+interleaved within each repetition on the same pre-touched pages, after one untimed
+warm-up. Reads are verified byte for byte after timing. Engines a backend needs are
+started locally when no address is configured, and stopped at the end.
+
+Examples:
+  hicache-l3 bench                                   # file connector in a temp dir
+  hicache-l3 bench --page-size 64KiB,1MiB --batch 32,128 --json out.json --plot out.png
+  hicache-l3 bench --backend file --set file.root=/mnt/nvme/kv --set file.o_direct=true
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from hicache_l3.bench.runner import BenchError, load_backend, run_pairs
+from hicache_l3.bench.targets import OPS, BenchOptions
+from hicache_l3.common.config import parse_size
+from hicache_l3.common.errors import HiCacheL3Error
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        return [parse_size(v.strip(), "size") for v in text.split(",") if v.strip()]
+    except HiCacheL3Error as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The bench's command-line options."""
+    parser.add_argument("--backend", default="file",
+                        help="comma-separated connectors to measure (default: file)")
+    parser.add_argument("--page-size", type=_sizes, default=[64 << 10], metavar="SIZES",
+                        help="page size(s), e.g. 64KiB or 16KiB,64KiB,1MiB (default 64KiB)")
+    parser.add_argument("--pages", type=int, default=4096,
+                        help="pages moved per op and repetition (default 4096)")
+    parser.add_argument("--batch", type=_ints, default=[128], metavar="N[,N]",
+                        help="pages per batch call (default 128, SGLang's prefetch batch)")
+    parser.add_argument("--threads", type=_ints, default=[1], metavar="N[,N]",
+                        help="client threads issuing batches to a connector (default 1; "
+                             "raw baselines always use one)")
+    parser.add_argument("--reps", type=int, default=5, help="timed repetitions (default 5)")
+    parser.add_argument("--ops", default=",".join(OPS), help="ops to run (default set,get,exists)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="BACKEND.KEY=VALUE", help="a connector setting, e.g. file.root=/mnt/kv")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="where file-based stores live (default: a temp dir, removed after)")
+    parser.add_argument("--json", type=Path, default=None, help="write results as JSON here")
+    parser.add_argument("--csv", type=Path, default=None, help="write results as CSV here")
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="PNG of throughput vs page size and batch (needs matplotlib)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _settings(overrides: list[str]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for item in overrides:
+        name, sep, value = item.partition("=")
+        backend, dot, key = name.partition(".")
+        if not (sep and dot and backend and key):
+            raise HiCacheL3Error(f"--set {item!r}: expected BACKEND.KEY=VALUE, e.g. file.root=/mnt/kv")
+        out.setdefault(backend, {})[key] = value
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the bench; print the table; write JSON/CSV/plot. Exit code 1 on failure."""
+    if args.reps < 1 or args.pages < 1:
+        print("bench: --reps and --pages must be >= 1", file=sys.stderr)
+        return 2
+    ops = tuple(o.strip() for o in args.ops.split(",") if o.strip())
+    bad = [o for o in ops if o not in OPS]
+    if bad:
+        print(f"bench: unknown op(s) {bad}; choose from {list(OPS)}", file=sys.stderr)
+        return 2
+    backends = [b.strip() for b in args.backend.split(",") if b.strip()]
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="hicache-l3-bench-"))
+    rows: list[dict[str, Any]] = []
+    started = time.monotonic()
+    try:
+        settings = _settings(args.overrides)
+        combos = [(p, b, t) for p in args.page_size for b in args.batch for t in args.threads]
+        with _progress(len(backends) * len(combos), args.quiet) as tick:
+            for backend in backends:
+                make_pairs = load_backend(backend)
+                for page_bytes, batch, threads in combos:
+                    opts = BenchOptions(page_bytes, args.pages, batch, threads, args.reps,
+                                        workdir / f"{backend}-{page_bytes}-{batch}-{threads}",
+                                        settings)
+                    opts.workdir.mkdir(parents=True, exist_ok=True)
+                    with contextlib.ExitStack() as stack:
+                        pairs = make_pairs(opts, stack)
+                        rows.extend(run_pairs(pairs, opts, ops))
+                    shutil.rmtree(opts.workdir, ignore_errors=True)
+                    tick()
+    except (HiCacheL3Error, OSError) as exc:
+        print(f"bench failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(format_table(rows))
+    print(f"({time.monotonic() - started:.1f} s; medians over {args.reps} repetitions; "
+          "ratio = connector / raw, per repetition, median)")
+    meta = {"pages": args.pages, "reps": args.reps, "backends": backends}
+    if args.json:
+        args.json.write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
+    if args.csv:
+        write_csv(args.csv, rows)
+    if args.plot:
+        from hicache_l3.bench.plot import plot_results
+
+        plot_results(rows, args.plot)
+    return 0
+
+
+@contextlib.contextmanager
+def _progress(total: int, quiet: bool) -> Any:
+    if quiet:
+        yield lambda: None
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc="bench", unit="config", file=sys.stderr, delay=1.0, leave=False)
+    try:
+        yield lambda: bar.update(1)
+    finally:
+        bar.close()
+
+
+COLUMNS = [("backend", "{}"), ("op", "{}"), ("page_size", "{}"), ("batch", "{}"),
+           ("threads", "{}"), ("gib_per_s", "{:.2f}"), ("pages_per_s", "{:,.0f}"),
+           ("p50_ms", "{:.3f}"), ("p99_ms", "{:.3f}"), ("ratio_to_raw", "{:.2f}")]
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """A fixed-width text table of result rows."""
+    header = [name for name, _ in COLUMNS]
+    lines = [header]
+    for row in rows:
+        cells = []
+        for name, fmt in COLUMNS:
+            value = row.get(name)
+            if name == "backend" and row.get("placement"):
+                value = f"{value}({row['placement']})"
+            if name == "page_size" and isinstance(value, int):
+                value = _human(value)
+            cells.append("" if value is None else fmt.format(value))
+        lines.append(cells)
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines)
+
+
+def _human(n: int) -> str:
+    for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    """All result rows as CSV (union of their keys as columns)."""
+    fields: list[str] = []
+    for row in rows:
+        fields += [k for k in row if k not in fields]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+__all__ = ["BenchError", "add_arguments", "run"]

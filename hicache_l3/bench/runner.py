@@ -1,0 +1,190 @@
+"""Runs bench pairs: the connector and its raw baseline interleaved, repetition by
+repetition, on the same pre-touched pages; verifies the bytes after timing.
+
+Per repetition and op, each target moves all ``pages`` in batches of ``batch`` (split
+across ``threads`` client threads for connectors; raw baselines use one thread).
+Reported per target and op: median GiB/s and pages/s over repetitions (with min/max),
+p50/p95/p99 of per-batch latency over all repetitions, and for connectors the median
+of the per-repetition ratio to the raw baseline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from hicache_l3.bench.targets import BenchOptions, BenchTarget, Pair
+from hicache_l3.common.errors import ConfigError, HiCacheL3Error
+from hicache_l3.common.memory import HostBuffer
+from hicache_l3.common.pages import Page, contiguous_pages
+
+
+class BenchError(HiCacheL3Error):
+    """A bench run could not produce valid figures (failed ops, wrong bytes)."""
+
+
+def load_backend(name: str) -> Callable[[BenchOptions, contextlib.ExitStack], list[Pair]]:
+    """The ``make_pairs`` of bench backend ``name``."""
+    from hicache_l3.common.registry import resolve_name
+
+    canonical = resolve_name(name)
+    try:
+        module = importlib.import_module(f"hicache_l3.bench.backend_{canonical}")
+    except ModuleNotFoundError as exc:
+        if exc.name == f"hicache_l3.bench.backend_{canonical}":
+            raise ConfigError(f"no bench backend for connector {name!r} yet") from None
+        raise
+    make: Callable[[BenchOptions, contextlib.ExitStack], list[Pair]] = module.make_pairs
+    return make
+
+
+def fill(buffer: HostBuffer, page_bytes: int) -> None:
+    """Distinct, incompressible-looking bytes in every page (1 MiB random block + page id)."""
+    import os
+
+    view = buffer.view()
+    block = os.urandom(min(1 << 20, buffer.size))
+    for off in range(0, buffer.size, len(block)):
+        n = min(len(block), buffer.size - off)
+        view[off : off + n] = block[:n]
+    for i, off in enumerate(range(0, buffer.size - 8 + 1, page_bytes)):
+        view[off : off + 8] = i.to_bytes(8, "little")
+
+
+class Measure:
+    """Timings of one target and op across repetitions."""
+
+    def __init__(self) -> None:
+        self.rep_seconds: list[float] = []
+        self.batch_seconds: list[float] = []
+        self.failures = 0
+
+
+def _time_op(target: BenchTarget, op: str, keys: list[str], pages: list[Page], batch: int,
+             threads: int, measure: Measure) -> float:
+    plans = [target.plan(op, keys[lo : lo + batch], pages[lo : lo + batch])
+             for lo in range(0, len(keys), batch)]
+    lat: list[float] = []
+
+    def work(share: list[Any]) -> int:
+        failed = 0
+        for plan in share:
+            t0 = time.perf_counter()
+            results = target.run(op, plan)
+            lat.append(time.perf_counter() - t0)
+            failed += results.count(False)
+        return failed
+
+    start = time.perf_counter()
+    if threads <= 1 or target.backend.startswith("raw-"):
+        failed = work(plans)
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            failed = sum(pool.map(work, [plans[t::threads] for t in range(threads)]))
+    elapsed = time.perf_counter() - start
+    measure.rep_seconds.append(elapsed)
+    measure.batch_seconds.extend(lat)
+    measure.failures += failed
+    return elapsed
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run_pairs(pairs: list[Pair], opts: BenchOptions, ops: tuple[str, ...],
+              progress: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+    """Measure every pair; returns one JSON row per target and op."""
+    src = HostBuffer(opts.pages * opts.page_bytes, name="bench-src")
+    dst = HostBuffer(opts.pages * opts.page_bytes, name="bench-dst")
+    fill(src, opts.page_bytes)
+    src_pages = contiguous_pages(src.address, opts.page_bytes, range(opts.pages))
+    dst_pages = contiguous_pages(dst.address, opts.page_bytes, range(opts.pages))
+    targets = [t for pair in pairs for t in (pair.connector, pair.raw) if t is not None]
+    for t in targets:
+        t.prepare([src, dst], opts.page_bytes)
+    run_id = uuid.uuid4().hex[:8]
+    measures = {(id(t), op): Measure() for t in targets for op in ops}
+    # one untimed warm-up repetition: fills slabs / segments, faults in everything
+    for t in targets:
+        keys = [f"{run_id}-warm-{i}" for i in range(opts.pages)]
+        for op in ("set", "get"):
+            if op in t.ops and op in ops:
+                _time_op(t, op, keys, src_pages if op == "set" else dst_pages,
+                         opts.batch, opts.threads, Measure())
+    for rep in range(opts.reps):
+        keys = [f"{run_id}-r{rep}-{i}" for i in range(opts.pages)]
+        for pair in pairs:
+            order = [t for t in (pair.connector, pair.raw) if t is not None]
+            if rep % 2:
+                order.reverse()
+            for op in ops:
+                for t in order:
+                    if op not in t.ops:
+                        continue
+                    pages = src_pages if op == "set" else dst_pages
+                    _time_op(t, op, keys, pages, opts.batch, opts.threads, measures[(id(t), op)])
+                    if progress:
+                        progress(1)
+                    if op == "get":
+                        _verify(t, src, dst, opts)
+    rows = []
+    for pair in pairs:
+        for op in ops:
+            raw_m = measures.get((id(pair.raw), op)) if pair.raw is not None else None
+            for t in [x for x in (pair.connector, pair.raw) if x is not None]:
+                if op not in t.ops:
+                    continue
+                m = measures[(id(t), op)]
+                if m.failures:
+                    raise BenchError(f"{t.backend} {op}: {m.failures} pages failed during timing")
+                row = _row(t, op, m, opts)
+                if t is pair.connector and raw_m is not None and raw_m.rep_seconds:
+                    ratios = [r / c for c, r in zip(m.rep_seconds, raw_m.rep_seconds)]
+                    row["ratio_to_raw"] = statistics.median(ratios)
+                    row["raw_backend"] = pair.raw.backend if pair.raw else None
+                rows.append(row)
+    return rows
+
+
+def _verify(target: BenchTarget, src: HostBuffer, dst: HostBuffer, opts: BenchOptions) -> None:
+    a, b = src.view(), dst.view()
+    if a != b:
+        bad = next(i for i in range(opts.pages)
+                   if a[i * opts.page_bytes : (i + 1) * opts.page_bytes]
+                   != b[i * opts.page_bytes : (i + 1) * opts.page_bytes])
+        raise BenchError(f"{target.backend}: page {bad} read back differs from what was written")
+    b[:] = bytes(len(b))  # the next get must write every byte again
+
+
+def _row(t: BenchTarget, op: str, m: Measure, opts: BenchOptions) -> dict[str, Any]:
+    nbytes = opts.pages * opts.page_bytes
+    gibs = [nbytes / s / 2**30 for s in m.rep_seconds]
+    pps = [opts.pages / s for s in m.rep_seconds]
+    row: dict[str, Any] = {
+        "backend": t.backend,
+        "op": op,
+        "page_size": opts.page_bytes,
+        "batch": opts.batch,
+        "pages": opts.pages,
+        "threads": 1 if t.backend.startswith("raw-") else opts.threads,
+        "reps": len(m.rep_seconds),
+        "gib_per_s": statistics.median(gibs) if op != "exists" else 0.0,
+        "gib_per_s_min": min(gibs) if op != "exists" else 0.0,
+        "gib_per_s_max": max(gibs) if op != "exists" else 0.0,
+        "pages_per_s": statistics.median(pps),
+        "p50_ms": _quantile(m.batch_seconds, 0.50) * 1e3,
+        "p95_ms": _quantile(m.batch_seconds, 0.95) * 1e3,
+        "p99_ms": _quantile(m.batch_seconds, 0.99) * 1e3,
+    }
+    row.update(t.extra)
+    return row
