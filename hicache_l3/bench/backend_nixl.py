@@ -1,0 +1,124 @@
+"""Bench backend ``nixl``: the nixl connector in file mode against raw NIXL.
+
+raw-nixl follows the baseline rules: its own NIXL agent with the POSIX plugin and the
+connector's POSIX engine (``posix_engine``, default the measured fastest), the bench
+buffers registered as DRAM once, one file fully written before timing and registered
+once as FILE; per batch, one NIXL transfer of the batch's pages (page ``i`` of the
+bench at file offset ``i * page_size``), descriptor lists built before the clock,
+polled tightly until done, one thread, buffered, no fsync. The connector runs with a
+capacity of exactly one repetition's pages, so timed repetitions measure the steady
+state of a full cache (slots reused), as the file backend does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+from hicache_l3.bench.targets import BenchOptions, BenchTarget, ConnectorTarget, Pair
+from hicache_l3.common.keys import Namespace
+from hicache_l3.common.memory import HostBuffer
+from hicache_l3.common.pages import Page
+from hicache_l3.common.registry import open_connector
+from hicache_l3.common.slabs import Geometry
+from hicache_l3.connectors.nixl import Agent, NixlConfig
+
+
+def bench_namespace(opts: BenchOptions) -> Namespace:
+    """The namespace nixl bench pages are stored in."""
+    return Namespace(model="hicache-l3-bench", kv_dtype="uint8", layout="page_first",
+                     page_size=opts.page_bytes, tag="bench-nixl")
+
+
+class RawNixl(BenchTarget):
+    """The machine's limit through NIXL: one POSIX-plugin transfer per batch."""
+
+    backend = "raw-nixl"
+    ops = ("set", "get")
+
+    def __init__(self, path: Path, size: int, engine: str) -> None:
+        self.path = path
+        self.size = size
+        self.engine = engine
+        self.extra = {"posix_engine": engine}
+        self.fd = -1
+        self.agent: Agent | None = None
+        self.file_reg: Any = None
+        self.buffers: list[HostBuffer] = []
+
+    def prepare(self, buffers: list[HostBuffer], page_bytes: int) -> None:
+        """Create the agent, register the buffers and the fully written file once."""
+        from hicache_l3.connectors.nixl_file import posix_params
+
+        self.agent = Agent("POSIX", posix_params(self.engine))
+        self.buffers = list(buffers)
+        for b in buffers:
+            self.agent.register_dram(b)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        src = buffers[0].view()
+        written = 0
+        while written < self.size:
+            written += os.pwrite(self.fd, src[written : self.size], written)
+        self.file_reg = self.agent.register([(0, self.size, self.fd, "")], "FILE")
+
+    def plan(self, op: str, keys: list[str], pages: list[Page]) -> Any:
+        """The batch's DRAM and FILE descriptor lists (built before the clock)."""
+        import numpy as np
+
+        assert self.agent is not None
+        local, remote = [], []
+        for page in pages:
+            base = next(b.address for b in self.buffers if b.contains(page[0][0], page[0][1]))
+            offset = page[0][0] - base
+            for address, length in page:
+                local.append((address, length, 0))
+                remote.append((offset, length, self.fd))
+                offset += length
+        nx = self.agent.agent
+        ldescs = nx.get_xfer_descs(np.array(local, dtype=np.uint64), "DRAM")
+        rdescs = nx.get_xfer_descs(np.array(remote, dtype=np.uint64), "FILE")
+        return "WRITE" if op == "set" else "READ", ldescs, rdescs, len(pages)
+
+    def run(self, op: str, plan: Any) -> list[bool]:
+        """One transfer of the batch, polled until done."""
+        assert self.agent is not None
+        nx = self.agent.agent
+        xop, ldescs, rdescs, n = plan
+        handle = nx.initialize_xfer(xop, ldescs, rdescs, nx.name)
+        state = nx.transfer(handle)
+        while state == "PROC":
+            state = nx.check_xfer_state(handle)
+        nx.release_xfer_handle(handle)
+        return [state == "DONE"] * n
+
+    def close(self) -> None:
+        """Deregister, close and remove the file, drop the agent."""
+        if self.agent is not None:
+            if self.file_reg is not None:
+                self.agent.deregister(self.file_reg)
+            self.agent.close()
+            self.agent = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+def make_pairs(opts: BenchOptions, stack: contextlib.ExitStack) -> list[Pair]:
+    """The nixl connector (file mode, in ``workdir`` unless configured) and raw-nixl."""
+    settings: dict[str, Any] = {
+        "mode": "file",
+        "root": str(opts.workdir / "nixl-store"),
+        "capacity_bytes": opts.pages * Geometry(opts.page_bytes).stride,
+    }
+    settings.update(opts.settings.get("nixl", {}))
+    config = NixlConfig.load("nixl", settings)
+    conn = open_connector("nixl", bench_namespace(opts), settings)
+    stack.callback(conn.close)
+    raw = RawNixl(opts.workdir / "raw-nixl.dat", opts.pages * opts.page_bytes, config.posix_engine)
+    stack.callback(raw.close)
+    return [Pair(ConnectorTarget(conn, "nixl", mode=config.mode,
+                                 posix_engine=config.posix_engine), raw)]
