@@ -105,6 +105,8 @@ class FileConnector(Connector[FileConfig]):
             raise ConfigError(f"file connector: cannot create root {self.root}: {exc}") from None
         if not os.access(self.root, os.W_OK | os.X_OK):
             raise ConfigError(f"file connector: root {self.root} is not writable")
+        if config.o_direct:
+            _probe_o_direct(self.root)
         if config.capacity_bytes:
             self.capacity_bytes = config.capacity_bytes
         else:
@@ -305,6 +307,21 @@ class FileConnector(Connector[FileConfig]):
         if self._store is not None:
             out.update(self._store.stats())
         return out
+
+
+def _probe_o_direct(root: Path) -> None:
+    probe = root / f".o_direct_probe.{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
+        os.close(fd)
+    except OSError as exc:
+        raise ConfigError(
+            f"file connector: o_direct=true but the filesystem of {root} refuses O_DIRECT "
+            f"({exc.strerror}); use o_direct=false"
+        ) from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            probe.unlink()
 
 
 def _aligned(page: Page) -> bool:

@@ -1,0 +1,99 @@
+"""File connector options and multi-process behaviour beyond the shared suite."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hicache_l3 import Namespace, open_connector
+from hicache_l3.common.memory import HostBuffer
+from hicache_l3.common.pages import contiguous_pages, strided_pages
+from hicache_l3.conformance.suite import Pages, page_pattern
+
+NS = Namespace(model="m", kv_dtype="bfloat16", layout="page_first", page_size=16)
+PAGE = 16 << 10
+
+
+def test_o_direct_moves_aligned_pages_and_falls_back_for_scattered(tmp_path: Path) -> None:
+    with open_connector("file", NS, root=str(tmp_path), o_direct=True) as conn:
+        keys = [f"d{i}" for i in range(8)]
+        pages = Pages(conn, PAGE, 8)
+        pages.fill(keys)
+        assert conn.batch_set(keys, pages.pages) == [True] * 8
+        pages.wipe()
+        assert conn.batch_get(keys, pages.pages) == [True] * 8
+        assert all(pages.matches(i, k) for i, k in enumerate(keys))
+        assert conn.stats()["ops"]["counters"].get("direct_fallback", 0) == 0
+        buf = HostBuffer(4 * PAGE)
+        conn.register(buf)
+        scattered = strided_pages(buf.address, PAGE // 4, 4, PAGE, range(1))
+        assert conn.batch_set(["scattered"], scattered) == [True]
+        assert conn.stats()["ops"]["counters"]["direct_fallback"] == 1
+        assert conn.batch_get(["scattered"], scattered) == [True]
+
+
+@pytest.mark.parametrize("policy, min_syncs", [("none", 0), ("data", 1), ("always", 2)])
+def test_fsync_policy_syncs_before_publishing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              policy: str, min_syncs: int) -> None:
+    calls: list[int] = []
+    real = os.fdatasync
+
+    def counting(fd: int) -> None:
+        calls.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", counting)
+    with open_connector("file", NS, root=str(tmp_path), fsync=policy) as conn:
+        pages = Pages(conn, PAGE, 4)
+        assert conn.batch_set([f"f{i}" for i in range(4)], pages.pages) == [True] * 4
+    assert (len(calls) >= min_syncs) if min_syncs else calls == []
+
+
+def test_concurrent_writer_processes_share_one_index(tmp_path: Path) -> None:
+    """Three processes write at once (some keys in common); every page is readable by all."""
+    root = str(tmp_path / "shared")
+    common = [f"common-{i}" for i in range(40)]
+    procs = []
+    for w in range(3):
+        keys = [f"w{w}-{i}" for i in range(150)] + common
+        spec = {"name": "file", "namespace": NS.fields(), "settings": {"root": root},
+                "op": "set", "keys": keys, "page_bytes": PAGE}
+        procs.append(subprocess.Popen([sys.executable, "-m", "hicache_l3.conformance.worker",
+                                       json.dumps(spec)], stdout=subprocess.PIPE, text=True))
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0
+        assert all(json.loads(out)["results"])
+    every = [f"w{w}-{i}" for w in range(3) for i in range(150)] + common
+    with open_connector("file", NS, root=root) as conn:
+        assert conn.batch_exists(every) == [True] * len(every)
+        buf = HostBuffer(len(every) * PAGE)
+        conn.register(buf)
+        pages = contiguous_pages(buf.address, PAGE, range(len(every)))
+        assert conn.batch_get(every, pages) == [True] * len(every)
+        view = buf.view()
+        for i, key in enumerate(every):
+            assert view[i * PAGE : (i + 1) * PAGE] == page_pattern(key, PAGE), key
+    writers = sorted(p.name for p in Path(root).glob("ns-*/writers/w*"))
+    assert 1 <= len(writers) <= 3  # at most one per process alive at once; freed ones are reused
+
+
+def test_capacity_bounds_disk_use(tmp_path: Path) -> None:
+    from hicache_l3.common.slabs import Geometry
+
+    stride = Geometry(PAGE).stride
+    with open_connector("file", NS, root=str(tmp_path), capacity_bytes=32 * stride) as conn:
+        pages = Pages(conn, PAGE, 16)
+        for r in range(10):
+            keys = [f"cap{r}-{i}" for i in range(16)]
+            pages.fill(keys)
+            assert conn.batch_set(keys, pages.pages) == [True] * 16
+        stats = conn.stats()["engine"]
+        assert stats["evictions"] == 160 - 32
+    used = sum(p.stat().st_size for p in tmp_path.rglob("slab-*.dat"))
+    assert used <= 32 * stride

@@ -1,0 +1,47 @@
+"""The bench CLI produces the documented JSON/CSV shape (speed is never asserted here)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from hicache_l3.cli import main
+
+FIELDS = {"backend", "op", "page_size", "batch", "pages", "gib_per_s", "pages_per_s", "p50_ms", "p99_ms"}
+
+
+def test_bench_json_and_csv(tmp_path: Path, capsys) -> None:
+    out, table = tmp_path / "out.json", tmp_path / "out.csv"
+    code = main(["bench", "--page-size", "16KiB", "--pages", "96", "--batch", "32", "--reps", "2",
+                 "--json", str(out), "--csv", str(table), "--quiet", "--workdir", str(tmp_path / "w")])
+    assert code == 0
+    rows = json.loads(out.read_text())["results"]
+    by = {(r["backend"], r["op"]): r for r in rows}
+    assert set(by) == {("file", "set"), ("file", "get"), ("file", "exists"),
+                       ("raw-posix", "set"), ("raw-posix", "get")}
+    for row in rows:
+        assert set(row) >= FIELDS
+        assert row["page_size"] == 16384 and row["pages"] == 96 and row["batch"] == 32
+        assert row["pages_per_s"] > 0
+    assert by[("file", "get")]["ratio_to_raw"] > 0 and by[("file", "get")]["raw_backend"] == "raw-posix"
+    assert "ratio_to_raw" not in by[("raw-posix", "get")]
+    with open(table) as f:
+        assert len(list(csv.DictReader(f))) == len(rows)
+    printed = capsys.readouterr().out
+    assert "raw-posix" in printed and "ratio_to_raw" in printed
+
+
+def test_bench_help_and_bad_arguments() -> None:
+    help_text = subprocess.run([sys.executable, "-m", "hicache_l3.cli", "bench", "--help"],
+                               capture_output=True, text=True, timeout=60)
+    assert help_text.returncode == 0 and "--page-size" in help_text.stdout and "raw" in help_text.stdout
+    bad = subprocess.run([sys.executable, "-m", "hicache_l3.cli", "bench", "--page-size", "huge"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "'huge' is not a size" in bad.stderr
+    unknown = subprocess.run([sys.executable, "-m", "hicache_l3.cli", "bench", "--backend", "ftp",
+                              "--pages", "8", "--reps", "1", "--quiet"],
+                             capture_output=True, text=True, timeout=60)
+    assert unknown.returncode == 1 and "unknown connector 'ftp'" in unknown.stderr

@@ -1,0 +1,59 @@
+"""Namespaces separate everything that changes a page's bytes; keys cannot be paths."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from hicache_l3.common.errors import ConfigError, InvalidKeyError
+from hicache_l3.common.keys import KEY_FORMAT_VERSION, Namespace, is_valid_key, validate_key
+
+BASE = Namespace(model="org/model", kv_dtype="bfloat16", layout="page_first", page_size=64)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"model": "org/other"}, {"kv_dtype": "float8_e4m3fn"}, {"layout": "layer_first"},
+     {"page_size": 32}, {"tp_rank": 1, "tp_size": 2}, {"tp_size": 2}, {"pp_rank": 1, "pp_size": 2},
+     {"cp_rank": 1, "cp_size": 2}, {"dcp_rank": 1, "dcp_size": 2}, {"tag": "x"},
+     {"version": KEY_FORMAT_VERSION + 1}],
+)
+def test_every_field_changes_the_digest(change):
+    assert dataclasses.replace(BASE, **change).digest() != BASE.digest()
+
+
+def test_mla_shared_drops_tp_rank():
+    a = dataclasses.replace(BASE, mla_shared=True, tp_rank=0, tp_size=4)
+    b = dataclasses.replace(BASE, mla_shared=True, tp_rank=3, tp_size=4)
+    assert a.digest() == b.digest()
+    assert dataclasses.replace(BASE, tp_rank=0, tp_size=4).digest() != a.digest()
+
+
+def test_storage_key_is_prefixed():
+    assert BASE.storage_key("abc") == f"{BASE.digest()}:abc"
+
+
+@pytest.mark.parametrize("kw", [{"tp_rank": 2, "tp_size": 2}, {"page_size": 0}, {"model": ""},
+                                {"pp_rank": -1}])
+def test_bad_namespace_is_refused(kw):
+    with pytest.raises(ConfigError):
+        dataclasses.replace(BASE, **kw)
+
+
+def test_from_dict_names_unknown_fields():
+    with pytest.raises(ConfigError, match="dp_rank"):
+        Namespace.from_dict({**dataclasses.asdict(BASE), "dp_rank": 1})
+
+
+@pytest.mark.parametrize("key", ["a" * 64, "0f3c_part:k=1", "hash@v2", "A.B-C+D"])
+def test_valid_keys(key):
+    assert is_valid_key(key) and validate_key(key) == key
+
+
+@pytest.mark.parametrize("key", ["", "../x", "a/b", "/abs", "a\0b", ".hidden", "-flag", "a b",
+                                 "x" * 257, "é", None, 5])
+def test_invalid_keys(key):
+    assert not is_valid_key(key)
+    with pytest.raises(InvalidKeyError):
+        validate_key(key)

@@ -1,0 +1,81 @@
+"""Registry install hints, metrics exposition, memory regions."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from hicache_l3 import open_connector
+from hicache_l3.common.errors import ConfigError, EngineUnavailableError, MemoryRegistrationError, Reason
+from hicache_l3.common.memory import HostBuffer, MemoryRegion, RegionTable
+from hicache_l3.common.metrics import Metrics
+from hicache_l3.common.registry import available_connectors, register_connector, resolve_name
+
+
+def test_names_and_alias():
+    assert {"file", "mooncake", "nixl", "hf3fs"} <= set(available_connectors())
+    assert resolve_name("3fs") == "hf3fs"
+    with pytest.raises(ConfigError, match="unknown connector 'ftp'"):
+        resolve_name("ftp")
+
+
+def test_missing_engine_package_gives_install_hint():
+    register_connector("ghost", "hicache_l3_no_such_module.engine:Ghost", extra="ghost")
+    with pytest.raises(EngineUnavailableError, match=r"pip install 'hicache-l3\[ghost\]'"):
+        open_connector("ghost", {"model": "m", "kv_dtype": "f16", "layout": "page_first",
+                                 "page_size": 16})
+
+
+def test_import_without_engine_packages():
+    code = ("import sys; sys.modules['mooncake'] = None; sys.modules['nixl'] = None; "
+            "sys.modules['nixl_cu12'] = None; sys.modules['torch'] = None; import hicache_l3; "
+            "from hicache_l3.connectors import file; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_metrics_snapshot_and_prometheus():
+    m = Metrics()
+    m.observe("get", [Reason.OK, Reason.MISS, Reason.CORRUPT], 4096, 0.002)
+    m.count("evictions", 3)
+    snap = m.snapshot()
+    assert snap["get"]["pages"] == 3 and snap["get"]["ok"] == 1
+    assert snap["get"]["failed"] == {"corrupt": 1, "miss": 1}
+    assert snap["counters"] == {"evictions": 3}
+    text = m.prometheus(labels='connector="file"')
+    assert 'hicache_l3_pages_failed_total{connector="file",op="get",reason="miss"} 1' in text
+    assert 'hicache_l3_latency_seconds_bucket{connector="file",op="get",le="+Inf"} 1' in text
+    assert 'hicache_l3_events_total{connector="file",event="evictions"} 3' in text
+
+
+def test_host_buffer_is_page_aligned_and_touched():
+    buf = HostBuffer(3 * 4096 + 10)
+    assert buf.address % 4096 == 0 and buf.size == 3 * 4096 + 10
+    view = buf.view()
+    view[-1] = 7
+    assert view[-1] == 7
+
+
+def test_region_table_lookup_and_overlap():
+    table = RegionTable()
+    a, b = HostBuffer(8192), HostBuffer(8192)
+    assert table.add(a) and table.add(b) and not table.add(a)
+    assert table.covers(((a.address, 8192),)) and not table.covers(((a.address + 1, 8192),))
+    views = table.views(((a.address + 10, 5), (b.address, 3)))
+    assert views is not None and [len(v) for v in views] == [5, 3]
+    with pytest.raises(MemoryRegistrationError, match="overlaps"):
+        table.add(MemoryRegion(a.address + 100, 10, owner=a))
+    assert table.remove(a) and table.find(a.address, 1) is None
+
+
+def test_region_from_buffer_and_tensor():
+    data = bytearray(100)
+    region = MemoryRegion.from_buffer(data)
+    assert region.size == 100
+    with pytest.raises(MemoryRegistrationError):
+        MemoryRegion.from_buffer(b"read-only")
+    import torch  # in the test env (setup.sh pins it)
+    t = torch.zeros(64, dtype=torch.float16)
+    assert MemoryRegion.from_tensor(t).size == 128
