@@ -1,0 +1,559 @@
+"""The Mooncake Store connector: pages as objects in a Mooncake distributed store.
+
+``mooncake_master`` keeps the object index; every client may contribute a memory segment
+(``global_segment_size``) and objects live in whichever segment the master picks, so a
+page set by one SGLang instance is read by every other. The connector is a client:
+
+* zero-copy: every host region is registered once with ``register_buffer`` (undone on
+  close); pages move with ``batch_put_from``/``batch_get_into`` from and into page
+  addresses (``..._multi_buffers`` for scattered ``layer_first`` pages); no staging copy;
+* one object per page, stored under ``namespace.storage_key(key)``
+  (``<namespace digest>:<key>``); a set needs no exists round trip first (Mooncake
+  answers 0 for a key it has already and keeps the stored bytes);
+* per-key results mapped from Mooncake's codes (:data:`CODE_REASONS`); each raw code is
+  also counted as ``mooncake_<code>`` in ``stats()["ops"]["counters"]``;
+* ``checksum="xxh3"`` appends a 32-byte trailer (magic, length, XXH3-64 of the page,
+  key fingerprint) to every object and verifies it on get, so bytes altered in the store
+  read as a miss (``detects_corruption``); off by default: it costs a pass over every
+  page on both paths (see the bench numbers in the docs);
+* a master that stops answering makes a call return ``engine_down`` for every key
+  (Mooncake's RPC gives up after ~4.3 s); while it stays down, later calls probe its TCP
+  port (``connect_timeout``) and fail at once instead of waiting again, and the
+  connector works again as soon as the master is back.
+
+Lifecycle: the library crashes the process (SIGSEGV) when ``batch_is_exist`` runs after
+``close()``. The base class waits for calls in flight and refuses calls after close, and
+this module drops its store handle in ``_close``, so nothing reaches the library then.
+
+Network exposure. Loopback by default: ``local_hostname=127.0.0.1`` and, when it is a
+loopback address and the variable is unset, ``MC_TCP_BIND_ADDRESS`` is set to it before
+the transfer engine starts, so that the client advertises loopback. What stays exposed
+whatever is configured: the master's embedded HTTP metadata server binds 0.0.0.0 (it
+ignores ``--http_metadata_server_host``), and each client's transfer engine listens on
+0.0.0.0 (a port in 15000-17000) for its handshake. To keep metadata off the network,
+run the master without ``--enable_http_metadata_server`` and use
+``metadata_server="P2PHANDSHAKE"`` (clients exchange metadata directly) or an etcd bound
+to loopback (``metadata_server="etcd://127.0.0.1:2379"``).
+
+Settings (``MooncakeConfig``) come from, lowest first: SGLang's ``MOONCAKE_*``
+environment variables, the JSON file named by ``SGLANG_HICACHE_MOONCAKE_CONFIG_PATH``
+(SGLang's in-tree backend's format), ``HICACHE_L3_MOONCAKE_<FIELD>`` variables, then the
+settings passed in. See :data:`SGLANG_ENV` and :data:`SGLANG_JSON` for the mapping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from hicache_l3.common.config import ConnectorConfig, setting
+from hicache_l3.common.connector import Capabilities, Connector
+from hicache_l3.common.errors import ConfigError, EngineUnavailableError, Reason
+from hicache_l3.common.integrity import key_fingerprint, page_checksum
+from hicache_l3.common.keys import Namespace
+from hicache_l3.common.memory import HostBuffer, MemoryRegion
+from hicache_l3.common.pages import Page
+
+log = logging.getLogger("hicache_l3.mooncake")
+
+try:  # the CPU build (mooncake-transfer-engine-non-cuda) and the CUDA build share it
+    from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+except ImportError as _exc:  # the registry turns this into an install hint
+    raise ImportError(
+        f"mooncake.store is not importable ({_exc}); pip install 'hicache-l3[mooncake]' "
+        "(CPU build) or 'hicache-l3[mooncake-cuda]'; Mooncake also needs the system "
+        "libraries libibverbs1, librdmacm1 and libnuma1",
+        name="mooncake",
+    ) from _exc
+
+# Mooncake ErrorCode values (mooncake-store types.h) -> what a key's failure means here.
+NO_AVAILABLE_HANDLE = -200  # no segment, or no space left in any
+INVALID_PARAMS = -600  # bad buffer, size mismatch of a multi-buffer get, ...
+REPLICA_IS_NOT_READY = -703  # another client is still writing the object
+OBJECT_NOT_FOUND = -704
+OBJECT_ALREADY_EXISTS = -705
+LEASE_EXPIRED = -707  # the read outlived its lease: data discarded
+TRANSFER_FAIL = -800  # e.g. the segment's owner is gone
+RPC_FAIL = -900  # master unreachable
+RPC_TIMEOUT = -901
+UNAVAILABLE_IN_CURRENT_STATUS = -1010
+
+CODE_REASONS: dict[int, Reason] = {
+    NO_AVAILABLE_HANDLE: Reason.NO_SPACE,
+    REPLICA_IS_NOT_READY: Reason.MISS,
+    OBJECT_NOT_FOUND: Reason.MISS,
+    LEASE_EXPIRED: Reason.TIMEOUT,
+    TRANSFER_FAIL: Reason.ENGINE_ERROR,
+    RPC_FAIL: Reason.ENGINE_DOWN,
+    RPC_TIMEOUT: Reason.TIMEOUT,
+    UNAVAILABLE_IN_CURRENT_STATUS: Reason.ENGINE_DOWN,
+}
+_MASTER_DOWN = (RPC_FAIL, RPC_TIMEOUT, UNAVAILABLE_IN_CURRENT_STATUS)
+
+TRAILER = struct.Struct("<8sQQ8s")  # magic, page length, xxh3-64 of the page, key fingerprint
+TRAILER_MAGIC = b"HCL3MC01"
+
+# SGLang's MooncakeStoreConfig names -> ours. Env vars are read only when set.
+SGLANG_ENV = {
+    "MOONCAKE_MASTER": "master_address",
+    "MOONCAKE_TE_META_DATA_SERVER": "metadata_server",
+    "MOONCAKE_GLOBAL_SEGMENT_SIZE": "global_segment_size",
+    "MOONCAKE_PROTOCOL": "protocol",
+    "MOONCAKE_DEVICE": "device_names",
+    "MOONCAKE_LOCAL_HOSTNAME": "local_hostname",
+    "MOONCAKE_TENANT_ID": "tenant_id",
+}
+SGLANG_JSON = {
+    "master_server_address": "master_address",
+    "metadata_server": "metadata_server",
+    "global_segment_size": "global_segment_size",
+    "protocol": "protocol",
+    "device_name": "device_names",
+    "local_hostname": "local_hostname",
+    "tenant_id": "tenant_id",
+}
+# SGLang settings that have no meaning here; accepted and ignored (with a log line).
+SGLANG_IGNORED = {"master_metrics_port", "check_server", "enable_ssd_offload", "ssd_offload_path"}
+SGLANG_UNSUPPORTED = {
+    "client_server_address": "the standalone 'real client' mode is not supported; "
+    "set master_server_address instead",
+    "standalone_storage": "standalone storage mode is not supported",
+}
+
+
+@dataclasses.dataclass
+class MooncakeConfig(ConnectorConfig):
+    """Settings of the Mooncake connector (``HICACHE_L3_MOONCAKE_<FIELD>``; SGLang's
+    ``MOONCAKE_*`` variables and JSON file are read too, see the module docstring)."""
+
+    master_address: str = setting("", "host:port of mooncake_master's RPC service (required)")
+    metadata_server: str = setting(
+        "", "transfer-engine metadata: '' = the master's embedded HTTP server at "
+        "http://<master host>:8080/metadata; an http:// URL; 'P2PHANDSHAKE'; or etcd://host:port",
+    )
+    protocol: str = setting("tcp", "transfer protocol: tcp or rdma (or another the build supports)")
+    device_names: str = setting("", "RDMA device names, comma-separated (e.g. mlx5_0,mlx5_1); '' = auto")
+    local_hostname: str = setting(
+        "127.0.0.1", "address this client advertises to the others (loopback by default)")
+    global_segment_size: int = setting(
+        4 << 30, "memory this process contributes to the store; 0 = none (pages then live "
+        "only in other processes' segments and survive this connector)", size=True,
+    )
+    local_buffer_size: int = setting(16 << 20, "the client's local transfer buffer", size=True)
+    replica_num: int = setting(1, "replicas per page (in different segments)")
+    preferred_segment: str = setting("", "segment to place pages in first (host:port); '' = any")
+    tenant_id: str = setting("default", "Mooncake tenant the pages belong to")
+    checksum: Literal["none", "xxh3"] = setting(
+        "none", "xxh3: store a checksum trailer with every page and verify it on get")
+    max_batch: int = setting(
+        1024, "most pages per Mooncake call; larger batches are split (the TCP transport "
+        "rejects ~4096 transfers queued at once)")
+    connect_timeout: float = setting(
+        2.0, "seconds to wait for the master's TCP port at open, and when probing a master "
+        "that stopped answering")
+
+    def validate(self) -> None:
+        """Check values that types alone cannot."""
+        super().validate()
+        if not self.master_address:
+            raise ConfigError(
+                "mooncake connector: set master_address (host:port of mooncake_master's RPC "
+                "port, e.g. 127.0.0.1:50051), or MOONCAKE_MASTER as SGLang does")
+        if not self.protocol:
+            raise ConfigError("mooncake connector: protocol must not be empty (tcp or rdma)")
+        if self.replica_num < 1:
+            raise ConfigError(f"mooncake connector: replica_num must be >= 1, got {self.replica_num}")
+        if self.max_batch < 1:
+            raise ConfigError(f"mooncake connector: max_batch must be >= 1, got {self.max_batch}")
+        if self.connect_timeout <= 0:
+            raise ConfigError(f"mooncake connector: connect_timeout must be > 0, got {self.connect_timeout}")
+        if self.global_segment_size and self.global_segment_size < 16 << 20:
+            raise ConfigError(
+                f"mooncake connector: global_segment_size={self.global_segment_size} is below "
+                "Mooncake's minimum of 16 MiB; use 0 (no segment) or >= 16MiB")
+
+    @classmethod
+    def load(
+        cls,
+        connector: str,
+        settings: Mapping[str, Any] | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> MooncakeConfig:
+        """SGLang env, SGLang JSON file, our env, then ``settings`` (last wins)."""
+        env = os.environ if environ is None else environ
+        merged: dict[str, Any] = sglang_settings(env)
+        merged.update(cls.env_values(connector, env))
+        merged.update(settings or {})
+        return cls.from_dict(merged, source=f"{connector} config")
+
+    def metadata_url(self) -> str:
+        """The metadata server to use (the master's embedded HTTP server by default)."""
+        if self.metadata_server:
+            return self.metadata_server
+        host = self.master_address.rsplit(":", 1)[0]
+        return f"http://{host}:8080/metadata"
+
+
+def _sglang_size(value: Any) -> Any:
+    """SGLang reads ``"4gb"`` as 4 GiB and plain digits as bytes; keep that meaning."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text.endswith("gb") and text[:-2].strip().isdigit():
+            return int(text[:-2]) << 30
+    return value
+
+
+def sglang_settings(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Settings from SGLang's in-tree Mooncake configuration: ``MOONCAKE_*`` variables,
+    overridden by the JSON file named by ``SGLANG_HICACHE_MOONCAKE_CONFIG_PATH``."""
+    out: dict[str, Any] = {}
+    for var, name in SGLANG_ENV.items():
+        if environ.get(var):
+            out[name] = environ[var]
+    if not out.get("local_hostname") and environ.get("LOCAL_HOSTNAME"):
+        out["local_hostname"] = environ["LOCAL_HOSTNAME"]
+    path = environ.get("SGLANG_HICACHE_MOONCAKE_CONFIG_PATH")
+    if path:
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"SGLANG_HICACHE_MOONCAKE_CONFIG_PATH={path}: cannot read it: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"SGLANG_HICACHE_MOONCAKE_CONFIG_PATH={path}: expected a JSON object")
+        for key, value in data.items():
+            if key in SGLANG_JSON:
+                out[SGLANG_JSON[key]] = value
+            elif key in SGLANG_UNSUPPORTED and value:
+                raise ConfigError(f"{path}: {key}: {SGLANG_UNSUPPORTED[key]}")
+            elif key not in SGLANG_IGNORED and key not in SGLANG_UNSUPPORTED:
+                raise ConfigError(
+                    f"{path}: unknown Mooncake setting {key!r}; known: "
+                    f"{sorted([*SGLANG_JSON, *SGLANG_IGNORED, *SGLANG_UNSUPPORTED])}")
+    if "global_segment_size" in out:
+        out["global_segment_size"] = _sglang_size(out["global_segment_size"])
+    if isinstance(out.get("device_names"), str) and out["device_names"].startswith("{"):
+        raise ConfigError("MOONCAKE_DEVICE: the per-rank JSON form is not supported; "
+                          "give the device names of this rank")
+    return out
+
+
+def _is_loopback(host: str) -> bool:
+    return host == "localhost" or host.startswith("127.") or host == "::1"
+
+
+def _probe(address: str, timeout: float) -> str | None:
+    """None when a TCP connection to ``host:port`` succeeds, else why it failed."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        return None  # not a plain host:port (e.g. an HA etcd:// address): nothing to probe
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return None
+    except OSError as exc:
+        return str(exc) or type(exc).__name__
+
+
+class _Trailers:
+    """Per-thread registered scratch memory for checksum trailers (one slot per page)."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._buffers: list[HostBuffer] = []
+
+    def get(self, count: int) -> HostBuffer:
+        """A registered buffer of at least ``count`` trailer slots, private to this thread."""
+        buf: HostBuffer | None = getattr(self._local, "buf", None)
+        if buf is None or buf.size < count * TRAILER.size:
+            new = HostBuffer(max(count, 256) * TRAILER.size, pin=False)
+            rc = self._store.register_buffer(new.address, new.size)
+            if rc != 0:
+                raise RuntimeError(f"register_buffer of checksum scratch failed: {rc}")
+            with self._lock:
+                if buf is not None:
+                    self._store.unregister_buffer(buf.address)
+                    self._buffers.remove(buf)
+                self._buffers.append(new)
+            self._local.buf = buf = new
+        return buf
+
+    def release(self) -> None:
+        """Unregister every scratch buffer (at close)."""
+        with self._lock:
+            for buf in self._buffers:
+                self._store.unregister_buffer(buf.address)
+            self._buffers.clear()
+
+
+class MooncakeConnector(Connector[MooncakeConfig]):
+    """Pages as objects in Mooncake Store; see the module docstring."""
+
+    name = "mooncake"
+    config_class = MooncakeConfig
+
+    def __init__(self, config: MooncakeConfig, namespace: Namespace) -> None:
+        super().__init__(config, namespace)
+        self._prefix = f"{namespace.digest()}:"
+        self._down_since: float | None = None
+        self._down_lock = threading.Lock()
+        self._store: Any = None
+        if _is_loopback(config.local_hostname):
+            os.environ.setdefault("MC_TCP_BIND_ADDRESS", config.local_hostname)
+        why = _probe(config.master_address, config.connect_timeout)
+        if why is not None:
+            raise EngineUnavailableError(
+                f"mooncake connector: cannot reach mooncake_master at master_address="
+                f"{config.master_address} within {config.connect_timeout:g}s: {why}")
+        store = MooncakeDistributedStore()
+        setup = {
+            "local_hostname": config.local_hostname,
+            "metadata_server": config.metadata_url(),
+            "global_segment_size": config.global_segment_size,
+            "local_buffer_size": config.local_buffer_size,
+            "protocol": config.protocol,
+            "rdma_devices": config.device_names,
+            "master_server_addr": config.master_address,
+            "tenant_id": config.tenant_id,
+        }
+        rc = store.setup(setup)
+        if rc != 0:
+            raise EngineUnavailableError(
+                f"mooncake connector: setup failed with code {rc} (master_address="
+                f"{config.master_address}, metadata_server={config.metadata_url()}, "
+                f"protocol={config.protocol}, local_hostname={config.local_hostname}); "
+                "see the Mooncake log lines above for the cause")
+        self._store = store
+        self._replicate = ReplicateConfig()
+        self._replicate.replica_num = config.replica_num
+        if config.preferred_segment:
+            self._replicate.preferred_segment = config.preferred_segment
+        self._checksum = config.checksum == "xxh3"
+        self._trailers = _Trailers(store) if self._checksum else None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Shared; persistent only when this process holds no segment (its pages then
+        live in other processes' segments); corruption detected with checksums. Mooncake
+        evicts in the background at a watermark and refuses puts into a full store
+        (``no_space``) rather than evicting synchronously, so the suite's synchronous
+        eviction contract is not declared."""
+        return Capabilities(
+            persistent=self.config.global_segment_size == 0,
+            shared_across_processes=True,
+            detects_corruption=self._checksum,
+            evicts=False,
+        )
+
+    # ---- memory -------------------------------------------------------------------
+    def _register(self, region: MemoryRegion) -> None:
+        rc = self._store.register_buffer(region.address, region.size)
+        if rc != 0:
+            raise RuntimeError(f"register_buffer returned {rc}")
+
+    def _unregister(self, region: MemoryRegion) -> None:
+        if self._store is not None:
+            rc = self._store.unregister_buffer(region.address)
+            if rc != 0:
+                log.warning("mooncake: unregister_buffer(%#x) returned %s", region.address, rc)
+
+    # ---- master liveness ------------------------------------------------------------
+    def _master_unreachable(self) -> bool:
+        """True (fail fast) while a master seen down still refuses TCP connections."""
+        if self._down_since is None:
+            return False
+        if _probe(self.config.master_address, min(self.config.connect_timeout, 1.0)) is None:
+            return False
+        self.metrics.count("master_down_fast_fail")
+        return True
+
+    def _note_codes(self, codes: list[int]) -> None:
+        """Count raw failure codes; track whether the master answers."""
+        down = False
+        for code in codes:
+            if code < 0:
+                self.metrics.count(f"mooncake_{code}")
+                down = down or code in _MASTER_DOWN
+        if down:
+            with self._down_lock:
+                if self._down_since is None:
+                    self._down_since = time.monotonic()
+                    self._log.warning("master-down", "mooncake: master %s is not answering",
+                                      self.config.master_address)
+        elif self._down_since is not None and codes:
+            with self._down_lock:
+                self._down_since = None
+            log.info("mooncake: master %s answers again", self.config.master_address)
+
+    # ---- hooks --------------------------------------------------------------------
+    def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
+        n = len(keys)
+        if self._master_unreachable():
+            return [Reason.ENGINE_DOWN] * n
+        skeys = [self._prefix + k for k in keys]
+        first: dict[str, int] = {}
+        for i, k in enumerate(skeys):
+            first.setdefault(k, i)
+        todo = list(first.values()) if len(first) < n else None
+        if todo is not None:
+            skeys = [skeys[i] for i in todo]
+            pages = [pages[i] for i in todo]
+        codes: list[int] = []
+        step = self.config.max_batch
+        for lo in range(0, len(skeys), step):
+            if lo and self._master_unreachable():
+                codes += [RPC_FAIL] * (len(skeys) - lo)
+                break
+            codes += self._put(skeys[lo : lo + step], pages[lo : lo + step])
+        done = [Reason.OK if c in (0, OBJECT_ALREADY_EXISTS) else _reason(c) for c in codes]
+        if todo is None:
+            return done
+        where = {i: j for j, i in enumerate(todo)}
+        return [done[where[first[self._prefix + key]]] for key in keys]
+
+    def _put(self, skeys: list[str], pages: list[Page]) -> list[int]:
+        if self._checksum:
+            ptrs, sizes = self._with_trailers(skeys, pages)
+            codes = self._store.batch_put_from_multi_buffers(skeys, ptrs, sizes, self._replicate)
+        elif all(len(p) == 1 for p in pages):
+            codes = self._store.batch_put_from(
+                skeys, [p[0][0] for p in pages], [p[0][1] for p in pages], self._replicate)
+        else:
+            codes = self._store.batch_put_from_multi_buffers(
+                skeys, [[a for a, _ in p] for p in pages], [[s for _, s in p] for p in pages],
+                self._replicate)
+        self._note_codes(codes)
+        return list(codes)
+
+    def _with_trailers(self, skeys: list[str], pages: list[Page]) -> tuple[list[list[int]], list[list[int]]]:
+        assert self._trailers is not None
+        scratch = self._trailers.get(len(pages))
+        view = scratch.view()
+        ptrs, sizes = [], []
+        for j, (skey, page) in enumerate(zip(skeys, pages)):
+            nbytes = sum(s for _, s in page)
+            trailer = TRAILER.pack(TRAILER_MAGIC, nbytes, page_checksum(page),
+                                   key_fingerprint(skey)[:8])
+            off = j * TRAILER.size
+            view[off : off + TRAILER.size] = trailer
+            ptrs.append([*(a for a, _ in page), scratch.address + off])
+            sizes.append([*(s for _, s in page), TRAILER.size])
+        return ptrs, sizes
+
+    def _get(self, keys: list[str], pages: list[Page]) -> list[Reason]:
+        if self._master_unreachable():
+            return [Reason.ENGINE_DOWN] * len(keys)
+        out: list[Reason] = []
+        step = self.config.max_batch
+        for lo in range(0, len(keys), step):
+            if lo and self._master_unreachable():
+                out += [Reason.ENGINE_DOWN] * (len(keys) - lo)
+                break
+            out += self._get_chunk(keys[lo : lo + step], pages[lo : lo + step])
+        return out
+
+    def _get_chunk(self, keys: list[str], pages: list[Page]) -> list[Reason]:
+        n = len(keys)
+        skeys = [self._prefix + k for k in keys]
+        expected = [sum(s for _, s in p) for p in pages]
+        scratch: HostBuffer | None = None
+        if self._checksum:
+            assert self._trailers is not None
+            scratch = self._trailers.get(n)
+            base = scratch.address
+            ptrs = [[*(a for a, _ in p), base + j * TRAILER.size] for j, p in enumerate(pages)]
+            sizes = [[*(s for _, s in p), TRAILER.size] for p in pages]
+            got = self._store.batch_get_into_multi_buffers(skeys, ptrs, sizes)
+            expected = [e + TRAILER.size for e in expected]
+        elif all(len(p) == 1 for p in pages):
+            got = self._store.batch_get_into(skeys, [p[0][0] for p in pages], expected)
+        else:
+            got = self._store.batch_get_into_multi_buffers(
+                skeys, [[a for a, _ in p] for p in pages], [[s for _, s in p] for p in pages])
+        self._note_codes(got)
+        out = []
+        for j, (g, e) in enumerate(zip(got, expected)):
+            if g == e:
+                out.append(Reason.OK if scratch is None else self._verify(skeys[j], pages[j], scratch, j))
+            elif g >= 0:
+                self.metrics.count("mooncake_short_object")
+                out.append(Reason.SIZE_MISMATCH)
+            else:
+                out.append(_reason(g))
+        return out
+
+    def _verify(self, skey: str, page: Page, scratch: HostBuffer, j: int) -> Reason:
+        view = scratch.view()
+        magic, length, csum, fp = TRAILER.unpack_from(view, j * TRAILER.size)
+        if (magic != TRAILER_MAGIC or fp != key_fingerprint(skey)[:8]
+                or length != sum(s for _, s in page) or page_checksum(page) != csum):
+            self.metrics.count("mooncake_bad_checksum")
+            return Reason.CORRUPT
+        return Reason.OK
+
+    def _exists(self, keys: list[str]) -> list[Reason]:
+        if self._master_unreachable():
+            return [Reason.ENGINE_DOWN] * len(keys)
+        codes = self._chunked(self._store.batch_is_exist, [self._prefix + k for k in keys])
+        return [Reason.OK if c == 1 else Reason.MISS if c == 0 else _reason(c) for c in codes]
+
+    def _delete(self, keys: list[str]) -> list[Reason]:
+        if self._master_unreachable():
+            return [Reason.ENGINE_DOWN] * len(keys)
+        # force: a page read within the last lease period (10 s by default) is removed too
+        codes = self._chunked(lambda ks: self._store.batch_remove(ks, True),
+                              [self._prefix + k for k in keys])
+        return [Reason.OK if c == 0 else _reason(c) for c in codes]
+
+    def _chunked(self, call: Any, skeys: list[str]) -> list[int]:
+        codes: list[int] = []
+        step = self.config.max_batch
+        for lo in range(0, len(skeys), step):
+            if lo and self._master_unreachable():
+                return codes + [RPC_FAIL] * (len(skeys) - lo)
+            part = call(skeys[lo : lo + step])
+            self._note_codes(part)
+            codes += part
+        return codes
+
+    def _clear(self) -> None:
+        if self._master_unreachable():
+            raise EngineUnavailableError(f"mooncake master {self.config.master_address} is down")
+        # the prefix is 24 hex digits and a colon: nothing to escape
+        rc = self._store.remove_by_regex(f"^{self._prefix}", True)
+        if rc < 0:
+            self._note_codes([rc])
+            raise EngineUnavailableError(f"mooncake connector: clear failed with code {rc}")
+
+    def _close(self) -> None:
+        store, self._store = self._store, None
+        if store is None:
+            return
+        if self._trailers is not None:
+            self._trailers.release()
+        rc = store.close()
+        if rc != 0:
+            log.warning("mooncake: close returned %s", rc)
+
+    def _engine_stats(self) -> dict[str, Any]:
+        return {
+            "master_address": self.config.master_address,
+            "metadata_server": self.config.metadata_url(),
+            "protocol": self.config.protocol,
+            "global_segment_size": self.config.global_segment_size,
+            "checksum": self.config.checksum,
+            "master_down": self._down_since is not None,
+        }
+
+
+def _reason(code: int) -> Reason:
+    return CODE_REASONS.get(code, Reason.ENGINE_ERROR)
