@@ -79,15 +79,15 @@ class ReplayConfig:
         for name in ("page_tokens", "page_bytes", "l1_pages", "l2_pages", "batch",
                      "ref_kv_bytes_per_token"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"replay: --{name.replace('_', '-')} must be >= 1, "
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, "
                                   f"got {getattr(self, name)}")
         if self.l2_pages < self.l1_pages:
-            raise ConfigError(f"replay: --l2-pages ({self.l2_pages}) must be >= --l1-pages "
+            raise ConfigError(f"--l2-pages ({self.l2_pages}) must be >= --l1-pages "
                               f"({self.l1_pages}): HiCache keeps a host copy of every GPU page")
         if self.page_bytes % 64:
-            raise ConfigError(f"replay: --page-bytes must be a multiple of 64, got {self.page_bytes}")
+            raise ConfigError(f"--page-bytes must be a multiple of 64, got {self.page_bytes}")
         if self.prefill_tps <= 0:
-            raise ConfigError(f"replay: --prefill-tps must be > 0, got {self.prefill_tps}")
+            raise ConfigError(f"--prefill-tps must be > 0, got {self.prefill_tps}")
 
 
 @dataclasses.dataclass
@@ -147,10 +147,10 @@ def check_baseline(with_l3: Sequence[dict[str, Any]], without: Sequence[dict[str
     fields = ("index", "instance", "pages_needed", "l1_hits", "l2_hits")
     for a, b in zip(with_l3, without):
         if any(a[f] != b[f] for f in fields):
-            raise HiCacheL3Error(f"replay: baseline diverged at request {a['index']}: "
+            raise HiCacheL3Error(f"baseline diverged at request {a['index']}: "
                                  f"{ {f: (a[f], b[f]) for f in fields} }")
     if len(with_l3) != len(without):
-        raise HiCacheL3Error("replay: baseline has a different number of requests")
+        raise HiCacheL3Error("baseline has a different number of requests")
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -288,9 +288,20 @@ def _settings(backend: str, overrides: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def _env_configured(name: str) -> bool:
-    prefix = f"HICACHE_L3_{name.upper()}_"
+def _env_configured(name: str, field: str = "") -> bool:
+    prefix = f"HICACHE_L3_{name.upper()}_{field.upper()}"
     return any(k.startswith(prefix) for k in os.environ)
+
+
+def _has_root(name: str) -> bool:
+    """True for connectors that keep pages under a directory (``root`` setting)."""
+    from hicache_l3.common.registry import load_connector
+
+    if name == "file":
+        return True
+    config_class = getattr(load_connector(name), "config_class", None)
+    return dataclasses.is_dataclass(config_class) and any(
+        f.name == "root" for f in dataclasses.fields(config_class))
 
 
 def open_l3(
@@ -300,20 +311,18 @@ def open_l3(
     """Open the L3 connectors (starting a local engine when no address is configured);
     registered on ``stack`` for closing. Returns the tier and the settings used."""
     from hicache_l3.common.registry import open_connector, resolve_name
+    from hicache_l3.conformance.engines import ENGINES
 
     name = resolve_name(backend)
     settings = dict(settings)
-    if name == "file":
-        settings.setdefault("root", str(workdir / "l3"))
-    elif not settings and not _env_configured(name):
-        from hicache_l3.conformance.engines import ENGINES
-
-        engine_cls = ENGINES.get(name)
-        if engine_cls is None:
-            raise ConfigError(f"replay: no address configured for {name!r} and no local launcher; "
-                              f"pass --set {name}.KEY=VALUE or HICACHE_L3_{name.upper()}_* variables")
-        engine = stack.enter_context(engine_cls())
+    if not settings and not _env_configured(name) and name in ENGINES:
+        engine = stack.enter_context(ENGINES[name]())  # stopped when the stack closes
         settings = dict(engine.settings)
+    if _has_root(name) and "root" not in settings and not _env_configured(name, "root"):
+        settings["root"] = str(workdir / "l3")
+    if not settings and not _env_configured(name):
+        raise ConfigError(f"no address configured for {name!r} and no local launcher; "
+                          f"pass --set {name}.KEY=VALUE or HICACHE_L3_{name.upper()}_* variables")
     settings.setdefault("page_bytes", config.page_bytes)
     namespace = Namespace(model="hicache-l3-replay", kv_dtype="bfloat16", layout="page_first",
                           page_size=config.page_tokens, tag=f"replay-{uuid.uuid4().hex[:12]}")
@@ -373,7 +382,7 @@ def run(args: argparse.Namespace) -> int:
         baseline = replay(workload, config, None)
         check_baseline(result.rows, baseline.rows)
     except (HiCacheL3Error, ValueError, OSError) as exc:
-        print(f"replay failed: {exc}", file=sys.stderr)
+        print(f"hicache-l3 replay failed: {exc}", file=sys.stderr)
         return 1
     finally:
         if args.workdir is None:
