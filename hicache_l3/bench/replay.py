@@ -487,6 +487,7 @@ def plot_replay(rows: Sequence[dict[str, Any]], summary: dict[str, Any], path: P
         bottom = [b + v for b, v in zip(bottom, vals)]
     axes[0].set(xlabel="turn of the main sessions", ylabel="share of prompt tokens",
                 title="where prompt tokens came from", ylim=(0, 1.0))
+    axes[0].set_xticks(xs[:: max(1, len(xs) // 10)])
     axes[0].legend(loc="lower right", fontsize=8)
 
     for field, label, style in (("ttft_no_l3_s", "without L3", "--"), ("ttft_s", "with L3", "-")):
