@@ -1,0 +1,418 @@
+"""The slab store made safe for writers on several machines sharing one filesystem (3FS,
+NFS): writer directories owned through epoch-numbered claim files and leases instead of
+``flock``, logs written at explicit offsets, periodic rescans instead of trusting
+directory mtime, and generations that never repeat across owners.
+
+Layout added to :mod:`hicache_l3.common.slabs`'s, per writer directory::
+
+    writers/wNNNN/claim.EEEEEEEE     the owner of epoch E (JSON: node, pid, start, epoch)
+    writers/wNNNN/released.EEEEEEEE  epoch E's owner closed cleanly
+
+Ownership. A process owns writer directory ``wNNNN`` for epoch ``E`` when it created
+``claim.E`` and no ``claim.F`` with ``F > E`` exists. A claim is created by writing a
+private temporary file and ``link(2)``-ing it to ``claim.E``: the link fails with
+``EEXIST`` for everyone but one process, so two processes can never both own epoch E,
+whatever machine they run on. A process takes over directory ``w`` whose highest claim
+is ``E`` (by linking ``claim.E+1``) only when that claim is *free*:
+
+* ``released.E`` exists (its owner closed), or there is no claim at all;
+* the owner ran on this node (same host name, boot id and PID namespace) and its PID is
+  gone or belongs to a process with another start time (a crash: adopted at once);
+* the owner ran on another node and the claim's mtime, which the owner refreshes every
+  ``lease_s / 4`` seconds, has not changed for ``lease_s`` seconds by the observer's own
+  monotonic clock (no clock agreement between nodes is needed).
+
+The owner fences itself: it stops publishing (commits fail, reserves return nothing) as
+soon as it sees a higher claim, or when its last successful heartbeat is older than
+``lease_s / 2``. ``max_writers`` writer directories exist at most per namespace; with
+a per-writer capacity of ``capacity / max_writers`` the namespace never holds more than
+its configured total. A new process takes a free or new directory at once; when all
+``max_writers`` are held by live owners it gets none (sets fail with ``no_space``,
+logged) after waiting at most ``lease_s`` for another node's claim to expire.
+
+Generations are ``epoch << 40 | counter``: unique across every owner a directory ever
+had, so a slot rewritten after an adoption can never carry a generation that a stale
+index entry (in any process, on any node) expects. A reader checks the slot's header
+and end marker against the index entry's generation and key fingerprint before it
+accepts the bytes (the slab store's protocol), so a recycled slot reads as a miss.
+
+What the index relies on from the filesystem, and what 3FS documents for each (3FS
+design notes, ``docs/design_notes.md``: metadata lives in FoundationDB and every
+create/link/unlink/rename is one serializable transaction; chunk data is replicated with
+CRAQ, strongly consistent; file length is eventually consistent):
+
+=========================================  ================================================
+operation the index uses                    3FS (FUSE client)
+=========================================  ================================================
+``mkdir`` fails with EEXIST if present      yes: a metadata transaction
+``link`` fails with EEXIST if present       yes: hard links are supported, transactional
+  (claim files, ``namespace.json``)
+``utime`` visible to other nodes            metadata transaction; other nodes see it after
+  (lease heartbeats)                        their FUSE attribute cache expires, hence
+                                            ``lease_s`` must exceed that cache timeout
+``flock``                                   **not** across nodes (a FUSE file system without
+                                            lock support gets the kernel's per-node locks):
+                                            used only as an extra per-node guard
+                                            (``node_locks``); ownership comes from claims
+``O_APPEND``                                not relied on: one owner per log, which writes
+                                            at the end offset it tracks itself
+file length of another writer's log         eventually consistent (clients report write
+                                            positions every 5 s; exact after close/fsync):
+                                            readers parse only whole, CRC-checked records,
+                                            so a late length delays visibility, never
+                                            corrupts; ``fsync="always"`` syncs the log
+                                            after every batch for prompt visibility
+directory mtime (new writers)               not relied on across nodes: ``writers/`` is
+                                            rescanned every ``rescan_s`` seconds
+data written by one node read by another    yes: CRAQ, read-after-write on chunk data
+=========================================  ================================================
+
+An owner that is partitioned away, keeps writing and is adopted meanwhile can only
+overwrite slots; readers then get misses (generation, fingerprint and checksum checks),
+never another key's bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hicache_l3.common.errors import ConfigError, HiCacheL3Error
+from hicache_l3.common.keys import Namespace
+from hicache_l3.common.slabs import SlabStore
+
+log = logging.getLogger("hicache_l3.shared_slabs")
+
+GEN_EPOCH_SHIFT = 40
+CLAIM, RELEASED = "claim.", "released."
+
+
+class WriterUnavailableError(HiCacheL3Error):
+    """No writer directory can be owned now (all ``max_writers`` held), or ours was lost."""
+
+
+def node_identity() -> str:
+    """This machine and PID namespace: host name, boot id and the PID namespace inode."""
+    boot = ""
+    with contextlib.suppress(OSError):
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    pidns = ""
+    with contextlib.suppress(OSError):
+        pidns = str(os.stat("/proc/self/ns/pid").st_ino)
+    return f"{socket.gethostname()}/{boot}/{pidns}"
+
+
+def process_start(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (None if no such process)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimState:
+    """What an observer knows about one writer directory's current claim."""
+
+    epoch: int  # highest claim epoch (0: none)
+    free: bool  # may be taken over now
+    pending: bool  # held by another node whose lease has not (yet) been seen to expire
+
+
+def _epochs(wdir: Path, prefix: str) -> list[int]:
+    out: list[int] = []
+    try:
+        names = os.listdir(wdir)
+    except FileNotFoundError:
+        return out
+    for name in names:
+        if name.startswith(prefix) and name[len(prefix):].isdigit():
+            out.append(int(name[len(prefix):]))
+    return out
+
+
+def claim_path(wdir: Path, epoch: int) -> Path:
+    """Path of the claim file of ``epoch``."""
+    return wdir / f"{CLAIM}{epoch:08d}"
+
+
+class WriterLease:
+    """This process's claim on one writer directory: heartbeats, loss detection, release."""
+
+    def __init__(self, wdir: Path, epoch: int, lease_s: float) -> None:
+        self.wdir = wdir
+        self.epoch = epoch
+        self.lease_s = lease_s
+        self.path = claim_path(wdir, epoch)
+        self.lost = False
+        self.last_ok = time.monotonic()
+
+    def heartbeat(self) -> bool:
+        """Refresh the claim's mtime; detect a takeover. True while still owned."""
+        if self.lost:
+            return False
+        if any(e > self.epoch for e in _epochs(self.wdir, CLAIM)):
+            self.lost = True
+            log.warning("writer directory %s was taken over (epoch > %d): this process "
+                        "stops publishing pages into it", self.wdir, self.epoch)
+            return False
+        try:
+            now = time.time_ns()
+            os.utime(self.path, ns=(now, now))
+        except OSError as exc:
+            log.warning("lease heartbeat on %s failed: %s", self.path, exc)
+            return self.valid
+        self.last_ok = time.monotonic()
+        return True
+
+    @property
+    def valid(self) -> bool:
+        """Owned, and the last successful heartbeat is recent enough to publish."""
+        return not self.lost and time.monotonic() - self.last_ok < self.lease_s / 2
+
+    def release(self) -> None:
+        """Mark the claim released so that any process, on any node, may adopt at once."""
+        if self.lost:
+            return
+        with contextlib.suppress(OSError):
+            fd = os.open(self.wdir / f"{RELEASED}{self.epoch:08d}", os.O_CREAT | os.O_WRONLY, 0o644)
+            os.close(fd)
+
+
+class LeaseBook:
+    """Claims as seen by this process: decides which writer directories are free."""
+
+    def __init__(self, node: str, lease_s: float) -> None:
+        self.node = node
+        self.lease_s = lease_s
+        self._seen: dict[Path, tuple[int, int, float]] = {}  # wdir -> (epoch, mtime, since)
+
+    def observe(self, wdir: Path) -> ClaimState:
+        """The current claim of ``wdir`` and whether it may be taken over now."""
+        epochs = _epochs(wdir, CLAIM)
+        if not epochs:
+            return ClaimState(0, True, False)
+        epoch = max(epochs)
+        if epoch in _epochs(wdir, RELEASED):
+            return ClaimState(epoch, True, False)
+        path = claim_path(wdir, epoch)
+        try:
+            body = json.loads(path.read_text())
+            mtime = os.stat(path).st_mtime_ns
+        except (OSError, ValueError):
+            return ClaimState(epoch, False, True)  # appearing or vanishing: look again later
+        if body.get("node") == self.node:
+            start = process_start(int(body.get("pid", 0)))
+            alive = start is not None and start == body.get("start")
+            return ClaimState(epoch, not alive, False)
+        now = time.monotonic()
+        seen = self._seen.get(wdir)
+        if seen is None or seen[:2] != (epoch, mtime):
+            self._seen[wdir] = (epoch, mtime, now)
+            return ClaimState(epoch, False, True)
+        return ClaimState(epoch, now - seen[2] >= self.lease_s, True)
+
+    def claim(self, wdir: Path, epoch: int) -> WriterLease | None:
+        """Create ``claim.<epoch>`` atomically; None if another process got it first."""
+        body = {"node": self.node, "pid": os.getpid(), "start": process_start(os.getpid()),
+                "epoch": epoch, "host": socket.gethostname()}
+        tmp = wdir / f".claim.{uuid.uuid4().hex}.tmp"
+        tmp.write_text(json.dumps(body))
+        try:
+            os.link(tmp, claim_path(wdir, epoch))
+        except FileExistsError:
+            return None
+        finally:
+            tmp.unlink()
+        for old in _epochs(wdir, CLAIM) + _epochs(wdir, RELEASED):
+            if old < epoch - 1:  # keep the previous epoch for the record
+                for prefix in (CLAIM, RELEASED):
+                    with contextlib.suppress(FileNotFoundError):
+                        (wdir / f"{prefix}{old:08d}").unlink()
+        return WriterLease(wdir, epoch, self.lease_s)
+
+
+class SharedSlabStore(SlabStore):
+    """:class:`~hicache_l3.common.slabs.SlabStore` for a filesystem mounted by several
+    machines; see the module docstring for the protocol.
+
+    ``capacity_bytes`` is per writer, as in the base class; the namespace total is
+    ``capacity_bytes * max_writers``. ``node`` overrides the node identity (tests
+    simulate several machines with it); ``node_locks=False`` drops the per-node flock
+    and relies on claims alone.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        namespace: Namespace,
+        slot_bytes: int,
+        *,
+        max_writers: int = 8,
+        lease_s: float = 60.0,
+        rescan_s: float = 2.0,
+        node: str = "",
+        node_locks: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        if max_writers < 1:
+            raise ConfigError(f"max_writers must be >= 1, got {max_writers}")
+        if lease_s <= 0:
+            raise ConfigError(f"lease_s must be > 0, got {lease_s}")
+        self.max_writers = max_writers
+        self.lease_s = lease_s
+        self.rescan_s = rescan_s
+        self.node = node or node_identity()
+        self.node_locks = node_locks
+        self._book = LeaseBook(self.node, lease_s)
+        self.lease: WriterLease | None = None
+        self._last_scan = 0.0
+        self._stop = threading.Event()
+        self._own_lock = threading.Lock()
+        self._retired: list[int] = []
+        self._heart: threading.Thread | None = None
+        self.takeovers = 0
+        super().__init__(root, namespace, slot_bytes, **kwargs)
+
+    # ---- reading ------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """As the base class, plus a full rescan of ``writers/`` every ``rescan_s``."""
+        now = time.monotonic()
+        if now - self._last_scan >= self.rescan_s:
+            self._last_scan = now
+            self._dir_mtime = -1  # directory mtime is not trusted across nodes
+        super().refresh()
+
+    # ---- ownership ----------------------------------------------------------------------
+    def _become_writer(self) -> None:
+        if self.me is not None:
+            if self.lease is not None and self.lease.lost:
+                raise WriterUnavailableError(f"writer directory w{self.me:04d} was taken over")
+            return
+        with self._own_lock:  # never under self._lock: the wait must not block readers
+            if self.me is None:
+                self._claim_a_writer()
+
+    def _claim_a_writer(self) -> None:
+        self.refresh()
+        deadline = time.monotonic() + self.lease_s * 1.25
+        while True:
+            pending = False
+            for writer in range(self.max_writers):
+                wdir = self.writers_dir / f"w{writer:04d}"
+                with contextlib.suppress(FileExistsError):
+                    wdir.mkdir()
+                state = self._book.observe(wdir)
+                pending = pending or state.pending
+                if state.free and self._try_claim(writer, state.epoch + 1):
+                    return
+            if not pending or time.monotonic() >= deadline:
+                raise WriterUnavailableError(
+                    f"all max_writers={self.max_writers} writer directories of {self.directory} "
+                    "are held by live processes: raise max_writers (and the capacity with it)"
+                )
+            time.sleep(min(0.25, self.lease_s / 8))
+
+    def _try_claim(self, writer: int, epoch: int) -> bool:
+        wdir = self.writers_dir / f"w{writer:04d}"
+        lease = self._book.claim(wdir, epoch)
+        if lease is None:
+            return False
+        with self._lock:
+            owned = self._try_own(writer)
+            if owned:
+                # descriptors opened while this process only read the directory are
+                # read-only; retire them (other threads may still be reading with them)
+                for key in [k for k in self._fds if k[0] == writer]:
+                    self._retired.append(self._fds.pop(key))
+        if not owned:
+            lease.release()
+            return False
+        self.lease = lease
+        if epoch > 1:
+            self.takeovers += 1
+        self._next_gen = max(self._next_gen, epoch << GEN_EPOCH_SHIFT)
+        os.lseek(self._log_fd, 0, os.SEEK_END)  # O_APPEND is not relied on
+        self._heart = threading.Thread(target=self._beat, name="hicache-lease", daemon=True)
+        self._heart.start()
+        return True
+
+    def _lock_writer(self, fd: int) -> bool:
+        return super()._lock_writer(fd) if self.node_locks else True
+
+    def _beat(self) -> None:
+        lease = self.lease
+        assert lease is not None
+        while not self._stop.wait(self.lease_s / 4):
+            if not lease.heartbeat():
+                return
+
+    def _check_owned(self) -> None:
+        if self.lease is not None and not self.lease.valid:
+            raise WriterUnavailableError(
+                f"lease on writer directory w{self.me:04d} is lost or stale: not publishing"
+            )
+
+    # ---- writing ------------------------------------------------------------------------
+    def reserve(self, count: int) -> list[tuple[int, int, int, int]]:
+        """As the base class; empty (the caller reports ``no_space``) when this process
+        cannot own a writer directory."""
+        try:
+            self._become_writer()
+            self._check_owned()
+        except WriterUnavailableError as exc:
+            log.warning("%s", exc)
+            return []
+        return super().reserve(count)
+
+    def commit(self, items: Sequence[tuple[str, int, int, int, int, int]]) -> None:
+        """Publish written pages, only while this process still owns its directory."""
+        if items:
+            self._check_owned()
+        super().commit(items)
+
+    def delete(self, keys: Sequence[str]) -> list[bool]:
+        """As the base class, refusing (raising) when the writer directory was lost."""
+        self._become_writer()
+        self._check_owned()
+        return super().delete(keys)
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Base figures plus the claim epoch, takeovers and the lease state."""
+        out = super().stats()
+        lease = self.lease
+        out.update({
+            "epoch": None if lease is None else lease.epoch,
+            "lease_valid": None if lease is None else lease.valid,
+            "takeovers": self.takeovers,
+            "max_writers": self.max_writers,
+        })
+        return out
+
+    def close(self) -> None:
+        """Stop the heartbeat, release the claim (adoptable at once), close files."""
+        self._stop.set()
+        heart = self._heart
+        if heart is not None and heart is not threading.current_thread():
+            heart.join(timeout=5)
+        with self._lock:
+            closed = self._closed
+        if not closed and self.lease is not None:
+            self.lease.release()
+        super().close()
+        for fd in self._retired:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._retired.clear()

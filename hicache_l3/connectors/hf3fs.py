@@ -1,0 +1,590 @@
+"""The 3FS connector (``hf3fs``, alias ``3fs``): pages in preallocated slab files on a
+3FS mount, shared by every node that mounts it.
+
+Two I/O paths over the same on-disk format (so they interoperate, page for page):
+
+* **POSIX-mount mode** (always available): the file connector's slab I/O, i.e.
+  ``preadv``/``pwritev`` straight between registered host memory and the slab files, the
+  pages of a batch in parallel (``io_threads``). This is what runs for real in tests, on
+  a local directory.
+* **USRBIO mode**, when ``hf3fs_fuse.io`` is importable and ``root`` lies on a 3FS mount
+  (``usrbio="auto"``, the default; ``"on"`` makes it required, ``"off"`` disables it):
+  I/Os are queued on 3FS's shared-memory rings (``make_ioring``: ``prepare``, ``submit``,
+  ``wait``), one read and one write ring per connector. USRBIO can only move bytes
+  into or out of an *iovec*, i.e. POSIX shared memory registered with the FUSE daemon
+  (``make_iovec``). Pages that lie inside such memory go **zero-copy**: register a
+  :class:`SharedHostBuffer` (or any region whose ``owner`` is a
+  ``multiprocessing.shared_memory.SharedMemory``) and the iovecs point straight at
+  the pages. Pages anywhere else (a pinned torch host pool) take **one copy** through
+  a staging iovec, as SGLang's and LMCache's 3FS backends do for every page; the
+  counters ``usrbio_zero_copy`` and ``usrbio_staged`` in ``stats()`` say which path each
+  page took. Tested against a named test double of the USRBIO API
+  (``tests/doubles/hf3fs_usrbio_double.py``), since no 3FS can be built here.
+
+The index is :class:`~hicache_l3.common.shared_slabs.SharedSlabStore`: safe with writer
+processes on different machines (claims and leases instead of ``flock``), surviving
+restarts (the logs are the index), reusing evicted slots with generations that never
+repeat. Its docstring lists each filesystem operation it relies on and what 3FS
+guarantees for it.
+
+Capacity: ``capacity_bytes`` is the namespace's total on the mount; up to
+``max_writers`` writer processes each get ``capacity_bytes / max_writers`` and evict
+their own least recently used pages when full. Keys carry the full namespace (model,
+dtype, layout, page size, tp/pp/cp/dcp shard, tag, format version) through the store's
+per-namespace directory; no signal handlers are installed.
+
+USRBIO ordering: a slot is written in two ring rounds (end marker; then header and data)
+and read in two (header and data; then end marker), so that the slab store's torn-write
+protocol holds although a ring completes its I/Os in any order. A ring round that times
+out (``usrbio_timeout_s``) fails its pages and abandons that ring and its staging memory
+(late completions can no longer land in memory that is reused).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import dataclasses
+import datetime
+import errno
+import importlib
+import mmap
+import threading
+import weakref
+from multiprocessing import shared_memory
+from typing import Any, Literal
+
+from hicache_l3.common.config import setting
+from hicache_l3.common.connector import Capabilities
+from hicache_l3.common.errors import ConfigError, EngineUnavailableError, Reason
+from hicache_l3.common.integrity import key_fingerprint, page_checksum
+from hicache_l3.common.keys import Namespace
+from hicache_l3.common.memory import MemoryRegion
+from hicache_l3.common.pages import Page, page_nbytes
+from hicache_l3.common.shared_slabs import SharedSlabStore
+from hicache_l3.common.slabs import MARKER, Entry, SlabStore, check_slot, encode_end, encode_start
+from hicache_l3.connectors.file import FileConfig, FileConnector
+
+
+@dataclasses.dataclass
+class Hf3fsConfig(FileConfig):
+    """Settings of the 3FS connector (``HICACHE_L3_HF3FS_<FIELD>`` in the environment).
+
+    ``root`` is a directory on the 3FS mount (any directory in POSIX-mount mode);
+    ``capacity_bytes`` is the namespace's total there, shared by ``max_writers``.
+    """
+
+    max_writers: int = setting(8, "writer processes per namespace (each gets capacity/max_writers)")
+    lease_s: float = setting(
+        60.0, "writer lease: another node adopts a silent writer's slabs after this long; "
+        "must exceed the FUSE attribute cache timeout plus 5 s (3FS length reports)",
+    )
+    rescan_s: float = setting(2.0, "how often to rescan for writers that other nodes added")
+    node_id: str = setting("", "this node's identity (default: host name, boot id, PID namespace)")
+    node_locks: bool = setting(True, "also flock writer directories (per node on FUSE)")
+    usrbio: Literal["auto", "on", "off"] = setting("auto", "use 3FS USRBIO rings when available")
+    usrbio_module: str = setting("hf3fs_fuse.io", "module providing the USRBIO API")
+    usrbio_entries: int = setting(128, "USRBIO ring entries (I/Os per ring round)")
+    usrbio_staging_bytes: int = setting(
+        64 << 20, "shared memory per direction for pages outside registered shared memory",
+        size=True,
+    )
+    usrbio_timeout_s: float = setting(30.0, "bound on one USRBIO ring round")
+
+    def validate(self) -> None:
+        """Check values that types alone cannot."""
+        if not self.root or "://" in self.root:
+            raise ConfigError(
+                "hf3fs connector: set root to a directory on the 3FS mount "
+                f"(e.g. root=/3fs/stage/hicache), got {self.root!r}"
+            )
+        super().validate()
+        if self.max_writers < 1:
+            raise ConfigError(f"hf3fs: max_writers must be >= 1, got {self.max_writers}")
+        if self.lease_s <= 0 or self.rescan_s < 0:
+            raise ConfigError(f"hf3fs: lease_s must be > 0 and rescan_s >= 0, got "
+                              f"{self.lease_s}, {self.rescan_s}")
+        if self.usrbio_entries < 4:
+            raise ConfigError(f"hf3fs: usrbio_entries must be >= 4, got {self.usrbio_entries}")
+        if self.usrbio_timeout_s <= 0:
+            raise ConfigError(f"hf3fs: usrbio_timeout_s must be > 0, got {self.usrbio_timeout_s}")
+
+
+class SharedHostBuffer(MemoryRegion):
+    """Host memory in POSIX shared memory (``/dev/shm``): registered with an hf3fs
+    connector in USRBIO mode, its pages move zero-copy. Freed by :meth:`close` or GC."""
+
+    def __init__(self, size: int, name: str = "") -> None:
+        shm = shared_memory.SharedMemory(create=True, size=(size + mmap.PAGESIZE - 1)
+                                         // mmap.PAGESIZE * mmap.PAGESIZE)
+        import ctypes
+
+        assert shm.buf is not None
+        address = ctypes.addressof(ctypes.c_char.from_buffer(shm.buf))
+        super().__init__(address, size, owner=shm, pinned=False, name=name)
+        object.__setattr__(self, "_finalizer", weakref.finalize(self, _free_shm, shm))
+
+    def close(self) -> None:
+        """Unmap and unlink the shared memory (no page in it may be in use)."""
+        self._finalizer()  # type: ignore[attr-defined]
+
+
+def _free_shm(shm: shared_memory.SharedMemory) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        shm.unlink()
+    with contextlib.suppress(BufferError):
+        shm.close()
+
+
+class _Scratch:
+    """One direction's staging iovec: end markers, headers, and staged page copies."""
+
+    def __init__(self, io: Any, mount: str, entries: int, staging: int) -> None:
+        self.markers = 2 * MARKER * entries
+        size = self.markers + staging
+        self.shm = shared_memory.SharedMemory(create=True, size=size)
+        self.iov = io.make_iovec(self.shm, mount)
+        assert self.shm.buf is not None
+        self.view: memoryview = self.shm.buf
+        self.staging = staging
+
+    def free(self) -> None:
+        """Drop the iovec and the shared memory."""
+        self.iov = None
+        _free_shm(self.shm)
+
+
+class _Usrbio:
+    """The USRBIO rings of one connector: fd registration, ring rounds, staging memory.
+
+    One ring and one staging area per direction, each used by one batch at a time.
+    """
+
+    def __init__(self, io: Any, mount: str, entries: int, staging: int, timeout_s: float) -> None:
+        self.io = io
+        self.mount = mount
+        self.entries = entries
+        self.staging = staging
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.locks = {True: threading.Lock(), False: threading.Lock()}
+        self._rings: dict[bool, Any] = {}
+        self._scratch: dict[bool, _Scratch] = {}
+        self._fds: set[int] = set()
+        self._fd_lock = threading.Lock()
+
+    def register_fd(self, fd: int) -> None:
+        """Register a slab fd once (3FS refuses a second registration)."""
+        if fd in self._fds:
+            return
+        with self._fd_lock:
+            if fd not in self._fds:
+                self.io.register_fd(fd)
+                self._fds.add(fd)
+
+    def scratch(self, read: bool, page_bytes: int) -> _Scratch:
+        """This direction's staging iovec, room for at least one staged page (caller
+        holds ``locks[read]``)."""
+        self.staging = max(self.staging, MARKER + page_bytes)
+        s = self._scratch.get(read)
+        if s is not None and s.staging < self.staging:
+            self._abandon(read)
+            s = None
+        if s is None:
+            s = self._scratch[read] = _Scratch(self.io, self.mount, self.entries, self.staging)
+        return s
+
+    def run(self, read: bool, ios: list[tuple[Any, int, int]]) -> list[int]:
+        """One ring round: ``(iov slice, fd, offset)`` each; results per I/O (bytes or
+        ``-errno``). Caller holds ``locks[read]``."""
+        if not ios:
+            return []
+        ring = self._rings.get(read)
+        if ring is None:
+            ring = self._rings[read] = self.io.make_ioring(
+                self.mount, self.entries, for_read=read, timeout=1, numa=-1
+            )
+        results = [-errno.ETIMEDOUT] * len(ios)
+        prepared = 0
+        try:
+            for n, (iov, fd, off) in enumerate(ios):
+                ring.prepare(iov, read, fd, off, n)
+                prepared += 1
+            ring.submit()
+            done = ring.wait(min_results=len(ios), timeout=self.timeout)
+        except OSError:
+            self._abandon(read)
+            if prepared == 0:
+                raise
+            return [-errno.EIO] * len(ios)
+        for cqe in done:
+            results[cqe.userdata] = cqe.result
+        if len(done) < len(ios):
+            self._abandon(read)  # late completions must not reach reused memory
+        return results
+
+    def _abandon(self, read: bool) -> None:
+        self._rings.pop(read, None)
+        scratch = self._scratch.pop(read, None)
+        if scratch is not None:
+            scratch.iov = None  # the shared memory stays mapped until its last user is done
+
+    def close(self) -> None:
+        """Deregister fds (before they are closed) and free rings and staging memory."""
+        with self._fd_lock:
+            for fd in self._fds:
+                with contextlib.suppress(OSError):
+                    self.io.deregister_fd(fd)
+            self._fds.clear()
+        self._rings.clear()
+        for s in self._scratch.values():
+            s.free()
+        self._scratch.clear()
+
+
+@dataclasses.dataclass
+class _Plan:
+    """One page's part of a ring round."""
+
+    index: int
+    zero_copy: list[Any] | None  # iov slices over the page's segments, or None: staged
+    stage: int = 0  # offset of the staged copy in the scratch iovec
+    ok: bool = True
+
+
+class Hf3fsConnector(FileConnector):
+    """Pages on a 3FS mount: see the module docstring."""
+
+    name = "hf3fs"
+    config_class = Hf3fsConfig
+    config: Hf3fsConfig
+
+    def __init__(self, config: Hf3fsConfig, namespace: Namespace) -> None:
+        self.usrbio: _Usrbio | None = None
+        self._iov_starts: list[int] = []
+        self._iovs: list[tuple[MemoryRegion, Any, int]] = []  # region, iovec, region offset
+        self._iov_lock = threading.Lock()
+        super().__init__(config, namespace)
+        try:
+            self.usrbio = self._open_usrbio(config)
+        except BaseException:
+            self._close()
+            raise
+
+    def _open_usrbio(self, config: Hf3fsConfig) -> _Usrbio | None:
+        if config.usrbio == "off":
+            return None
+        try:
+            io = importlib.import_module(config.usrbio_module)
+        except ImportError as exc:
+            if config.usrbio == "on":
+                raise EngineUnavailableError(
+                    f"hf3fs: usrbio='on' but {config.usrbio_module} cannot be imported ({exc}); "
+                    "install 3FS's hf3fs_py_usrbio or set usrbio='auto'"
+                ) from exc
+            return None
+        mount = io.extract_mount_point(str(self.root))
+        if not mount:
+            if config.usrbio == "on":
+                raise ConfigError(f"hf3fs: usrbio='on' but root {self.root} is not on a 3FS mount")
+            return None
+        staging = max(config.usrbio_staging_bytes, 2 * MARKER + (self.page_bytes or 0))
+        return _Usrbio(io, mount, config.usrbio_entries, staging, config.usrbio_timeout_s)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Persistent, shared across processes and nodes, evicting; checksummed."""
+        return super().capabilities
+
+    @property
+    def mode(self) -> str:
+        """``"usrbio"`` or ``"posix"``: how this connector moves bytes."""
+        return "usrbio" if self.usrbio is not None else "posix"
+
+    def _open_store(self, slot_bytes: int) -> SlabStore:
+        with self._store_lock:
+            if self._store is None:
+                cfg = self.config
+                per_writer = self.capacity_bytes // cfg.max_writers
+                self._store = SharedSlabStore(
+                    self.root, self.namespace, slot_bytes,
+                    capacity_bytes=per_writer, slab_bytes=cfg.slab_bytes, fsync=cfg.fsync,
+                    direct=cfg.o_direct, max_writers=cfg.max_writers, lease_s=cfg.lease_s,
+                    rescan_s=cfg.rescan_s, node=cfg.node_id, node_locks=cfg.node_locks,
+                )
+                stride = self._store.geometry.stride
+                if per_writer < stride:
+                    self._store.close()
+                    self._store = None
+                    raise ConfigError(
+                        f"hf3fs: capacity_bytes={self.capacity_bytes} / max_writers={cfg.max_writers} "
+                        f"is less than one slot ({stride} bytes for {slot_bytes}-byte pages)"
+                    )
+            return self._store
+
+    # ---- memory ---------------------------------------------------------------------
+    def _register(self, region: MemoryRegion) -> None:
+        if self.usrbio is None or not isinstance(region.owner, shared_memory.SharedMemory):
+            return  # pages in it are staged (USRBIO) or moved by preadv/pwritev (POSIX)
+        import ctypes
+
+        shm = region.owner
+        assert shm.buf is not None
+        base = ctypes.addressof(ctypes.c_char.from_buffer(shm.buf))
+        iov = self.usrbio.io.make_iovec(shm, self.usrbio.mount)
+        with self._iov_lock:
+            i = bisect.bisect_right(self._iov_starts, region.address)
+            self._iov_starts.insert(i, region.address)
+            self._iovs.insert(i, (region, iov, region.address - base))
+
+    def _unregister(self, region: MemoryRegion) -> None:
+        with self._iov_lock:
+            for i, (r, _, _) in enumerate(self._iovs):
+                if r is region or (r.address, r.size) == (region.address, region.size):
+                    del self._iovs[i]
+                    del self._iov_starts[i]
+                    return
+
+    def _iov_slices(self, page: Page) -> list[Any] | None:
+        """iovec slices over every segment of ``page``, or None if any lies outside an
+        iovec (the page is then staged)."""
+        starts, iovs = self._iov_starts, self._iovs
+        out = []
+        for address, length in page:
+            i = bisect.bisect_right(starts, address) - 1
+            if i < 0:
+                return None
+            region, iov, shift = iovs[i]
+            if address + length > region.end:
+                return None
+            off = address - region.address + shift
+            out.append(iov[off : off + length])
+        return out
+
+    # ---- hooks ----------------------------------------------------------------------
+    def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
+        if self.usrbio is None:
+            return super()._set(keys, pages)
+        return self._usrbio_set(keys, pages)
+
+    def _get(self, keys: list[str], pages: list[Page]) -> list[Reason]:
+        if self.usrbio is None:
+            return super()._get(keys, pages)
+        return self._usrbio_get(keys, pages)
+
+    def _chunks(self, plans: list[_Plan], extra_ios: int, page_bytes: int) -> list[list[_Plan]]:
+        """Split plans into ring rounds: I/Os within ``entries``, staged bytes within the
+        staging area. Pages whose segments alone exceed a round are staged."""
+        assert self.usrbio is not None
+        stage_size = MARKER + page_bytes
+        entries, staging = self.usrbio.entries, max(self.usrbio.staging, stage_size)
+        rounds: list[list[_Plan]] = []
+        current: list[_Plan] = []
+        ios = staged = 0
+        for p in plans:
+            if p.zero_copy is not None and len(p.zero_copy) + extra_ios > entries:
+                p.zero_copy = None
+            need = extra_ios + (len(p.zero_copy) if p.zero_copy is not None else 1)
+            stage = 0 if p.zero_copy is not None else stage_size
+            if current and (ios + need > entries or staged + stage > staging
+                            or len(current) >= entries // 2):
+                rounds.append(current)
+                current, ios, staged = [], 0, 0
+            if stage:
+                p.stage = staged
+            current.append(p)
+            ios += need
+            staged += stage
+        if current:
+            rounds.append(current)
+        return rounds
+
+    def _usrbio_set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
+        usrbio = self.usrbio
+        assert usrbio is not None
+        store = self._store_for_io()
+        reasons = [Reason.OK] * len(keys)
+        present = store.contains(keys)
+        seen: set[str] = set()
+        todo = []
+        for i, key in enumerate(keys):
+            if not present[i] and key not in seen:
+                seen.add(key)
+                todo.append(i)
+        slots = store.reserve(len(todo))
+        for i in todo[len(slots):]:
+            reasons[i] = Reason.NO_SPACE
+        where = dict(zip(todo, slots))
+        geometry = store.geometry
+        checksum = self.config.checksum != "none"
+        plans = [_Plan(i, self._iov_slices(pages[i])) for i in todo[: len(slots)]]
+        page_bytes = self.page_bytes or 0
+        done: list[tuple[str, int, int, int, int, int]] = []
+        failed: list[tuple[int, int]] = []
+        with usrbio.locks[False]:
+            for plan_round in self._chunks(plans, 1, page_bytes):
+                scratch = usrbio.scratch(False, page_bytes)
+                iov, view, base = scratch.iov, scratch.view, scratch.markers
+                heads: dict[int, tuple[bytes, int]] = {}
+                ios: list[tuple[Any, int, int]] = []
+                owners: list[_Plan] = []
+                for n, p in enumerate(plan_round):  # round 1: end markers
+                    fd, slab, slot, gen = where[p.index]
+                    usrbio.register_fd(fd)
+                    csum = page_checksum(pages[p.index]) if checksum else 0
+                    fp = key_fingerprint(keys[p.index])
+                    heads[p.index] = (encode_start(gen, page_bytes, csum, fp), csum)
+                    view[2 * MARKER * n : 2 * MARKER * n + MARKER] = encode_end(gen, fp)
+                    ios.append((iov[2 * MARKER * n : 2 * MARKER * n + MARKER], fd,
+                                geometry.end_offset(slot)))
+                    owners.append(p)
+                self._settle(usrbio.run(False, ios), ios, owners)
+                ios, owners = [], []
+                staged = zero = 0
+                for n, p in enumerate(plan_round):  # round 2: header + data
+                    if not p.ok:
+                        continue
+                    fd, slab, slot, gen = where[p.index]
+                    head = heads[p.index][0]
+                    if p.zero_copy is not None:
+                        h = 2 * MARKER * n + MARKER
+                        view[h : h + MARKER] = head
+                        ios.append((iov[h : h + MARKER], fd, geometry.header_offset(slot)))
+                        owners.append(p)
+                        off = geometry.data_offset(slot)
+                        for s in p.zero_copy:
+                            ios.append((s, fd, off))
+                            owners.append(p)
+                            off += len(s)
+                        zero += 1
+                    else:
+                        o = base + p.stage
+                        view[o : o + MARKER] = head
+                        pos = o + MARKER
+                        segs = self.regions.views(pages[p.index]) or []
+                        for seg in segs:
+                            view[pos : pos + len(seg)] = seg
+                            pos += len(seg)
+                        ios.append((iov[o:pos], fd, geometry.header_offset(slot)))
+                        owners.append(p)
+                        staged += 1
+                self._settle(usrbio.run(False, ios), ios, owners)
+                self.metrics.count("usrbio_zero_copy", zero)
+                self.metrics.count("usrbio_staged", staged)
+                for p in plan_round:
+                    fd, slab, slot, gen = where[p.index]
+                    if p.ok:
+                        done.append((keys[p.index], slab, slot, gen, page_bytes, heads[p.index][1]))
+                    else:
+                        reasons[p.index] = Reason.ENGINE_ERROR
+                        failed.append((slab, slot))
+        store.commit(done)
+        store.abort(failed)
+        return reasons
+
+    def _settle(self, results: list[int], ios: list[tuple[Any, int, int]], owners: list[_Plan]) -> None:
+        """Mark a page failed when any of its I/Os moved fewer bytes than asked."""
+        for r, (iov, _, _), p in zip(results, ios, owners):
+            if r != len(iov):
+                if p.ok:
+                    self._log.warning("usrbio-io", "hf3fs: USRBIO I/O failed: result %d of %d", r,
+                                      len(iov))
+                p.ok = False
+
+    def _usrbio_get(self, keys: list[str], pages: list[Page]) -> list[Reason]:
+        usrbio = self.usrbio
+        assert usrbio is not None
+        store = self._existing_store()
+        if store is None:
+            return [Reason.MISS] * len(keys)
+        found = store.lookup(keys)
+        reasons = [Reason.MISS] * len(keys)
+        page_bytes = self.page_bytes or 0
+        entries: dict[int, tuple[int, Entry]] = {}
+        plans = []
+        for i, f in enumerate(found):
+            if f is None:
+                continue
+            if f[1].length != page_nbytes(pages[i]):
+                reasons[i] = Reason.SIZE_MISMATCH
+                continue
+            entries[i] = f
+            plans.append(_Plan(i, self._iov_slices(pages[i])))
+        geometry = store.geometry
+        hits: list[Entry] = []
+        with usrbio.locks[True]:
+            for plan_round in self._chunks(plans, 2, page_bytes):
+                scratch = usrbio.scratch(True, page_bytes)
+                iov, view, base = scratch.iov, scratch.view, scratch.markers
+                ios: list[tuple[Any, int, int]] = []
+                owners: list[_Plan] = []
+                staged = zero = 0
+                for n, p in enumerate(plan_round):  # round 1: header + data
+                    fd, entry = entries[p.index]
+                    usrbio.register_fd(fd)
+                    if p.zero_copy is not None:
+                        h = 2 * MARKER * n
+                        ios.append((iov[h : h + MARKER], fd, geometry.header_offset(entry.slot)))
+                        owners.append(p)
+                        off = geometry.data_offset(entry.slot)
+                        for s in p.zero_copy:
+                            ios.append((s, fd, off))
+                            owners.append(p)
+                            off += len(s)
+                        zero += 1
+                    else:
+                        o = base + p.stage
+                        ios.append((iov[o : o + MARKER + page_bytes], fd,
+                                    geometry.header_offset(entry.slot)))
+                        owners.append(p)
+                        staged += 1
+                self._settle(usrbio.run(True, ios), ios, owners)
+                ios, owners = [], []
+                for n, p in enumerate(plan_round):  # round 2: end markers, after the data
+                    if p.ok:
+                        fd, entry = entries[p.index]
+                        e = 2 * MARKER * n + MARKER
+                        ios.append((iov[e : e + MARKER], fd, geometry.end_offset(entry.slot)))
+                        owners.append(p)
+                self._settle(usrbio.run(True, ios), ios, owners)
+                self.metrics.count("usrbio_zero_copy", zero)
+                self.metrics.count("usrbio_staged", staged)
+                for n, p in enumerate(plan_round):
+                    i = p.index
+                    fd, entry = entries[i]
+                    if not p.ok:
+                        reasons[i] = Reason.ENGINE_ERROR
+                        continue
+                    if p.zero_copy is not None:
+                        start = view[2 * MARKER * n : 2 * MARKER * n + MARKER]
+                    else:
+                        start = view[base + p.stage : base + p.stage + MARKER]
+                        pos = base + p.stage + MARKER
+                        for seg in self.regions.views(pages[i]) or []:
+                            seg[:] = view[pos : pos + len(seg)]
+                            pos += len(seg)
+                    end = view[2 * MARKER * n + MARKER : 2 * MARKER * (n + 1)]
+                    fp = key_fingerprint(keys[i])
+                    if not check_slot(start, end, entry, fp) or (
+                        entry.checksum and page_checksum(pages[i]) != entry.checksum
+                    ):
+                        reasons[i] = Reason.CORRUPT
+                        store.invalidate(keys[i], entry)
+                        continue
+                    reasons[i] = Reason.OK
+                    hits.append(entry)
+        me = store.me
+        store.touch([(e.slab, e.slot) for e in hits if e.writer == me])
+        return reasons
+
+    def _close(self) -> None:
+        if self.usrbio is not None:
+            self.usrbio.close()  # deregister fds before the store closes them
+        with self._iov_lock:
+            self._iovs.clear()
+            self._iov_starts.clear()
+        super()._close()
+
+    def _engine_stats(self) -> dict[str, Any]:
+        out = super()._engine_stats()
+        out["mode"] = self.mode
+        return out
