@@ -73,7 +73,8 @@ END = struct.Struct("<4s4xQ16s32x")  # magic, gen, key fp
 START_MAGIC, END_MAGIC = b"HL3S", b"HL3E"
 # crc, kind, pad, key length, writer, slab, slot, pad, gen, length, checksum
 RECORD = struct.Struct("<IBBHIIIIQQQ")
-PUT, DEL = 1, 2
+PUT, DEL, GEN = 1, 2, 3  # GEN: "generations up to this one were used" (kept by compaction)
+COMPACT_MIN_BYTES = 4 << 20  # a writer's log is rewritten once larger than this and 3x its live part
 
 
 def _round_up(value: int, align: int) -> int:
@@ -135,12 +136,21 @@ def check_slot(start: bytes | memoryview, end: bytes | memoryview, entry: Entry,
 
 
 class _LogTail:
-    """A reader's position in one writer's index log."""
+    """A reader's position in one writer's index log (the file may be replaced by the
+    writer's compaction: a new inode means "read it again from the start")."""
 
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY)
+        self.ino = os.fstat(self.fd).st_ino
         self.offset = 0
         self.max_gen = 0
+
+    def reopen(self) -> None:
+        """Follow the path to its current file, from offset 0."""
+        fd = os.open(self.path, os.O_RDONLY)
+        os.close(self.fd)
+        self.fd, self.ino, self.offset = fd, os.fstat(fd).st_ino, 0
 
 
 class SlabStore:
@@ -183,6 +193,7 @@ class SlabStore:
         self._lock = threading.RLock()
         self._entries: dict[str, Entry] = {}
         self._slot_key: dict[tuple[int, int, int], str] = {}
+        self._deleted: dict[tuple[int, int, int], int] = {}  # slot -> newest generation deleted
         self._tails: dict[int, _LogTail] = {}
         self._fds: dict[tuple[int, int, bool], int] = {}
         self._dir_mtime = -1
@@ -195,7 +206,10 @@ class SlabStore:
         self._free: list[tuple[int, int]] = []
         self._n_slabs = 0
         self._next_gen = 1
+        self._foreign_dels: list[tuple[str, Entry]] = []  # our DELs of other writers' slots
+        self._adopting = -1
         self.evictions = 0
+        self.compactions = 0
         self._write_namespace_file()
         self.writers_dir.mkdir(parents=True, exist_ok=True)
 
@@ -239,9 +253,22 @@ class SlabStore:
             for writer, tail in self._tails.items():
                 if writer == self.me:
                     continue
-                size = os.fstat(tail.fd).st_size
-                if size > tail.offset:
-                    self._read_tail(writer, tail, size)
+                try:
+                    st = os.stat(tail.path)
+                except FileNotFoundError:
+                    continue
+                if st.st_ino != tail.ino:  # the writer compacted its log
+                    self._forget_writer(writer)
+                    tail.reopen()
+                    st = os.fstat(tail.fd)
+                if st.st_size > tail.offset:
+                    self._read_tail(writer, tail, st.st_size)
+
+    def _forget_writer(self, writer: int) -> None:
+        for key, entry in list(self._entries.items()):
+            if entry.writer == writer:
+                del self._entries[key]
+                self._slot_key.pop((writer, entry.slab, entry.slot), None)
 
     def _scan_writers(self) -> None:
         for name in os.listdir(self.writers_dir):
@@ -251,10 +278,9 @@ class SlabStore:
             if writer in self._tails:
                 continue
             try:
-                fd = os.open(self.writers_dir / name / "index.log", os.O_RDONLY)
+                self._tails[writer] = _LogTail(self.writers_dir / name / "index.log")
             except FileNotFoundError:
                 continue
-            self._tails[writer] = _LogTail(fd)
 
     def _read_tail(self, writer: int, tail: _LogTail, size: int) -> None:
         data = os.pread(tail.fd, size - tail.offset, tail.offset)
@@ -275,11 +301,17 @@ class SlabStore:
                 tail.max_gen = max(tail.max_gen, gen)
             elif kind == DEL:
                 self._apply_del(key, Entry(w, slab, slot, gen, length, checksum))
+                if w != writer and writer == self._adopting:
+                    self._foreign_dels.append((key, Entry(w, slab, slot, gen, length, checksum)))
+            elif kind == GEN:
+                tail.max_gen = max(tail.max_gen, gen)
             pos = end
         tail.offset += pos
 
     def _apply_put(self, key: str, entry: Entry) -> None:
         where = (entry.writer, entry.slab, entry.slot)
+        if self._deleted.get(where, 0) >= entry.gen:
+            return  # a DEL read earlier (from another writer's log) already removed it
         old_key = self._slot_key.get(where)
         if old_key is not None:
             old = self._entries.get(old_key)
@@ -292,6 +324,9 @@ class SlabStore:
         self._slot_key[where] = key
 
     def _apply_del(self, key: str, entry: Entry) -> None:
+        where = (entry.writer, entry.slab, entry.slot)
+        if self._deleted.get(where, 0) < entry.gen:
+            self._deleted[where] = entry.gen  # logs are read in any order: DEL wins over PUT
         current = self._entries.get(key)
         if current is None or (current.writer, current.slab, current.slot, current.gen) != (
             entry.writer, entry.slab, entry.slot, entry.gen
@@ -429,6 +464,7 @@ class SlabStore:
                 self._apply_put(key, Entry(me, slab, slot, gen, length, checksum))
                 self._lru[(slab, slot)] = key
                 self._lru.move_to_end((slab, slot))
+            self._maybe_compact()
         if self.fsync == "always":
             os.fdatasync(self._log_fd)
 
@@ -454,15 +490,65 @@ class SlabStore:
                 if entry is None:
                     continue
                 self._slot_key.pop((entry.writer, entry.slab, entry.slot), None)
+                self._deleted[(entry.writer, entry.slab, entry.slot)] = entry.gen
                 records.append(_encode_record(DEL, key, entry.writer, entry.slab, entry.slot,
                                               entry.gen, entry.length, entry.checksum))
                 if entry.writer == self.me:
                     self._release((entry.slab, entry.slot))
+                else:
+                    self._foreign_dels.append((key, entry))
             if records:
                 data = b"".join(records)
                 os.write(self._log_fd, data)
                 self._tails[self.me].offset += len(data)  # type: ignore[index]
+                self._maybe_compact()
             return found
+
+    def _maybe_compact(self) -> None:
+        size = self._tails[self.me].offset  # type: ignore[index]
+        live = (len(self._lru) + len(self._foreign_dels)) * (RECORD.size + 80)
+        if size > COMPACT_MIN_BYTES and size > 3 * live:
+            self.compact()
+
+    def compact(self) -> None:
+        """Rewrite this writer's log with only what is live: a GEN record, a PUT per own
+        page, and the DELs of other writers' slots that no newer PUT superseded. Readers
+        notice the new file (inode) and re-read it; the rename is atomic."""
+        with self._lock:
+            me = self.me
+            if me is None:
+                return
+            records = [_encode_record(GEN, "", me, 0, 0, self._next_gen - 1, 0, 0)]
+            for where, key in self._lru.items():
+                e = self._entries.get(key)
+                if e is not None and e.writer == me and (e.slab, e.slot) == where:
+                    records.append(_encode_record(PUT, key, me, e.slab, e.slot, e.gen, e.length,
+                                                  e.checksum))
+            kept = []
+            for key, d in self._foreign_dels:
+                current = self._slot_key.get((d.writer, d.slab, d.slot))
+                newer = current is not None and self._entries[current].gen > d.gen
+                if not newer:
+                    kept.append((key, d))
+                    records.append(_encode_record(DEL, key, d.writer, d.slab, d.slot, d.gen,
+                                                  d.length, d.checksum))
+            self._foreign_dels = kept
+            data = b"".join(records)
+            tail = self._tails[me]
+            tmp = tail.path.with_name(f"index.log.compact-{os.getpid()}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, data)
+                if self.fsync != "none":
+                    os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, tail.path)
+            os.close(self._log_fd)
+            self._log_fd = os.open(tail.path, os.O_RDWR | os.O_APPEND)
+            tail.reopen()
+            tail.offset = len(data)
+            self.compactions += 1
 
     def clear(self) -> int:
         """Delete every key of this namespace known now; returns how many."""
@@ -502,11 +588,16 @@ class SlabStore:
         self._log_fd = os.open(log_path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         tail = self._tails.get(writer)
         if tail is None:
-            tail = _LogTail(os.open(log_path, os.O_RDONLY))
+            tail = _LogTail(log_path)
             self._tails[writer] = tail
+        else:  # read our own log from the start, to collect the DELs we issued
+            self._forget_writer(writer)
+            tail.reopen()
+        self._adopting = writer
         size = os.fstat(tail.fd).st_size
         if size > tail.offset:
             self._read_tail(writer, tail, size)
+        self._adopting = -1
         if os.fstat(self._log_fd).st_size > tail.offset:
             os.ftruncate(self._log_fd, tail.offset)  # drop a crashed writer's torn tail
         self.me = writer
@@ -549,6 +640,7 @@ class SlabStore:
                 "slabs": self._n_slabs,
                 "max_slots": self.max_slots,
                 "evictions": self.evictions,
+                "log_compactions": self.compactions,
                 "writers_seen": len(self._tails),
             }
 

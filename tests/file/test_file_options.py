@@ -97,3 +97,43 @@ def test_capacity_bounds_disk_use(tmp_path: Path) -> None:
         assert stats["evictions"] == 160 - 32
     used = sum(p.stat().st_size for p in tmp_path.rglob("slab-*.dat"))
     assert used <= 32 * stride
+
+
+def test_index_log_compaction_keeps_pages_and_bounds_the_log(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under eviction the log is rewritten; other readers and a restart still see exactly the
+    live pages (and deleted foreign pages stay deleted)."""
+    from hicache_l3.common import slabs
+
+    monkeypatch.setattr(slabs, "COMPACT_MIN_BYTES", 16 << 10)
+    stride = slabs.Geometry(PAGE).stride
+    root = str(tmp_path)
+    other = open_connector("file", NS, root=root)
+    pages_o = Pages(other, PAGE, 2)
+    pages_o.fill(["foreign-0", "foreign-1"])
+    assert other.batch_set(["foreign-0", "foreign-1"], pages_o.pages) == [True, True]
+    conn = open_connector("file", NS, root=root, capacity_bytes=16 * stride)
+    reader = open_connector("file", NS, root=root)
+    assert conn.delete(["foreign-0"]) == [True]
+    other.close()  # the owner is gone: only conn's DEL record keeps foreign-0 deleted
+    pages = Pages(conn, PAGE, 16)
+    for r in range(40):
+        keys = [f"c{r}-{i}" for i in range(16)]
+        pages.fill(keys)
+        assert conn.batch_set(keys, pages.pages) == [True] * 16
+        assert reader.batch_exists(keys) == [True] * 16
+    assert conn.stats()["engine"]["log_compactions"] >= 1
+    log = next(tmp_path.glob(f"ns-{NS.digest()}/writers/w*/index.log"))
+    last = [f"c39-{i}" for i in range(16)]
+    rpages = Pages(reader, PAGE, 16)
+    assert reader.batch_get(last, rpages.pages) == [True] * 16
+    assert all(rpages.matches(i, k) for i, k in enumerate(last))
+    assert reader.batch_exists(["c0-0", "foreign-0", "foreign-1"]) == [False, False, True]
+    conn.close()
+    reader.close()
+    sizes = [p.stat().st_size for p in tmp_path.glob(f"ns-{NS.digest()}/writers/w*/index.log")]
+    assert max(sizes) < 64 << 10, sizes
+    with open_connector("file", NS, root=root) as again:
+        assert again.batch_exists([*last, "c0-0", "foreign-0", "foreign-1"]) == [True] * 16 + [
+            False, False, True]
+    assert log.exists()
