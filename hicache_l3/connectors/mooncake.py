@@ -149,7 +149,9 @@ class MooncakeConfig(ConnectorConfig):
     )
     local_buffer_size: int = setting(16 << 20, "the client's local transfer buffer", size=True)
     replica_num: int = setting(1, "replicas per page (in different segments)")
-    preferred_segment: str = setting("", "segment to place pages in first (host:port); '' = any")
+    preferred_segment: str = setting(
+        "", "segment to place pages in first: host:port, 'local' (this process's own segment, "
+        "needs global_segment_size > 0) or '' (the master picks)")
     tenant_id: str = setting("default", "Mooncake tenant the pages belong to")
     checksum: Literal["none", "xxh3"] = setting(
         "none", "xxh3: store a checksum trailer with every page and verify it on get")
@@ -175,6 +177,9 @@ class MooncakeConfig(ConnectorConfig):
             raise ConfigError(f"mooncake connector: max_batch must be >= 1, got {self.max_batch}")
         if self.connect_timeout <= 0:
             raise ConfigError(f"mooncake connector: connect_timeout must be > 0, got {self.connect_timeout}")
+        if self.preferred_segment == "local" and not self.global_segment_size:
+            raise ConfigError("mooncake connector: preferred_segment='local' needs a segment of "
+                              "this process: set global_segment_size > 0")
         if self.global_segment_size and self.global_segment_size < 16 << 20:
             raise ConfigError(
                 f"mooncake connector: global_segment_size={self.global_segment_size} is below "
@@ -335,7 +340,9 @@ class MooncakeConnector(Connector[MooncakeConfig]):
         self._store = store
         self._replicate = ReplicateConfig()
         self._replicate.replica_num = config.replica_num
-        if config.preferred_segment:
+        if config.preferred_segment == "local":
+            self._replicate.preferred_segment = store.get_hostname()
+        elif config.preferred_segment:
             self._replicate.preferred_segment = config.preferred_segment
         self._checksum = config.checksum == "xxh3"
         self._trailers = _Trailers(store) if self._checksum else None
@@ -378,6 +385,8 @@ class MooncakeConnector(Connector[MooncakeConfig]):
 
     def _note_codes(self, codes: list[int]) -> None:
         """Count raw failure codes; track whether the master answers."""
+        if not codes or (min(codes) >= 0 and self._down_since is None):
+            return
         down = False
         for code in codes:
             if code < 0:
@@ -399,12 +408,14 @@ class MooncakeConnector(Connector[MooncakeConfig]):
         n = len(keys)
         if self._master_unreachable():
             return [Reason.ENGINE_DOWN] * n
-        skeys = [self._prefix + k for k in keys]
+        prefix = self._prefix
+        skeys = [prefix + k for k in keys]
         first: dict[str, int] = {}
-        for i, k in enumerate(skeys):
-            first.setdefault(k, i)
-        todo = list(first.values()) if len(first) < n else None
-        if todo is not None:
+        todo: list[int] | None = None
+        if len(set(skeys)) < n:  # duplicates: put each key once, give all copies its result
+            for i, k in enumerate(skeys):
+                first.setdefault(k, i)
+            todo = list(first.values())
             skeys = [skeys[i] for i in todo]
             pages = [pages[i] for i in todo]
         codes: list[int] = []

@@ -1,0 +1,165 @@
+"""Bench backend ``mooncake``: the Mooncake connector against raw ``MooncakeDistributedStore``.
+
+Two placements, each a (connector, raw-mooncake) pair on the same master:
+
+* ``local``: the client holds a segment in this process and places pages there
+  (``preferred_segment`` = its own segment): transfers are in-process copies;
+* ``remote``: the client holds no segment; pages go to the ``mooncake_client`` segment
+  holder, over TCP (loopback here).
+
+raw-mooncake follows the baseline rules: its own client with the same setup, the bench
+buffers registered once (``register_buffer``), one object per page with
+``batch_put_from``/``batch_get_into``, the key and pointer lists built in :meth:`plan`
+(untimed), one thread. Every set repetition writes fresh keys; the keys of the
+repetition before are removed in ``plan`` (untimed) so that the segments never fill.
+
+With no ``mooncake.master_address`` setting, a local master and segment holder are
+started for the run (``--set mooncake.master_address=H:P`` uses an existing one; then
+``mooncake.metadata_server`` too, unless it is the master's default).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+from hicache_l3.bench.targets import BenchOptions, BenchTarget, ConnectorTarget, Pair
+from hicache_l3.common.connector import Connector
+from hicache_l3.common.errors import EngineUnavailableError
+from hicache_l3.common.keys import Namespace
+from hicache_l3.common.memory import HostBuffer
+from hicache_l3.common.pages import Page
+from hicache_l3.common.registry import open_connector
+
+
+def bench_namespace(opts: BenchOptions, placement: str) -> Namespace:
+    """The namespace bench pages are stored in (one per placement and page size)."""
+    return Namespace(model="hicache-l3-bench", kv_dtype="uint8", layout="page_first",
+                     page_size=opts.page_bytes, tag=f"bench-mooncake-{placement}")
+
+
+def _rep_of(keys: list[str]) -> str:
+    return keys[0].rsplit("-", 1)[0] if keys else ""
+
+
+class _Recycler:
+    """Remembers the keys of the last set repetition; drops them when a new one starts."""
+
+    def __init__(self) -> None:
+        self.rep = ""
+        self.keys: list[str] = []
+
+    def new_batch(self, keys: list[str]) -> list[str]:
+        """Record ``keys``; return the previous repetition's keys when a new one begins."""
+        rep = _rep_of(keys)
+        old: list[str] = []
+        if rep != self.rep:
+            old, self.keys, self.rep = self.keys, [], rep
+        self.keys.extend(keys)
+        return old
+
+
+class MooncakeConnectorTarget(ConnectorTarget):
+    """The connector, deleting the previous repetition's pages before a new set (untimed)."""
+
+    def __init__(self, connector: Connector[Any], placement: str) -> None:
+        super().__init__(connector, "mooncake", placement=placement)
+        self._recycler = _Recycler()
+
+    def plan(self, op: str, keys: list[str], pages: list[Page]) -> Any:
+        """Untimed: on the first batch of a set repetition, delete the last one's pages."""
+        if op == "set":
+            old = self._recycler.new_batch(keys)
+            for lo in range(0, len(old), 1024):
+                self.connector.delete(old[lo : lo + 1024])
+        return keys, pages
+
+
+class RawMooncake(BenchTarget):
+    """``batch_put_from``/``batch_get_into`` of the same pages, one object per page."""
+
+    backend = "raw-mooncake"
+
+    def __init__(self, settings: dict[str, Any], placement: str) -> None:
+        from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+
+        self.extra = {"placement": placement}
+        self.prefix = f"raw-{placement}:"
+        self.store: Any = MooncakeDistributedStore()
+        metadata = settings.get("metadata_server") or (
+            f"http://{settings['master_address'].rsplit(':', 1)[0]}:8080/metadata")
+        rc = self.store.setup(
+            settings.get("local_hostname", "127.0.0.1"), metadata,
+            int(settings.get("global_segment_size", 0)), 16 << 20,
+            settings.get("protocol", "tcp"), settings.get("device_names", ""),
+            settings["master_address"])
+        if rc != 0:
+            raise EngineUnavailableError(f"raw-mooncake: setup failed with code {rc}")
+        self.config = ReplicateConfig()
+        if placement == "local":
+            self.config.preferred_segment = self.store.get_hostname()
+        self.registered: list[int] = []
+        self._recycler = _Recycler()
+
+    def prepare(self, buffers: list[HostBuffer], page_bytes: int) -> None:
+        """Register the bench buffers once."""
+        for b in buffers:
+            rc = self.store.register_buffer(b.address, b.size)
+            if rc != 0:
+                raise EngineUnavailableError(f"raw-mooncake: register_buffer returned {rc}")
+            self.registered.append(b.address)
+
+    def plan(self, op: str, keys: list[str], pages: list[Page]) -> Any:
+        """Key, pointer and size lists (and, for a new set repetition, drop the last one)."""
+        if op == "set":
+            old = self._recycler.new_batch(keys)
+            for lo in range(0, len(old), 1024):
+                self.store.batch_remove([self.prefix + k for k in old[lo : lo + 1024]], True)
+        skeys = [self.prefix + k for k in keys]  # the two placements share one master
+        return skeys, [p[0][0] for p in pages], [p[0][1] for p in pages]
+
+    def run(self, op: str, plan: Any) -> list[bool]:
+        """One Mooncake batch call."""
+        keys, ptrs, sizes = plan
+        if op == "set":
+            return [c == 0 for c in self.store.batch_put_from(keys, ptrs, sizes, self.config)]
+        if op == "get":
+            return [g == s for g, s in zip(self.store.batch_get_into(keys, ptrs, sizes), sizes)]
+        return [c == 1 for c in self.store.batch_is_exist(keys)]
+
+    def close(self) -> None:
+        """Unregister the buffers and close the client."""
+        if self.store is None:
+            return
+        for address in self.registered:
+            self.store.unregister_buffer(address)
+        self.store.close()
+        self.store = None
+
+
+def make_pairs(opts: BenchOptions, stack: contextlib.ExitStack) -> list[Pair]:
+    """(connector, raw-mooncake) for placement ``local`` and ``remote``."""
+    settings: dict[str, Any] = dict(opts.settings.get("mooncake", {}))
+    os.environ.setdefault("MC_TCP_BIND_ADDRESS", settings.get("local_hostname", "127.0.0.1"))
+    # one repetition alive per target (the last is dropped before the next), plus slack
+    per_target = opts.pages * opts.page_bytes * 3 // 2 + (64 << 20)
+    if not settings.get("master_address"):
+        from hicache_l3.conformance.engines import MooncakeEngine
+
+        engine = MooncakeEngine(holder=True, segment_size=f"{(2 * per_target >> 20) + 1} MB")
+        stack.enter_context(engine)
+        settings.update(engine.settings)
+    pairs = []
+    for placement in ("local", "remote"):
+        chosen = dict(settings)
+        if placement == "local":
+            chosen.update(global_segment_size=per_target, preferred_segment="local")
+        else:
+            chosen.update(global_segment_size=0)
+        conn = open_connector("mooncake", bench_namespace(opts, placement), chosen)
+        stack.callback(conn.close)
+        raw = RawMooncake(chosen, placement)
+        stack.callback(raw.close)
+        pairs.append(Pair(MooncakeConnectorTarget(conn, placement), raw))
+    return pairs
