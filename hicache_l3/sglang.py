@@ -1,0 +1,427 @@
+"""SGLang HiCache L3 backend over any hicache-l3 connector (SGLang's dynamic backend, v1).
+
+Load it in SGLang 0.5.23 with ``--hicache-storage-backend dynamic
+--hicache-storage-backend-extra-config @hicache-l3.toml`` (``hicache-l3 sglang-args`` writes
+that file; :mod:`hicache_l3.sglang_config` documents its keys). With ``interface_v1 = 1``
+SGLang calls :meth:`HiCacheL3Storage.batch_get_v1` / :meth:`HiCacheL3Storage.batch_set_v1`
+with host-pool indices and pages move straight between the registered host pool and the
+engine; without it SGLang copies every page through the legacy ``batch_get``/``batch_set``,
+which this class serves through one registered staging buffer (one copy per page).
+
+This module imports SGLang and torch; nothing else in the package imports it.
+
+Behaviour SGLang relies on:
+
+* the connector opens in :meth:`HiCacheL3Storage.register_mem_pool_host`, once the host
+  pool tells the KV dtype, layout and page size that complete the key namespace (model,
+  tp/pp/cp/dcp ranks and sizes, MLA sharing and the user tag come from the
+  ``HiCacheStorageConfig``); the pool's buffers are registered with the connector there,
+  once. A layout whose pages SGLang cannot describe (``get_page_buffer_meta``) is refused
+  at that point with a message naming it;
+* every layout SGLang describes is served zero-copy: a page is the list of
+  ``(address, length)`` segments ``get_page_buffer_meta`` gives for it (2 per page for MHA
+  ``page_first``, 2 per layer for MHA ``layer_first``, 1 per page or per layer for MLA);
+* with MLA, ranks that are not the storage writer (``is_storage_writer``) never write:
+  their ``batch_set_v1`` stores nothing and reports success (the writer stores the same
+  bytes); every rank reads;
+* engine errors never raise into SGLang's threads: they become misses (``False`` / ``None``
+  / ``0``), logged at most once per 10 s per kind;
+* hybrid models' sidecar pools (the v2 interface) are refused at attach, naming the pools.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    HiCacheStorageExtraInfo,
+)
+
+from hicache_l3.common.connector import Connector
+from hicache_l3.common.errors import ConfigError, MemoryRegistrationError
+from hicache_l3.common.keys import Namespace
+from hicache_l3.common.logs import RateLimitedLogger
+from hicache_l3.common.pages import Page
+from hicache_l3.common.registry import open_connector
+from hicache_l3.sglang_config import AdapterConfig, build_namespace
+
+log = logging.getLogger("hicache_l3.sglang")
+
+STAGING_BYTES = 64 << 20  # legacy copying path: most bytes staged per connector call
+KV_POOL_NAMES = frozenset({"kv", "__default__"})
+
+
+def _pool_buffers(host: Any) -> list[torch.Tensor]:
+    """The host pool's tensors that hold page bytes (registered once with the connector)."""
+    found: list[torch.Tensor] = []
+    kv = getattr(host, "kv_buffer", None)
+    if isinstance(kv, torch.Tensor):
+        found.append(kv)
+    elif isinstance(kv, (list, tuple)):
+        found.extend(t for t in kv if isinstance(t, torch.Tensor))
+    if getattr(host, "layout", None) == "page_first_kv_split":
+        for name in ("k_buffer", "v_buffer", "index_k_buffer", "index_k_scale_buffer"):
+            t = getattr(host, name, None)
+            if isinstance(t, torch.Tensor):
+                found.append(t)
+    # Drop tensors lying inside another one (views such as MHA's k_buffer/v_buffer).
+    spans = sorted(((t.data_ptr(), t.numel() * t.element_size(), t) for t in found if t.numel()),
+                   key=lambda s: (s[0], -s[1]))
+    out: list[torch.Tensor] = []
+    end = 0
+    for start, size, t in spans:
+        if start + size <= end:
+            continue
+        out.append(t)
+        end = max(end, start + size)
+    return out
+
+
+class HiCacheL3Storage(HiCacheStorage):
+    """SGLang ``HiCacheStorage`` backed by the hicache-l3 connector named in the extra config.
+
+    Built by SGLang as ``HiCacheL3Storage(storage_config, kwargs)``; raises ConfigError at
+    construction for a bad extra config or a model without name or tag, and at
+    :meth:`register_mem_pool_host` for a pool it cannot serve or an engine it cannot open.
+    Thread-safe (SGLang calls from its prefetch and backup threads at once).
+    """
+
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict[str, Any] | None = None):
+        self.storage_config = storage_config
+        self.adapter = AdapterConfig.from_extra_config(storage_config.extra_config)
+        self.adapter.validate_settings()
+        if not storage_config.model_name and not self.adapter.tag:
+            build_namespace(model_name=None, tag="", kv_dtype="-", layout="-", page_size=1)  # raises
+        if storage_config.should_split_heads:
+            raise ConfigError(
+                "hicache-l3: heterogeneous TP (tp_lcm_size with the page_head layout, "
+                "should_split_heads) is not supported; remove tp_lcm_size from the extra config"
+            )
+        self.is_writer = bool(storage_config.is_storage_writer)
+        self.connector: Connector[Any] | None = None
+        self.namespace: Namespace | None = None
+        self.mem_pool_host: Any = None
+        self.page_tokens = 0  # host indices per page (logical page size)
+        self.page_bytes = 0
+        self._lock = threading.Lock()
+        self._staging_lock = threading.Lock()
+        self._staging: torch.Tensor | None = None
+        self._log = RateLimitedLogger(log)
+        self._metrics_lock = threading.Lock()
+        self._prefetch_pgs: list[int] = []
+        self._backup_pgs: list[int] = []
+        self._prefetch_bw: list[float] = []
+        self._backup_bw: list[float] = []
+        self.v2_pools: dict[str, Any] = {}
+        self._attached = False
+        if not self.adapter.interface_v1:
+            log.warning(
+                "hicache-l3: the extra config lacks \"interface_v1\": 1, so SGLang will copy every "
+                "page through the legacy batch_get/batch_set path; add it for zero-copy transfers"
+            )
+
+    # ---- attach ---------------------------------------------------------------------------
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        """Complete the namespace from the pool, open the connector, register the pool's
+        buffers once. Raises ConfigError naming the layout/pool when it cannot be served."""
+        with self._lock:
+            if self.connector is not None:
+                if mem_pool_host is self.mem_pool_host:
+                    return
+                raise ConfigError("hicache-l3: a host pool is already registered with this backend")
+            host = mem_pool_host
+            layout = str(getattr(host, "layout", ""))
+            page_tokens = int(getattr(host, "logical_page_size", None) or host.page_size)
+            try:
+                ptrs, sizes = host.get_page_buffer_meta(torch.arange(page_tokens, dtype=torch.int64))
+            except Exception as exc:
+                raise ConfigError(
+                    f"hicache-l3: host pool {type(host).__name__} with layout {layout!r} gives no page "
+                    f"buffer description ({exc!r}); use --hicache-mem-layout page_first, "
+                    "page_first_direct, page_head or layer_first"
+                ) from exc
+            if not ptrs or len(ptrs) != len(sizes):
+                raise ConfigError(f"hicache-l3: host pool {type(host).__name__} ({layout}) describes "
+                                  f"a page as {len(ptrs)} segments")
+            sc = self.storage_config
+            tag = self.adapter.tag
+            fmt = getattr(host, "storage_format_tag", None)
+            if fmt:
+                tag = f"{tag}+fmt={fmt}" if tag else f"fmt={fmt}"
+            namespace = build_namespace(
+                model_name=sc.model_name, tag=tag,
+                kv_dtype=str(host.dtype).removeprefix("torch."), layout=layout,
+                page_size=int(host.page_size),
+                tp_rank=sc.tp_rank, tp_size=sc.tp_size, mla_shared=bool(sc.is_mla_model),
+                pp_rank=sc.pp_rank, pp_size=sc.pp_size,
+                cp_rank=sc.attn_cp_rank, cp_size=sc.attn_cp_size,
+                dcp_rank=sc.dcp_rank, dcp_size=sc.dcp_size,
+            )
+            connector = open_connector(self.adapter.connector, namespace, self.adapter.settings)
+            try:
+                for tensor in _pool_buffers(host):
+                    connector.register(tensor)
+                probe = tuple(zip(ptrs, sizes))
+                if not connector.regions.covers(probe):
+                    raise MemoryRegistrationError(
+                        f"hicache-l3: pages of host pool {type(host).__name__} ({layout}) lie outside "
+                        "the buffers it exposes; this layout cannot be served zero-copy"
+                    )
+            except Exception:
+                connector.close()
+                raise
+            self.mem_pool_host = host
+            self.page_tokens = page_tokens
+            self.page_bytes = int(sum(sizes))
+            self.namespace = namespace
+            self.connector = connector
+            log.info("hicache-l3: %s connector attached (%s, %d bytes per page in %d segments)",
+                     self.adapter.connector, namespace.describe(), self.page_bytes, len(ptrs))
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        """Record a hybrid model's pool; sidecar pools are refused (see on_host_pools_registered),
+        and one arriving after the attach raises at once."""
+        name = str(getattr(host_pool_name, "value", host_pool_name))
+        self.v2_pools[name] = host_pool
+        if self._attached and name not in KV_POOL_NAMES:
+            raise ConfigError(self._v2_message([name]))
+
+    def on_host_pools_registered(self) -> None:
+        """End of the attach: refuse hybrid sidecar pools, which need the v2 interface."""
+        self._attached = True
+        sidecars = sorted(n for n in self.v2_pools if n not in KV_POOL_NAMES)
+        if sidecars:
+            raise ConfigError(self._v2_message(sidecars))
+
+    @staticmethod
+    def _v2_message(names: list[str]) -> str:
+        return (f"hicache-l3 does not implement SGLang's v2 storage interface, which hybrid models "
+                f"need for their sidecar host pool(s) {names}; use an SGLang built-in backend for "
+                "this model, or run without --hicache-storage-backend")
+
+    # ---- zero-copy path --------------------------------------------------------------------
+    def _pages(self, n: int, host_indices: torch.Tensor) -> list[Page]:
+        """The segments of the ``n`` pages starting at ``host_indices[i * page_tokens]``."""
+        assert self.mem_pool_host is not None
+        indices = host_indices[: n * self.page_tokens]
+        if indices.numel() != n * self.page_tokens:
+            raise ValueError(f"{n} keys but {host_indices.numel()} host indices "
+                             f"(page size {self.page_tokens})")
+        if indices.device.type != "cpu":
+            indices = indices.cpu()
+        ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(indices)
+        per, rest = divmod(len(ptrs), n)
+        if rest or per == 0:
+            raise ValueError(f"host pool described {n} pages with {len(ptrs)} segments")
+        if per == 1:
+            return [((p, s),) for p, s in zip(ptrs, sizes)]
+        segs = list(zip(ptrs, sizes))
+        return [segs[i * per : (i + 1) * per] for i in range(n)]
+
+    def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
+        """Load page i (key ``keys[i]``) into the pool at ``host_indices[i * page_size]``;
+        one bool per key, True only for the exact stored bytes."""
+        if not keys:
+            return []
+        connector = self.connector
+        if connector is None:
+            self._log.warning("get-unattached", "hicache-l3: batch_get_v1 before register_mem_pool_host")
+            return [False] * len(keys)
+        start = time.perf_counter()
+        try:
+            ok = connector.batch_get(list(keys), self._pages(len(keys), host_indices))
+        except Exception as exc:
+            self._log.warning("get-exc", "hicache-l3: batch_get_v1 of %d pages failed: %r", len(keys), exc)
+            return [False] * len(keys)
+        self._record(self._prefetch_pgs, self._prefetch_bw, ok, start)
+        return ok
+
+    def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
+        """Store the pool pages at ``host_indices[i * page_size]`` under ``keys[i]``; pages
+        already stored are not rewritten; one bool per key. Non-writer MLA ranks store
+        nothing and report success."""
+        if not keys:
+            return []
+        if not self.is_writer:
+            return [True] * len(keys)
+        connector = self.connector
+        if connector is None:
+            self._log.warning("set-unattached", "hicache-l3: batch_set_v1 before register_mem_pool_host")
+            return [False] * len(keys)
+        start = time.perf_counter()
+        try:
+            ok = connector.batch_set(list(keys), self._pages(len(keys), host_indices))
+        except Exception as exc:
+            self._log.warning("set-exc", "hicache-l3: batch_set_v1 of %d pages failed: %r", len(keys), exc)
+            return [False] * len(keys)
+        self._record(self._backup_pgs, self._backup_bw, ok, start)
+        return ok
+
+    def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
+        """How many keys, from the first, are stored (any batch size; 0 on engine errors)."""
+        if not keys:
+            return 0
+        connector = self.connector
+        if connector is None:
+            return 0
+        try:
+            return connector.leading_hits(list(keys))
+        except Exception as exc:
+            self._log.warning("exists-exc", "hicache-l3: batch_exists of %d keys failed: %r", len(keys), exc)
+            return 0
+
+    def exists(self, key: str) -> bool:
+        """True when ``key`` is stored in this namespace."""
+        return self.batch_exists([key]) == 1
+
+    # ---- legacy copying path -----------------------------------------------------------------
+    def _staging_buffer(self) -> tuple[torch.Tensor, int]:
+        """The registered staging tensor and how many pages it holds (allocated on first use)."""
+        assert self.connector is not None and self.page_bytes > 0
+        if self._staging is None:
+            slots = max(1, STAGING_BYTES // self.page_bytes)
+            staging = torch.empty(slots * self.page_bytes, dtype=torch.uint8)
+            self.connector.register(staging)
+            self._staging = staging
+        return self._staging, self._staging.numel() // self.page_bytes
+
+    def _as_bytes(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        flat = tensor.reshape(-1)
+        if flat.numel() * flat.element_size() != self.page_bytes:
+            self._log.warning("legacy-size", "hicache-l3: legacy page of %d bytes, expected %d",
+                              flat.numel() * flat.element_size(), self.page_bytes)
+            return None
+        return flat.contiguous().view(torch.uint8)
+
+    def batch_set(self, keys: list[str], values: Any = None, target_locations: Any = None,
+                  target_sizes: Any = None) -> bool:
+        """Legacy: store ``values[i]`` (flat page tensors) under ``keys[i]`` through the staging
+        buffer; True when every page is stored."""
+        if not keys:
+            return True
+        if not self.is_writer:
+            return True
+        if self.connector is None or values is None or len(values) != len(keys):
+            return False
+        try:
+            with self._staging_lock:
+                staging, slots = self._staging_buffer()
+                pb, base = self.page_bytes, staging.data_ptr()
+                all_ok = True
+                for lo in range(0, len(keys), slots):
+                    chunk_keys, chunk_pages = [], []
+                    for j, (key, value) in enumerate(zip(keys[lo : lo + slots], values[lo : lo + slots])):
+                        data = self._as_bytes(value)
+                        if data is None:
+                            all_ok = False
+                            continue
+                        staging[j * pb : (j + 1) * pb].copy_(data)
+                        chunk_keys.append(key)
+                        chunk_pages.append(((base + j * pb, pb),))
+                    start = time.perf_counter()
+                    ok = self.connector.batch_set(chunk_keys, chunk_pages)
+                    self._record(self._backup_pgs, self._backup_bw, ok, start)
+                    all_ok = all_ok and all(ok)
+                return all_ok
+        except Exception as exc:
+            self._log.warning("lset-exc", "hicache-l3: legacy batch_set of %d pages failed: %r",
+                              len(keys), exc)
+            return False
+
+    def set(self, key: str, value: Any = None, target_location: Any = None,
+            target_sizes: Any = None) -> bool:
+        """Legacy: store one flat page tensor under ``key``."""
+        return self.batch_set([key], [value])
+
+    def batch_get(self, keys: list[str], target_locations: Any = None,
+                  target_sizes: Any = None) -> list[torch.Tensor | None]:
+        """Legacy: load ``keys[i]`` into ``target_locations[i]`` (flat page tensors) through the
+        staging buffer; the filled tensor per hit, None per miss."""
+        out: list[torch.Tensor | None] = [None] * len(keys)
+        if not keys or self.connector is None or target_locations is None:
+            return out
+        try:
+            with self._staging_lock:
+                staging, slots = self._staging_buffer()
+                pb, base = self.page_bytes, staging.data_ptr()
+                for lo in range(0, len(keys), slots):
+                    chunk = list(keys[lo : lo + slots])
+                    pages = [((base + j * pb, pb),) for j in range(len(chunk))]
+                    start = time.perf_counter()
+                    ok = self.connector.batch_get(chunk, pages)
+                    self._record(self._prefetch_pgs, self._prefetch_bw, ok, start)
+                    for j, hit in enumerate(ok):
+                        target = target_locations[lo + j]
+                        if not hit or target is None:
+                            continue
+                        flat = target.reshape(-1)
+                        if flat.numel() * flat.element_size() != pb or not flat.is_contiguous():
+                            continue
+                        flat.view(torch.uint8).copy_(staging[j * pb : (j + 1) * pb])
+                        out[lo + j] = target
+        except Exception as exc:
+            self._log.warning("lget-exc", "hicache-l3: legacy batch_get of %d pages failed: %r",
+                              len(keys), exc)
+        return out
+
+    def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> torch.Tensor | None:
+        """Legacy: load ``key`` into the flat page tensor ``target_location``; None on a miss."""
+        return self.batch_get([key], [target_location])[0]
+
+    # ---- housekeeping ----------------------------------------------------------------------
+    def _record(self, pgs: list[int], bws: list[float], ok: Sequence[bool], start: float) -> None:
+        hits = sum(ok)
+        if not hits:
+            return
+        elapsed = max(time.perf_counter() - start, 1e-9)
+        with self._metrics_lock:
+            pgs.append(hits)
+            bws.append(hits * self.page_bytes / elapsed / 1e9)
+
+    def get_stats(self) -> Any:
+        """SGLang's ``StorageMetrics`` since the last call (pages per call and GB/s, for
+        prefetch and backup), then reset; connector counters are in :meth:`stats`."""
+        from sglang.srt.observability.metrics_collector import StorageMetrics
+
+        metrics = StorageMetrics()
+        with self._metrics_lock:
+            metrics.prefetch_pgs.extend(self._prefetch_pgs)
+            metrics.backup_pgs.extend(self._backup_pgs)
+            metrics.prefetch_bandwidth.extend(self._prefetch_bw)
+            metrics.backup_bandwidth.extend(self._backup_bw)
+            self._prefetch_pgs.clear()
+            self._backup_pgs.clear()
+            self._prefetch_bw.clear()
+            self._backup_bw.clear()
+        return metrics
+
+    def stats(self) -> dict[str, Any]:
+        """The connector's counters (per op: pages, bytes, failures by reason, latency)."""
+        return self.connector.stats() if self.connector is not None else {}
+
+    def clear(self) -> None:
+        """Remove this namespace's pages (never another model's or rank's)."""
+        if self.connector is not None:
+            try:
+                self.connector.clear()
+            except Exception as exc:
+                self._log.warning("clear-exc", "hicache-l3: clear failed: %r", exc)
+
+    def close(self) -> None:
+        """Close the connector (idempotent); later calls are misses."""
+        connector, self.connector = self.connector, None
+        if connector is not None:
+            connector.close()
+
+    def __repr__(self) -> str:
+        ns = self.namespace.describe() if self.namespace else "not attached"
+        return f"<HiCacheL3Storage {self.adapter.connector} {ns}>"

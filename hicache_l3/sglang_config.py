@@ -1,0 +1,362 @@
+"""SGLang configuration: parse the ``--hicache-storage-backend-extra-config`` of our backend,
+build its key namespace, print the SGLang flags, and check a config with a round trip.
+
+Nothing here imports SGLang (the adapter itself is :mod:`hicache_l3.sglang`).
+
+The extra config is what SGLang hands the backend (JSON, or ``@file`` with JSON/YAML/TOML)::
+
+    backend_name = "hicache-l3"             # read by SGLang
+    module_path = "hicache_l3.sglang"       # read by SGLang
+    class_name = "HiCacheL3Storage"         # read by SGLang
+    interface_v1 = 1                        # SGLang then uses the zero-copy page path
+    connector = "file"                      # file | mooncake | nixl | hf3fs
+    extra_backend_tag = ""                  # optional user tag in the key namespace
+    [file]                                  # the connector's settings (see its config class)
+    root = "/mnt/nvme/hicache"
+
+Commands: ``hicache-l3 sglang-args --backend NAME [--config FILE] [--set KEY=VALUE ...]``
+writes the config file and prints the SGLang flags; ``hicache-l3 check --config FILE``
+validates a config file and round-trips a few pages through the connector it names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shlex
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hicache_l3.common.errors import ConfigError, HiCacheL3Error
+from hicache_l3.common.keys import Namespace
+from hicache_l3.common.registry import available_connectors, load_connector, resolve_name
+
+ADAPTER_MODULE = "hicache_l3.sglang"
+ADAPTER_CLASS = "HiCacheL3Storage"
+BACKEND_NAME = "hicache-l3"
+
+# Keys of the extra config that SGLang itself reads (the rest of SGLang's keys it pops
+# before the backend sees the dict); accepted and ignored by the adapter.
+SGLANG_KEYS = frozenset({"backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size"})
+ADAPTER_KEYS = frozenset({"connector", "extra_backend_tag"})
+
+# Settings for an engine on this machine, written by `sglang-args` unless --set overrides them.
+LOCAL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "file": {"root": "/var/tmp/hicache-l3"},
+    "mooncake": {"master_address": "127.0.0.1:50051", "global_segment_size": "4GiB"},
+    "nixl": {"mode": "file", "root": "/var/tmp/hicache-l3-nixl"},
+    "hf3fs": {"root": "/mnt/3fs/hicache-l3"},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class AdapterConfig:
+    """The adapter's part of SGLang's extra config: which connector, its settings, the tag.
+
+    ``interface_v1`` is False when the config lacks ``"interface_v1": 1``: SGLang then
+    copies every page through the legacy ``batch_get``/``batch_set`` path.
+    """
+
+    connector: str
+    settings: dict[str, Any]
+    tag: str
+    interface_v1: bool
+
+    @classmethod
+    def from_extra_config(cls, extra: Mapping[str, Any] | None) -> AdapterConfig:
+        """Parse SGLang's ``extra_config`` dict; ConfigError naming any bad or unknown key.
+
+        Tables named after a connector other than the chosen one are ignored, so one file
+        can hold the settings of several connectors.
+        """
+        if not extra:
+            raise ConfigError(
+                "hicache-l3: --hicache-storage-backend-extra-config is empty; it must name "
+                f"connector (one of {available_connectors()}); see `hicache-l3 sglang-args --help`"
+            )
+        if "connector" not in extra:
+            raise ConfigError(
+                f"hicache-l3: extra config has no 'connector' key; set it to one of "
+                f"{available_connectors()}"
+            )
+        connector = resolve_name(str(extra["connector"]))
+        known = set(SGLANG_KEYS) | set(ADAPTER_KEYS) | set(available_connectors()) | {"3fs"}
+        unknown = sorted(set(extra) - known)
+        if unknown:
+            raise ConfigError(
+                f"hicache-l3: unknown key(s) {unknown} in the extra config; top-level keys are "
+                f"{sorted(SGLANG_KEYS | ADAPTER_KEYS)} and one table per connector "
+                f"({available_connectors()}) holding its settings"
+            )
+        table = extra.get(connector, extra.get("3fs", {}) if connector == "hf3fs" else {})
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"hicache-l3: '{connector}' must be a table of settings, got {table!r}")
+        tag = extra.get("extra_backend_tag") or ""
+        if not isinstance(tag, str):
+            raise ConfigError(f"hicache-l3: extra_backend_tag must be a string, got {tag!r}")
+        try:
+            interface_v1 = bool(int(extra.get("interface_v1", 0)))
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"hicache-l3: interface_v1 must be 0 or 1, got {extra.get('interface_v1')!r}"
+            ) from None
+        return cls(connector, dict(table), tag, interface_v1)
+
+    def validate_settings(self) -> None:
+        """Load the connector's config class on the settings (raises ConfigError naming the
+        bad setting) without opening the engine. Connectors built by a factory are checked
+        when they open."""
+        factory = load_connector(self.connector)
+        config_class = getattr(factory, "config_class", None)
+        if config_class is None and self.connector == "file":
+            from hicache_l3.connectors.file import FileConfig
+
+            config_class = FileConfig
+        if config_class is not None:
+            config_class.load(self.connector, self.settings)
+
+
+def build_namespace(
+    *,
+    model_name: str | None,
+    tag: str,
+    kv_dtype: str,
+    layout: str,
+    page_size: int,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    mla_shared: bool = False,
+    pp_rank: int = 0,
+    pp_size: int = 1,
+    cp_rank: int = 0,
+    cp_size: int = 1,
+    dcp_rank: int = 0,
+    dcp_size: int = 1,
+) -> Namespace:
+    """The key namespace of one SGLang rank. Without a model name the user tag stands in
+    for it; with neither, ConfigError (pages of unknown models must never be shared)."""
+    if not model_name and not tag:
+        raise ConfigError(
+            "hicache-l3: SGLang gave no model name (storage_config.model_name is None) and the "
+            "extra config sets no extra_backend_tag; set extra_backend_tag to a name unique to "
+            "this model and its weights, so that pages of different models never mix"
+        )
+    return Namespace(
+        model=model_name or f"tag:{tag}",
+        kv_dtype=kv_dtype,
+        layout=layout,
+        page_size=page_size,
+        tp_rank=0 if mla_shared else tp_rank,
+        tp_size=tp_size,
+        mla_shared=mla_shared,
+        pp_rank=pp_rank,
+        pp_size=pp_size,
+        cp_rank=cp_rank,
+        cp_size=cp_size,
+        dcp_rank=dcp_rank,
+        dcp_size=dcp_size,
+        tag=tag,
+    )
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a config file the way SGLang reads ``@file``: by extension, JSON, TOML or YAML."""
+    path = Path(path)
+    ext = path.suffix.lower()
+    try:
+        if ext == ".json":
+            data = json.loads(path.read_text())
+        elif ext == ".toml":
+            import tomllib
+
+            data = tomllib.loads(path.read_text())
+        elif ext in (".yaml", ".yml"):
+            try:
+                import yaml
+            except ImportError:
+                raise ConfigError(f"{path}: reading YAML needs PyYAML (pip install pyyaml)") from None
+            data = yaml.safe_load(path.read_text())
+        else:
+            raise ConfigError(f"{path}: unsupported config format {ext!r}; use .json, .toml or .yaml")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    except ValueError as exc:  # JSON and TOML decode errors
+        raise ConfigError(f"{path}: not valid {ext[1:].upper()}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the config must be a table/object, got {type(data).__name__}")
+    return data
+
+
+def extra_config_for(connector: str, settings: Mapping[str, Any], tag: str = "") -> dict[str, Any]:
+    """The complete extra config selecting ``connector`` with ``settings`` (zero-copy path)."""
+    connector = resolve_name(connector)
+    out: dict[str, Any] = {
+        "backend_name": BACKEND_NAME,
+        "module_path": ADAPTER_MODULE,
+        "class_name": ADAPTER_CLASS,
+        "interface_v1": 1,
+        "connector": connector,
+    }
+    if tag:
+        out["extra_backend_tag"] = tag
+    out[connector] = dict(settings)
+    return out
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(str(value))
+
+
+def dump_config(config: Mapping[str, Any], path: Path) -> None:
+    """Write ``config`` as JSON, TOML or YAML by ``path``'s extension (mode 0600: it may hold
+    credentials)."""
+    ext = path.suffix.lower()
+    if ext == ".json":
+        text = json.dumps(config, indent=2) + "\n"
+    elif ext == ".toml":
+        lines, tables = [], []
+        for key, value in config.items():
+            if isinstance(value, Mapping):
+                tables.append((key, value))
+            else:
+                lines.append(f"{key} = {_toml_value(value)}")
+        for name, table in tables:
+            lines.append(f"\n[{name}]")
+            lines.extend(f"{k} = {_toml_value(v)}" for k, v in table.items())
+        text = "\n".join(lines) + "\n"
+    elif ext in (".yaml", ".yml"):
+        text = json.dumps(config, indent=2) + "\n"  # JSON is valid YAML
+    else:
+        raise ConfigError(f"{path}: unsupported config format {ext!r}; use .json, .toml or .yaml")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def _parse_sets(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+        out[key.strip()] = value.strip()
+    return out
+
+
+# ---- hicache-l3 sglang-args ---------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``hicache-l3 sglang-args``."""
+    parser.add_argument("--backend", required=True, help="connector: " + ", ".join(available_connectors()))
+    parser.add_argument("--config", default=None,
+                        help="config file to write (.toml, .json or .yaml; default hicache-l3-NAME.toml)")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="a connector setting (repeatable), over the local defaults")
+    parser.add_argument("--tag", default="", help="extra_backend_tag: user tag in the key namespace")
+    parser.add_argument("--model-path", default="MODEL", help="model path shown in the launch command")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the config file and print the SGLang launch flags that load it."""
+    try:
+        connector = resolve_name(args.backend)
+        settings = dict(LOCAL_DEFAULTS.get(connector, {}))
+        settings.update(_parse_sets(args.sets))
+        adapter = AdapterConfig.from_extra_config(extra_config_for(connector, settings, args.tag))
+        adapter.validate_settings()
+        path = Path(args.config or f"hicache-l3-{connector}.toml").resolve()
+        dump_config(extra_config_for(connector, settings, args.tag), path)
+    except HiCacheL3Error as exc:
+        print(f"hicache-l3 sglang-args: {exc}", file=sys.stderr)
+        return 2
+    flags = [
+        "--enable-hierarchical-cache",
+        "--hicache-mem-layout", "page_first",
+        "--hicache-storage-backend", "dynamic",
+        "--hicache-storage-backend-extra-config", f"@{path}",
+    ]
+    print(f"# wrote {path}", file=sys.stderr)
+    print(" ".join(["python -m sglang.launch_server --model-path", shlex.quote(args.model_path),
+                    *map(shlex.quote, flags)]))
+    return 0
+
+
+# ---- hicache-l3 check ------------------------------------------------------------------------
+def add_check_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``hicache-l3 check``."""
+    parser.add_argument("--config", required=True, help="the extra-config file given to SGLang")
+    parser.add_argument("--pages", type=int, default=8, help="pages to round-trip")
+    parser.add_argument("--page-bytes", type=int, default=64 << 10, help="bytes per test page")
+
+
+def check_config(path: str | Path, pages: int = 8, page_bytes: int = 64 << 10) -> str:
+    """Validate the config file and round-trip ``pages`` random pages through its connector,
+    in a namespace of its own (removed afterwards). Returns a one-line summary; raises
+    HiCacheL3Error saying what is wrong."""
+    from hicache_l3.common.memory import HostBuffer
+    from hicache_l3.common.registry import open_connector
+
+    extra = load_config_file(path)
+    for key, want in (("module_path", ADAPTER_MODULE), ("class_name", ADAPTER_CLASS)):
+        if extra.get(key) != want:
+            raise ConfigError(f"{path}: {key} must be {want!r} for SGLang to load hicache-l3, "
+                              f"got {extra.get(key)!r}")
+    if "backend_name" not in extra:
+        raise ConfigError(f"{path}: backend_name is missing (SGLang requires it)")
+    adapter = AdapterConfig.from_extra_config(extra)
+    adapter.validate_settings()
+    namespace = build_namespace(
+        model_name="hicache-l3-check", tag=f"check-{os.getpid()}-{time.time_ns()}",
+        kv_dtype="uint8", layout="page_first", page_size=1,
+    )
+    buf = HostBuffer(2 * pages * page_bytes, pin=False)
+    view = buf.view()
+    view[: pages * page_bytes] = os.urandom(pages * page_bytes)
+    keys = [f"check-{i}" for i in range(pages)]
+    src = [((buf.address + i * page_bytes, page_bytes),) for i in range(pages)]
+    dst = [((buf.address + (pages + i) * page_bytes, page_bytes),) for i in range(pages)]
+    start = time.perf_counter()
+    connector = open_connector(adapter.connector, namespace, adapter.settings)
+    try:
+        connector.register(buf)
+        problems = []
+        if not all(ok := connector.batch_set(keys, src)):
+            problems.append(f"set failed for {ok.count(False)} of {pages} pages")
+        if connector.leading_hits(keys) != pages:
+            problems.append("exists does not see every page just set")
+        got = connector.batch_get(keys, dst)
+        if not all(got):
+            problems.append(f"get failed for {got.count(False)} of {pages} pages")
+        elif view[: pages * page_bytes] != view[pages * page_bytes :]:
+            problems.append("pages read back differ from the pages written")
+        if problems:
+            failures = connector.stats()["ops"]
+            raise HiCacheL3Error(f"{adapter.connector}: " + "; ".join(problems) + f" (stats: {failures})")
+        connector.delete(keys)
+    finally:
+        connector.close()
+        view.release()
+    ms = (time.perf_counter() - start) * 1e3
+    return (f"ok: {adapter.connector} connector, {pages} pages of {page_bytes} bytes written, "
+            f"found and read back identical in {ms:.0f} ms")
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """``hicache-l3 check``: print the summary, or the problem and exit 1."""
+    try:
+        print(check_config(args.config, args.pages, args.page_bytes))
+    except (HiCacheL3Error, ImportError) as exc:
+        print(f"hicache-l3 check: {args.config}: {exc}", file=sys.stderr)
+        return 1
+    return 0
