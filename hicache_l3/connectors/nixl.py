@@ -287,12 +287,17 @@ def run_units(
     transfer: Callable[[list[tuple[int, int, int]], list[tuple[int, int, int]]], None],
     units: Sequence[Unit],
     max_descs: int,
+    reread: bool = False,
 ) -> list[Reason]:
     """Move every unit; one Reason per unit.
 
     Units go in transfers of at most ``max_descs`` descriptors. A failed transfer of
     several units is split in halves, each retried, until the failing units are found
     (the others succeed); a timeout is not retried (that would multiply the wait).
+    With ``reread`` (reads), when some units failed, the ones that succeeded are read
+    once more at the end: a failed read may have written into host memory (the S3 SDK
+    writes an error body into the destination), and a batch may name that memory for
+    another key too.
     """
     out = [Reason.OK] * len(units)
 
@@ -318,6 +323,11 @@ def run_units(
             hi += 1
         attempt(lo, hi)
         lo = hi
+    if reread and Reason.OK in out and any(r is not Reason.OK for r in out):
+        good = [i for i, r in enumerate(out) if r is Reason.OK]
+        again = run_units(transfer, [units[i] for i in good], max_descs)
+        for i, r in zip(good, again):
+            out[i] = r
     return out
 
 

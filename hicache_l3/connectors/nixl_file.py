@@ -206,7 +206,7 @@ class NixlFileConnector(NixlConnector):
                 continue
             work.append(i)
             units.append(self._unit(pages[i], fd, geometry.data_offset(entry.slot)))
-        results = run_units(self._xfer("READ", "FILE"), units, self.config.max_descs)
+        results = run_units(self._xfer("READ", "FILE"), units, self.config.max_descs, reread=True)
         start, end = memoryview(bytearray(MARKER)), memoryview(bytearray(MARKER))
         hits = []
         for i, result in zip(work, results):

@@ -1,0 +1,460 @@
+"""NIXL obj mode: one S3 object per page, moved by NIXL's OBJ plugin.
+
+Layout in the bucket, under ``<prefix><namespace digest>/``:
+
+* ``d/<key>``: the page, exactly its bytes, written and read zero-copy between the
+  registered host regions and S3 (a multi-segment page is read straight into its
+  segments with ranged GETs; S3 cannot write at an offset, so a multi-segment page is
+  gathered into a registered staging buffer before its PUT, counted as ``staged``);
+* ``h/<key>`` (with checksums, the default ``checksum=auto``): a 64-byte commit record
+  (length, XXH3 checksum, key fingerprint) written only after the page's PUT
+  succeeded. ``exists`` asks for the records, so a page whose PUT failed, or an object
+  somebody else left under the key, is not a hit; ``get`` reads record and page in the
+  same transfer and accepts the page only if length, fingerprint and checksum agree.
+
+With ``checksum=none`` there is no record: ``exists`` asks for the page objects
+themselves, and ``get`` reads a page's last byte with a GET of its own, so an object
+that is empty or shorter than the page fails that GET and is a miss (a ranged GET of a
+short object otherwise succeeds with fewer bytes).
+
+Object keys are registered with NIXL once (a device id per key, cached, bounded by
+``REG_CACHE`` entries). ``exists`` is one batched ``query_memory`` (HEAD requests).
+NIXL's OBJ plugin cannot delete, so ``delete``, ``clear`` and eviction use boto3
+(control plane only), with ``connect_timeout_s`` bounds and one attempt per call.
+
+Capacity: with ``capacity_bytes`` set, this process keeps an LRU of the namespace's
+pages (seeded at open from a listing, oldest first) and deletes the least recently
+used beyond the capacity. Each process bounds what it knows; with several writers, or
+with ``capacity_bytes=0`` (unbounded), the bucket's lifecycle rules must bound it.
+
+Reachability: at open the endpoint is probed with a TCP connect bounded by
+``connect_timeout_s`` (the SDK's own retries took ~25 s against a dead endpoint), and
+the bucket with one bounded HEAD. Later, every transfer is bounded by ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import queue
+import socket
+import threading
+import time
+import urllib.parse
+from typing import Any
+
+from hicache_l3.common.connector import Capabilities
+from hicache_l3.common.errors import ConfigError, EngineUnavailableError, Reason
+from hicache_l3.common.integrity import key_fingerprint, page_checksum
+from hicache_l3.common.keys import Namespace
+from hicache_l3.common.memory import HostBuffer
+from hicache_l3.common.pages import Page
+from hicache_l3.common.slabs import MARKER, START, START_MAGIC, encode_start
+from hicache_l3.connectors.nixl import Agent, NixlConfig, NixlConnector, Unit, run_units
+
+CHUNK = 256  # pages per transfer round (one scratch buffer of commit records)
+SCRATCH_BUFFERS = 4  # concurrent calls that can hold a scratch buffer
+STAGE_PAGES = 16  # multi-segment pages gathered per staged PUT round
+REG_CACHE = 1 << 16  # object keys kept registered with NIXL
+
+
+def endpoint_address(config: NixlConfig) -> tuple[str, int, str]:
+    """``(host, port, scheme)`` the OBJ plugin will connect to."""
+    scheme: str = config.scheme
+    if config.endpoint:
+        url = config.endpoint if "://" in config.endpoint else f"{scheme or 'https'}://{config.endpoint}"
+        parsed = urllib.parse.urlsplit(url)
+        scheme = scheme or parsed.scheme or "https"
+        if not parsed.hostname:
+            raise ConfigError(f"nixl: endpoint {config.endpoint!r} has no host")
+        port = parsed.port or (443 if scheme == "https" else 80)
+        return parsed.hostname, port, scheme
+    scheme = scheme or "https"
+    return f"s3.{config.region}.amazonaws.com", 443 if scheme == "https" else 80, scheme
+
+
+def probe(host: str, port: int, timeout: float) -> None:
+    """TCP-connect to ``host:port`` within ``timeout`` s, or EngineUnavailableError."""
+    start = time.monotonic()
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        raise EngineUnavailableError(
+            f"nixl (obj): S3 endpoint {host}:{port} unreachable after "
+            f"{time.monotonic() - start:.1f}s (connect_timeout_s={timeout:g}): "
+            f"{exc.strerror or type(exc).__name__}"
+        ) from None
+
+
+class NixlObjConnector(NixlConnector):
+    """Pages as S3 objects through NIXL's OBJ plugin (see the module docstring)."""
+
+    def __init__(self, config: NixlConfig, namespace: Namespace) -> None:
+        super().__init__(config, namespace)
+        self._checksum = config.use_checksum()
+        host, port, scheme = endpoint_address(config)
+        probe(host, port, config.connect_timeout_s)
+        self._s3 = self._control_client(scheme)
+        self._check_bucket()
+        params = {
+            "bucket": config.bucket, "region": config.region, "scheme": scheme,
+            "use_virtual_addressing": "true" if config.virtual_addressing else "false",
+            "num_threads": str(config.obj_threads),
+        }
+        if config.endpoint:
+            params["endpoint_override"] = (config.endpoint if "://" in config.endpoint
+                                           else f"{scheme}://{config.endpoint}")
+        for name in ("access_key", "secret_key", "session_token", "ca_bundle"):
+            if getattr(config, name):
+                params[name] = getattr(config, name)
+        self.agent = Agent("OBJ", params)
+        self.base = f"{config.prefix}{namespace.digest()}/"
+        self._regs: collections.OrderedDict[str, tuple[int, int, Any]] = collections.OrderedDict()
+        self._reg_lock = threading.Lock()
+        self._dev_ids = itertools.count(1)
+        self._scratch: queue.Queue[HostBuffer] = queue.Queue()
+        self._scratch_all: list[HostBuffer] = []
+        if self._checksum:
+            for _ in range(SCRATCH_BUFFERS):
+                buf = HostBuffer(CHUNK * MARKER, name="nixl-obj-records")
+                self.agent.register_dram(buf)
+                self._scratch_all.append(buf)
+                self._scratch.put(buf)
+        self._stage: HostBuffer | None = None
+        self._stage_lock = threading.Lock()
+        self._lru: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._lru_lock = threading.Lock()
+        self.evictions = 0
+        if config.capacity_bytes:
+            self._seed_lru()
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Persistent and shared (the bucket is); evicts when a capacity is set."""
+        return Capabilities(persistent=True, shared_across_processes=True,
+                            detects_corruption=self._checksum,
+                            evicts=self.config.capacity_bytes > 0)
+
+    # ---- control plane (boto3) -----------------------------------------------------------
+    def _control_client(self, scheme: str) -> Any:
+        try:
+            import boto3
+            from botocore.config import Config
+        except ImportError as exc:
+            raise EngineUnavailableError(
+                "nixl obj mode deletes and lists objects with boto3: pip install boto3"
+            ) from exc
+        c = self.config
+        endpoint = None
+        if c.endpoint:
+            endpoint = c.endpoint if "://" in c.endpoint else f"{scheme}://{c.endpoint}"
+        kwargs: dict[str, Any] = {}
+        if c.access_key:
+            kwargs.update(aws_access_key_id=c.access_key, aws_secret_access_key=c.secret_key)
+            if c.session_token:
+                kwargs["aws_session_token"] = c.session_token
+        if c.ca_bundle:
+            kwargs["verify"] = c.ca_bundle
+        return boto3.client(
+            "s3", endpoint_url=endpoint, region_name=c.region, use_ssl=scheme == "https",
+            config=Config(
+                connect_timeout=c.connect_timeout_s, read_timeout=max(c.connect_timeout_s, 5.0),
+                retries={"max_attempts": 1, "mode": "standard"},
+                s3={"addressing_style": "virtual" if c.virtual_addressing else "path"},
+            ),
+            **kwargs,
+        )
+
+    def _check_bucket(self) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self._s3.head_bucket(Bucket=self.config.bucket)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "?")
+            if code in ("404", "NoSuchBucket", "NotFound"):
+                raise ConfigError(f"nixl (obj): bucket {self.config.bucket!r} does not exist at "
+                                  f"the endpoint; create it first") from None
+            raise EngineUnavailableError(f"nixl (obj): bucket {self.config.bucket!r} refused "
+                                         f"access: {code}") from None
+        except BotoCoreError as exc:
+            raise EngineUnavailableError(f"nixl (obj): endpoint did not answer: "
+                                         f"{type(exc).__name__}") from None
+
+    def _list_pages(self) -> list[tuple[Any, str]]:
+        """(last modified, key) of every page of this namespace in the bucket."""
+        marker = "h/" if self._checksum else "d/"
+        out = []
+        pager = self._s3.get_paginator("list_objects_v2")
+        for page in pager.paginate(Bucket=self.config.bucket, Prefix=self.base + marker):
+            for obj in page.get("Contents", []):
+                out.append((obj["LastModified"], obj["Key"][len(self.base) + 2 :]))
+        return out
+
+    def _seed_lru(self) -> None:
+        for _, key in sorted(self._list_pages()):
+            self._lru[key] = None
+
+    def _remove(self, keys: list[str]) -> None:
+        """Delete the records (first) and the page objects of ``keys``."""
+        names = [self.base + "h/" + k for k in keys] if self._checksum else []
+        names += [self.base + "d/" + k for k in keys]
+        for lo in range(0, len(names), 1000):
+            batch = [{"Key": n} for n in names[lo : lo + 1000]]
+            self._s3.delete_objects(Bucket=self.config.bucket, Delete={"Objects": batch, "Quiet": True})
+        with self._reg_lock:
+            for n in names:
+                reg = self._regs.pop(n, None)
+                if reg is not None:
+                    self.agent.deregister(reg[2])
+
+    def _remember(self, keys: list[str]) -> None:
+        """Mark keys as recently used; evict beyond the capacity."""
+        if not self.config.capacity_bytes or not self.page_bytes:
+            return
+        limit = max(1, self.config.capacity_bytes // self.page_bytes)
+        with self._lru_lock:
+            for k in keys:
+                self._lru[k] = None
+                self._lru.move_to_end(k)
+            victims = []
+            while len(self._lru) > limit:
+                victims.append(self._lru.popitem(last=False)[0])
+        if victims:
+            try:
+                self._remove(victims)
+                self.evictions += len(victims)
+            except Exception as exc:
+                self._log.warning("evict", "nixl (obj): eviction of %d pages failed: %s",
+                                  len(victims), type(exc).__name__)
+
+    # ---- object registration ------------------------------------------------------------
+    def _devs(self, names: list[str], length: int) -> list[int]:
+        """Device ids of object keys, registering the ones not cached (bounded LRU)."""
+        out = []
+        with self._reg_lock:
+            for name in names:
+                reg = self._regs.get(name)
+                if reg is not None and reg[1] >= length:
+                    self._regs.move_to_end(name)
+                    out.append(reg[0])
+                    continue
+                if reg is not None:
+                    self.agent.deregister(reg[2])
+                dev = next(self._dev_ids)
+                handle = self.agent.register([(0, length, dev, name)], "OBJ")
+                self._regs[name] = (dev, length, handle)
+                out.append(dev)
+            while len(self._regs) > REG_CACHE:
+                _, (_, _, handle) = self._regs.popitem(last=False)
+                self.agent.deregister(handle)
+        return out
+
+    def _query(self, names: list[str]) -> list[bool]:
+        answers = self.agent.query([(0, 0, 0, n) for n in names], "OBJ")
+        return [a is not None for a in answers]
+
+    # ---- hooks --------------------------------------------------------------------------
+    def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
+        reasons = [Reason.OK] * len(keys)
+        first: dict[str, int] = {}
+        todo = []
+        with self._lru_lock:
+            known = [k in self._lru for k in keys]
+        for i, key in enumerate(keys):
+            if key in first:
+                continue
+            first[key] = i
+            if not known[i]:
+                todo.append(i)
+        for lo in range(0, len(todo), CHUNK):
+            self._set_chunk(keys, pages, todo[lo : lo + CHUNK], reasons)
+        for i, key in enumerate(keys):
+            reasons[i] = reasons[first[key]]
+        self._remember([k for i, k in enumerate(keys) if reasons[i] is Reason.OK])
+        return reasons
+
+    def _set_chunk(self, keys: list[str], pages: list[Page], idx: list[int],
+                   reasons: list[Reason]) -> None:
+        n = self.page_bytes
+        assert n is not None
+        devs = self._devs([self.base + "d/" + keys[i] for i in idx], n)
+        single = [(j, i) for j, i in enumerate(idx) if len(pages[i]) == 1]
+        multi = [(j, i) for j, i in enumerate(idx) if len(pages[i]) > 1]
+        units = [Unit([(pages[i][0][0], n, 0)], [(0, n, devs[j])]) for j, i in single]
+        results = run_units(self._xfer("WRITE", "OBJ"), units, self.config.max_descs)
+        for (_, i), r in zip(single, results):
+            reasons[i] = r
+        for lo in range(0, len(multi), STAGE_PAGES):
+            self._set_staged(pages, devs, multi[lo : lo + STAGE_PAGES], reasons)
+        if not self._checksum:
+            return
+        written = [(j, i) for j, i in enumerate(idx) if reasons[i] is Reason.OK]
+        if not written:
+            return
+        scratch = self._scratch.get()
+        try:
+            view = scratch.view()
+            for s, (_, i) in enumerate(written):
+                record = encode_start(0, n, page_checksum(pages[i]), key_fingerprint(keys[i]))
+                view[s * MARKER : (s + 1) * MARKER] = record
+            hdevs = self._devs([self.base + "h/" + keys[i] for _, i in written], MARKER)
+            units = [Unit([(scratch.address + s * MARKER, MARKER, 0)], [(0, MARKER, hdevs[s])])
+                     for s in range(len(written))]
+            results = run_units(self._xfer("WRITE", "OBJ"), units, self.config.max_descs)
+        finally:
+            self._scratch.put(scratch)
+        for (_, i), r in zip(written, results):
+            reasons[i] = r
+
+    def _set_staged(self, pages: list[Page], devs: list[int], items: list[tuple[int, int]],
+                    reasons: list[Reason]) -> None:
+        """PUT multi-segment pages from a staging buffer (S3 cannot write at offsets)."""
+        n = self.page_bytes
+        assert n is not None
+        with self._stage_lock:
+            if self._stage is None:
+                self._stage = HostBuffer(STAGE_PAGES * n, name="nixl-obj-stage")
+                self.agent.register_dram(self._stage)
+            stage = self._stage
+            view = stage.view()
+            units = []
+            for s, (j, i) in enumerate(items):
+                views = self.regions.views(pages[i])
+                assert views is not None  # the base class checked the page
+                pos = s * n
+                for v in views:
+                    view[pos : pos + len(v)] = v
+                    pos += len(v)
+                units.append(Unit([(stage.address + s * n, n, 0)], [(0, n, devs[j])]))
+            results = run_units(self._xfer("WRITE", "OBJ"), units, self.config.max_descs)
+        self.metrics.count("staged", len(items))
+        for (_, i), r in zip(items, results):
+            reasons[i] = r
+
+    def _get(self, keys: list[str], pages: list[Page]) -> list[Reason]:
+        reasons = [Reason.MISS] * len(keys)
+        for lo in range(0, len(keys), CHUNK):
+            self._get_chunk(keys, pages, list(range(lo, min(lo + CHUNK, len(keys)))), reasons)
+        self._remember([k for i, k in enumerate(keys) if reasons[i] is Reason.OK])
+        return reasons
+
+    def _get_chunk(self, keys: list[str], pages: list[Page], idx: list[int],
+                   reasons: list[Reason]) -> None:
+        n = self.page_bytes
+        assert n is not None
+        devs = self._devs([self.base + "d/" + keys[i] for i in idx], n)
+        scratch = self._scratch.get() if self._checksum else None
+        try:
+            hdevs: list[int] = []
+            if scratch is not None:
+                hdevs = self._devs([self.base + "h/" + keys[i] for i in idx], MARKER)
+                scratch.view()[: len(idx) * MARKER] = bytes(len(idx) * MARKER)
+            units = []
+            for j, i in enumerate(idx):
+                local, remote = [], []
+                offset = 0
+                for address, length in pages[i]:
+                    local.append((address, length, 0))
+                    remote.append((offset, length, devs[j]))
+                    offset += length
+                if scratch is not None:
+                    local.append((scratch.address + j * MARKER, MARKER, 0))
+                    remote.append((0, MARKER, hdevs[j]))
+                else:  # the last byte on its own: a short or empty object fails this GET
+                    address, length, _ = local[-1]
+                    if length > 1:
+                        local[-1] = (address, length - 1, 0)
+                        remote[-1] = (n - length, length - 1, devs[j])
+                        local.append((address + length - 1, 1, 0))
+                        remote.append((n - 1, 1, devs[j]))
+                units.append(Unit(local, remote))
+            results = run_units(self._xfer("READ", "OBJ"), units, self.config.max_descs, reread=True)
+            failed = [j for j, r in enumerate(results) if r is not Reason.OK]
+            if failed:
+                self._classify_failures(keys, [idx[j] for j in failed],
+                                        [results[j] for j in failed], reasons)
+            for j, i in enumerate(idx):
+                if results[j] is Reason.OK:
+                    reasons[i] = (Reason.OK if scratch is None
+                                  else self._check_record(scratch, j, keys[i], pages[i], n))
+        finally:
+            if scratch is not None:
+                self._scratch.put(scratch)
+
+    def _classify_failures(self, keys: list[str], failed: list[int], results: list[Reason],
+                           reasons: list[Reason]) -> None:
+        """A failed GET of a page whose record or object is absent is a miss; else the error."""
+        names = [self.base + "d/" + keys[i] for i in failed]
+        if self._checksum:
+            names += [self.base + "h/" + keys[i] for i in failed]
+        try:
+            present = self._query(names)
+        except Exception:
+            present = [True] * len(names)
+        k = len(failed)
+        for m, i in enumerate(failed):
+            there = present[m] and (not self._checksum or present[k + m])
+            reasons[i] = results[m] if there else Reason.MISS
+
+    @staticmethod
+    def _check_record(scratch: HostBuffer, j: int, key: str, page: Page, n: int) -> Reason:
+        record = bytes(scratch.view()[j * MARKER : (j + 1) * MARKER])
+        magic, _, _, _, length, checksum, fp = START.unpack_from(record)
+        if magic != START_MAGIC:
+            return Reason.MISS  # no commit record: the page was never fully stored
+        if length != n:
+            return Reason.SIZE_MISMATCH
+        if fp != key_fingerprint(key) or page_checksum(page) != checksum:
+            return Reason.CORRUPT
+        return Reason.OK
+
+    def _exists(self, keys: list[str]) -> list[Reason]:
+        marker = "h/" if self._checksum else "d/"
+        out: list[Reason] = []
+        for lo in range(0, len(keys), CHUNK * 4):
+            hits = self._query([self.base + marker + k for k in keys[lo : lo + CHUNK * 4]])
+            out.extend(Reason.OK if h else Reason.MISS for h in hits)
+        return out
+
+    def _delete(self, keys: list[str]) -> list[Reason]:
+        found = self._exists(keys)
+        gone = sorted({k for k, r in zip(keys, found) if r is Reason.OK})
+        if gone:
+            self._remove(gone)
+            with self._lru_lock:
+                for k in gone:
+                    self._lru.pop(k, None)
+        return found
+
+    def _clear(self) -> None:
+        names: list[str] = []
+        pager = self._s3.get_paginator("list_objects_v2")
+        for page in pager.paginate(Bucket=self.config.bucket, Prefix=self.base):
+            names.extend(obj["Key"] for obj in page.get("Contents", []))
+        for lo in range(0, len(names), 1000):
+            batch = [{"Key": k} for k in names[lo : lo + 1000]]
+            self._s3.delete_objects(Bucket=self.config.bucket, Delete={"Objects": batch, "Quiet": True})
+        with self._lru_lock:
+            self._lru.clear()
+
+    def _close(self) -> None:
+        with self._reg_lock:
+            handles = [h for _, _, h in self._regs.values()]
+            self._regs.clear()
+        for handle in handles:
+            try:
+                self.agent.deregister(handle)
+            except Exception as exc:
+                self._log.warning("close", "nixl (obj): deregister failed: %s", type(exc).__name__)
+        self.agent.close()
+        self._s3.close()
+
+    def _engine_stats(self) -> dict[str, Any]:
+        host, port, scheme = endpoint_address(self.config)
+        return {
+            "mode": "obj", "endpoint": f"{scheme}://{host}:{port}", "bucket": self.config.bucket,
+            "prefix": self.base, "checksum": self._checksum, "registered_objects": len(self._regs),
+            "lru_pages": len(self._lru), "capacity_bytes": self.config.capacity_bytes,
+            "evictions": self.evictions,
+        }
