@@ -46,7 +46,7 @@ from hicache_l3.common.errors import (
     MemoryRegistrationError,
     Reason,
 )
-from hicache_l3.common.keys import Namespace, is_valid_key
+from hicache_l3.common.keys import Namespace, all_valid_keys, is_valid_key
 from hicache_l3.common.logs import RateLimitedLogger
 from hicache_l3.common.memory import MemoryRegion, RegionTable
 from hicache_l3.common.metrics import Metrics
@@ -240,8 +240,9 @@ class Connector(abc.ABC, Generic[ConfigT]):
             reasons: list[Reason] = [Reason.OK] * len(keys)
             valid: list[int] = []
             expected = self.page_bytes
+            keys_ok = all_valid_keys(keys)
             for i, (key, page) in enumerate(zip(keys, pages)):
-                if not is_valid_key(key):
+                if not keys_ok and not is_valid_key(key):
                     reasons[i] = Reason.INVALID_KEY
                 elif not page or not self.regions.covers(page):
                     reasons[i] = Reason.UNREGISTERED
@@ -282,7 +283,10 @@ class Connector(abc.ABC, Generic[ConfigT]):
         start = time.perf_counter()
         try:
             reasons: list[Reason] = [Reason.OK] * len(keys)
-            valid = [i for i, k in enumerate(keys) if is_valid_key(k)]
+            if all_valid_keys(keys):
+                valid = list(range(len(keys)))
+            else:
+                valid = [i for i, k in enumerate(keys) if is_valid_key(k)]
             if len(valid) != len(keys):
                 for i, k in enumerate(keys):
                     if not is_valid_key(k):
@@ -298,8 +302,11 @@ class Connector(abc.ABC, Generic[ConfigT]):
                 except Exception as exc:
                     self._log.warning(f"{op}-exc", "%s: %s failed: %r", self.name, op, exc)
                     results = [Reason.ENGINE_ERROR] * len(valid)
-                for i, r in zip(valid, results):
-                    reasons[i] = r
+                if len(valid) == len(keys):
+                    reasons = list(results)
+                else:
+                    for i, r in zip(valid, results):
+                        reasons[i] = r
             self.metrics.observe(op, reasons, 0, time.perf_counter() - start)
             return [r is Reason.OK for r in reasons]
         finally:

@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from hicache_l3.common.errors import ConfigError, InvalidKeyError
@@ -34,7 +35,31 @@ _KEY_RE = re.compile(r"[A-Za-z0-9_:=+@][A-Za-z0-9_.:=+@-]{0,%d}" % (MAX_KEY_LENG
 
 def is_valid_key(key: object) -> bool:
     """Return True when ``key`` is acceptable as a page key (see module docstring)."""
+    if type(key) is str and key.isalnum() and key.isascii() and len(key) <= MAX_KEY_LENGTH:
+        return True  # the common case (hex page hashes), without the regex
     return isinstance(key, str) and _KEY_RE.fullmatch(key) is not None
+
+
+_ALLOWED = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:=+@-"
+
+
+def all_valid_keys(keys: Sequence[object]) -> bool:
+    """True when every key is valid; a whole-batch check in C-speed string operations
+    (``False`` means "check them one by one", not that all are bad)."""
+    if not keys:
+        return True
+    try:
+        joined = "/".join(keys)  # type: ignore[arg-type]
+        data = joined.encode("ascii")
+    except (TypeError, UnicodeEncodeError):
+        return False
+    if data.translate(None, _ALLOWED) != b"/" * (len(keys) - 1):
+        return False
+    lengths = list(map(len, keys))  # type: ignore[arg-type]
+    if max(lengths) > MAX_KEY_LENGTH or min(lengths) == 0:
+        return False
+    joined = "/" + joined
+    return "/." not in joined and "/-" not in joined
 
 
 def validate_key(key: object) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Iterable
 from typing import Any
 
 from hicache_l3.common.errors import Reason
@@ -35,18 +34,19 @@ class OpMetrics:
         self.buckets = [0] * (len(BUCKETS) + 1)
         self.seconds = 0.0
 
-    def observe(self, reasons: Iterable[Reason], nbytes: int, seconds: float) -> None:
+    def observe(self, reasons: list[Reason], nbytes: int, seconds: float) -> None:
         """Record one batch call."""
         self.calls += 1
         self.seconds += seconds
         self.bytes += nbytes
         self.buckets[bisect.bisect_left(BUCKETS, seconds)] += 1
-        for r in reasons:
-            self.pages += 1
-            if r is Reason.OK:
-                self.ok += 1
-            else:
-                self.reasons[r.value] = self.reasons.get(r.value, 0) + 1
+        ok = reasons.count(Reason.OK)
+        self.pages += len(reasons)
+        self.ok += ok
+        if ok != len(reasons):
+            for r in reasons:
+                if r is not Reason.OK:
+                    self.reasons[r.value] = self.reasons.get(r.value, 0) + 1
 
     def quantile(self, q: float) -> float:
         """Estimated latency quantile in seconds (the upper bound of its bucket)."""

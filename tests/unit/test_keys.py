@@ -57,3 +57,13 @@ def test_invalid_keys(key):
     assert not is_valid_key(key)
     with pytest.raises(InvalidKeyError):
         validate_key(key)
+
+
+def test_batch_check_agrees_with_per_key_check():
+    from hicache_l3.common.keys import all_valid_keys
+
+    good = ["a" * 64, "0f3c_part:k=1", "hash@v2", "A.B-C+D"]
+    assert all_valid_keys(good) and all_valid_keys([])
+    for bad in ["", "../x", "a/b", ".hidden", "-flag", "a b", "x" * 257, "é", None, 5, "a\0b"]:
+        assert not all_valid_keys([*good, bad]), bad
+        assert not all_valid_keys([bad]), bad
