@@ -73,3 +73,14 @@ def test_help_lists_every_field():
     helps = FileConfig.field_help()
     assert {"root", "capacity_bytes", "o_direct", "fsync", "page_bytes"} <= set(helps)
     assert all(text for _, text in helps.values())
+
+
+def test_settings_reference_is_current():
+    """docs/settings.md is generated from the config classes; regenerate it when they change:
+    python -m hicache_l3.settings_doc > docs/settings.md"""
+    from pathlib import Path
+
+    from hicache_l3.settings_doc import render
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
+    assert doc.read_text() == render()
