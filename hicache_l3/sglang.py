@@ -233,7 +233,8 @@ class HiCacheL3Storage(HiCacheStorage):
             return []
         connector = self.connector
         if connector is None:
-            self._log.warning("get-unattached", "hicache-l3: batch_get_v1 before register_mem_pool_host")
+            self._log.warning("get-unattached", "hicache-l3: batch_get_v1 with no connector "
+                              "(before register_mem_pool_host, or after close)")
             return [False] * len(keys)
         start = time.perf_counter()
         try:
@@ -255,7 +256,8 @@ class HiCacheL3Storage(HiCacheStorage):
             return [True] * len(keys)
         connector = self.connector
         if connector is None:
-            self._log.warning("set-unattached", "hicache-l3: batch_set_v1 before register_mem_pool_host")
+            self._log.warning("set-unattached", "hicache-l3: batch_set_v1 with no connector "
+                              "(before register_mem_pool_host, or after close)")
             return [False] * len(keys)
         start = time.perf_counter()
         try:

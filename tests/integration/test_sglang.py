@@ -1,0 +1,169 @@
+"""Integration with real SGLang 0.5.23 (in .venv-sglang, built by `make setup-sglang`).
+
+Every connector below is driven through SGLang's own objects: the backend is built by
+StorageBackendFactory.create_backend("dynamic", HiCacheStorageConfig(...), host_pool) on real
+MHA and MLA host pools (CPU), in page_first and layer_first layouts; pages go out of one pool
+with batch_set_v1 and into another with batch_get_v1, and bytes are compared with SGLang's
+get_data_page (tests/integration/sglang_roundtrip.py, run with .venv-sglang/bin/python, once
+for all connectors so that SGLang's ~12 s import is paid once). Engines are started here.
+A missing .venv-sglang fails these tests; it never skips them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hicache_l3.conformance.engines import MooncakeEngine, S3Engine
+from hicache_l3.sglang_config import (
+    AdapterConfig,
+    build_namespace,
+    check_config,
+    extra_config_for,
+    load_config_file,
+)
+
+pytestmark = pytest.mark.sglang
+
+REPO = Path(__file__).resolve().parents[2]
+SGLANG_PY = REPO / ".venv-sglang" / "bin" / "python"
+SCRIPT = REPO / "tests" / "integration" / "sglang_roundtrip.py"
+BENCH = REPO / "benchmarks" / "sglang_controller.py"
+
+# Every connector of the package, explicitly; a connector missing here is a failing test.
+CONNECTORS = ["file", "mooncake", "nixl-file", "nixl-obj", "hf3fs"]
+ROUNDTRIP_TIMEOUT = 240.0
+
+
+def require_sglang_venv() -> Path:
+    """The SGLang venv's python; fails (never skips) when the venv was not built."""
+    assert SGLANG_PY.exists(), (
+        f"{SGLANG_PY} is missing: run `make setup-sglang` (scripts/setup-sglang.sh) to build the "
+        "SGLang 0.5.23 venv these tests run against"
+    )
+    return SGLANG_PY
+
+
+@pytest.fixture(scope="module")
+def mooncake() -> Iterator[MooncakeEngine]:
+    with MooncakeEngine(holder=True, segment_size="512 MB") as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[S3Engine]:
+    with S3Engine() as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def report(mooncake: MooncakeEngine, s3: S3Engine, tmp_path_factory: pytest.TempPathFactory
+           ) -> dict[str, Any]:
+    """Run the round trips of every connector in one SGLang process; the parsed report."""
+    python = require_sglang_venv()
+    root = tmp_path_factory.mktemp("sglang")
+    settings = {
+        "file": ("file", {"root": str(root / "file")}),
+        "mooncake": ("mooncake", mooncake.settings),
+        "nixl-file": ("nixl", {"mode": "file", "root": str(root / "nixl")}),
+        "nixl-obj": ("nixl", {**s3.settings, "capacity_bytes": "256MiB"}),
+        "hf3fs": ("hf3fs", {"root": str(root / "hf3fs")}),
+    }
+    spec = {
+        "api_checks": True,
+        "connectors": [{"label": label, "connector": settings[label][0], "settings": settings[label][1]}
+                       for label in CONNECTORS],
+    }
+    proc = subprocess.run([str(python), str(SCRIPT), json.dumps(spec)], capture_output=True, text=True,
+                          timeout=ROUNDTRIP_TIMEOUT, cwd=REPO)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT ")]
+    assert lines, f"round-trip script gave no report (rc={proc.returncode}):\n{proc.stderr[-4000:]}"
+    parsed: dict[str, Any] = json.loads(lines[-1][len("REPORT "):])
+    parsed["_stderr"] = proc.stderr[-4000:]
+    return parsed
+
+
+@pytest.mark.parametrize("label", CONNECTORS)
+def test_roundtrip_through_sglang(report: dict[str, Any], label: str) -> None:
+    """v1 zero-copy set/get between two real SGLang host pools, MHA and MLA, page_first and
+    layer_first; no rewrite of stored pages; leading hits; legacy path; namespaces; clear."""
+    assert label in report, f"{label}: not run ({report.get('_stderr')})"
+    entry = report[label]
+    assert entry["failures"] == [], "\n".join(entry["failures"])
+    cases = sorted(c["case"].split("/", 1)[1] for c in entry["cases"])
+    assert cases == ["mha/layer_first", "mha/page_first", "mla/layer_first", "mla/page_first"]
+
+
+def test_startup_refusals_and_engine_errors(report: dict[str, Any]) -> None:
+    """No model and no tag, unknown keys, v2 sidecar pools are refused naming the cause;
+    engine errors become misses."""
+    assert report["api"]["failures"] == [], "\n".join(report["api"]["failures"])
+
+
+def test_controller_paths_bench_runs() -> None:
+    """The controller benchmark runs (small): SGLang's file backend through
+    _generic_page_set/_get and ours through _page_set/_get_zero_copy, bytes verified."""
+    python = require_sglang_venv()
+    proc = subprocess.run([str(python), str(BENCH), "--pages", "64", "--reps", "1", "--json"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["verified"] is True
+    assert result["set_ratio_median"] > 0 and result["get_ratio_median"] > 0
+
+
+# ---- configuration and CLI (no SGLang needed) -------------------------------------------------
+def test_extra_config_parsing() -> None:
+    extra = extra_config_for("file", {"root": "/x"}, tag="t")
+    cfg = AdapterConfig.from_extra_config(extra)
+    assert (cfg.connector, cfg.settings, cfg.tag, cfg.interface_v1) == ("file", {"root": "/x"}, "t", True)
+    assert AdapterConfig.from_extra_config({"connector": "3fs"}).connector == "hf3fs"
+    for bad, word in [({}, "empty"), ({"backend_name": "x"}, "connector"),
+                      ({"connector": "nope"}, "nope"), ({"connector": "file", "rot": 1}, "rot"),
+                      ({"connector": "file", "interface_v1": "yes"}, "interface_v1")]:
+        with pytest.raises(ValueError, match=word):
+            AdapterConfig.from_extra_config(bad)
+    with pytest.raises(ValueError, match="root"):
+        AdapterConfig.from_extra_config({"connector": "file", "file": {}}).validate_settings()
+    with pytest.raises(ValueError, match="extra_backend_tag"):
+        build_namespace(model_name=None, tag="", kv_dtype="bfloat16", layout="page_first", page_size=64)
+    a = build_namespace(model_name="m", tag="", kv_dtype="bfloat16", layout="page_first", page_size=64,
+                        tp_rank=1, tp_size=2, mla_shared=True)
+    b = build_namespace(model_name="m", tag="", kv_dtype="bfloat16", layout="page_first", page_size=64,
+                        tp_rank=0, tp_size=2, mla_shared=True)
+    assert a.digest() == b.digest()  # MLA: one copy for every TP rank
+
+
+@pytest.mark.parametrize("ext", ["toml", "json", "yaml"])
+def test_sglang_args_writes_a_config_that_checks(tmp_path: Path, ext: str) -> None:
+    path = tmp_path / f"hicache.{ext}"
+    out = subprocess.run(
+        [sys.executable, "-m", "hicache_l3.cli", "sglang-args", "--backend", "file", "--config", str(path),
+         "--set", f"root={tmp_path / 'pages'}", "--tag", "demo"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout
+    assert "--hicache-storage-backend dynamic" in out and f"@{path}" in out
+    extra = load_config_file(path)
+    assert extra["interface_v1"] == 1 and extra["file"]["root"] == str(tmp_path / "pages")
+    assert check_config(path, pages=4).startswith("ok: file connector")
+    proc = subprocess.run([sys.executable, "-m", "hicache_l3.cli", "check", "--config", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok:")
+
+
+def test_check_names_what_is_wrong(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**extra_config_for("mooncake", {}), "module_path": "x"}))
+    proc = subprocess.run([sys.executable, "-m", "hicache_l3.cli", "check", "--config", str(bad)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "module_path" in proc.stderr
+    bad.write_text(json.dumps(extra_config_for("mooncake", {"master_address": ""})))
+    proc = subprocess.run([sys.executable, "-m", "hicache_l3.cli", "check", "--config", str(bad)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "master_address" in proc.stderr
