@@ -40,6 +40,7 @@ from multiprocessing import shared_memory
 from typing import Any
 
 STATS = {"ios": 0, "bytes": 0, "iovecs": 0}
+DELAY_S = 0.0  # tests set it to simulate a slow FUSE daemon
 _lock = threading.Lock()
 _registered: set[int] = set()
 _pool = ThreadPoolExecutor(4, thread_name_prefix="usrbio-double")
@@ -78,7 +79,7 @@ class iovec:
     def __init__(self, buf: memoryview, link: str | None, root: iovec | None = None) -> None:
         self._buf = buf
         self.link = link
-        self.root = root or self
+        self.root = root  # slices keep their iovec (and its link) alive; None for an iovec
 
     @property
     def size(self) -> int:
@@ -94,7 +95,7 @@ class iovec:
         start, stop, step = item.indices(len(self._buf))
         if step != 1:
             raise ValueError("step not 1 when slicing iovec")
-        return iovec(self._buf[start:stop], None, self.root)
+        return iovec(self._buf[start:stop], None, self.root or self)
 
     def slice_by(self, buf: Any) -> iovec:
         """The part of this iovec that ``buf`` covers; out of range if it lies outside."""
@@ -189,6 +190,8 @@ class ioring:
 
     def _run(self, iov: iovec, fd: int, off: int, userdata: Any) -> None:
         view = iov.memory()
+        if DELAY_S:
+            time.sleep(DELAY_S)
         try:
             if self.for_read:
                 n = os.preadv(fd, [view], off)
