@@ -52,6 +52,18 @@ INSTALL_HINT = "pip install 'hicache-l3[nixl]'"
 DEFAULT_POSIX_ENGINE = "aio"
 
 _agent_ids = itertools.count()
+RETIRE_S = 60.0  # after this, requests an abandoned agent had in flight have given up
+_retired: list[tuple[float, Any]] = []
+_retired_lock = threading.Lock()
+
+
+def _purge_retired() -> None:
+    """Drop retired agents whose in-flight requests must have finished by now."""
+    now = time.monotonic()
+    with _retired_lock:
+        old = [a for t, a in _retired if now - t > RETIRE_S]
+        _retired[:] = [(t, a) for t, a in _retired if now - t <= RETIRE_S]
+    old.clear()
 
 
 def load_nixl_api() -> Any:
@@ -163,6 +175,7 @@ class Agent:
 
     def __init__(self, backend: str, params: dict[str, str]) -> None:
         api = load_nixl_api()
+        _purge_retired()
         self.api = api
         self.name = f"hicache-l3-{os.getpid()}-{next(_agent_ids)}"
         config = api.nixl_agent_config(
@@ -261,8 +274,14 @@ class Agent:
                     raise
                 # a transfer that cannot be cancelled stays with NIXL; it frees it later
 
-    def close(self) -> None:
-        """Deregister every DRAM region and drop the agent (NIXL tears it down)."""
+    def close(self, background: bool = False) -> None:
+        """Deregister every DRAM region and drop the agent (NIXL tears it down).
+
+        NIXL's teardown waits, holding the GIL, for requests still in flight (an
+        abandoned S3 request retries for ~25 s). With ``background`` the agent is
+        retired instead: kept alive and dropped by a later open or close once
+        ``RETIRE_S`` seconds have passed, so close returns at once.
+        """
         with self._lock:
             if self._closed:
                 return
@@ -272,7 +291,12 @@ class Agent:
         for handle in handles:
             with contextlib.suppress(Exception):
                 self.deregister(handle)
-        self.agent = None
+        agent, self.agent = self.agent, None
+        if background:
+            with _retired_lock:
+                _retired.append((time.monotonic(), agent))
+        del agent
+        _purge_retired()
 
 
 @dataclasses.dataclass

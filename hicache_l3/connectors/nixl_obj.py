@@ -50,7 +50,7 @@ from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.pages import Page
 from hicache_l3.common.slabs import MARKER, START, START_MAGIC, encode_start
-from hicache_l3.connectors.nixl import Agent, NixlConfig, NixlConnector, Unit, run_units
+from hicache_l3.connectors.nixl import Agent, NixlConfig, NixlConnector, TransferError, Unit, run_units
 
 CHUNK = 256  # pages per transfer round (one scratch buffer of commit records)
 SCRATCH_BUFFERS = 4  # concurrent calls that can hold a scratch buffer
@@ -93,9 +93,11 @@ class NixlObjConnector(NixlConnector):
         super().__init__(config, namespace)
         self._checksum = config.use_checksum()
         host, port, scheme = endpoint_address(config)
+        self._address = (host, port)
         probe(host, port, config.connect_timeout_s)
-        self._s3 = self._control_client(scheme)
-        self._check_bucket()
+        self._suspect = False
+        self._check_bucket(self._control_client(scheme, config.connect_timeout_s))
+        self._s3 = self._control_client(scheme, max(config.connect_timeout_s, 10.0))
         params = {
             "bucket": config.bucket, "region": config.region, "scheme": scheme,
             "use_virtual_addressing": "true" if config.virtual_addressing else "false",
@@ -136,7 +138,8 @@ class NixlObjConnector(NixlConnector):
                             evicts=self.config.capacity_bytes > 0)
 
     # ---- control plane (boto3) -----------------------------------------------------------
-    def _control_client(self, scheme: str) -> Any:
+    def _control_client(self, scheme: str, read_timeout: float) -> Any:
+        """A boto3 client (one attempt per call, bounded connect and read)."""
         try:
             import boto3
             from botocore.config import Config
@@ -158,18 +161,19 @@ class NixlObjConnector(NixlConnector):
         return boto3.client(
             "s3", endpoint_url=endpoint, region_name=c.region, use_ssl=scheme == "https",
             config=Config(
-                connect_timeout=c.connect_timeout_s, read_timeout=max(c.connect_timeout_s, 5.0),
+                connect_timeout=c.connect_timeout_s, read_timeout=read_timeout,
                 retries={"max_attempts": 1, "mode": "standard"},
                 s3={"addressing_style": "virtual" if c.virtual_addressing else "path"},
             ),
             **kwargs,
         )
 
-    def _check_bucket(self) -> None:
+    def _check_bucket(self, client: Any) -> None:
+        """One HEAD of the bucket, bounded by connect_timeout_s (connect and read)."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            self._s3.head_bucket(Bucket=self.config.bucket)
+            client.head_bucket(Bucket=self.config.bucket)
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "?")
             if code in ("404", "NoSuchBucket", "NotFound"):
@@ -178,8 +182,11 @@ class NixlObjConnector(NixlConnector):
             raise EngineUnavailableError(f"nixl (obj): bucket {self.config.bucket!r} refused "
                                          f"access: {code}") from None
         except BotoCoreError as exc:
-            raise EngineUnavailableError(f"nixl (obj): endpoint did not answer: "
-                                         f"{type(exc).__name__}") from None
+            raise EngineUnavailableError(
+                f"nixl (obj): endpoint did not answer within connect_timeout_s="
+                f"{self.config.connect_timeout_s:g}: {type(exc).__name__}") from None
+        finally:
+            client.close()
 
     def _list_pages(self) -> list[tuple[Any, str]]:
         """(last modified, key) of every page of this namespace in the bucket."""
@@ -251,11 +258,62 @@ class NixlObjConnector(NixlConnector):
         return out
 
     def _query(self, names: list[str]) -> list[bool]:
-        answers = self.agent.query([(0, 0, 0, n) for n in names], "OBJ")
-        return [a is not None for a in answers]
+        """HEAD the objects (``query_memory``), bounded by ``timeout_s``.
+
+        The SDK retries a dead endpoint for ~25 s per object; the query runs in its own
+        thread (NIXL releases the GIL), so the caller gets TransferError(TIMEOUT) in
+        time while the abandoned query finishes in the background.
+        """
+        descs = [(0, 0, 0, n) for n in names]
+        box: dict[str, Any] = {}
+        agent = self.agent
+
+        def run() -> None:
+            try:
+                box["answers"] = agent.query(descs, "OBJ")
+            except Exception as exc:
+                box["error"] = exc
+
+        worker = threading.Thread(target=run, name="hicache-nixl-query")
+        worker.start()
+        worker.join(self.config.timeout_s)
+        if worker.is_alive():
+            self._suspect = True
+            raise TransferError(f"query_memory not done after {self.config.timeout_s:g}s",
+                                Reason.TIMEOUT)
+        if "error" in box:
+            self._suspect = True
+            raise TransferError(f"query_memory failed: {type(box['error']).__name__}")
+        return [a is not None for a in box["answers"]]
+
+    def _down(self) -> bool:
+        """After a failure, a TCP probe (bounded by connect_timeout_s) before the next call:
+        True (every key fails with ENGINE_DOWN) while the endpoint refuses connections."""
+        if not self._suspect:
+            return False
+        try:
+            probe(*self._address, self.config.connect_timeout_s)
+        except EngineUnavailableError:
+            return True
+        self._suspect = False
+        return False
+
+    def _xfer(self, op: str, remote_type: str) -> Any:
+        inner = super()._xfer(op, remote_type)
+
+        def go(local: list[Any], remote: list[Any]) -> None:
+            try:
+                inner(local, remote)
+            except TransferError:
+                self._suspect = True
+                raise
+
+        return go
 
     # ---- hooks --------------------------------------------------------------------------
     def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
+        if self._down():
+            return [Reason.ENGINE_DOWN] * len(keys)
         reasons = [Reason.OK] * len(keys)
         first: dict[str, int] = {}
         todo = []
@@ -333,6 +391,8 @@ class NixlObjConnector(NixlConnector):
             reasons[i] = r
 
     def _get(self, keys: list[str], pages: list[Page]) -> list[Reason]:
+        if self._down():
+            return [Reason.ENGINE_DOWN] * len(keys)
         reasons = [Reason.MISS] * len(keys)
         for lo in range(0, len(keys), CHUNK):
             self._get_chunk(keys, pages, list(range(lo, min(lo + CHUNK, len(keys)))), reasons)
@@ -371,11 +431,14 @@ class NixlObjConnector(NixlConnector):
                 units.append(Unit(local, remote))
             results = run_units(self._xfer("READ", "OBJ"), units, self.config.max_descs, reread=True)
             failed = [j for j, r in enumerate(results) if r is not Reason.OK]
+            failed = [j for j in failed if results[j] is not Reason.TIMEOUT]
             if failed:
                 self._classify_failures(keys, [idx[j] for j in failed],
                                         [results[j] for j in failed], reasons)
             for j, i in enumerate(idx):
-                if results[j] is Reason.OK:
+                if results[j] is Reason.TIMEOUT:
+                    reasons[i] = Reason.TIMEOUT
+                elif results[j] is Reason.OK:
                     reasons[i] = (Reason.OK if scratch is None
                                   else self._check_record(scratch, j, keys[i], pages[i], n))
         finally:
@@ -390,7 +453,7 @@ class NixlObjConnector(NixlConnector):
             names += [self.base + "h/" + keys[i] for i in failed]
         try:
             present = self._query(names)
-        except Exception:
+        except TransferError:
             present = [True] * len(names)
         k = len(failed)
         for m, i in enumerate(failed):
@@ -410,6 +473,8 @@ class NixlObjConnector(NixlConnector):
         return Reason.OK
 
     def _exists(self, keys: list[str]) -> list[Reason]:
+        if self._down():
+            return [Reason.ENGINE_DOWN] * len(keys)
         marker = "h/" if self._checksum else "d/"
         out: list[Reason] = []
         for lo in range(0, len(keys), CHUNK * 4):
@@ -447,7 +512,7 @@ class NixlObjConnector(NixlConnector):
                 self.agent.deregister(handle)
             except Exception as exc:
                 self._log.warning("close", "nixl (obj): deregister failed: %s", type(exc).__name__)
-        self.agent.close()
+        self.agent.close(background=self._suspect)  # S3 requests may still be retrying
         self._s3.close()
 
     def _engine_stats(self) -> dict[str, Any]:
