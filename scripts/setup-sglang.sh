@@ -53,8 +53,10 @@ sglang_imports=(
   multidict==7.2.1 propcache==0.5.4 yarl==1.25.1 dill==0.4.1 gguf==0.19.0 loguru==0.7.3
   setproctitle==1.3.8 xxhash==4.1.0
 )
-# Our package and the engine clients our connectors load inside SGLang's process.
-ours=(mooncake-transfer-engine-non-cuda==0.3.13.post1 msgpack==1.2.4 nixl-cu12==1.5.1)
+# Our package and the engine clients our connectors load inside SGLang's process (boto3: nixl obj mode).
+ours=(mooncake-transfer-engine-non-cuda==0.3.13.post1 msgpack==1.2.4 nixl-cu12==1.5.1
+      boto3==1.44.8 botocore==1.44.8 jmespath==1.1.0 s3transfer==0.19.3 python-dateutil==2.9.0.post0
+      six==1.17.0)
 
 echo "setup-sglang: installing into $VENV (torch stack, sglang 0.5.23, imports, engines)"
 "${pip[@]}" "${torch_stack[@]}"
