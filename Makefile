@@ -3,12 +3,18 @@
 PY := .venv/bin/python
 BENCH_ARGS ?=
 
-.PHONY: setup bench test lint
+.PHONY: setup setup-sglang bench test lint
 setup: .venv/.setup-stamp
 
 .venv/.setup-stamp: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
 	touch $@
+
+# Real SGLang 0.5.23 in its own venv, for tests/integration/test_sglang.py (the script stamps it).
+setup-sglang: .venv-sglang/.setup-stamp
+
+.venv-sglang/.setup-stamp: scripts/setup-sglang.sh
+	bash scripts/setup-sglang.sh
 
 bench: setup
 	$(PY) -m hicache_l3.cli bench $(BENCH_ARGS)
@@ -17,5 +23,5 @@ lint: setup
 	$(PY) -m ruff check hicache_l3 tests
 	$(PY) -m mypy hicache_l3
 
-test: lint
+test: lint setup-sglang
 	$(PY) -m pytest -q -p no:randomly
