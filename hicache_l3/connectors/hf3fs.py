@@ -148,7 +148,11 @@ class _Scratch:
         self.markers = 2 * MARKER * entries
         size = self.markers + staging
         self.shm = shared_memory.SharedMemory(create=True, size=size)
-        self.iov = io.make_iovec(self.shm, mount)
+        try:
+            self.iov = io.make_iovec(self.shm, mount)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                self.shm.unlink()  # mapped by us and by the daemon: the name is not needed
         assert self.shm.buf is not None
         self.view: memoryview = self.shm.buf
         self.staging = staging
