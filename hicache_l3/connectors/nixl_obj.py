@@ -17,6 +17,12 @@ themselves, and ``get`` reads a page's last byte with a GET of its own, so an ob
 that is empty or shorter than the page fails that GET and is a miss (a ranged GET of a
 short object otherwise succeeds with fewer bytes).
 
+A set always writes (pages are content-addressed: same key, same bytes), since another
+process may have deleted the key meanwhile. A failed ranged GET may leave the SDK's
+error body in the destination page (allowed: that key's result is False); pages of
+the batch that succeeded are read once more when any failed, in case the batch named
+the same memory twice.
+
 Object keys are registered with NIXL once (a device id per key, cached, bounded by
 ``REG_CACHE`` entries). ``exists`` is one batched ``query_memory`` (HEAD requests).
 NIXL's OBJ plugin cannot delete, so ``delete``, ``clear`` and eviction use boto3
@@ -317,13 +323,9 @@ class NixlObjConnector(NixlConnector):
         reasons = [Reason.OK] * len(keys)
         first: dict[str, int] = {}
         todo = []
-        with self._lru_lock:
-            known = [k in self._lru for k in keys]
-        for i, key in enumerate(keys):
-            if key in first:
-                continue
-            first[key] = i
-            if not known[i]:
+        for i, key in enumerate(keys):  # always written: another process may have deleted it
+            if key not in first:
+                first[key] = i
                 todo.append(i)
         for lo in range(0, len(todo), CHUNK):
             self._set_chunk(keys, pages, todo[lo : lo + CHUNK], reasons)
