@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from hicache_l3.bench.runner import BenchError, load_backend, run_pairs
-from hicache_l3.bench.targets import OPS, BenchOptions
+from hicache_l3.bench.targets import DEFAULT_OPS, OPS, BenchOptions
 from hicache_l3.common.config import parse_size
 from hicache_l3.common.errors import HiCacheL3Error
 
@@ -63,7 +63,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="client threads issuing batches to a connector (default 1; "
                              "raw baselines always use one)")
     parser.add_argument("--reps", type=int, default=5, help="timed repetitions (default 5)")
-    parser.add_argument("--ops", default=",".join(OPS), help="ops to run (default set,get,exists)")
+    parser.add_argument("--ops", default=",".join(DEFAULT_OPS),
+                        help="ops to run, from set,get,exists,mixed (default set,get,exists); "
+                             "mixed = batches of gets and sets, --read-fraction of them gets")
+    parser.add_argument("--read-fraction", type=float, default=0.8,
+                        help="share of get batches in the mixed op (default 0.8)")
+    parser.add_argument("--cache", choices=["warm", "cold", "both"], default="warm",
+                        help="warm: reads may hit the page cache; cold: the page cache of the "
+                             "store's files is dropped before every timed read (file-based "
+                             "engines; memory engines are unaffected); both: run each")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="BACKEND.KEY=VALUE", help="a connector setting, e.g. file.root=/mnt/kv")
     parser.add_argument("--workdir", type=Path, default=None,
@@ -91,6 +99,9 @@ def run(args: argparse.Namespace) -> int:
     if args.reps < 1 or args.pages < 1:
         print("bench: --reps and --pages must be >= 1", file=sys.stderr)
         return 2
+    if not 0.0 <= args.read_fraction <= 1.0:
+        print("bench: --read-fraction must lie in [0, 1]", file=sys.stderr)
+        return 2
     ops = tuple(o.strip() for o in args.ops.split(",") if o.strip())
     bad = [o for o in ops if o not in OPS]
     if bad:
@@ -102,14 +113,16 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         settings = _settings(args.overrides)
-        combos = [(p, b, t) for p in args.page_size for b in args.batch for t in args.threads]
+        caches = ["warm", "cold"] if args.cache == "both" else [args.cache]
+        combos = [(p, b, t, c) for p in args.page_size for b in args.batch for t in args.threads
+                  for c in caches]
         with _progress(len(backends) * len(combos), args.quiet) as tick:
             for backend in backends:
                 make_pairs = load_backend(backend)
-                for page_bytes, batch, threads in combos:
+                for page_bytes, batch, threads, cache in combos:
                     opts = BenchOptions(page_bytes, args.pages, batch, threads, args.reps,
-                                        workdir / f"{backend}-{page_bytes}-{batch}-{threads}",
-                                        settings)
+                                        workdir / f"{backend}-{page_bytes}-{batch}-{threads}-{cache}",
+                                        settings, cache, args.read_fraction)
                     opts.workdir.mkdir(parents=True, exist_ok=True)
                     with contextlib.ExitStack() as stack:
                         pairs = make_pairs(opts, stack)
@@ -151,7 +164,7 @@ def _progress(total: int, quiet: bool) -> Any:
         bar.close()
 
 
-COLUMNS = [("backend", "{}"), ("op", "{}"), ("page_size", "{}"), ("batch", "{}"),
+COLUMNS = [("backend", "{}"), ("op", "{}"), ("cache", "{}"), ("page_size", "{}"), ("batch", "{}"),
            ("threads", "{}"), ("gib_per_s", "{:.2f}"), ("pages_per_s", "{:,.0f}"),
            ("p50_ms", "{:.3f}"), ("p99_ms", "{:.3f}"), ("ratio_to_raw", "{:.2f}")]
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import statistics
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from hicache_l3.bench.targets import BenchOptions, BenchTarget, Pair
@@ -66,17 +68,43 @@ class Measure:
         self.failures = 0
 
 
+def _mixed_plans(target: BenchTarget, keys: list[str], src: list[Page], dst: list[Page],
+                 batch: int, read_fraction: float) -> list[tuple[str, Any]]:
+    """Batches of gets (of stored ``keys``) and sets (of fresh keys), ``read_fraction`` gets."""
+    plans = []
+    for j, lo in enumerate(range(0, len(keys), batch)):
+        if int((j + 1) * read_fraction) > int(j * read_fraction):
+            plans.append(("get", target.plan("get", keys[lo : lo + batch], dst[lo : lo + batch])))
+        else:
+            fresh = [f"{k}-mix" for k in keys[lo : lo + batch]]
+            plans.append(("set", target.plan("set", fresh, src[lo : lo + batch])))
+    return plans
+
+
+def drop_page_cache(directory: Path) -> None:
+    """Write back and drop the page cache of every file under ``directory`` (cold reads)."""
+    for path in directory.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 def _time_op(target: BenchTarget, op: str, keys: list[str], pages: list[Page], batch: int,
-             threads: int, measure: Measure) -> float:
-    plans = [target.plan(op, keys[lo : lo + batch], pages[lo : lo + batch])
-             for lo in range(0, len(keys), batch)]
+             threads: int, measure: Measure, plans: list[tuple[str, Any]] | None = None) -> float:
+    if plans is None:
+        plans = [(op, target.plan(op, keys[lo : lo + batch], pages[lo : lo + batch]))
+                 for lo in range(0, len(keys), batch)]
     lat: list[float] = []
 
-    def work(share: list[Any]) -> int:
+    def work(share: list[tuple[str, Any]]) -> int:
         failed = 0
-        for plan in share:
+        for kind, plan in share:
             t0 = time.perf_counter()
-            results = target.run(op, plan)
+            results = target.run(kind, plan)
             lat.append(time.perf_counter() - t0)
             failed += results.count(False)
         return failed
@@ -118,7 +146,7 @@ def run_pairs(pairs: list[Pair], opts: BenchOptions, ops: tuple[str, ...],
     for t in targets:
         keys = [f"{run_id}-warm-{i}" for i in range(opts.pages)]
         for op in ("set", "get"):
-            if op in t.ops and op in ops:
+            if op in t.ops and (op in ops or "mixed" in ops):
                 _time_op(t, op, keys, src_pages if op == "set" else dst_pages,
                          opts.batch, opts.threads, Measure())
     for rep in range(opts.reps):
@@ -133,10 +161,17 @@ def run_pairs(pairs: list[Pair], opts: BenchOptions, ops: tuple[str, ...],
                         _time_op(t, "set", keys, src_pages, opts.batch, opts.threads, Measure())
             for op in ops:
                 for t in order:
-                    if op not in t.ops:
+                    if not t.supports(op):
                         continue
                     pages = src_pages if op == "set" else dst_pages
-                    _time_op(t, op, keys, pages, opts.batch, opts.threads, measures[(id(t), op)])
+                    plans = None
+                    if op == "mixed":
+                        plans = _mixed_plans(t, keys, src_pages, dst_pages, opts.batch,
+                                             opts.read_fraction)
+                    if opts.cache == "cold" and op in ("get", "mixed"):
+                        drop_page_cache(opts.workdir)
+                    _time_op(t, op, keys, pages, opts.batch, opts.threads,
+                             measures[(id(t), op)], plans)
                     if progress:
                         progress(1)
                     if op == "get":
@@ -146,7 +181,7 @@ def run_pairs(pairs: list[Pair], opts: BenchOptions, ops: tuple[str, ...],
         for op in ops:
             raw_m = measures.get((id(pair.raw), op)) if pair.raw is not None else None
             for t in [x for x in (pair.connector, pair.raw) if x is not None]:
-                if op not in t.ops:
+                if not t.supports(op):
                     continue
                 m = measures[(id(t), op)]
                 if m.failures:
@@ -181,6 +216,7 @@ def _row(t: BenchTarget, op: str, m: Measure, opts: BenchOptions) -> dict[str, A
         "batch": opts.batch,
         "pages": opts.pages,
         "threads": 1 if t.backend.startswith("raw-") else opts.threads,
+        "cache": opts.cache,
         "reps": len(m.rep_seconds),
         "gib_per_s": statistics.median(gibs) if op != "exists" else 0.0,
         "gib_per_s_min": min(gibs) if op != "exists" else 0.0,
@@ -190,5 +226,7 @@ def _row(t: BenchTarget, op: str, m: Measure, opts: BenchOptions) -> dict[str, A
         "p95_ms": _quantile(m.batch_seconds, 0.95) * 1e3,
         "p99_ms": _quantile(m.batch_seconds, 0.99) * 1e3,
     }
+    if op == "mixed":
+        row["read_fraction"] = opts.read_fraction
     row.update(t.extra)
     return row

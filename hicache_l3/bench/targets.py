@@ -20,7 +20,8 @@ from hicache_l3.common.connector import Connector
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.pages import Page
 
-OPS = ("set", "get", "exists")
+OPS = ("set", "get", "exists", "mixed")
+DEFAULT_OPS = ("set", "get", "exists")
 
 
 @dataclasses.dataclass
@@ -34,6 +35,8 @@ class BenchOptions:
     reps: int
     workdir: Path
     settings: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # per backend
+    cache: str = "warm"  # "cold": drop the page cache of the workdir's files before reads
+    read_fraction: float = 0.8  # share of get batches in the "mixed" op
 
 
 class BenchTarget(abc.ABC):
@@ -42,7 +45,11 @@ class BenchTarget(abc.ABC):
 
     backend: str = "?"
     extra: dict[str, Any] = {}
-    ops: tuple[str, ...] = OPS
+    ops: tuple[str, ...] = ("set", "get", "exists")  # "mixed" runs where set and get do
+
+    def supports(self, op: str) -> bool:
+        """True when this target can run ``op``."""
+        return op in self.ops or (op == "mixed" and "set" in self.ops and "get" in self.ops)
 
     @abc.abstractmethod
     def prepare(self, buffers: list[HostBuffer], page_bytes: int) -> None:

@@ -45,3 +45,15 @@ def test_bench_help_and_bad_arguments() -> None:
                               "--pages", "8", "--reps", "1", "--quiet"],
                              capture_output=True, text=True, timeout=60)
     assert unknown.returncode == 1 and "unknown connector 'ftp'" in unknown.stderr
+
+
+def test_bench_mixed_and_cold_rows(tmp_path: Path) -> None:
+    out = tmp_path / "mixed.json"
+    code = main(["bench", "--page-size", "16KiB", "--pages", "64", "--batch", "16", "--reps", "1",
+                 "--ops", "mixed", "--cache", "both", "--read-fraction", "0.5", "--quiet",
+                 "--json", str(out)])
+    assert code == 0
+    rows = json.loads(out.read_text())["results"]
+    assert {(r["backend"], r["cache"]) for r in rows} == {
+        ("file", "warm"), ("file", "cold"), ("raw-posix", "warm"), ("raw-posix", "cold")}
+    assert all(r["op"] == "mixed" and r["read_fraction"] == 0.5 for r in rows)
