@@ -70,6 +70,11 @@ data written by one node read by another    yes: CRAQ, read-after-write on chunk
 An owner that is partitioned away, keeps writing and is adopted meanwhile can only
 overwrite slots; readers then get misses (generation, fingerprint and checksum checks),
 never another key's bytes.
+
+``delete`` and ``clear`` append DEL records, so they too need a writer directory; a
+process that cannot own one gets an error for them. A process that read a directory's
+slabs before adopting it retires the read-only descriptors it cached (the base store
+would otherwise write through them and fail with EBADF).
 """
 
 from __future__ import annotations
