@@ -8,6 +8,11 @@ bench at file offset ``i * page_size``), descriptor lists built before the clock
 polled tightly until done, one thread, buffered, no fsync. The connector runs with a
 capacity of exactly one repetition's pages, so timed repetitions measure the steady
 state of a full cache (slots reused), as the file backend does.
+
+``--set nixl.mode=obj`` measures obj mode instead, against a local ``moto_server``
+started for the run unless ``nixl.endpoint`` is set, and raw-nixl-obj: its own agent
+with the OBJ plugin, one PUT or ranged GET per page in one transfer per batch, object
+keys registered before the clock (no commit records, no checksums).
 """
 
 from __future__ import annotations
@@ -107,14 +112,86 @@ class RawNixl(BenchTarget):
             self.path.unlink()
 
 
+class RawNixlObj(BenchTarget):
+    """The OBJ plugin's limit: one transfer of the batch's page objects."""
+
+    backend = "raw-nixl-obj"
+    ops = ("set", "get")
+
+    def __init__(self, config: NixlConfig) -> None:
+        self.config = config
+        self.agent: Agent | None = None
+        self.prefix = f"{config.prefix}raw-nixl-obj/"
+        self.regs: list[Any] = []
+        self.devs: dict[str, int] = {}
+
+    def prepare(self, buffers: list[HostBuffer], page_bytes: int) -> None:
+        """Create the agent and register the buffers once."""
+        from hicache_l3.connectors.nixl_obj import obj_params
+
+        self.agent = Agent("OBJ", obj_params(self.config))
+        for b in buffers:
+            self.agent.register_dram(b)
+
+    def plan(self, op: str, keys: list[str], pages: list[Page]) -> Any:
+        """Register the batch's object keys (untimed) and build its descriptor lists."""
+        assert self.agent is not None
+        new = [k for k in keys if k not in self.devs]
+        if new:
+            n = pages[0][0][1]
+            for k in new:
+                self.devs[k] = len(self.devs) + 1
+            self.regs.append(self.agent.register(
+                [(0, n, self.devs[k], self.prefix + k) for k in new], "OBJ"))
+        local = [(p[0][0], p[0][1], 0) for p in pages]
+        remote = [(0, p[0][1], self.devs[k]) for k, p in zip(keys, pages)]
+        return "WRITE" if op == "set" else "READ", local, remote
+
+    def run(self, op: str, plan: Any) -> list[bool]:
+        """One transfer of the batch."""
+        assert self.agent is not None
+        xop, local, remote = plan
+        self.agent.transfer(xop, local, remote, "DRAM", "OBJ", self.config.timeout_s)
+        return [True] * len(local)
+
+    def close(self) -> None:
+        """Deregister and drop the agent (the objects stay; the bench's server is temporary)."""
+        if self.agent is not None:
+            for reg in self.regs:
+                self.agent.deregister(reg)
+            self.agent.close()
+            self.agent = None
+
+
+def _obj_pairs(opts: BenchOptions, stack: contextlib.ExitStack,
+               overrides: dict[str, Any]) -> list[Pair]:
+    settings = dict(overrides)
+    if not settings.get("endpoint"):
+        from hicache_l3.conformance.engines import S3Engine
+
+        engine = S3Engine()
+        stack.enter_context(engine)
+        settings = {**engine.settings, **settings, "endpoint": engine.endpoint}
+    config = NixlConfig.load("nixl", settings)
+    conn = open_connector("nixl", bench_namespace(opts), settings)
+    stack.callback(conn.close)
+    raw = RawNixlObj(config)
+    stack.callback(raw.close)
+    return [Pair(ConnectorTarget(conn, "nixl", mode="obj", checksum=config.use_checksum()), raw)]
+
+
 def make_pairs(opts: BenchOptions, stack: contextlib.ExitStack) -> list[Pair]:
-    """The nixl connector (file mode, in ``workdir`` unless configured) and raw-nixl."""
+    """The nixl connector (file mode, in ``workdir`` unless configured) and raw-nixl;
+    with ``nixl.mode=obj``, obj mode and raw-nixl-obj."""
+    overrides = dict(opts.settings.get("nixl", {}))
+    if NixlConfig.load("nixl", {"root": "-", "bucket": "-", **overrides}).mode == "obj":
+        return _obj_pairs(opts, stack, overrides)
     settings: dict[str, Any] = {
         "mode": "file",
         "root": str(opts.workdir / "nixl-store"),
         "capacity_bytes": opts.pages * Geometry(opts.page_bytes).stride,
     }
-    settings.update(opts.settings.get("nixl", {}))
+    settings.update(overrides)
     config = NixlConfig.load("nixl", settings)
     conn = open_connector("nixl", bench_namespace(opts), settings)
     stack.callback(conn.close)

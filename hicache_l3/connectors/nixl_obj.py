@@ -79,6 +79,23 @@ def endpoint_address(config: NixlConfig) -> tuple[str, int, str]:
     return f"s3.{config.region}.amazonaws.com", 443 if scheme == "https" else 80, scheme
 
 
+def obj_params(config: NixlConfig) -> dict[str, str]:
+    """OBJ plugin init parameters for ``config`` (holds the credentials: never log it)."""
+    _, _, scheme = endpoint_address(config)
+    params = {
+        "bucket": config.bucket, "region": config.region, "scheme": scheme,
+        "use_virtual_addressing": "true" if config.virtual_addressing else "false",
+        "num_threads": str(config.obj_threads),
+    }
+    if config.endpoint:
+        params["endpoint_override"] = (config.endpoint if "://" in config.endpoint
+                                       else f"{scheme}://{config.endpoint}")
+    for name in ("access_key", "secret_key", "session_token", "ca_bundle"):
+        if getattr(config, name):
+            params[name] = getattr(config, name)
+    return params
+
+
 def probe(host: str, port: int, timeout: float) -> None:
     """TCP-connect to ``host:port`` within ``timeout`` s, or EngineUnavailableError."""
     start = time.monotonic()
@@ -104,18 +121,7 @@ class NixlObjConnector(NixlConnector):
         self._suspect = False
         self._check_bucket(self._control_client(scheme, config.connect_timeout_s))
         self._s3 = self._control_client(scheme, max(config.connect_timeout_s, 10.0))
-        params = {
-            "bucket": config.bucket, "region": config.region, "scheme": scheme,
-            "use_virtual_addressing": "true" if config.virtual_addressing else "false",
-            "num_threads": str(config.obj_threads),
-        }
-        if config.endpoint:
-            params["endpoint_override"] = (config.endpoint if "://" in config.endpoint
-                                           else f"{scheme}://{config.endpoint}")
-        for name in ("access_key", "secret_key", "session_token", "ca_bundle"):
-            if getattr(config, name):
-                params[name] = getattr(config, name)
-        self.agent = Agent("OBJ", params)
+        self.agent = Agent("OBJ", obj_params(config))
         self.base = f"{config.prefix}{namespace.digest()}/"
         self._regs: collections.OrderedDict[str, tuple[int, int, Any]] = collections.OrderedDict()
         self._reg_lock = threading.Lock()
