@@ -196,6 +196,7 @@ class SlabStore:
         self._deleted: dict[tuple[int, int, int], int] = {}  # slot -> newest generation deleted
         self._tails: dict[int, _LogTail] = {}
         self._fds: dict[tuple[int, int, bool], int] = {}
+        self._retired: list[int] = []  # descriptors replaced while possibly in use
         self._dir_mtime = -1
         self._closed = False
         # writer state, created on first write
@@ -601,6 +602,10 @@ class SlabStore:
         if os.fstat(self._log_fd).st_size > tail.offset:
             os.ftruncate(self._log_fd, tail.offset)  # drop a crashed writer's torn tail
         self.me = writer
+        # descriptors opened while we only read this writer's slabs are read-only; threads
+        # may still be reading through them, so retire them (closed at close) rather than close
+        for cached in [k for k in self._fds if k[0] == writer]:
+            self._retired.append(self._fds.pop(cached))
         self._next_gen = tail.max_gen + 1
         owned = sorted(
             ((e.gen, (e.slab, e.slot), k) for k, e in self._entries.items() if e.writer == writer)
@@ -650,7 +655,7 @@ class SlabStore:
             if self._closed:
                 return
             self._closed = True
-            fds = [*self._fds.values(), *(t.fd for t in self._tails.values())]
+            fds = [*self._fds.values(), *self._retired, *(t.fd for t in self._tails.values())]
             fds += [fd for fd in (self._log_fd, self._lock_fd) if fd >= 0]
             self._fds.clear()
             self._tails.clear()

@@ -439,6 +439,22 @@ class ConnectorTests:
         else:
             assert got == [False] * 4
 
+    def test_write_after_reading_a_reopened_store(self, open_conn: Any) -> None:
+        """A reopened connector that reads before it writes must still write (found in the
+        slab store: descriptors cached while reading were read-only)."""
+        first = open_conn()
+        self._store(first, _keys("rrw", 2))
+        first.close()
+        second = open_conn()
+        pages = Pages(second, self.page_bytes, 2)
+        second.batch_get(_keys("rrw", 2), pages.pages)
+        more = _keys("rrw-more", 2)
+        pages.fill(more)
+        assert second.batch_set(more, pages.pages) == [True, True]
+        pages.wipe()
+        assert second.batch_get(more, pages.pages) == [True, True]
+        assert all(pages.matches(i, k) for i, k in enumerate(more))
+
     def test_second_process_reads_and_writes(self, conn: Connector[Any], settings: dict[str, Any],
                                              namespace: Namespace) -> None:
         if not conn.capabilities.shared_across_processes:
