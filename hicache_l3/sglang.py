@@ -21,6 +21,8 @@ Behaviour SGLang relies on:
 * every layout SGLang describes is served zero-copy: a page is the list of
   ``(address, length)`` segments ``get_page_buffer_meta`` gives for it (2 per page for MHA
   ``page_first``, 2 per layer for MHA ``layer_first``, 1 per page or per layer for MLA);
+* ``batch_set_v1`` and the legacy ``batch_set`` ask the engine which pages it already
+  holds and send only the others (SGLang backs up pages that L3 itself gave it);
 * with MLA, ranks that are not the storage writer (``is_storage_writer``) never write:
   their ``batch_set_v1`` stores nothing and reports success (the writer stores the same
   bytes); every rank reads;
@@ -261,7 +263,15 @@ class HiCacheL3Storage(HiCacheStorage):
             return [False] * len(keys)
         start = time.perf_counter()
         try:
-            ok = connector.batch_set(list(keys), self._pages(len(keys), host_indices))
+            pages = self._pages(len(keys), host_indices)
+            # Pages already stored are not sent again (SGLang backs up pages that L3 gave it).
+            present = connector.batch_exists(list(keys))
+            todo = [i for i, hit in enumerate(present) if not hit]
+            ok = [True] * len(keys)
+            if todo:
+                done = connector.batch_set([keys[i] for i in todo], [pages[i] for i in todo])
+                for i, r in zip(todo, done):
+                    ok[i] = r
         except Exception as exc:
             self._log.warning("set-exc", "hicache-l3: batch_set_v1 of %d pages failed: %r", len(keys), exc)
             return [False] * len(keys)
@@ -321,7 +331,10 @@ class HiCacheL3Storage(HiCacheStorage):
                 all_ok = True
                 for lo in range(0, len(keys), slots):
                     chunk_keys, chunk_pages = [], []
+                    present = self.connector.batch_exists(list(keys[lo : lo + slots]))
                     for j, (key, value) in enumerate(zip(keys[lo : lo + slots], values[lo : lo + slots])):
+                        if present[j]:
+                            continue  # already stored: not written again
                         data = self._as_bytes(value)
                         if data is None:
                             all_ok = False
@@ -329,10 +342,11 @@ class HiCacheL3Storage(HiCacheStorage):
                         staging[j * pb : (j + 1) * pb].copy_(data)
                         chunk_keys.append(key)
                         chunk_pages.append(((base + j * pb, pb),))
-                    start = time.perf_counter()
-                    ok = self.connector.batch_set(chunk_keys, chunk_pages)
-                    self._record(self._backup_pgs, self._backup_bw, ok, start)
-                    all_ok = all_ok and all(ok)
+                    if chunk_keys:
+                        start = time.perf_counter()
+                        ok = self.connector.batch_set(chunk_keys, chunk_pages)
+                        self._record(self._backup_pgs, self._backup_bw, ok, start)
+                        all_ok = all_ok and all(ok)
                 return all_ok
         except Exception as exc:
             self._log.warning("lset-exc", "hicache-l3: legacy batch_set of %d pages failed: %r",

@@ -3,7 +3,8 @@
 
     sglang_roundtrip.py SPEC_JSON
 
-SPEC: {"connectors": [{"label": L, "connector": NAME, "settings": {...}}, ...],
+SPEC: {"connectors": [{"label": L, "connector": NAME, "settings": {...},
+"extra_cases": [[KIND, LAYOUT], ...]}, ...],
 "api_checks": bool}; SGLang is imported once for all of them. For MHA and MLA pools, in
 page_first and layer_first layouts: build a real device pool on CPU and two real host pools
 from it, construct our backend through StorageBackendFactory.create_backend("dynamic", ...),
@@ -220,6 +221,14 @@ def api_checks(connector: str, settings: dict[str, Any]) -> None:
         check(False, "a v2 sidecar pool was accepted")
     except ConfigError as exc:
         check("mamba" in str(exc), f"v2 refusal does not name the pool: {exc}")
+    # a layout SGLang gives no page description for is refused at attach, naming it
+    for kind in ("mha", "mla"):
+        (unified,) = make_pools(kind, "page_unified", 1)
+        try:
+            backend(extra, unified, mla=kind == "mla")
+            check(False, f"{kind} page_unified was accepted")
+        except ConfigError as exc:
+            check("page_unified" in str(exc), f"page_unified refusal does not name the layout: {exc}")
     # an engine error inside a call becomes a miss, not an exception in SGLang's thread
     assert b.connector is not None
     b.connector.close()
@@ -241,12 +250,13 @@ def main() -> int:
     for item in spec["connectors"]:
         start = len(FAILURES)
         cases = []
-        for kind in ("mha", "mla"):
-            for layout in spec.get("layouts", ["page_first", "layer_first"]):
-                try:
-                    cases.append(roundtrip(item["connector"], item["settings"], kind, layout))
-                except Exception as exc:
-                    FAILURES.append(f"{item['connector']}/{kind}/{layout}: {exc!r}")
+        plan = [(k, lay) for k in ("mha", "mla") for lay in ("page_first", "layer_first")]
+        plan += [tuple(c) for c in item.get("extra_cases", [])]
+        for kind, layout in plan:
+            try:
+                cases.append(roundtrip(item["connector"], item["settings"], kind, layout))
+            except Exception as exc:
+                FAILURES.append(f"{item['connector']}/{kind}/{layout}: {exc!r}")
         report[item["label"]] = {"cases": cases, "failures": FAILURES[start:]}
     print("REPORT " + json.dumps(report))
     return 1 if FAILURES else 0

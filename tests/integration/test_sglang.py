@@ -38,6 +38,8 @@ BENCH = REPO / "benchmarks" / "sglang_controller.py"
 
 # Every connector of the package, explicitly; a connector missing here is a failing test.
 CONNECTORS = ["file", "mooncake", "nixl-file", "nixl-obj", "hf3fs"]
+# The other layouts SGLang describes page by page, once (the connector does not matter there).
+EXTRA_CASES = {"file": [["mha", "page_first_direct"], ["mha", "page_head"], ["mla", "page_first_direct"]]}
 ROUNDTRIP_TIMEOUT = 240.0
 
 
@@ -77,8 +79,8 @@ def report(mooncake: MooncakeEngine, s3: S3Engine, tmp_path_factory: pytest.Temp
     }
     spec = {
         "api_checks": True,
-        "connectors": [{"label": label, "connector": settings[label][0], "settings": settings[label][1]}
-                       for label in CONNECTORS],
+        "connectors": [{"label": label, "connector": settings[label][0], "settings": settings[label][1],
+                        "extra_cases": EXTRA_CASES.get(label, [])} for label in CONNECTORS],
     }
     proc = subprocess.run([str(python), str(SCRIPT), json.dumps(spec)], capture_output=True, text=True,
                           timeout=ROUNDTRIP_TIMEOUT, cwd=REPO)
@@ -97,12 +99,14 @@ def test_roundtrip_through_sglang(report: dict[str, Any], label: str) -> None:
     entry = report[label]
     assert entry["failures"] == [], "\n".join(entry["failures"])
     cases = sorted(c["case"].split("/", 1)[1] for c in entry["cases"])
-    assert cases == ["mha/layer_first", "mha/page_first", "mla/layer_first", "mla/page_first"]
+    want = ["mha/layer_first", "mha/page_first", "mla/layer_first", "mla/page_first"]
+    want += ["/".join(c) for c in EXTRA_CASES.get(label, [])]
+    assert cases == sorted(want)
 
 
 def test_startup_refusals_and_engine_errors(report: dict[str, Any]) -> None:
-    """No model and no tag, unknown keys, v2 sidecar pools are refused naming the cause;
-    engine errors become misses."""
+    """No model and no tag, unknown keys, v2 sidecar pools, page_unified are refused naming
+    the cause; engine errors become misses."""
     assert report["api"]["failures"] == [], "\n".join(report["api"]["failures"])
 
 
