@@ -109,6 +109,7 @@ class NixlConfig(ConnectorConfig):
         DEFAULT_POSIX_ENGINE, "file mode: kernel I/O engine of the POSIX plugin",
     )
     fsync: Literal["none", "data", "always"] = setting("none", "file mode: durability policy")
+    checksum_threads: int = setting(2, "file mode: threads computing page checksums of a batch")
     # ---- obj mode
     endpoint: str = setting("", "obj mode: S3 endpoint (http://host:port); empty = AWS for the region")
     bucket: str = setting("", "obj mode: bucket holding the pages (must exist)")
@@ -139,6 +140,8 @@ class NixlConfig(ConnectorConfig):
             if not self.root:
                 raise ConfigError("nixl connector (mode=file): set root to a directory "
                                   "(e.g. root=/mnt/nvme/hicache)")
+            if self.checksum_threads < 1:
+                raise ConfigError(f"nixl: checksum_threads must be >= 1, got {self.checksum_threads}")
             if self.slab_bytes < ALIGN:
                 raise ConfigError(f"nixl: slab_bytes must be >= {ALIGN}, got {self.slab_bytes}")
         else:

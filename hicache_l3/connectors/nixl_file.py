@@ -37,6 +37,7 @@ from hicache_l3.common.errors import ConfigError, Reason
 from hicache_l3.common.integrity import key_fingerprint, page_checksum
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.pages import Page, page_nbytes
+from hicache_l3.common.parallel import BatchPool
 from hicache_l3.common.slabs import (
     MARKER,
     SlabStore,
@@ -69,6 +70,7 @@ class NixlFileConnector(NixlConnector):
             raise ConfigError(f"nixl connector: root {self.root} is not writable")
         self.capacity_bytes = config.capacity_bytes or shutil.disk_usage(self.root).free // 2
         self._checksum = config.use_checksum()
+        self._pool = BatchPool(config.checksum_threads, "hicache-nixl-csum", min_share=4)
         self.agent = Agent("POSIX", posix_params(config.posix_engine))
         self._files: dict[int, Any] = {}
         self._files_lock = threading.Lock()
@@ -117,6 +119,11 @@ class NixlFileConnector(NixlConnector):
                 self._files[fd] = self.agent.register([(0, size, fd, "")], "FILE")
         return fd
 
+    def _checksums(self, pages: list[Page]) -> list[int]:
+        """XXH3 of each page, over ``checksum_threads`` threads (the hash releases the GIL)."""
+        shares = self._pool.map(lambda lo, hi: [page_checksum(p) for p in pages[lo:hi]], len(pages))
+        return [c for share in shares for c in share]
+
     @staticmethod
     def _unit(page: Page, fd: int, offset: int) -> Unit:
         local, remote = [], []
@@ -146,10 +153,11 @@ class NixlFileConnector(NixlConnector):
         todo = todo[: len(slots)]
         geometry = store.geometry
         units, heads, failed, staged = [], [], [], []
+        sums = self._checksums([pages[i] for i in todo]) if self._checksum else [0] * len(todo)
         for j, i in enumerate(todo):
             fd, slab, slot, gen = slots[j]
             nbytes = page_nbytes(pages[i])
-            csum = page_checksum(pages[i]) if self._checksum else 0
+            csum = sums[j]
             fp = key_fingerprint(keys[i])
             try:
                 os.pwrite(fd, encode_end(gen, fp), geometry.end_offset(slot))  # end marker first
@@ -208,6 +216,8 @@ class NixlFileConnector(NixlConnector):
             units.append(self._unit(pages[i], fd, geometry.data_offset(entry.slot)))
         results = run_units(self._xfer("READ", "FILE"), units, self.config.max_descs, reread=True)
         start, end = memoryview(bytearray(MARKER)), memoryview(bytearray(MARKER))
+        check = [i for i, r in zip(work, results) if r is Reason.OK and found[i][1].checksum]  # type: ignore[index]
+        sums = dict(zip(check, self._checksums([pages[i] for i in check])))
         hits = []
         for i, result in zip(work, results):
             fd, entry = found[i]  # type: ignore[misc]
@@ -223,7 +233,7 @@ class NixlFileConnector(NixlConnector):
                 reasons[i] = Reason.ENGINE_ERROR
                 continue
             if ok and entry.checksum:
-                ok = page_checksum(pages[i]) == entry.checksum
+                ok = sums[i] == entry.checksum
             if not ok or not check_slot(start, end, entry, key_fingerprint(keys[i])):
                 reasons[i] = Reason.CORRUPT
                 store.invalidate(keys[i], entry)
@@ -261,6 +271,7 @@ class NixlFileConnector(NixlConnector):
             except Exception as exc:
                 self._log.warning("close", "nixl: deregistering a slab failed: %s", exc)
         self.agent.close()
+        self._pool.shutdown()
         if self._store is not None:
             self._store.close()
 
