@@ -62,8 +62,8 @@ class TestFileConnector(ConnectorTests):
             if how == "flip":
                 byte = os.pread(fd, 1, offset + length // 2)
                 os.pwrite(fd, bytes([byte[0] ^ 0xFF]), offset + length // 2)
-            else:  # a torn write: the end marker never made it
-                os.pwrite(fd, bytes(MARKER), offset + length)
+            else:  # a torn write: the second half of the data and the end marker never landed
+                os.pwrite(fd, bytes(length - length // 2 + MARKER), offset + length // 2)
         finally:
             os.close(fd)
 
