@@ -278,3 +278,14 @@ def test_obj_three_threads_and_eviction_bound(s3: S3Engine, namespace: Namespace
     objects = s3.client().list_objects_v2(Bucket=s3.bucket, Prefix=conn.base + "d/").get("Contents", [])
     assert len(objects) == 24
     assert conn.stats()["engine"]["evictions"] == 72 - 24
+
+
+def test_only_the_plugin_in_use_is_loaded_and_no_ucx_env(s3: S3Engine, namespace: Namespace,
+                                                         tmp_path: Path, opened: list[Any]) -> None:
+    before = {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
+    file_conn = open_connector("nixl", namespace, {"root": str(tmp_path)})
+    obj_conn = open_connector("nixl", namespace, s3.settings)
+    opened += [file_conn, obj_conn]
+    assert set(file_conn.agent.agent.backends) == {"POSIX"}
+    assert set(obj_conn.agent.agent.backends) == {"OBJ"}
+    assert {k: v for k, v in os.environ.items() if k.startswith("UCX_")} == before
