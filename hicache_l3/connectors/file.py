@@ -253,24 +253,25 @@ class FileConnector(Connector[FileConfig]):
                 if entry.length != nbytes:
                     reasons[i] = Reason.SIZE_MISMATCH
                     continue
+                fp = key_fingerprint(keys[i])
                 try:
                     if direct and _aligned(page):
                         dfd = store.fd(entry.writer, entry.slab, direct=True)
                         ok = preadv(fd, [start], geometry.header_offset(entry.slot)) == MARKER
                         ok = ok and preadv(dfd, views, geometry.data_offset(entry.slot)) == nbytes
                         ok = ok and preadv(fd, [end], geometry.end_offset(entry.slot)) == MARKER
+                        ok = ok and check_slot(start, end, entry, fp)
                     elif entry.checksum:  # the checksum catches a torn read: no end marker needed
                         ok = preadv(fd, [start, *views], entry.slot * stride + head) == expect_data
-                        end[:] = encode_end(entry.gen, key_fingerprint(keys[i]))
+                        ok = ok and start == encode_start(entry.gen, nbytes, entry.checksum, fp)
                     else:
                         ok = preadv(fd, [start, *views, end], entry.slot * stride + head) == expect
+                        ok = ok and check_slot(start, end, entry, fp)
                 except OSError as exc:
                     self._log.warning("get-io", "file: read of %s failed: %s", keys[i], exc)
                     reasons[i] = Reason.ENGINE_ERROR
                     continue
-                if not ok or not check_slot(start, end, entry, key_fingerprint(keys[i])) or (
-                    entry.checksum and page_checksum(page) != entry.checksum
-                ):
+                if not ok or (entry.checksum and page_checksum(page) != entry.checksum):
                     reasons[i] = Reason.CORRUPT
                     store.invalidate(keys[i], entry)
                     continue
