@@ -54,6 +54,7 @@ import socket
 import struct
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -158,6 +159,12 @@ class MooncakeConfig(ConnectorConfig):
     tenant_id: str = setting("default", "Mooncake tenant the pages belong to")
     checksum: Literal["none", "xxh3"] = setting(
         "none", "xxh3: store a checksum trailer with every page and verify it on get")
+    capacity_bytes: int = setting(
+        0, "0 = no limit of this connector's own (the segments bound the store, and the master "
+        "evicts in the background); > 0 = this connector deletes its own least recently used "
+        "pages to keep the pages it stored within this many bytes (others' pages not counted)",
+        size=True,
+    )
     max_batch: int = setting(
         1024, "most pages per Mooncake call; larger batches are split (the TCP transport "
         "rejects ~4096 transfers queued at once)")
@@ -349,19 +356,22 @@ class MooncakeConnector(Connector[MooncakeConfig]):
             self._replicate.preferred_segment = config.preferred_segment
         self._checksum = config.checksum == "xxh3"
         self._trailers = _Trailers(store) if self._checksum else None
+        self._lru: OrderedDict[str, None] | None = OrderedDict() if config.capacity_bytes else None
+        self._lru_lock = threading.Lock()
 
     @property
     def capabilities(self) -> Capabilities:
         """Shared; persistent only when this process holds no segment (its pages then
         live in other processes' segments); corruption detected with checksums. Mooncake
         evicts in the background at a watermark and refuses puts into a full store
-        (``no_space``) rather than evicting synchronously, so the suite's synchronous
-        eviction contract is not declared."""
+        (``no_space``) rather than evicting synchronously: ``evicts`` is declared only
+        with ``capacity_bytes`` set, where this connector deletes its own least recently
+        used pages to stay within it."""
         return Capabilities(
             persistent=self.config.global_segment_size == 0,
             shared_across_processes=True,
             detects_corruption=self._checksum,
-            evicts=False,
+            evicts=self.config.capacity_bytes > 0,
         )
 
     # ---- memory -------------------------------------------------------------------
@@ -408,6 +418,12 @@ class MooncakeConnector(Connector[MooncakeConfig]):
 
     # ---- hooks --------------------------------------------------------------------
     def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
+        out = self._set_all(keys, pages)
+        if self._lru is not None:
+            self._lru_stored(keys, out)
+        return out
+
+    def _set_all(self, keys: list[str], pages: list[Page]) -> list[Reason]:
         n = len(keys)
         if self._master_unreachable():
             return [Reason.ENGINE_DOWN] * n
@@ -466,6 +482,12 @@ class MooncakeConnector(Connector[MooncakeConfig]):
         return ptrs, sizes
 
     def _get(self, keys: list[str], pages: list[Page]) -> list[Reason]:
+        out = self._get_all(keys, pages)
+        if self._lru is not None:
+            self._lru_touch(keys, out)
+        return out
+
+    def _get_all(self, keys: list[str], pages: list[Page]) -> list[Reason]:
         if self._master_unreachable():
             return [Reason.ENGINE_DOWN] * len(keys)
         out: list[Reason] = []
@@ -525,7 +547,36 @@ class MooncakeConnector(Connector[MooncakeConfig]):
         codes = self._chunked(self._store.batch_is_exist, [self._prefix + k for k in keys])
         return [Reason.OK if c == 1 else Reason.MISS if c == 0 else _reason(c) for c in codes]
 
+    # ---- this connector's own capacity (capacity_bytes > 0) -----------------------------
+    def _lru_stored(self, keys: list[str], reasons: list[Reason]) -> None:
+        """Record stored keys as most recent; delete the least recent beyond capacity."""
+        assert self._lru is not None
+        capacity = max(1, self.config.capacity_bytes // (self.page_bytes or 1))
+        with self._lru_lock:
+            for key, r in zip(keys, reasons):
+                if r is Reason.OK:
+                    self._lru[key] = None
+                    self._lru.move_to_end(key)
+            excess = len(self._lru) - capacity
+            victims = [self._lru.popitem(last=False)[0] for _ in range(max(0, excess))]
+        if victims:
+            codes = self._chunked(lambda ks: self._store.batch_remove(ks, True),
+                                  [self._prefix + k for k in victims])
+            self.metrics.count("capacity_evictions", sum(1 for c in codes if c == 0))
+
+    def _lru_touch(self, keys: list[str], reasons: list[Reason]) -> None:
+        """Hits become the most recently used pages."""
+        assert self._lru is not None
+        with self._lru_lock:
+            for key, r in zip(keys, reasons):
+                if r is Reason.OK and key in self._lru:
+                    self._lru.move_to_end(key)
+
     def _delete(self, keys: list[str]) -> list[Reason]:
+        if self._lru is not None:
+            with self._lru_lock:
+                for key in keys:
+                    self._lru.pop(key, None)
         if self._master_unreachable():
             return [Reason.ENGINE_DOWN] * len(keys)
         # force: a page read within the last lease period (10 s by default) is removed too
@@ -545,6 +596,9 @@ class MooncakeConnector(Connector[MooncakeConfig]):
         return codes
 
     def _clear(self) -> None:
+        if self._lru is not None:
+            with self._lru_lock:
+                self._lru.clear()
         if self._master_unreachable():
             raise EngineUnavailableError(f"mooncake master {self.config.master_address} is down")
         # the prefix is 24 hex digits and a colon: nothing to escape

@@ -6,8 +6,9 @@ they outlive the connector (declared ``persistent``). The backdoor is a second, 
 ``MooncakeDistributedStore`` client of the same master: it reads objects by storage key
 (``namespace.storage_key(key)``) and damages them by replacing the object.
 
-Two classes: the default settings (no checksum) and ``checksum="xxh3"`` (where the
-suite's corruption test runs too).
+Two classes: the default settings (which declare neither ``detects_corruption`` nor
+``evicts``, so the suite skips those two tests there), and ``checksum="xxh3"`` with
+``capacity_bytes`` set, where every test of the suite runs.
 """
 
 from __future__ import annotations
@@ -73,12 +74,18 @@ class TestMooncakeConnector(ConnectorTests):
         assert self.raw.put(skey, bytes(data)) == 0
 
 
-class TestMooncakeChecksum(TestMooncakeConnector):
-    """The same suite with ``checksum="xxh3"`` (a trailer with the page's checksum)."""
+    def eviction_settings(self, settings: dict[str, Any], capacity_pages: int) -> dict[str, Any]:
+        return {**settings, "capacity_bytes": capacity_pages * self.page_bytes}
+
+
+class TestMooncakeChecksumCapacity(TestMooncakeConnector):
+    """The same suite with every optional capability declared: ``checksum="xxh3"`` (a
+    trailer with the page's checksum: ``detects_corruption``) and ``capacity_bytes``
+    (the connector bounds its own pages: ``evicts``). Nothing is skipped here."""
 
     trailer = TRAILER_BYTES
 
     @pytest.fixture
     def settings(self, engine: MooncakeEngine, raw: Any) -> dict[str, Any]:
         self.raw = raw
-        return {**engine.settings, "checksum": "xxh3"}
+        return {**engine.settings, "checksum": "xxh3", "capacity_bytes": "256MiB"}
