@@ -20,7 +20,9 @@ Behaviour SGLang relies on:
   at that point with a message naming it;
 * every layout SGLang describes is served zero-copy: a page is the list of
   ``(address, length)`` segments ``get_page_buffer_meta`` gives for it (2 per page for MHA
-  ``page_first``, 2 per layer for MHA ``layer_first``, 1 per page or per layer for MLA);
+  ``page_first``, 2 per layer for MHA ``layer_first``, 1 per page or per layer for MLA),
+  in address order, so that a stored page is byte for byte SGLang's flat data page and
+  the zero-copy and legacy paths read each other's pages;
 * ``batch_set_v1`` and the legacy ``batch_set`` ask the engine which pages it already
   holds and send only the others (SGLang backs up pages that L3 itself gave it);
 * with MLA, ranks that are not the storage writer (``is_storage_writer``) never write:
@@ -225,7 +227,10 @@ class HiCacheL3Storage(HiCacheStorage):
         if per == 1:
             return [((p, s),) for p, s in zip(ptrs, sizes)]
         segs = list(zip(ptrs, sizes))
-        return [segs[i * per : (i + 1) * per] for i in range(n)]
+        # Address order is the order of SGLang's flat page (get_data_page(flat=True)) in every
+        # layout that has one (MHA layer_first: all K layers, then all V layers), so pages
+        # stored by the zero-copy and by the legacy copying path are the same bytes.
+        return [sorted(segs[i * per : (i + 1) * per]) for i in range(n)]
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:

@@ -161,6 +161,16 @@ def roundtrip(connector: str, settings: dict[str, Any], kind: str, layout: str) 
         check(all(r is not None and torch.equal(r.view(torch.uint8), v.contiguous().view(torch.uint8))
                   for r, v in zip(res, values)), f"{case}: legacy pages differ")
         check(b.get(f"{run_id}-nope", pool_b.get_dummy_flat_data_page()) is None, f"{case}: legacy get miss")
+        # the two paths store the same bytes (SGLang's flat page): legacy-written pages read
+        # with batch_get_v1, v1-written pages read with the legacy batch_get
+        check(b.batch_get_v1(lkeys, indices([10, 12, 14])) == [True] * 3, f"{case}: v1 get of legacy pages")
+        check(all(torch.equal(page_bytes(pool_b, d), v.contiguous().view(torch.uint8))
+                  for d, v in zip([10, 12, 14], values)), f"{case}: v1 read of legacy pages differs")
+        vkeys = [f"{run_id}-v1-{i}" for i in range(2)]
+        check(a.batch_set_v1(vkeys, indices([4, 6])) == [True, True], f"{case}: v1 set for legacy read")
+        res = b.batch_get(vkeys, [pool_b.get_dummy_flat_data_page() for _ in vkeys])
+        check(all(r is not None and torch.equal(r.view(torch.uint8), page_bytes(pool_a, p))
+                  for r, p in zip(res, [4, 6])), f"{case}: legacy read of v1 pages differs")
         # namespaces: another model, another tag, another (non-MLA) TP rank see nothing
         others = [backend(extra, pool_c, mla=mla, model="other/model", layout=layout),
                   backend({**extra, "extra_backend_tag": f"other-{run_id}"}, pool_c, mla=mla, layout=layout)]
@@ -194,6 +204,54 @@ def roundtrip(connector: str, settings: dict[str, Any], kind: str, layout: str) 
     return out
 
 
+def threads_check(extra: dict[str, Any]) -> None:
+    """SGLang's prefetch-query, prefetch-I/O and backup threads at once on one backend:
+    every page read back is the page written under its key."""
+    import threading
+
+    (pool,) = make_pools("mha", "page_first", 1)
+    pool.kv_buffer.view(-1).view(torch.uint8).random_(0, 256)
+    b = backend({**extra, "extra_backend_tag": f"threads-{uuid.uuid4().hex[:8]}"}, pool, mla=False)
+    rounds, per = 6, 4  # pages 1..24 are written, 25..48 receive the reads
+    originals = {p: page_bytes(pool, p) for p in range(1, rounds * per + 1)}
+    errors: list[str] = []
+    written = threading.Semaphore(0)
+
+    def backup() -> None:
+        for r in range(rounds):
+            src = list(range(1 + r * per, 1 + (r + 1) * per))
+            if b.batch_set_v1([f"t-{p}" for p in src], indices(src)) != [True] * per:
+                errors.append(f"backup round {r} failed")
+            written.release()
+
+    def prefetch() -> None:
+        for r in range(rounds):
+            written.acquire()
+            src = list(range(1 + r * per, 1 + (r + 1) * per))
+            keys = [f"t-{p}" for p in src]
+            if b.batch_exists(keys) != per:
+                errors.append(f"exists round {r}")
+            dst = [p + rounds * per for p in src]
+            if b.batch_get_v1(keys, indices(dst)) != [True] * per:
+                errors.append(f"get round {r}")
+            elif not all(torch.equal(page_bytes(pool, d), originals[s]) for s, d in zip(src, dst)):
+                errors.append(f"get round {r}: wrong bytes")
+
+    def query() -> None:
+        for _ in range(50):
+            b.batch_exists([f"t-{p}" for p in range(1, rounds * per + 1)])
+
+    workers = [threading.Thread(target=f) for f in (backup, prefetch, query)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    check(not any(w.is_alive() for w in workers), "threads: a worker hung")
+    check(not errors, f"threads: {errors}")
+    b.clear()
+    b.close()
+
+
 def api_checks(connector: str, settings: dict[str, Any]) -> None:
     """Start-up refusals and error handling that do not depend on the layout."""
     extra = extra_config_for(connector, settings)
@@ -221,6 +279,7 @@ def api_checks(connector: str, settings: dict[str, Any]) -> None:
         check(False, "a v2 sidecar pool was accepted")
     except ConfigError as exc:
         check("mamba" in str(exc), f"v2 refusal does not name the pool: {exc}")
+    threads_check(extra)
     # a layout SGLang gives no page description for is refused at attach, naming it
     for kind in ("mha", "mla"):
         (unified,) = make_pools(kind, "page_unified", 1)
