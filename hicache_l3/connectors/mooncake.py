@@ -544,7 +544,10 @@ class MooncakeConnector(Connector[MooncakeConfig]):
     def _exists(self, keys: list[str]) -> list[Reason]:
         if self._master_unreachable():
             return [Reason.ENGINE_DOWN] * len(keys)
-        codes = self._chunked(self._store.batch_is_exist, [self._prefix + k for k in keys])
+        prefix = self._prefix
+        codes = self._chunked(self._store.batch_is_exist, [prefix + k for k in keys])
+        if codes and min(codes) == 1:  # all present: the prefetch query's common case
+            return [Reason.OK] * len(codes)
         return [Reason.OK if c == 1 else Reason.MISS if c == 0 else _reason(c) for c in codes]
 
     # ---- this connector's own capacity (capacity_bytes > 0) -----------------------------
