@@ -71,11 +71,14 @@ log = logging.getLogger("hicache_l3.mooncake")
 try:  # the CPU build (mooncake-transfer-engine-non-cuda) and the CUDA build share it
     from mooncake.store import MooncakeDistributedStore, ReplicateConfig
 except ImportError as _exc:  # the registry turns this into an install hint
+    # a missing package keeps its name (the registry's hint names the extra); a missing
+    # system library (libibverbs.so.1...) gets the whole message, which says what to install
+    _missing = _exc.name if isinstance(_exc, ModuleNotFoundError) else None
     raise ImportError(
         f"mooncake.store is not importable ({_exc}); pip install 'hicache-l3[mooncake]' "
         "(CPU build) or 'hicache-l3[mooncake-cuda]'; Mooncake also needs the system "
         "libraries libibverbs1, librdmacm1 and libnuma1",
-        name="mooncake",
+        name=_missing,
     ) from _exc
 
 # Mooncake ErrorCode values (mooncake-store types.h) -> what a key's failure means here.

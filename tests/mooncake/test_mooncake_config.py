@@ -87,3 +87,22 @@ def test_sglang_json_file_errors_name_the_problem(tmp_path: Path, content: objec
     path.write_text(content if isinstance(content, str) else json.dumps(content))
     with pytest.raises(ConfigError, match=match):
         load(env={"SGLANG_HICACHE_MOONCAKE_CONFIG_PATH": str(path)})
+
+
+def test_missing_package_gives_an_install_hint() -> None:
+    """Without the mooncake package, opening the connector says which extra to install."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['mooncake'] = None; sys.modules['mooncake.store'] = None\n"
+        "from hicache_l3.common.registry import open_connector\n"
+        "from hicache_l3.common.errors import EngineUnavailableError\n"
+        "try:\n"
+        "    open_connector('mooncake', dict(model='m', kv_dtype='x', layout='l', page_size=1),\n"
+        "                   {'master_address': '127.0.0.1:1'})\n"
+        "except EngineUnavailableError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "pip install 'hicache-l3[mooncake]'" in out.stdout, out.stdout + out.stderr
