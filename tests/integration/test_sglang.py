@@ -65,18 +65,23 @@ def s3() -> Iterator[S3Engine]:
 
 
 @pytest.fixture(scope="module")
-def report(mooncake: MooncakeEngine, s3: S3Engine, tmp_path_factory: pytest.TempPathFactory
-           ) -> dict[str, Any]:
-    """Run the round trips of every connector in one SGLang process; the parsed report."""
-    python = require_sglang_venv()
+def settings(mooncake: MooncakeEngine, s3: S3Engine, tmp_path_factory: pytest.TempPathFactory
+             ) -> dict[str, tuple[str, dict[str, Any]]]:
+    """label -> (connector, settings reaching the engine started here)."""
     root = tmp_path_factory.mktemp("sglang")
-    settings = {
+    return {
         "file": ("file", {"root": str(root / "file")}),
         "mooncake": ("mooncake", mooncake.settings),
         "nixl-file": ("nixl", {"mode": "file", "root": str(root / "nixl")}),
         "nixl-obj": ("nixl", {**s3.settings, "capacity_bytes": "256MiB"}),
         "hf3fs": ("hf3fs", {"root": str(root / "hf3fs")}),
     }
+
+
+@pytest.fixture(scope="module")
+def report(settings: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Run the round trips of every connector in one SGLang process; the parsed report."""
+    python = require_sglang_venv()
     spec = {
         "api_checks": True,
         "connectors": [{"label": label, "connector": settings[label][0], "settings": settings[label][1],
@@ -159,6 +164,16 @@ def test_sglang_args_writes_a_config_that_checks(tmp_path: Path, ext: str) -> No
     proc = subprocess.run([sys.executable, "-m", "hicache_l3.cli", "check", "--config", str(path)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.startswith("ok:")
+
+
+@pytest.mark.parametrize("label", CONNECTORS)
+def test_check_round_trips_on_every_engine(settings: dict[str, tuple[str, dict[str, Any]]], label: str,
+                                           tmp_path: Path) -> None:
+    """`hicache-l3 check` passes on a config file reaching each engine started here."""
+    connector, values = settings[label]
+    path = tmp_path / "hicache.json"
+    path.write_text(json.dumps(extra_config_for(connector, values)))
+    assert check_config(path, pages=4).startswith(f"ok: {connector} connector")
 
 
 def test_check_names_what_is_wrong(tmp_path: Path) -> None:
