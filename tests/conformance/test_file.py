@@ -3,7 +3,6 @@ fsspec path through fsspec's real ``file://`` implementation."""
 
 from __future__ import annotations
 
-import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -11,65 +10,17 @@ from typing import Any
 import pytest
 
 from hicache_l3.common.keys import Namespace
-from hicache_l3.common.slabs import MARKER, RECORD, Geometry, read_namespace_file
+from hicache_l3.common.slabs import MARKER, read_namespace_file
 from hicache_l3.conformance import ConnectorTests
+from hicache_l3.conformance.slab_backdoor import SlabBackdoor
 
 
-def _slab_locations(root: Path, namespace: Namespace) -> dict[str, tuple[Path, int, int]]:
-    """Backdoor index parse: key -> (slab path, data offset, length), newest record wins."""
-    nsdir = root / f"ns-{namespace.digest()}"
-    meta = read_namespace_file(nsdir)
-    if not meta:
-        return {}
-    geometry = Geometry(meta["slot_bytes"])
-    out: dict[str, tuple[Path, int, int]] = {}
-    for log in sorted(nsdir.glob("writers/w*/index.log")):
-        data = log.read_bytes()
-        pos = 0
-        while pos + RECORD.size <= len(data):
-            _, kind, _, keylen, w, slab, slot, _, _, length, _ = RECORD.unpack_from(data, pos)
-            key = data[pos + RECORD.size : pos + RECORD.size + keylen].decode()
-            pos += RECORD.size + keylen
-            path = nsdir / "writers" / f"w{w:04d}" / f"slab-{slab:06d}.dat"
-            if kind == 1:
-                out[key] = (path, geometry.data_offset(slot), length)
-            else:
-                out.pop(key, None)
-    return out
-
-
-class TestFileConnector(ConnectorTests):
+class TestFileConnector(SlabBackdoor, ConnectorTests):
     connector_name = "file"
 
     @pytest.fixture
     def settings(self, tmp_path: Path) -> dict[str, Any]:
         return {"root": str(tmp_path / "store"), "capacity_bytes": "1GiB"}
-
-    def backdoor_read(self, settings: dict[str, Any], namespace: Namespace, key: str) -> bytes | None:
-        where = _slab_locations(Path(settings["root"]), namespace).get(key)
-        if where is None:
-            return None
-        path, offset, length = where
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read(length)
-
-    def backdoor_corrupt(self, settings: dict[str, Any], namespace: Namespace, key: str,
-                         how: str) -> None:
-        path, offset, length = _slab_locations(Path(settings["root"]), namespace)[key]
-        fd = os.open(path, os.O_RDWR)
-        try:
-            if how == "flip":
-                byte = os.pread(fd, 1, offset + length // 2)
-                os.pwrite(fd, bytes([byte[0] ^ 0xFF]), offset + length // 2)
-            else:  # a torn write: the second half of the data and the end marker never landed
-                os.pwrite(fd, bytes(length - length // 2 + MARKER), offset + length // 2)
-        finally:
-            os.close(fd)
-
-    def eviction_settings(self, settings: dict[str, Any], capacity_pages: int) -> dict[str, Any]:
-        stride = Geometry(self.page_bytes).stride
-        return {**settings, "capacity_bytes": capacity_pages * stride}
 
     # ---- file-specific -------------------------------------------------------------------
     def test_hostile_keys_create_nothing_outside_root(self, open_conn: Any, tmp_path: Path) -> None:

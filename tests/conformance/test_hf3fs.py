@@ -24,9 +24,10 @@ import pytest
 
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.registry import open_connector
-from hicache_l3.common.slabs import MARKER, RECORD, Geometry, read_namespace_file
+from hicache_l3.common.slabs import Geometry
 from hicache_l3.conformance import ConnectorTests
 from hicache_l3.conformance import suite as suite_module
+from hicache_l3.conformance.slab_backdoor import SlabBackdoor, index_records, live_entries
 from hicache_l3.conformance.suite import Pages
 from hicache_l3.connectors.hf3fs import SharedHostBuffer
 
@@ -36,82 +37,8 @@ WORKER = REPO / "tests" / "hf3fs" / "node_worker.py"
 PAGE = 16 << 10
 
 
-def index_records(root: Path, namespace: Namespace) -> list[tuple[int, str, int, int, int, int]]:
-    """Backdoor: every record of every writer log, ``(kind, key, writer, slab, slot, gen)``."""
-    nsdir = root / f"ns-{namespace.digest()}"
-    out = []
-    for log in sorted(nsdir.glob("writers/w*/index.log")):
-        data = log.read_bytes()
-        pos = 0
-        while pos + RECORD.size <= len(data):
-            _, kind, _, keylen, w, slab, slot, _, gen, _, _ = RECORD.unpack_from(data, pos)
-            key = data[pos + RECORD.size : pos + RECORD.size + keylen].decode()
-            pos += RECORD.size + keylen
-            out.append((kind, key, w, slab, slot, gen))
-    return out
-
-
-def live_entries(root: Path, namespace: Namespace) -> dict[str, tuple[int, int, int, int]]:
-    """Backdoor replay of the index: key -> (writer, slab, slot, gen), as readers see it."""
-    entries: dict[str, tuple[int, int, int, int]] = {}
-    by_slot: dict[tuple[int, int, int], str] = {}
-    records = index_records(root, namespace)
-    # a slot's newest generation wins whatever log order we read in
-    for kind, key, w, slab, slot, gen in sorted(records, key=lambda r: r[5]):
-        where = (w, slab, slot)
-        if kind == 1:
-            old = by_slot.get(where)
-            if old is not None and entries.get(old, (None,))[:3] == where:
-                del entries[old]
-            prev = entries.get(key)
-            if prev is not None:
-                by_slot.pop(prev[:3], None)
-            entries[key] = (w, slab, slot, gen)
-            by_slot[where] = key
-        elif entries.get(key) == (w, slab, slot, gen):
-            del entries[key]
-            by_slot.pop(where, None)
-    return entries
-
-
-def _location(settings: dict[str, Any], namespace: Namespace, key: str) -> tuple[Path, int, int] | None:
-    root = Path(settings["root"])
-    nsdir = root / f"ns-{namespace.digest()}"
-    meta = read_namespace_file(nsdir)
-    where = live_entries(root, namespace).get(key)
-    if not meta or where is None:
-        return None
-    w, slab, slot, _ = where
-    path = nsdir / "writers" / f"w{w:04d}" / f"slab-{slab:06d}.dat"
-    return path, Geometry(meta["slot_bytes"]).data_offset(slot), meta["slot_bytes"]
-
-
-class Hf3fsBackdoor:
+class Hf3fsBackdoor(SlabBackdoor):
     """Backdoor reads and damage for the hf3fs slab layout."""
-
-    def backdoor_read(self, settings: dict[str, Any], namespace: Namespace, key: str) -> bytes | None:
-        where = _location(settings, namespace, key)
-        if where is None:
-            return None
-        path, offset, length = where
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read(length)
-
-    def backdoor_corrupt(self, settings: dict[str, Any], namespace: Namespace, key: str,
-                         how: str) -> None:
-        where = _location(settings, namespace, key)
-        assert where is not None
-        path, offset, length = where
-        fd = os.open(path, os.O_RDWR)
-        try:
-            if how == "flip":
-                byte = os.pread(fd, 1, offset + length // 2)
-                os.pwrite(fd, bytes([byte[0] ^ 0xFF]), offset + length // 2)
-            else:  # a torn write: the end marker never made it
-                os.pwrite(fd, bytes(MARKER), offset + length)
-        finally:
-            os.close(fd)
 
     def eviction_settings(self, settings: dict[str, Any], capacity_pages: int) -> dict[str, Any]:
         stride = Geometry(PAGE).stride

@@ -1,58 +1,31 @@
 """The conformance suite on the nixl connector in file mode: NIXL's real POSIX plugin
 moving pages into the shared slab store on local disk.
 
-The backdoor reads the slabs the way the file connector's tests do (same layout).
+The backdoor reads the slabs directly (:mod:`hicache_l3.conformance.slab_backdoor`).
 ``checksum=xxh3`` here so that the suite's corruption test runs (the mode's default,
 ``auto``, means no checksum; the slot markers are tested either way).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_file import _slab_locations  # the file connector's backdoor: same slab layout
 
 from hicache_l3.common.keys import Namespace
-from hicache_l3.common.slabs import MARKER, Geometry
 from hicache_l3.conformance import ConnectorTests
+from hicache_l3.conformance.slab_backdoor import SlabBackdoor
 from hicache_l3.conformance.suite import Pages
 
 
-class TestNixlFile(ConnectorTests):
+class TestNixlFile(SlabBackdoor, ConnectorTests):
     connector_name = "nixl"
 
     @pytest.fixture
     def settings(self, tmp_path: Path) -> dict[str, Any]:
         return {"mode": "file", "root": str(tmp_path / "store"), "capacity_bytes": "1GiB",
                 "checksum": "xxh3"}
-
-    def backdoor_read(self, settings: dict[str, Any], namespace: Namespace, key: str) -> bytes | None:
-        where = _slab_locations(Path(settings["root"]), namespace).get(key)
-        if where is None:
-            return None
-        path, offset, length = where
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read(length)
-
-    def backdoor_corrupt(self, settings: dict[str, Any], namespace: Namespace, key: str,
-                         how: str) -> None:
-        path, offset, length = _slab_locations(Path(settings["root"]), namespace)[key]
-        fd = os.open(path, os.O_RDWR)
-        try:
-            if how == "flip":
-                byte = os.pread(fd, 1, offset + length // 2)
-                os.pwrite(fd, bytes([byte[0] ^ 0xFF]), offset + length // 2)
-            else:  # a torn write: the end marker never made it
-                os.pwrite(fd, bytes(MARKER), offset + length)
-        finally:
-            os.close(fd)
-
-    def eviction_settings(self, settings: dict[str, Any], capacity_pages: int) -> dict[str, Any]:
-        return {**settings, "capacity_bytes": capacity_pages * Geometry(self.page_bytes).stride}
 
     # ---- nixl file mode specifics -------------------------------------------------------
     @pytest.mark.parametrize("engine", ["aio", "uring", "posix_aio"])

@@ -1,0 +1,105 @@
+"""The conformance backdoor for connectors that keep pages in the shared slab store
+(file, nixl file mode, hf3fs): reads the index logs and slab files directly, without
+the connector under test, to check bytes at rest and to damage them.
+
+Subclass :class:`SlabBackdoor` together with
+:class:`~hicache_l3.conformance.suite.ConnectorTests`; the ``settings`` fixture must
+hold the store's ``root``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from hicache_l3.common.keys import Namespace
+from hicache_l3.common.slabs import DEL, MARKER, PUT, RECORD, Geometry, read_namespace_file
+
+
+def index_records(root: Path, namespace: Namespace) -> list[tuple[int, str, int, int, int, int]]:
+    """Every record of every writer log: ``(kind, key, writer, slab, slot, gen)``."""
+    nsdir = root / f"ns-{namespace.digest()}"
+    out = []
+    for log in sorted(nsdir.glob("writers/w*/index.log")):
+        data = log.read_bytes()
+        pos = 0
+        while pos + RECORD.size <= len(data):
+            _, kind, _, keylen, w, slab, slot, _, gen, _, _ = RECORD.unpack_from(data, pos)
+            key = data[pos + RECORD.size : pos + RECORD.size + keylen].decode()
+            pos += RECORD.size + keylen
+            out.append((kind, key, w, slab, slot, gen))
+    return out
+
+
+def live_entries(root: Path, namespace: Namespace) -> dict[str, tuple[int, int, int, int]]:
+    """The index replayed as readers see it: ``key -> (writer, slab, slot, gen)``."""
+    entries: dict[str, tuple[int, int, int, int]] = {}
+    by_slot: dict[tuple[int, int, int], str] = {}
+    deleted: dict[tuple[int, int, int], int] = {}
+    for kind, key, w, slab, slot, gen in sorted(index_records(root, namespace), key=lambda r: r[5]):
+        where = (w, slab, slot)
+        if kind == PUT and deleted.get(where, 0) < gen:
+            old = by_slot.get(where)
+            if old is not None and entries.get(old, (None,))[:3] == where:
+                del entries[old]
+            prev = entries.get(key)
+            if prev is not None:
+                by_slot.pop(prev[:3], None)
+            entries[key] = (w, slab, slot, gen)
+            by_slot[where] = key
+        elif kind == DEL:
+            deleted[where] = max(deleted.get(where, 0), gen)
+            if entries.get(key) == (w, slab, slot, gen):
+                del entries[key]
+                by_slot.pop(where, None)
+    return entries
+
+
+def slab_location(root: Path, namespace: Namespace, key: str) -> tuple[Path, int, int] | None:
+    """``(slab path, data offset, length)`` of a stored page, or None."""
+    nsdir = root / f"ns-{namespace.digest()}"
+    meta = read_namespace_file(nsdir)
+    where = live_entries(root, namespace).get(key)
+    if not meta or where is None:
+        return None
+    w, slab, slot, _ = where
+    path = nsdir / "writers" / f"w{w:04d}" / f"slab-{slab:06d}.dat"
+    return path, Geometry(meta["slot_bytes"]).data_offset(slot), meta["slot_bytes"]
+
+
+class SlabBackdoor:
+    """``backdoor_read``/``backdoor_corrupt``/``eviction_settings`` for slab-store connectors."""
+
+    page_bytes: int
+
+    def backdoor_read(self, settings: dict[str, Any], namespace: Namespace, key: str) -> bytes | None:
+        """The page's bytes straight from its slab."""
+        where = slab_location(Path(settings["root"]), namespace, key)
+        if where is None:
+            return None
+        path, offset, length = where
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(length)
+
+    def backdoor_corrupt(self, settings: dict[str, Any], namespace: Namespace, key: str,
+                         how: str) -> None:
+        """``flip``: one data byte inverted; ``truncate``: a torn write whose second half of
+        the data and end marker never landed (a state the write order can produce)."""
+        where = slab_location(Path(settings["root"]), namespace, key)
+        assert where is not None, f"{key} is not stored"
+        path, offset, length = where
+        fd = os.open(path, os.O_RDWR)
+        try:
+            if how == "flip":
+                byte = os.pread(fd, 1, offset + length // 2)
+                os.pwrite(fd, bytes([byte[0] ^ 0xFF]), offset + length // 2)
+            else:
+                os.pwrite(fd, bytes(length - length // 2 + MARKER), offset + length // 2)
+        finally:
+            os.close(fd)
+
+    def eviction_settings(self, settings: dict[str, Any], capacity_pages: int) -> dict[str, Any]:
+        """A capacity of ``capacity_pages`` slots."""
+        return {**settings, "capacity_bytes": capacity_pages * Geometry(self.page_bytes).stride}
