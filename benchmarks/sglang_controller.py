@@ -11,7 +11,8 @@ the controller's own methods, called on a stand-in object holding the real host 
 backend, in batches of SGLang's STORAGE_BATCH_SIZE (128) pages as its backup and prefetch
 threads send them. Every repetition uses fresh keys and fresh random page bytes, runs the
 two backends one after the other (alternating which goes first), zeroes the pages between
-set and get, and verifies the bytes read back. Reported: per repetition the time and GB/s
+set and get, and verifies the bytes read back. One untimed warm-up repetition of both
+comes first (``--warmup``). Reported: per repetition the time and GB/s
 of each, the ratio SGLang-time / ours, and the median ratio for set and for get.
 """
 
@@ -138,6 +139,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pages", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1, help="untimed repetitions first (both backends)")
     ap.add_argument("--workdir", default=None,
                     help="directory for both backends' files (default: a temp dir)")
     ap.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
@@ -159,7 +161,7 @@ def main() -> int:
                   ("hicache-l3-file", StandIn(host, ours), True)]
     rows: list[dict[str, Any]] = []
     try:
-        for rep in range(args.reps):
+        for rep in range(-args.warmup, args.reps):
             times: dict[str, dict[str, float]] = {}
             order = contenders if rep % 2 == 0 else contenders[::-1]
             for name, standin, zero_copy in order:
@@ -168,6 +170,8 @@ def main() -> int:
                 host.kv_buffer.view(-1).view(torch.uint8).random_(0, 256)
                 expected = as_bytes(page_view(host, args.pages))
                 times[name] = run_one(name, standin, zero_copy, keys, indices, expected)
+            if rep < 0:
+                continue  # warm-up: first files, slabs and directories of both backends
             s, o = times["sglang-file"], times["hicache-l3-file"]
             row = {"rep": rep, "sglang_set_s": s["set_s"], "ours_set_s": o["set_s"],
                    "sglang_get_s": s["get_s"], "ours_get_s": o["get_s"],
@@ -182,7 +186,7 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     summary = {
         "pages": args.pages, "page_bytes": page_bytes, "reps": args.reps, "layout": "page_first",
-        "batch_pages": STORAGE_BATCH_SIZE, "verified": True,
+        "warmup": args.warmup, "batch_pages": STORAGE_BATCH_SIZE, "verified": True,
         "set_ratio_median": statistics.median(r["set_ratio"] for r in rows),
         "get_ratio_median": statistics.median(r["get_ratio"] for r in rows),
         "rows": rows,
