@@ -74,6 +74,7 @@ START_MAGIC, END_MAGIC = b"HL3S", b"HL3E"
 # crc, kind, pad, key length, writer, slab, slot, pad, gen, length, checksum
 RECORD = struct.Struct("<IBBHIIIIQQQ")
 PUT, DEL, GEN = 1, 2, 3  # GEN: "generations up to this one were used" (kept by compaction)
+PREALLOCATE_CHUNK = 32 << 20  # slab space is reserved as slots are first used: doubling, this at most
 COMPACT_MIN_BYTES = 4 << 20  # a writer's log is rewritten once larger than this and 3x its live part
 
 
@@ -206,6 +207,7 @@ class SlabStore:
         self._lru: collections.OrderedDict[tuple[int, int], str] = collections.OrderedDict()
         self._free: list[tuple[int, int]] = []
         self._n_slabs = 0
+        self._allocated: dict[int, int] = {}  # own slab -> bytes preallocated from its start
         self._next_gen = 1
         self._foreign_dels: list[tuple[str, Entry]] = []  # our DELs of other writers' slots
         self._adopting = -1
@@ -406,8 +408,48 @@ class SlabStore:
                     break
                 gen = self._next_gen
                 self._next_gen += 1
-                out.append((self._fd(self.me, where[0]), where[0], where[1], gen))  # type: ignore[arg-type]
+                fd = self._fd(self.me, where[0])  # type: ignore[arg-type]
+                try:
+                    self._preallocate(fd, where)
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+                    self._free.append(where)  # the disk is full: the rest get no slot
+                    break
+                out.append((fd, where[0], where[1], gen))
             return out
+
+    def _preallocate(self, fd: int, where: tuple[int, int]) -> None:
+        """Reserve disk space up to and past this slot, a chunk at a time, so that a full
+        disk shows as ``NO_SPACE`` here and a slab's space is allocated only once used."""
+        slab, slot = where
+        end = (slot + 1) * self.geometry.stride
+        done = self._allocated.get(slab, 0)
+        if end <= done:
+            return
+        size = os.fstat(fd).st_size
+        upto = min(size, max(end, min(2 * done, done + PREALLOCATE_CHUNK)))  # doubling, capped
+        try:
+            os.posix_fallocate(fd, done, upto - done)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+        self._allocated[slab] = upto
+
+    def reserve_new(self, keys: Sequence[str]) -> tuple[list[tuple[int, tuple[int, int, int, int]]],
+                                                         list[int]]:
+        """Slots for the keys that are not stored yet (each key once): ``[(index, (fd, slab,
+        slot, gen))]``, and the indices of keys left without a slot because the store is
+        full. Keys already stored need no write (same key, same bytes)."""
+        present = self.contains(keys)
+        seen: set[str] = set()
+        todo = []
+        for i, key in enumerate(keys):
+            if not present[i] and key not in seen:
+                seen.add(key)
+                todo.append(i)
+        slots = self.reserve(len(todo))
+        return list(zip(todo, slots)), todo[len(slots):]
 
     def _take_slot(self) -> tuple[int, int] | None:
         if self._free:
@@ -432,13 +474,7 @@ class SlabStore:
             slots = min(slots, self.max_slots - slab * self.slots_per_slab)
         size = slots * self.geometry.stride
         fd = os.open(self._slab_path(self.me, slab), os.O_RDWR | os.O_CREAT, 0o644)  # type: ignore[arg-type]
-        try:
-            os.posix_fallocate(fd, 0, size)
-        except OSError as exc:
-            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                os.close(fd)
-                raise
-            os.ftruncate(fd, size)
+        os.ftruncate(fd, size)  # sparse: space is reserved chunk by chunk as slots are first used
         self._fds[(self.me, slab, False)] = fd  # type: ignore[index]
         self._n_slabs += 1
         self._free.extend((slab, s) for s in reversed(range(slots)))

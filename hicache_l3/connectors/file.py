@@ -28,8 +28,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import shutil
-import threading
 import uuid
 from pathlib import Path
 from typing import Any, Literal
@@ -49,8 +47,8 @@ from hicache_l3.common.slabs import (
     check_slot,
     encode_end,
     encode_start,
-    read_namespace_file,
 )
+from hicache_l3.connectors.slab_backed import SlabBacked
 
 
 @dataclasses.dataclass
@@ -90,7 +88,7 @@ def open_file_connector(settings: dict[str, Any], namespace: Namespace) -> Conne
     return FileConnector(config, namespace)
 
 
-class FileConnector(Connector[FileConfig]):
+class FileConnector(SlabBacked, Connector[FileConfig]):
     """Pages in slab files under a local (or mounted) directory; see module docstring."""
 
     name = "file"
@@ -98,27 +96,11 @@ class FileConnector(Connector[FileConfig]):
 
     def __init__(self, config: FileConfig, namespace: Namespace) -> None:
         super().__init__(config, namespace)
-        self.root = Path(config.root)
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"file connector: cannot create root {self.root}: {exc}") from None
-        if not os.access(self.root, os.W_OK | os.X_OK):
-            raise ConfigError(f"file connector: root {self.root} is not writable")
-        if config.o_direct:
-            _probe_o_direct(self.root)
-        if config.capacity_bytes:
-            self.capacity_bytes = config.capacity_bytes
-        else:
-            self.capacity_bytes = shutil.disk_usage(self.root).free // 2
-        self._store: SlabStore | None = None
-        self._store_lock = threading.Lock()
         self._pool = BatchPool(config.io_threads, "hicache-file")
-        if self.page_bytes is None:
-            existing = read_namespace_file(self.root / f"ns-{namespace.digest()}")
-            self.page_bytes = existing.get("slot_bytes")
-        if self.page_bytes is not None:
-            self._open_store(self.page_bytes)
+        if config.o_direct:
+            Path(config.root).mkdir(parents=True, exist_ok=True)
+            _probe_o_direct(Path(config.root))
+        self._init_slab_root(config.root, config.capacity_bytes)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -130,49 +112,22 @@ class FileConnector(Connector[FileConfig]):
             evicts=True,
         )
 
-    def _open_store(self, slot_bytes: int) -> SlabStore:
-        with self._store_lock:
-            if self._store is None:
-                self._store = SlabStore(
-                    self.root, self.namespace, slot_bytes,
-                    capacity_bytes=self.capacity_bytes, slab_bytes=self.config.slab_bytes,
-                    fsync=self.config.fsync, direct=self.config.o_direct,
-                )
-            return self._store
-
-    def _existing_store(self) -> SlabStore | None:
-        """The store, opened now if another process created the namespace meanwhile."""
-        if self._store is None:
-            existing = read_namespace_file(self.root / f"ns-{self.namespace.digest()}")
-            slot_bytes = existing.get("slot_bytes")
-            if slot_bytes is None or self.page_bytes not in (None, slot_bytes):
-                return None
-            self._learn_page_bytes(slot_bytes)
-            return self._open_store(slot_bytes)
-        return self._store
-
-    def _store_for_io(self) -> SlabStore:
-        store = self._store
-        if store is None:
-            assert self.page_bytes is not None  # base class learned it from the batch
-            store = self._open_store(self.page_bytes)
-        return store
+    def _make_store(self, slot_bytes: int) -> SlabStore:
+        return SlabStore(
+            self.root, self.namespace, slot_bytes,
+            capacity_bytes=self.capacity_bytes, slab_bytes=self.config.slab_bytes,
+            fsync=self.config.fsync, direct=self.config.o_direct,
+        )
 
     # ---- hooks --------------------------------------------------------------------
     def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
         store = self._store_for_io()
         reasons = [Reason.OK] * len(keys)
-        present = store.contains(keys)
-        seen: set[str] = set()
-        todo = []
-        for i, key in enumerate(keys):
-            if not present[i] and key not in seen:
-                seen.add(key)
-                todo.append(i)
-        slots = store.reserve(len(todo))
-        for i in todo[len(slots):]:
+        planned, full = store.reserve_new(keys)
+        for i in full:
             reasons[i] = Reason.NO_SPACE
-        todo = todo[: len(slots)]
+        todo = [i for i, _ in planned]
+        slots = [slot for _, slot in planned]
         geometry = store.geometry
         nbytes = geometry.slot_bytes  # == page_bytes: the base class checked every page
         stride, head, tail = geometry.stride, HEADER_BLOCK - MARKER, HEADER_BLOCK + nbytes
@@ -284,33 +239,12 @@ class FileConnector(Connector[FileConfig]):
         store.touch([where for hits in shares for where in hits])
         return reasons
 
-    def _exists(self, keys: list[str]) -> list[Reason]:
-        store = self._existing_store()
-        if store is None:
-            return [Reason.MISS] * len(keys)
-        return [Reason.OK if hit else Reason.MISS for hit in store.contains(keys)]
-
-    def _delete(self, keys: list[str]) -> list[Reason]:
-        store = self._existing_store()
-        if store is None:
-            return [Reason.MISS] * len(keys)
-        return [Reason.OK if hit else Reason.MISS for hit in store.delete(keys)]
-
-    def _clear(self) -> None:
-        store = self._existing_store()
-        if store is not None:
-            store.clear()
-
     def _close(self) -> None:
         self._pool.shutdown()
-        if self._store is not None:
-            self._store.close()
+        self._close_store()
 
     def _engine_stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"root": str(self.root), "capacity_bytes": self.capacity_bytes}
-        if self._store is not None:
-            out.update(self._store.stats())
-        return out
+        return self._slab_stats()
 
 
 def _probe_o_direct(root: Path) -> None:

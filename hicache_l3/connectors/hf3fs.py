@@ -309,26 +309,23 @@ class Hf3fsConnector(FileConnector):
         """``"usrbio"`` or ``"posix"``: how this connector moves bytes."""
         return "usrbio" if self.usrbio is not None else "posix"
 
-    def _open_store(self, slot_bytes: int) -> SlabStore:
-        with self._store_lock:
-            if self._store is None:
-                cfg = self.config
-                per_writer = self.capacity_bytes // cfg.max_writers
-                self._store = SharedSlabStore(
-                    self.root, self.namespace, slot_bytes,
-                    capacity_bytes=per_writer, slab_bytes=cfg.slab_bytes, fsync=cfg.fsync,
-                    direct=cfg.o_direct, max_writers=cfg.max_writers, lease_s=cfg.lease_s,
-                    rescan_s=cfg.rescan_s, node=cfg.node_id, node_locks=cfg.node_locks,
-                )
-                stride = self._store.geometry.stride
-                if per_writer < stride:
-                    self._store.close()
-                    self._store = None
-                    raise ConfigError(
-                        f"hf3fs: capacity_bytes={self.capacity_bytes} / max_writers={cfg.max_writers} "
-                        f"is less than one slot ({stride} bytes for {slot_bytes}-byte pages)"
-                    )
-            return self._store
+    def _make_store(self, slot_bytes: int) -> SlabStore:
+        cfg = self.config
+        per_writer = self.capacity_bytes // cfg.max_writers
+        store = SharedSlabStore(
+            self.root, self.namespace, slot_bytes,
+            capacity_bytes=per_writer, slab_bytes=cfg.slab_bytes, fsync=cfg.fsync,
+            direct=cfg.o_direct, max_writers=cfg.max_writers, lease_s=cfg.lease_s,
+            rescan_s=cfg.rescan_s, node=cfg.node_id, node_locks=cfg.node_locks,
+        )
+        stride = store.geometry.stride
+        if per_writer < stride:
+            store.close()
+            raise ConfigError(
+                f"hf3fs: capacity_bytes={self.capacity_bytes} / max_writers={cfg.max_writers} "
+                f"is less than one slot ({stride} bytes for {slot_bytes}-byte pages)"
+            )
+        return store
 
     # ---- memory ---------------------------------------------------------------------
     def _register(self, region: MemoryRegion) -> None:
@@ -412,20 +409,13 @@ class Hf3fsConnector(FileConnector):
         assert usrbio is not None
         store = self._store_for_io()
         reasons = [Reason.OK] * len(keys)
-        present = store.contains(keys)
-        seen: set[str] = set()
-        todo = []
-        for i, key in enumerate(keys):
-            if not present[i] and key not in seen:
-                seen.add(key)
-                todo.append(i)
-        slots = store.reserve(len(todo))
-        for i in todo[len(slots):]:
+        planned, full = store.reserve_new(keys)
+        for i in full:
             reasons[i] = Reason.NO_SPACE
-        where = dict(zip(todo, slots))
+        where = dict(planned)
         geometry = store.geometry
         checksum = self.config.checksum != "none"
-        plans = [_Plan(i, self._iov_slices(pages[i])) for i in todo[: len(slots)]]
+        plans = [_Plan(i, self._iov_slices(pages[i])) for i, _ in planned]
         page_bytes = self.page_bytes or 0
         done: list[tuple[str, int, int, int, int, int]] = []
         failed: list[tuple[int, int]] = []

@@ -27,13 +27,11 @@ verified).
 from __future__ import annotations
 
 import os
-import shutil
 import threading
-from pathlib import Path
 from typing import Any
 
 from hicache_l3.common.connector import Capabilities
-from hicache_l3.common.errors import ConfigError, Reason
+from hicache_l3.common.errors import Reason
 from hicache_l3.common.integrity import key_fingerprint, page_checksum
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.pages import Page, page_nbytes
@@ -44,9 +42,9 @@ from hicache_l3.common.slabs import (
     check_slot,
     encode_end,
     encode_start,
-    read_namespace_file,
 )
 from hicache_l3.connectors.nixl import Agent, NixlConfig, NixlConnector, Unit, run_units
+from hicache_l3.connectors.slab_backed import SlabBacked
 
 ENGINE_PARAMS = {"aio": "use_aio", "uring": "use_uring", "posix_aio": "use_posix_aio"}
 
@@ -56,30 +54,17 @@ def posix_params(engine: str) -> dict[str, str]:
     return {flag: "true" if name == engine else "false" for name, flag in ENGINE_PARAMS.items()}
 
 
-class NixlFileConnector(NixlConnector):
+class NixlFileConnector(SlabBacked, NixlConnector):
     """Pages in slab files under ``root``, moved by NIXL's POSIX plugin (module docstring)."""
 
     def __init__(self, config: NixlConfig, namespace: Namespace) -> None:
         super().__init__(config, namespace)
-        self.root = Path(config.root)
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"nixl connector: cannot create root {self.root}: {exc}") from None
-        if not os.access(self.root, os.W_OK | os.X_OK):
-            raise ConfigError(f"nixl connector: root {self.root} is not writable")
-        self.capacity_bytes = config.capacity_bytes or shutil.disk_usage(self.root).free // 2
         self._checksum = config.use_checksum()
         self._pool = BatchPool(config.checksum_threads, "hicache-nixl-csum", min_share=4)
         self.agent = Agent("POSIX", posix_params(config.posix_engine))
         self._files: dict[int, Any] = {}
         self._files_lock = threading.Lock()
-        self._store: SlabStore | None = None
-        self._store_lock = threading.Lock()
-        if self.page_bytes is None:
-            self.page_bytes = read_namespace_file(self._ns_dir()).get("slot_bytes")
-        if self.page_bytes is not None:
-            self._open_store(self.page_bytes)
+        self._init_slab_root(config.root, config.capacity_bytes)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -88,26 +73,11 @@ class NixlFileConnector(NixlConnector):
                             detects_corruption=self._checksum, evicts=True)
 
     # ---- the store -------------------------------------------------------------------
-    def _ns_dir(self) -> Path:
-        return self.root / f"ns-{self.namespace.digest()}"
-
-    def _open_store(self, slot_bytes: int) -> SlabStore:
-        with self._store_lock:
-            if self._store is None:
-                self._store = SlabStore(
-                    self.root, self.namespace, slot_bytes, capacity_bytes=self.capacity_bytes,
-                    slab_bytes=self.config.slab_bytes, fsync=self.config.fsync,
-                )
-            return self._store
-
-    def _existing_store(self) -> SlabStore | None:
-        if self._store is None:
-            slot_bytes = read_namespace_file(self._ns_dir()).get("slot_bytes")
-            if slot_bytes is None or self.page_bytes not in (None, slot_bytes):
-                return None
-            self._learn_page_bytes(slot_bytes)
-            return self._open_store(slot_bytes)
-        return self._store
+    def _make_store(self, slot_bytes: int) -> SlabStore:
+        return SlabStore(
+            self.root, self.namespace, slot_bytes, capacity_bytes=self.capacity_bytes,
+            slab_bytes=self.config.slab_bytes, fsync=self.config.fsync,
+        )
 
     def _file(self, fd: int) -> int:
         """Register slab descriptor ``fd`` with NIXL the first time it is used."""
@@ -135,22 +105,13 @@ class NixlFileConnector(NixlConnector):
 
     # ---- hooks -----------------------------------------------------------------------
     def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
-        store = self._store
-        if store is None:
-            assert self.page_bytes is not None  # learned by the base class from the batch
-            store = self._open_store(self.page_bytes)
+        store = self._store_for_io()
         reasons = [Reason.OK] * len(keys)
-        present = store.contains(keys)
-        seen: set[str] = set()
-        todo = []
-        for i, key in enumerate(keys):
-            if not present[i] and key not in seen:
-                seen.add(key)
-                todo.append(i)
-        slots = store.reserve(len(todo))
-        for i in todo[len(slots):]:
+        planned, full = store.reserve_new(keys)
+        for i in full:
             reasons[i] = Reason.NO_SPACE
-        todo = todo[: len(slots)]
+        todo = [i for i, _ in planned]
+        slots = [slot for _, slot in planned]
         geometry = store.geometry
         units, heads, failed, staged = [], [], [], []
         sums = self._checksums([pages[i] for i in todo]) if self._checksum else [0] * len(todo)
@@ -244,23 +205,6 @@ class NixlFileConnector(NixlConnector):
         store.touch(hits)
         return reasons
 
-    def _exists(self, keys: list[str]) -> list[Reason]:
-        store = self._existing_store()
-        if store is None:
-            return [Reason.MISS] * len(keys)
-        return [Reason.OK if hit else Reason.MISS for hit in store.contains(keys)]
-
-    def _delete(self, keys: list[str]) -> list[Reason]:
-        store = self._existing_store()
-        if store is None:
-            return [Reason.MISS] * len(keys)
-        return [Reason.OK if hit else Reason.MISS for hit in store.delete(keys)]
-
-    def _clear(self) -> None:
-        store = self._existing_store()
-        if store is not None:
-            store.clear()
-
     def _close(self) -> None:
         with self._files_lock:
             handles = list(self._files.values())
@@ -272,15 +216,10 @@ class NixlFileConnector(NixlConnector):
                 self._log.warning("close", "nixl: deregistering a slab failed: %s", exc)
         self.agent.close()
         self._pool.shutdown()
-        if self._store is not None:
-            self._store.close()
+        self._close_store()
 
     def _engine_stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "mode": "file", "root": str(self.root), "posix_engine": self.config.posix_engine,
-            "capacity_bytes": self.capacity_bytes, "checksum": self._checksum,
-            "registered_files": len(self._files),
+        return {
+            "mode": "file", "posix_engine": self.config.posix_engine, "checksum": self._checksum,
+            "registered_files": len(self._files), **self._slab_stats(),
         }
-        if self._store is not None:
-            out.update(self._store.stats())
-        return out

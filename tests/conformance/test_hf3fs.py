@@ -342,6 +342,7 @@ def test_slot_reuse_under_eviction_never_returns_another_keys_bytes(tmp_path: Pa
                 with open(keys_file, "a") as f:
                     f.write(" ".join(batch) + " ")
                 n += 4
+                time.sleep(0.002)  # paced, so that the reader also hits pages before their reuse
 
         t = threading.Thread(target=write)
         t.start()

@@ -137,3 +137,16 @@ def test_index_log_compaction_keeps_pages_and_bounds_the_log(tmp_path: Path,
         assert again.batch_exists([*last, "c0-0", "foreign-0", "foreign-1"]) == [True] * 16 + [
             False, False, True]
     assert log.exists()
+
+
+def test_slab_space_is_reserved_as_it_is_used(tmp_path: Path) -> None:
+    """A 256 MiB slab holding one page must not take 256 MiB of disk (it did, and filled CI's)."""
+    with open_connector("file", NS, root=str(tmp_path)) as conn:
+        pages = Pages(conn, PAGE, 1)
+        assert conn.batch_set(["one"], pages.pages) == [True]
+        slab = next(tmp_path.glob("ns-*/writers/w*/slab-*.dat"))
+        assert slab.stat().st_size > 255 << 20  # the slab's full extent (whole slots) exists, sparse
+        assert slab.stat().st_blocks * 512 < 1 << 20  # but only what was used is allocated
+        more = Pages(conn, PAGE, 64)
+        assert all(conn.batch_set([f"m{i}" for i in range(64)], more.pages))
+        assert slab.stat().st_blocks * 512 >= 64 * PAGE
