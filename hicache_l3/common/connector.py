@@ -243,7 +243,10 @@ class Connector(abc.ABC, Generic[ConfigT]):
             valid: list[int] = []
             expected = self.page_bytes
             keys_ok = all_valid_keys(keys)
-            for i, (key, page) in enumerate(zip(keys, pages)):
+            if keys_ok and self._uniform_pages_in_one_region(pages):
+                valid = list(range(len(keys)))
+                expected = self.page_bytes
+            for i, (key, page) in enumerate(zip(keys, pages) if not valid else ()):
                 if not keys_ok and not is_valid_key(key):
                     reasons[i] = Reason.INVALID_KEY
                 elif not page or not self.regions.covers(page):
@@ -272,9 +275,12 @@ class Connector(abc.ABC, Generic[ConfigT]):
                 except Exception as exc:
                     self._log.warning(f"{op}-exc", "%s: batch_%s failed: %r", self.name, op, exc)
                     results = [Reason.ENGINE_ERROR] * len(valid)
-                for i, r in zip(valid, results):
-                    reasons[i] = r
-            moved = sum(1 for r in reasons if r is Reason.OK) * (expected or 0)
+                if len(valid) == len(keys):
+                    reasons = list(results)
+                else:
+                    for i, r in zip(valid, results):
+                        reasons[i] = r
+            moved = reasons.count(Reason.OK) * (expected or 0)
             self.metrics.observe(op, reasons, moved, time.perf_counter() - start)
             return [r is Reason.OK for r in reasons]
         finally:
@@ -313,6 +319,25 @@ class Connector(abc.ABC, Generic[ConfigT]):
             return [r is Reason.OK for r in reasons]
         finally:
             self._leave()
+
+    def _uniform_pages_in_one_region(self, pages: Sequence[Page]) -> bool:
+        """The common batch, checked in C-speed list operations: every page one segment of
+        ``page_bytes`` (learned here if unknown), all inside one registered region."""
+        if not pages or set(map(len, pages)) != {1}:
+            return False
+        try:
+            addresses, lengths = zip(*(page[0] for page in pages))
+        except (TypeError, ValueError):
+            return False
+        size = lengths[0]
+        if not isinstance(size, int) or size <= 0 or min(lengths) != size or max(lengths) != size:
+            return False
+        if self.page_bytes is None:
+            self._learn_page_bytes(size)
+        if size != self.page_bytes:
+            return False
+        low = min(addresses)
+        return self.regions.find(low, max(addresses) + size - low) is not None
 
     def _learn_page_bytes(self, nbytes: int) -> int:
         with self._state:
