@@ -4,7 +4,7 @@ Our answer to SGLang's ``HiCacheFile`` (a file per page, written through a stagi
 
 * zero-copy: ``os.preadv``/``os.pwritev`` move bytes straight between registered host
   memory and the slab file; no staging buffer, no per-page allocation of page bytes;
-* the pages of a batch move in parallel (``io_threads``; the GIL is released in the
+* the pages of a batch are read in parallel (``io_threads``; the GIL is released in the
   syscalls and in the checksum);
 * pages live in the shared slab store (:mod:`hicache_l3.common.slabs`): a few large
   preallocated files per writer process, reused under a byte capacity with LRU
@@ -61,7 +61,10 @@ class FileConfig(ConnectorConfig):
         "0 = half the free space of the filesystem at open", size=True,
     )
     slab_bytes: int = setting(256 << 20, "size of one preallocated slab file", size=True)
-    io_threads: int = setting(4, "threads moving the pages of one batch in parallel")
+    io_threads: int = setting(2, "threads reading the pages of one batch in parallel")
+    write_threads: int = setting(
+        1, "threads writing the pages of one batch (buffered writes to one slab file serialise "
+        "on its inode lock: more threads measured slower here)")
     checksum: Literal["xxh3", "none"] = setting("xxh3", "page checksum verified on every get")
     fsync: Literal["none", "data", "always"] = setting("none", "durability policy (see docs)")
     o_direct: bool = setting(False, "move aligned pages with O_DIRECT, bypassing the page cache")
@@ -74,8 +77,10 @@ class FileConfig(ConnectorConfig):
                 "file connector: set root to a directory (e.g. root=/mnt/nvme/hicache) "
                 "or an fsspec URL (s3://bucket/prefix)"
             )
-        if self.io_threads < 1:
-            raise ConfigError(f"io_threads must be >= 1, got {self.io_threads}")
+        if self.io_threads < 1 or self.write_threads < 1:
+            raise ConfigError(
+                f"io_threads and write_threads must be >= 1, got {self.io_threads}, {self.write_threads}"
+            )
         if self.slab_bytes < ALIGN:
             raise ConfigError(f"slab_bytes must be >= {ALIGN}, got {self.slab_bytes}")
 
@@ -97,6 +102,7 @@ class FileConnector(SlabBacked, Connector[FileConfig]):
     def __init__(self, config: FileConfig, namespace: Namespace) -> None:
         super().__init__(config, namespace)
         self._pool = BatchPool(config.io_threads, "hicache-file")
+        self._write_pool = BatchPool(config.write_threads, "hicache-file-w")
         if config.o_direct:
             Path(config.root).mkdir(parents=True, exist_ok=True)
             _probe_o_direct(Path(config.root))
@@ -174,7 +180,7 @@ class FileConnector(SlabBacked, Connector[FileConfig]):
                     failed.append((slab, slot))
             return done, failed
 
-        shares = self._pool.map(write, len(todo))
+        shares = self._write_pool.map(write, len(todo))
         store.commit([d for done, _ in shares for d in done])
         store.abort([f for _, failed in shares for f in failed])
         return reasons
@@ -241,6 +247,7 @@ class FileConnector(SlabBacked, Connector[FileConfig]):
 
     def _close(self) -> None:
         self._pool.shutdown()
+        self._write_pool.shutdown()
         self._close_store()
 
     def _engine_stats(self) -> dict[str, Any]:
