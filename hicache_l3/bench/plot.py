@@ -27,6 +27,9 @@ def plot_results(rows: list[dict[str, Any]], path: Path) -> None:
     data = [r for r in rows if r["op"] in ("set", "get")]
     if not data:
         raise ValueError("no set/get rows to plot")
+    if len({r["page_size"] for r in data}) == 1 and len({r["batch"] for r in data}) == 1:
+        _bars(plt, data, path)  # one configuration: no curve to draw, compare side by side
+        return
     max_batch = max(r["batch"] for r in data)
     max_page = max(r["page_size"] for r in data)
     min_threads = min(r.get("threads", 1) for r in data if not str(r["backend"]).startswith("raw-"))
@@ -58,6 +61,32 @@ def plot_results(rows: list[dict[str, Any]], path: Path) -> None:
             if lines:
                 ax.legend(fontsize=8)
     fig.suptitle("hicache-l3 bench: connectors (solid) vs raw engines (dashed)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _bars(plt: Any, data: list[dict[str, Any]], path: Path) -> None:
+    """Grouped bars per backend: each connector next to its raw engine (hatched)."""
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), squeeze=False)
+    for col, op in enumerate(("set", "get")):
+        ax = axes[0][col]
+        rows = [r for r in data if r["op"] == op]
+        if not rows:
+            ax.set_axis_off()
+            continue
+        labels = [_label(r) for r in rows]
+        ys = [r["gib_per_s"] for r in rows]
+        err = [[y - r["gib_per_s_min"] for y, r in zip(ys, rows)],
+               [r["gib_per_s_max"] - y for y, r in zip(ys, rows)]]
+        raw = [lab.startswith("raw-") for lab in labels]
+        ax.bar(range(len(rows)), ys, yerr=err, capsize=3,
+               color=["#bbbbbb" if r else "#3b75af" for r in raw], edgecolor="black")
+        ax.set_xticks(range(len(rows)), labels, rotation=35, ha="right", fontsize=8)
+        ax.set_ylabel("GiB/s (median, min-max)")
+        ax.set_title(f"{op}: page {rows[0]['page_size']} B, batch {rows[0]['batch']}")
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle("hicache-l3 bench: connectors (blue) next to their raw engines (grey)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -57,3 +57,10 @@ def test_bench_mixed_and_cold_rows(tmp_path: Path) -> None:
     assert {(r["backend"], r["cache"]) for r in rows} == {
         ("file", "warm"), ("file", "cold"), ("raw-posix", "warm"), ("raw-posix", "cold")}
     assert all(r["op"] == "mixed" and r["read_fraction"] == 0.5 for r in rows)
+
+
+def test_bench_plot_is_a_png(tmp_path: Path) -> None:
+    png = tmp_path / "out.png"
+    assert main(["bench", "--page-size", "16KiB", "--pages", "32", "--batch", "16", "--reps", "1",
+                 "--ops", "get", "--quiet", "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
