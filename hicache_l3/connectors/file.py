@@ -127,13 +127,7 @@ class FileConnector(SlabBacked, Connector[FileConfig]):
 
     # ---- hooks --------------------------------------------------------------------
     def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
-        store = self._store_for_io()
-        reasons = [Reason.OK] * len(keys)
-        planned, full = store.reserve_new(keys)
-        for i in full:
-            reasons[i] = Reason.NO_SPACE
-        todo = [i for i, _ in planned]
-        slots = [slot for _, slot in planned]
+        store, reasons, todo, slots = self._plan_writes(keys)
         geometry = store.geometry
         nbytes = geometry.slot_bytes  # == page_bytes: the base class checked every page
         stride, head, tail = geometry.stride, HEADER_BLOCK - MARKER, HEADER_BLOCK + nbytes

@@ -105,13 +105,7 @@ class NixlFileConnector(SlabBacked, NixlConnector):
 
     # ---- hooks -----------------------------------------------------------------------
     def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
-        store = self._store_for_io()
-        reasons = [Reason.OK] * len(keys)
-        planned, full = store.reserve_new(keys)
-        for i in full:
-            reasons[i] = Reason.NO_SPACE
-        todo = [i for i, _ in planned]
-        slots = [slot for _, slot in planned]
+        store, reasons, todo, slots = self._plan_writes(keys)
         geometry = store.geometry
         units, heads, failed, staged = [], [], [], []
         sums = self._checksums([pages[i] for i in todo]) if self._checksum else [0] * len(todo)

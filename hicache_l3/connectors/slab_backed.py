@@ -76,6 +76,17 @@ class SlabBacked:
             store = self._open_store(self.page_bytes)
         return store
 
+    def _plan_writes(self, keys: list[str]) -> tuple[SlabStore, list[Reason], list[int],
+                                                    list[tuple[int, int, int, int]]]:
+        """For a set: the store, one Reason per key (``NO_SPACE`` where the store is full,
+        ``OK`` otherwise), the indices of the keys to write and their reserved slots."""
+        store = self._store_for_io()
+        reasons = [Reason.OK] * len(keys)
+        planned, full = store.reserve_new(keys)
+        for i in full:
+            reasons[i] = Reason.NO_SPACE
+        return store, reasons, [i for i, _ in planned], [slot for _, slot in planned]
+
     def _exists(self, keys: list[str]) -> list[Reason]:
         store = self._existing_store()
         if store is None:
