@@ -14,6 +14,7 @@ import ctypes
 import dataclasses
 import mmap
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from hicache_l3.common.errors import MemoryRegistrationError
@@ -192,6 +193,22 @@ class RegionTable:
             if i < 0 or length <= 0 or address + length > regions[i].end:
                 return False
         return True
+
+    def batch_views(self, pages: Sequence[Page]) -> list[list[memoryview]] | None:
+        """Views of every page at once when each is one segment and all lie in one region
+        (the common batch; list operations only); None otherwise: use :meth:`views`."""
+        if not pages or set(map(len, pages)) != {1}:
+            return None
+        starts, regions, views = self._starts, self._regions, self._views
+        i = bisect.bisect_right(starts, pages[0][0][0]) - 1
+        if i < 0:
+            return None
+        region, view, base = regions[i], views[i], starts[i]
+        offsets = [page[0][0] - base for page in pages]
+        ends = [page[0][0] + page[0][1] for page in pages]
+        if min(offsets) < 0 or max(ends) > region.end:
+            return None
+        return [[view[off : off + n]] for off, (_, n) in zip(offsets, (p[0] for p in pages))]
 
     def views(self, page: Page) -> list[memoryview] | None:
         """Memoryviews over the page's segments (no copy), or None if any is unregistered."""

@@ -134,6 +134,7 @@ class FileConnector(SlabBacked, Connector[FileConfig]):
         checksum = self.config.checksum != "none"
         direct = self.config.o_direct
         views_of, pwrite, pwritev = self.regions.views, os.pwrite, os.pwritev
+        batch = self.regions.batch_views([pages[i] for i in todo])  # the common case, cut at once
 
         def write(lo: int, hi: int) -> tuple[list[tuple[str, int, int, int, int, int]],
                                               list[tuple[int, int]]]:
@@ -142,7 +143,7 @@ class FileConnector(SlabBacked, Connector[FileConfig]):
                 i = todo[j]
                 fd, slab, slot, gen = slots[j]
                 page = pages[i]
-                views = views_of(page)
+                views = batch[j] if batch is not None else views_of(page)
                 if views is None:
                     reasons[i] = Reason.UNREGISTERED
                     failed.append((slab, slot))
@@ -192,6 +193,7 @@ class FileConnector(SlabBacked, Connector[FileConfig]):
         expect, expect_data = 2 * MARKER + nbytes, MARKER + nbytes
         direct = self.config.o_direct
         views_of, preadv = self.regions.views, os.preadv
+        batch = self.regions.batch_views([pages[i] for i in work])  # the common case, cut at once
 
         def read(lo: int, hi: int) -> list[tuple[int, int]]:
             scratch = memoryview(bytearray(2 * MARKER))
@@ -201,7 +203,7 @@ class FileConnector(SlabBacked, Connector[FileConfig]):
                 i = work[j]
                 fd, entry = found[i]  # type: ignore[misc]
                 page = pages[i]
-                views = views_of(page)
+                views = batch[j] if batch is not None else views_of(page)
                 if views is None:
                     reasons[i] = Reason.UNREGISTERED
                     continue

@@ -79,3 +79,17 @@ def test_region_from_buffer_and_tensor():
     import torch  # in the test env (setup.sh pins it)
     t = torch.zeros(64, dtype=torch.float16)
     assert MemoryRegion.from_tensor(t).size == 128
+
+
+def test_batch_views_cut_the_common_batch_and_refuse_the_rest():
+    table = RegionTable()
+    a, b = HostBuffer(8192), HostBuffer(8192)
+    table.add(a)
+    table.add(b)
+    views = table.batch_views([((a.address, 4096),), ((a.address + 4096, 4096),)])
+    assert views is not None and [len(v[0]) for v in views] == [4096, 4096]
+    views[1][0][0] = 9
+    assert a.view()[4096] == 9
+    assert table.batch_views([((a.address, 4096),), ((b.address, 4096),)]) is None  # two regions
+    assert table.batch_views([((a.address + 8000, 4096),)]) is None  # runs past the region
+    assert table.batch_views([((a.address, 10), (a.address + 20, 10))]) is None  # scattered
