@@ -321,20 +321,25 @@ class Connector(abc.ABC, Generic[ConfigT]):
             self._leave()
 
     def _uniform_pages_in_one_region(self, pages: Sequence[Page]) -> bool:
-        """The common batch, checked in C-speed list operations: every page one segment of
-        ``page_bytes`` (learned here if unknown), all inside one registered region."""
-        if not pages or set(map(len, pages)) != {1}:
+        """The common batch, checked in C-speed list operations: every page ``k`` segments
+        of one length, ``page_bytes`` in all (learned here if unknown), all segments inside
+        one registered region (page_first pools give k=1, MHA K/V halves k=2)."""
+        if not pages:
             return False
+        counts = set(map(len, pages))
+        if len(counts) != 1:
+            return False
+        per = counts.pop()
         try:
-            addresses, lengths = zip(*(page[0] for page in pages))
+            addresses, lengths = zip(*(seg for page in pages for seg in page))
         except (TypeError, ValueError):
             return False
         size = lengths[0]
         if not isinstance(size, int) or size <= 0 or min(lengths) != size or max(lengths) != size:
             return False
         if self.page_bytes is None:
-            self._learn_page_bytes(size)
-        if size != self.page_bytes:
+            self._learn_page_bytes(per * size)
+        if per * size != self.page_bytes:
             return False
         low = min(addresses)
         return self.regions.find(low, max(addresses) + size - low) is not None

@@ -195,20 +195,23 @@ class RegionTable:
         return True
 
     def batch_views(self, pages: Sequence[Page]) -> list[list[memoryview]] | None:
-        """Views of every page at once when each is one segment and all lie in one region
-        (the common batch; list operations only); None otherwise: use :meth:`views`."""
-        if not pages or set(map(len, pages)) != {1}:
+        """Views of every page at once when all their segments lie in one region (the
+        common batch; list operations only); None otherwise: use :meth:`views`."""
+        if not pages or not pages[0]:
             return None
         starts, regions, views = self._starts, self._regions, self._views
         i = bisect.bisect_right(starts, pages[0][0][0]) - 1
         if i < 0:
             return None
         region, view, base = regions[i], views[i], starts[i]
-        offsets = [page[0][0] - base for page in pages]
-        ends = [page[0][0] + page[0][1] for page in pages]
-        if min(offsets) < 0 or max(ends) > region.end:
+        try:
+            low = min(a for page in pages for a, _ in page)
+            high = max(a + n for page in pages for a, n in page)
+            if low < base or high > region.end or min(n for page in pages for _, n in page) <= 0:
+                return None
+        except ValueError:  # an empty page
             return None
-        return [[view[off : off + n]] for off, (_, n) in zip(offsets, (p[0] for p in pages))]
+        return [[view[a - base : a - base + n] for a, n in page] for page in pages]
 
     def views(self, page: Page) -> list[memoryview] | None:
         """Memoryviews over the page's segments (no copy), or None if any is unregistered."""

@@ -92,4 +92,16 @@ def test_batch_views_cut_the_common_batch_and_refuse_the_rest():
     assert a.view()[4096] == 9
     assert table.batch_views([((a.address, 4096),), ((b.address, 4096),)]) is None  # two regions
     assert table.batch_views([((a.address + 8000, 4096),)]) is None  # runs past the region
-    assert table.batch_views([((a.address, 10), (a.address + 20, 10))]) is None  # scattered
+    assert table.batch_views([((a.address, 0), (a.address + 20, 10))]) is None  # empty segment
+
+
+def test_batch_views_take_multi_segment_pages_in_one_region():
+    table = RegionTable()
+    a = HostBuffer(8192)
+    table.add(a)
+    pages = [((a.address, 1024), (a.address + 4096, 1024)),
+             ((a.address + 1024, 1024), (a.address + 5120, 1024))]
+    views = table.batch_views(pages)
+    assert views is not None and [[len(v) for v in page] for page in views] == [[1024, 1024]] * 2
+    views[1][1][0] = 7
+    assert a.view()[5120] == 7
