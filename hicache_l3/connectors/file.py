@@ -41,8 +41,11 @@ from hicache_l3.common.pages import Page, page_nbytes
 from hicache_l3.common.parallel import BatchPool
 from hicache_l3.common.slabs import (
     ALIGN,
+    FORMAT_VERSION,
     HEADER_BLOCK,
     MARKER,
+    START,
+    START_MAGIC,
     SlabStore,
     check_slot,
     encode_end,
@@ -195,6 +198,8 @@ class FileConnector(SlabBacked, Connector[FileConfig]):
         views_of, preadv = self.regions.views, os.preadv
         batch = self.regions.batch_views([pages[i] for i in work])  # the common case, cut at once
 
+        me, pack_start, fingerprint, checksum_of = store.me, START.pack, key_fingerprint, page_checksum
+
         def read(lo: int, hi: int) -> list[tuple[int, int]]:
             scratch = memoryview(bytearray(2 * MARKER))
             start, end = scratch[:MARKER], scratch[MARKER:]
@@ -210,7 +215,7 @@ class FileConnector(SlabBacked, Connector[FileConfig]):
                 if entry.length != nbytes:
                     reasons[i] = Reason.SIZE_MISMATCH
                     continue
-                fp = key_fingerprint(keys[i])
+                fp, csum = fingerprint(keys[i]), entry.checksum
                 try:
                     if direct and _aligned(page):
                         dfd = store.fd(entry.writer, entry.slab, direct=True)
@@ -218,9 +223,10 @@ class FileConnector(SlabBacked, Connector[FileConfig]):
                         ok = ok and preadv(dfd, views, geometry.data_offset(entry.slot)) == nbytes
                         ok = ok and preadv(fd, [end], geometry.end_offset(entry.slot)) == MARKER
                         ok = ok and check_slot(start, end, entry, fp)
-                    elif entry.checksum:  # the checksum catches a torn read: no end marker needed
+                    elif csum:  # the checksum catches a torn read: no end marker needed
                         ok = preadv(fd, [start, *views], entry.slot * stride + head) == expect_data
-                        ok = ok and start == encode_start(entry.gen, nbytes, entry.checksum, fp)
+                        ok = ok and start == pack_start(START_MAGIC, FORMAT_VERSION, 0, entry.gen,
+                                                        nbytes, csum, fp)
                     else:
                         ok = preadv(fd, [start, *views, end], entry.slot * stride + head) == expect
                         ok = ok and check_slot(start, end, entry, fp)
@@ -228,12 +234,12 @@ class FileConnector(SlabBacked, Connector[FileConfig]):
                     self._log.warning("get-io", "file: read of %s failed: %s", keys[i], exc)
                     reasons[i] = Reason.ENGINE_ERROR
                     continue
-                if not ok or (entry.checksum and page_checksum(page) != entry.checksum):
+                if not ok or (csum and checksum_of(page) != csum):
                     reasons[i] = Reason.CORRUPT
                     store.invalidate(keys[i], entry)
                     continue
                 reasons[i] = Reason.OK
-                if entry.writer == store.me:
+                if entry.writer == me:
                     hits.append((entry.slab, entry.slot))
             return hits
 
