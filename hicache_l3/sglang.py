@@ -268,15 +268,9 @@ class HiCacheL3Storage(HiCacheStorage):
             return [False] * len(keys)
         start = time.perf_counter()
         try:
-            pages = self._pages(len(keys), host_indices)
-            # Pages already stored are not sent again (SGLang backs up pages that L3 gave it).
-            present = connector.batch_exists(list(keys))
-            todo = [i for i, hit in enumerate(present) if not hit]
-            ok = [True] * len(keys)
-            if todo:
-                done = connector.batch_set([keys[i] for i in todo], [pages[i] for i in todo])
-                for i, r in zip(todo, done):
-                    ok[i] = r
+            # Pages already stored are not written again: the connector skips them itself
+            # (the contract), so no exists round trip is needed here.
+            ok = connector.batch_set(list(keys), self._pages(len(keys), host_indices))
         except Exception as exc:
             self._log.warning("set-exc", "hicache-l3: batch_set_v1 of %d pages failed: %r", len(keys), exc)
             return [False] * len(keys)

@@ -16,10 +16,9 @@ Contract (the conformance suite in :mod:`hicache_l3.conformance` checks all of i
 * A page is a sequence of ``(address, length)`` segments (one for ``page_first``,
   several for ``layer_first``). All pages of a namespace have the same byte size
   (``page_bytes``, from config or from the first page seen).
-* ``batch_set`` of a key that is already stored returns ``True``; the stored page is
-  either kept or replaced whole by the new one (pages are content-addressed: same key,
-  same bytes), never a mix of the two. Slab-store connectors and Mooncake keep it and
-  skip the write; NIXL's OBJ mode uploads again.
+* ``batch_set`` of a key that is already stored returns ``True`` and skips the write:
+  the stored page is kept (pages are content-addressed: same key, same bytes), so
+  callers need no ``batch_exists`` round trip of their own before a set.
 * ``batch_get`` returning ``True`` means the page's bytes are exactly the bytes that
   were set; on ``False`` the destination memory may have been written to.
 * :meth:`Connector.leading_hits` gives the number of leading keys that exist (what

@@ -327,12 +327,14 @@ class NixlObjConnector(NixlConnector):
         if self._down():
             return [Reason.ENGINE_DOWN] * len(keys)
         reasons = [Reason.OK] * len(keys)
+        stored = self._exists(keys)  # asked now, so a page another process deleted is written again
         first: dict[str, int] = {}
         todo = []
-        for i, key in enumerate(keys):  # always written: another process may have deleted it
+        for i, key in enumerate(keys):
             if key not in first:
                 first[key] = i
-                todo.append(i)
+                if stored[i] is not Reason.OK:
+                    todo.append(i)
         for lo in range(0, len(todo), CHUNK):
             self._set_chunk(keys, pages, todo[lo : lo + CHUNK], reasons)
         for i, key in enumerate(keys):
