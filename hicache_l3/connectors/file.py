@@ -184,11 +184,10 @@ class FileConnector(SlabBacked, Connector[FileConfig]):
         return reasons
 
     def _get(self, keys: list[str], pages: list[Page]) -> list[Reason]:
-        store = self._existing_store()
-        if store is None:
+        planned = self._plan_reads(keys)
+        if planned is None:
             return [Reason.MISS] * len(keys)
-        found = store.lookup(keys)
-        reasons = [Reason.MISS] * len(keys)
+        store, found, reasons = planned
         work = [i for i, f in enumerate(found) if f is not None]
         geometry = store.geometry
         nbytes = geometry.slot_bytes  # == page_bytes: the base class checked every page

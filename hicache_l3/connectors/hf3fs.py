@@ -447,13 +447,7 @@ class Hf3fsConnector(FileConnector):
                     if p.zero_copy is not None:
                         h = 2 * MARKER * n + MARKER
                         view[h : h + MARKER] = head
-                        ios.append((iov[h : h + MARKER], fd, geometry.header_offset(slot)))
-                        owners.append(p)
-                        off = geometry.data_offset(slot)
-                        for s in p.zero_copy:
-                            ios.append((s, fd, off))
-                            owners.append(p)
-                            off += len(s)
+                        _zero_copy_ios(ios, owners, p, iov[h : h + MARKER], fd, geometry, slot)
                         zero += 1
                     else:
                         o = base + p.stage
@@ -522,13 +516,7 @@ class Hf3fsConnector(FileConnector):
                     usrbio.register_fd(fd)
                     if p.zero_copy is not None:
                         h = 2 * MARKER * n
-                        ios.append((iov[h : h + MARKER], fd, geometry.header_offset(entry.slot)))
-                        owners.append(p)
-                        off = geometry.data_offset(entry.slot)
-                        for s in p.zero_copy:
-                            ios.append((s, fd, off))
-                            owners.append(p)
-                            off += len(s)
+                        _zero_copy_ios(ios, owners, p, iov[h : h + MARKER], fd, geometry, entry.slot)
                         zero += 1
                     else:
                         o = base + p.stage
@@ -587,3 +575,15 @@ class Hf3fsConnector(FileConnector):
         out = super()._engine_stats()
         out["mode"] = self.mode
         return out
+
+
+def _zero_copy_ios(ios: list[Any], owners: list[Any], plan: Any, header: Any, fd: int,
+                   geometry: Any, slot: int) -> None:
+    """Queue one zero-copy page's ring I/Os: its header, then its segments in place."""
+    ios.append((header, fd, geometry.header_offset(slot)))
+    owners.append(plan)
+    off = geometry.data_offset(slot)
+    for seg in plan.zero_copy:
+        ios.append((seg, fd, off))
+        owners.append(plan)
+        off += len(seg)

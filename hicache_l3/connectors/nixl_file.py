@@ -147,11 +147,10 @@ class NixlFileConnector(SlabBacked, NixlConnector):
         return reasons
 
     def _get(self, keys: list[str], pages: list[Page]) -> list[Reason]:
-        store = self._existing_store()
-        if store is None:
+        planned = self._plan_reads(keys)
+        if planned is None:
             return [Reason.MISS] * len(keys)
-        found = store.lookup(keys)
-        reasons = [Reason.MISS] * len(keys)
+        store, found, reasons = planned
         geometry = store.geometry
         work, units = [], []
         for i, f in enumerate(found):

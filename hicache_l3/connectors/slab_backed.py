@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from hicache_l3.common.errors import ConfigError, Reason
 from hicache_l3.common.keys import Namespace
-from hicache_l3.common.slabs import SlabStore, read_namespace_file
+from hicache_l3.common.slabs import Entry, SlabStore, read_namespace_file
 
 
 class SlabBacked:
@@ -86,6 +86,15 @@ class SlabBacked:
         for i in full:
             reasons[i] = Reason.NO_SPACE
         return store, reasons, [i for i, _ in planned], [slot for _, slot in planned]
+
+    def _plan_reads(self, keys: list[str]) -> tuple[SlabStore, list[tuple[int, Entry] | None],
+                                                    list[Reason]] | None:
+        """For a get: the store, ``(fd, entry)`` or None per key, and one Reason per key
+        (``MISS`` until read); None when the namespace has no store yet (all misses)."""
+        store = self._existing_store()
+        if store is None:
+            return None
+        return store, store.lookup(keys), [Reason.MISS] * len(keys)
 
     def _exists(self, keys: list[str]) -> list[Reason]:
         store = self._existing_store()
