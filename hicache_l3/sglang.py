@@ -36,6 +36,7 @@ Behaviour SGLang relies on:
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 import time
 from collections.abc import Sequence
@@ -225,11 +226,13 @@ class HiCacheL3Storage(HiCacheStorage):
         if rest or per == 0:
             raise ValueError(f"host pool described {n} pages with {len(ptrs)} segments")
         if per == 1:
-            return [((p, s),) for p, s in zip(ptrs, sizes)]
-        segs = list(zip(ptrs, sizes))
+            return list(zip(zip(ptrs, sizes)))
         # Address order is the order of SGLang's flat page (get_data_page(flat=True)) in every
         # layout that has one (MHA layer_first: all K layers, then all V layers), so pages
         # stored by the zero-copy and by the legacy copying path are the same bytes.
+        if all(all(map(operator.lt, ptrs[r::per], ptrs[r + 1 :: per])) for r in range(per - 1)):
+            return list(zip(*(zip(ptrs[r::per], sizes[r::per]) for r in range(per))))  # sorted already
+        segs = list(zip(ptrs, sizes))
         return [sorted(segs[i * per : (i + 1) * per]) for i in range(n)]
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,

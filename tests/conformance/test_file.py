@@ -118,6 +118,15 @@ class TestFileConnector(SlabBackdoor, ConnectorTests):
         assert meta["slot_bytes"] == self.page_bytes
 
 
+class TestFilePythonIO(TestFileConnector):
+    """The same suite on the pure-Python I/O path (``native_io=false``): the reference the
+    C batch library must match, and what runs where that library is not built."""
+
+    @pytest.fixture
+    def settings(self, tmp_path: Path) -> dict[str, Any]:
+        return {"root": str(tmp_path / "store"), "capacity_bytes": "1GiB", "native_io": False}
+
+
 class TestFileFsspec(ConnectorTests):
     """The copying fsspec path, run on fsspec's real local (``file://``) filesystem."""
 

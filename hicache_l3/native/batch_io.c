@@ -1,0 +1,180 @@
+/* Batch page I/O for the slab connectors: one call moves a share of a batch (preadv /
+ * pwritev, start-header check, XXH3 checksum) with the GIL released once, instead of
+ * several ctypes / os calls per page. Loaded with ctypes (no Python C API): see
+ * hicache_l3/common/batch_io.py, which keeps a pure-Python path as the reference and
+ * the fallback when this library is not built.
+ *
+ * XXH3 is not compiled in: the caller passes the entry points of the xxhash wheel's
+ * own library, so checksums are bit-identical to xxhash.xxh3_64 (a test checks it).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+typedef uint64_t (*xxh_one_fn)(const void *, size_t);
+typedef void *(*xxh_create_fn)(void);
+typedef int (*xxh_free_fn)(void *);
+typedef int (*xxh_reset_fn)(void *);
+typedef int (*xxh_update_fn)(void *, const void *, size_t);
+typedef uint64_t (*xxh_digest_fn)(void *);
+
+struct hl3_xxh3 {
+    xxh_one_fn one;
+    xxh_create_fn create;
+    xxh_free_fn free_state;
+    xxh_reset_fn reset;
+    xxh_update_fn update;
+    xxh_digest_fn digest;
+};
+
+enum { HL3_OK = 0, HL3_SHORT = 1, HL3_HEADER = 2, HL3_CHECKSUM = 3, HL3_NOMEM = 4 };
+
+#define HL3_CSUM_AT 24 /* byte offset of the checksum in a start header (slabs.START) */
+#define HL3_MAX_IOV 1024
+
+static uint64_t checksum(const struct hl3_xxh3 *x, void **state, const struct iovec *seg, int n)
+{
+    uint64_t v;
+    if (n == 1) {
+        v = x->one(seg[0].iov_base, seg[0].iov_len);
+    } else {
+        if (*state == NULL && (*state = x->create()) == NULL)
+            return 0;
+        x->reset(*state);
+        for (int i = 0; i < n; i++)
+            x->update(*state, seg[i].iov_base, seg[i].iov_len);
+        v = x->digest(*state);
+    }
+    return v ? v : 1; /* 0 means "no checksum" in a header */
+}
+
+static ssize_t full_preadv(int fd, const struct iovec *iov, int n, off_t off)
+{
+    ssize_t r;
+    do {
+        r = preadv(fd, iov, n, off);
+    } while (r < 0 && errno == EINTR);
+    return r < 0 ? -errno : r;
+}
+
+static ssize_t full_pwritev(int fd, const struct iovec *iov, int n, off_t off)
+{
+    ssize_t r;
+    do {
+        r = pwritev(fd, iov, n, off);
+    } while (r < 0 && errno == EINTR);
+    return r < 0 ? -errno : r;
+}
+
+static size_t total(const struct iovec *iov, int n)
+{
+    size_t t = 0;
+    for (int i = 0; i < n; i++)
+        t += iov[i].iov_len;
+    return t;
+}
+
+/* The iovecs of page j: its start header (hdr_len bytes at headers + j * hdr_len), then
+ * its segments segs[at[j] .. at[j+1]); the count, or -EINVAL. */
+static int page_iov(struct iovec *v, int j, unsigned char *headers, int64_t hdr_len,
+                    const struct iovec *segs, const int32_t *at)
+{
+    int n = at[j + 1] - at[j];
+    if (n < 1 || n >= HL3_MAX_IOV)
+        return -EINVAL;
+    v[0].iov_base = headers + (size_t)j * hdr_len;
+    v[0].iov_len = (size_t)hdr_len;
+    memcpy(v + 1, segs + at[j], (size_t)n * sizeof *v);
+    return n + 1;
+}
+
+/* Pages lo..hi-1 of a batch. Page j reads its start header into headers[j * hdr_len ..]
+ * and its segments segs[at[j] .. at[j+1]) from fds[j] at offs[j] in one preadv. The
+ * header must equal expect[j * hdr_len ..] and, where csums[j] != 0, the XXH3 of the
+ * segments must equal csums[j]. status[j]: HL3_* or -errno. */
+int hl3_read_pages(int lo, int hi, const int32_t *fds, const int64_t *offs,
+                   const struct iovec *segs, const int32_t *at, unsigned char *headers,
+                   const unsigned char *expect, int64_t hdr_len, const uint64_t *csums,
+                   const struct hl3_xxh3 *x, int32_t *status)
+{
+    struct iovec v[HL3_MAX_IOV];
+    void *state = NULL;
+    int bad = 0;
+    for (int j = lo; j < hi; j++) {
+        int n = page_iov(v, j, headers, hdr_len, segs, at);
+        if (n < 0) {
+            status[j] = n;
+            bad++;
+            continue;
+        }
+        ssize_t got = full_preadv(fds[j], v, n, offs[j]);
+        if (got < 0) {
+            status[j] = (int32_t)got;
+        } else if ((size_t)got != total(v, n)) {
+            status[j] = HL3_SHORT;
+        } else if (memcmp(v[0].iov_base, expect + (size_t)j * hdr_len, (size_t)hdr_len) != 0) {
+            status[j] = HL3_HEADER;
+        } else if (csums[j] != 0) {
+            uint64_t c = checksum(x, &state, v + 1, n - 1);
+            status[j] = c == 0 ? HL3_NOMEM : (c == csums[j] ? HL3_OK : HL3_CHECKSUM);
+        } else {
+            status[j] = HL3_OK;
+        }
+        bad += status[j] != HL3_OK;
+    }
+    if (state != NULL)
+        x->free_state(state);
+    return bad;
+}
+
+/* Pages lo..hi-1: where with_csum, the XXH3 of page j's segments segs[at[j] .. at[j+1])
+ * goes into csums[j] and into its start header headers[j * hdr_len ..] (little-endian at
+ * HL3_CSUM_AT); then the end marker ends[j * hdr_len ..] is written at end_offs[j] and
+ * the header + segments at offs[j] (end marker first: see slabs.py "Slots").
+ * status[j]: HL3_OK, HL3_SHORT, HL3_NOMEM or -errno. */
+int hl3_write_pages(int lo, int hi, const int32_t *fds, const int64_t *offs,
+                    const struct iovec *segs, const int32_t *at, unsigned char *headers,
+                    const unsigned char *ends, const int64_t *end_offs, int64_t hdr_len,
+                    int with_csum, uint64_t *csums, const struct hl3_xxh3 *x, int32_t *status)
+{
+    struct iovec v[HL3_MAX_IOV];
+    void *state = NULL;
+    int bad = 0;
+    for (int j = lo; j < hi; j++) {
+        int n = page_iov(v, j, headers, hdr_len, segs, at);
+        if (n < 0) {
+            status[j] = n;
+            bad++;
+            continue;
+        }
+        if (with_csum) {
+            uint64_t c = checksum(x, &state, v + 1, n - 1);
+            if (c == 0) {
+                status[j] = HL3_NOMEM;
+                bad++;
+                continue;
+            }
+            csums[j] = c;
+            unsigned char *h = v[0].iov_base;
+            for (int b = 0; b < 8; b++)
+                h[HL3_CSUM_AT + b] = (unsigned char)(c >> (8 * b));
+        }
+        struct iovec end = {(void *)(ends + (size_t)j * hdr_len), (size_t)hdr_len};
+        ssize_t put = full_pwritev(fds[j], &end, 1, end_offs[j]);
+        if (put >= 0 && put != hdr_len) {
+            status[j] = HL3_SHORT;
+        } else if (put < 0) {
+            status[j] = (int32_t)put;
+        } else {
+            put = full_pwritev(fds[j], v, n, offs[j]);
+            status[j] = put < 0 ? (int32_t)put : ((size_t)put == total(v, n) ? HL3_OK : HL3_SHORT);
+        }
+        bad += status[j] != HL3_OK;
+    }
+    if (state != NULL)
+        x->free_state(state);
+    return bad;
+}
