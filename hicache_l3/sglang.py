@@ -35,12 +35,13 @@ Behaviour SGLang relies on:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import operator
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import (
@@ -442,4 +443,51 @@ class HiCacheL3Storage(HiCacheStorage):
 
     def __repr__(self) -> str:
         ns = self.namespace.describe() if self.namespace else "not attached"
-        return f"<HiCacheL3Storage {self.adapter.connector} {ns}>"
+        return f"<{type(self).__name__} {self.adapter.connector} {ns}>"
+
+
+class _BuiltinName(HiCacheL3Storage):
+    """Our adapter under one of SGLang's built-in backend names (the opt-in plugin of
+    :mod:`hicache_l3.sglang_plugin`). SGLang builds built-ins as ``cls(storage_config)``,
+    ``cls(storage_config, mem_pool_host)`` or, for ``hf3fs``, ``cls.from_env_config(...)``;
+    every form lands here, with the connector of that name and the settings translated
+    by :func:`~hicache_l3.sglang_plugin.takeover_extra_config`."""
+
+    builtin: ClassVar[str] = ""
+
+    def __init__(self, storage_config: HiCacheStorageConfig, mem_pool_host: Any = None):
+        from hicache_l3.sglang_plugin import takeover_extra_config
+
+        extra = takeover_extra_config(self.builtin, storage_config.extra_config)
+        super().__init__(dataclasses.replace(storage_config, extra_config=extra))
+
+    @classmethod
+    def from_env_config(cls, bytes_per_page: int, dtype: Any, storage_config: HiCacheStorageConfig
+                        ) -> _BuiltinName:
+        """SGLang's constructor call for ``hf3fs`` (page size and dtype come from the pool
+        at :meth:`register_mem_pool_host` instead)."""
+        return cls(storage_config)
+
+
+class HiCacheL3AsFile(_BuiltinName):
+    """``--hicache-storage-backend file`` served by our file connector."""
+
+    builtin = "file"
+
+
+class HiCacheL3AsMooncake(_BuiltinName):
+    """``--hicache-storage-backend mooncake`` served by our Mooncake connector."""
+
+    builtin = "mooncake"
+
+
+class HiCacheL3AsNixl(_BuiltinName):
+    """``--hicache-storage-backend nixl`` served by our NIXL connector."""
+
+    builtin = "nixl"
+
+
+class HiCacheL3AsHf3fs(_BuiltinName):
+    """``--hicache-storage-backend hf3fs`` served by our 3FS connector."""
+
+    builtin = "hf3fs"

@@ -1,0 +1,128 @@
+"""Opt-in SGLang plugin: ``--hicache-storage-backend file|mooncake|nixl|hf3fs`` served by hicache-l3.
+
+Installed as an entry point of SGLang's general plugin group (``sglang.srt.plugins``),
+which SGLang loads in every process. It does nothing unless the environment names the
+built-in backends to take over::
+
+    HICACHE_L3_SGLANG_BACKENDS=file,mooncake   # or "all"
+    python -m sglang.launch_server ... --enable-hierarchical-cache --hicache-storage-backend file
+
+For each name it registers our adapter under that name in SGLang's
+``StorageBackendFactory`` (SGLang logs "Backend 'file' is already registered,
+overwriting"), and it hooks ``HiCacheController.attach_storage_backend`` so that our
+backend gets SGLang's zero-copy page path whatever its name: SGLang picks that path by
+name, and the in-tree ``file`` name would otherwise land on the copying legacy path.
+
+Settings, lowest first: the defaults below; SGLang's own settings where they have a
+counterpart (``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`` or ``file_storage_path`` for the
+file root, default ``/tmp/hicache`` as in SGLang; ``SGLANG_HICACHE_NIXL_BACKEND_STORAGE_DIR``
+for the NIXL root; Mooncake's ``MOONCAKE_*`` variables, JSON file and extra-config keys,
+read by the mooncake connector itself); ``HICACHE_L3_<CONNECTOR>_<FIELD>`` variables; a
+table named after the connector in ``--hicache-storage-backend-extra-config`` (our format,
+see :mod:`hicache_l3.sglang_config`). Other SGLang keys in the extra config are ignored and
+named in a log line. To go back to SGLang's backends, unset the variable (or set
+``SGLANG_PLUGINS`` to a list without ``hicache_l3``).
+
+Nothing here imports SGLang or torch at import time: SGLang imports this module in every
+process, opted in or not.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from hicache_l3.common.errors import ConfigError
+
+log = logging.getLogger("hicache_l3.sglang_plugin")
+
+ENV = "HICACHE_L3_SGLANG_BACKENDS"
+TAKEOVER_CLASSES = {
+    "file": "HiCacheL3AsFile",
+    "mooncake": "HiCacheL3AsMooncake",
+    "nixl": "HiCacheL3AsNixl",
+    "hf3fs": "HiCacheL3AsHf3fs",
+}
+ATTACH_TARGET = "sglang.srt.managers.cache_controller.HiCacheController.attach_storage_backend"
+SGLANG_FILE_DEFAULT_DIR = "/tmp/hicache"  # HiCacheFile's default, kept so plain `file` works as before
+
+
+def takeover_names(value: str | None) -> list[str]:
+    """The built-in names listed in ``HICACHE_L3_SGLANG_BACKENDS`` ("" = none, "all" = every
+    one we serve); ConfigError naming the variable and any name we cannot serve."""
+    names = [n.strip().lower() for n in (value or "").split(",") if n.strip()]
+    if names == ["all"]:
+        return list(TAKEOVER_CLASSES)
+    unknown = [n for n in names if n not in TAKEOVER_CLASSES]
+    if unknown:
+        raise ConfigError(f"{ENV}={value!r}: cannot take over {unknown}; choose from "
+                          f"{sorted(TAKEOVER_CLASSES)} or 'all'")
+    return list(dict.fromkeys(names))
+
+
+def takeover_extra_config(name: str, extra: Mapping[str, Any] | None,
+                          env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Our adapter's extra config for SGLang's built-in backend ``name`` (see module docstring)."""
+    from hicache_l3.connectors.mooncake import SGLANG_JSON
+    from hicache_l3.sglang_config import ADAPTER_KEYS, SGLANG_KEYS
+
+    env = os.environ if env is None else env
+    extra = dict(extra or {})
+    table = extra.pop(name, None)
+    settings: dict[str, Any] = {}
+    ignored = []
+    for key, value in extra.items():
+        if key in ADAPTER_KEYS or key in SGLANG_KEYS:
+            continue
+        if name == "mooncake" and key in SGLANG_JSON:
+            settings[SGLANG_JSON[key]] = value
+        elif name == "file" and key == "file_storage_path":
+            settings["root"] = value
+        else:
+            ignored.append(key)
+    if ignored:
+        log.info("hicache-l3 as SGLang's %r backend: ignoring extra-config key(s) %s", name, sorted(ignored))
+    if name == "file":  # SGLang's order: its env variable, then the extra-config key, then its default
+        settings["root"] = (env.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR") or settings.get("root")
+                            or SGLANG_FILE_DEFAULT_DIR)
+    nixl_dir = env.get("SGLANG_HICACHE_NIXL_BACKEND_STORAGE_DIR")
+    if name == "nixl" and nixl_dir:
+        settings.update(mode="file", root=nixl_dir)
+    # our environment variables beat SGLang's settings; the table below beats both
+    settings = {k: v for k, v in settings.items() if not env.get(f"HICACHE_L3_{name.upper()}_{k.upper()}")}
+    if table is not None:
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"hicache-l3: '{name}' in the extra config must be a table of settings")
+        settings.update(table)
+    out: dict[str, Any] = {"connector": name, "interface_v1": 1, name: settings}
+    if extra.get("extra_backend_tag"):
+        out["extra_backend_tag"] = extra["extra_backend_tag"]
+    return out
+
+
+def use_zero_copy(result: Any, controller: Any, *args: Any, **kwargs: Any) -> None:
+    """After ``attach_storage_backend``: give our backend the zero-copy page functions
+    (SGLang chose them by backend name)."""
+    from hicache_l3.sglang import HiCacheL3Storage
+
+    if isinstance(getattr(controller, "storage_backend", None), HiCacheL3Storage):
+        controller.page_get_func = controller._page_get_zero_copy
+        controller.page_set_func = controller._page_set_zero_copy
+        log.info("hicache-l3: %s uses the zero-copy page path", type(controller.storage_backend).__name__)
+
+
+def install() -> None:
+    """Entry point of the ``sglang.srt.plugins`` group: take over the backends named in
+    ``HICACHE_L3_SGLANG_BACKENDS``; nothing when it is unset."""
+    names = takeover_names(os.environ.get(ENV))
+    if not names:
+        return
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for name in names:
+        StorageBackendFactory.register_backend(name, "hicache_l3.sglang", TAKEOVER_CLASSES[name])
+    HookRegistry.register(ATTACH_TARGET, use_zero_copy, HookType.AFTER)
+    log.info("hicache-l3: serving SGLang's %s storage backend(s) (%s)", ", ".join(names), ENV)
