@@ -158,25 +158,25 @@ def _self_test(io: BatchIO) -> None:
             raise RuntimeError("native batch read disagrees with the Python path")
 
 
-def _load() -> BatchIO | None:
+def _load() -> tuple[BatchIO | None, str]:
     if os.environ.get("HICACHE_L3_NATIVE_IO", "1").lower() in ("0", "false", "no", "off"):
-        return None
+        return None, "turned off by HICACHE_L3_NATIVE_IO"
     spec = importlib.util.find_spec("hicache_l3._batch_io")
     if spec is None or spec.origin is None:
-        return None
+        return None, "hicache_l3._batch_io not built: reinstall with a C compiler (cc) present"
     try:
         io = BatchIO(spec.origin)
         _self_test(io)
-    except (OSError, AttributeError, RuntimeError):
-        return None
-    return io
+    except (OSError, AttributeError, RuntimeError) as exc:
+        return None, f"hicache_l3._batch_io refused: {exc}"
+    return io, ""
 
 
-NATIVE: BatchIO | None = _load()
-"""The library, or None (not built, failed its self-test, or HICACHE_L3_NATIVE_IO=0)."""
+NATIVE, WHY_NOT = _load()
+"""The library, or None and the reason in ``WHY_NOT`` (not built, failed its self-test, or
+``HICACHE_L3_NATIVE_IO=0``)."""
 
 
 def describe() -> str:
-    """One line for logs and ``--help``: which I/O path the slab connectors take."""
-    return "native batch I/O (C)" if NATIVE is not None else "Python I/O (native batch library not built)"
-
+    """One line for logs and stats: which I/O path the slab connectors take, and why."""
+    return "native batch I/O (C)" if NATIVE is not None else f"Python I/O ({WHY_NOT})"

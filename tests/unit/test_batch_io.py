@@ -158,3 +158,11 @@ def test_header_struct_matches_the_library() -> None:
     assert struct.unpack_from("<Q", packed, 24)[0] == 0x0102030405060708
     assert f"HL3_CSUM_AT {24}" in Path(batch_io.__file__).parent.parent.joinpath(
         "native", "batch_io.c").read_text()
+
+
+def test_stats_name_the_io_path(tmp_path: Path) -> None:
+    ns = Namespace(model="m", kv_dtype="bfloat16", layout="page_first", page_size=16)
+    with open_connector("file", ns, root=str(tmp_path)) as conn:
+        assert conn.stats()["engine"]["io_path"] == batch_io.describe()
+    with open_connector("file", ns, root=str(tmp_path), native_io=False) as conn:
+        assert conn.stats()["engine"]["io_path"] == "Python I/O"
