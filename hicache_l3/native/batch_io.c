@@ -51,20 +51,12 @@ static uint64_t checksum(const struct hl3_xxh3 *x, void **state, const struct io
     return v ? v : 1; /* 0 means "no checksum" in a header */
 }
 
-static ssize_t full_preadv(int fd, const struct iovec *iov, int n, off_t off)
+/* preadv (writing = 0) or pwritev, retried on EINTR: bytes moved, or -errno. */
+static ssize_t transfer(int writing, int fd, const struct iovec *iov, int n, off_t off)
 {
     ssize_t r;
     do {
-        r = preadv(fd, iov, n, off);
-    } while (r < 0 && errno == EINTR);
-    return r < 0 ? -errno : r;
-}
-
-static ssize_t full_pwritev(int fd, const struct iovec *iov, int n, off_t off)
-{
-    ssize_t r;
-    do {
-        r = pwritev(fd, iov, n, off);
+        r = writing ? pwritev(fd, iov, n, off) : preadv(fd, iov, n, off);
     } while (r < 0 && errno == EINTR);
     return r < 0 ? -errno : r;
 }
@@ -91,10 +83,54 @@ static int page_iov(struct iovec *v, int j, unsigned char *headers, int64_t hdr_
     return n + 1;
 }
 
+/* Read one page (its n iovecs v, header first); HL3_* or -errno. */
+static int32_t read_one(int fd, off_t off, const struct iovec *v, int n, const unsigned char *expect,
+                        int64_t hdr_len, uint64_t csum, const struct hl3_xxh3 *x, void **state)
+{
+    ssize_t got = transfer(0, fd, v, n, off);
+    if (got < 0)
+        return (int32_t)got;
+    if ((size_t)got != total(v, n))
+        return HL3_SHORT;
+    if (memcmp(v[0].iov_base, expect, (size_t)hdr_len) != 0)
+        return HL3_HEADER;
+    if (csum == 0)
+        return HL3_OK;
+    uint64_t c = checksum(x, state, v + 1, n - 1);
+    return c == 0 ? HL3_NOMEM : (c == csum ? HL3_OK : HL3_CHECKSUM);
+}
+
+/* Write one page (its n iovecs v, header first): checksum it into csum and its header
+ * when with_csum, write the end marker, then header + segments; HL3_* or -errno. */
+static int32_t write_one(int fd, off_t off, const struct iovec *v, int n, const unsigned char *end_marker,
+                         off_t end_off, int64_t hdr_len, int with_csum, uint64_t *csum,
+                         const struct hl3_xxh3 *x, void **state)
+{
+    if (with_csum) {
+        uint64_t c = checksum(x, state, v + 1, n - 1);
+        if (c == 0)
+            return HL3_NOMEM;
+        *csum = c;
+        unsigned char *h = v[0].iov_base;
+        for (int b = 0; b < 8; b++)
+            h[HL3_CSUM_AT + b] = (unsigned char)(c >> (8 * b));
+    }
+    struct iovec end = {(void *)end_marker, (size_t)hdr_len};
+    ssize_t put = transfer(1, fd, &end, 1, end_off);
+    if (put < 0)
+        return (int32_t)put;
+    if (put != hdr_len)
+        return HL3_SHORT;
+    put = transfer(1, fd, v, n, off);
+    if (put < 0)
+        return (int32_t)put;
+    return (size_t)put == total(v, n) ? HL3_OK : HL3_SHORT;
+}
+
 /* Pages lo..hi-1 of a batch. Page j reads its start header into headers[j * hdr_len ..]
  * and its segments segs[at[j] .. at[j+1]) from fds[j] at offs[j] in one preadv. The
  * header must equal expect[j * hdr_len ..] and, where csums[j] != 0, the XXH3 of the
- * segments must equal csums[j]. status[j]: HL3_* or -errno. */
+ * segments must equal csums[j]. status[j]: HL3_* or -errno; returns the number not OK. */
 int hl3_read_pages(int lo, int hi, const int32_t *fds, const int64_t *offs,
                    const struct iovec *segs, const int32_t *at, unsigned char *headers,
                    const unsigned char *expect, int64_t hdr_len, const uint64_t *csums,
@@ -105,24 +141,8 @@ int hl3_read_pages(int lo, int hi, const int32_t *fds, const int64_t *offs,
     int bad = 0;
     for (int j = lo; j < hi; j++) {
         int n = page_iov(v, j, headers, hdr_len, segs, at);
-        if (n < 0) {
-            status[j] = n;
-            bad++;
-            continue;
-        }
-        ssize_t got = full_preadv(fds[j], v, n, offs[j]);
-        if (got < 0) {
-            status[j] = (int32_t)got;
-        } else if ((size_t)got != total(v, n)) {
-            status[j] = HL3_SHORT;
-        } else if (memcmp(v[0].iov_base, expect + (size_t)j * hdr_len, (size_t)hdr_len) != 0) {
-            status[j] = HL3_HEADER;
-        } else if (csums[j] != 0) {
-            uint64_t c = checksum(x, &state, v + 1, n - 1);
-            status[j] = c == 0 ? HL3_NOMEM : (c == csums[j] ? HL3_OK : HL3_CHECKSUM);
-        } else {
-            status[j] = HL3_OK;
-        }
+        status[j] = n < 0 ? n : read_one(fds[j], offs[j], v, n, expect + (size_t)j * hdr_len, hdr_len,
+                                         csums[j], x, &state);
         bad += status[j] != HL3_OK;
     }
     if (state != NULL)
@@ -134,7 +154,7 @@ int hl3_read_pages(int lo, int hi, const int32_t *fds, const int64_t *offs,
  * goes into csums[j] and into its start header headers[j * hdr_len ..] (little-endian at
  * HL3_CSUM_AT); then the end marker ends[j * hdr_len ..] is written at end_offs[j] and
  * the header + segments at offs[j] (end marker first: see slabs.py "Slots").
- * status[j]: HL3_OK, HL3_SHORT, HL3_NOMEM or -errno. */
+ * status[j]: HL3_OK, HL3_SHORT, HL3_NOMEM or -errno; returns the number not OK. */
 int hl3_write_pages(int lo, int hi, const int32_t *fds, const int64_t *offs,
                     const struct iovec *segs, const int32_t *at, unsigned char *headers,
                     const unsigned char *ends, const int64_t *end_offs, int64_t hdr_len,
@@ -145,33 +165,8 @@ int hl3_write_pages(int lo, int hi, const int32_t *fds, const int64_t *offs,
     int bad = 0;
     for (int j = lo; j < hi; j++) {
         int n = page_iov(v, j, headers, hdr_len, segs, at);
-        if (n < 0) {
-            status[j] = n;
-            bad++;
-            continue;
-        }
-        if (with_csum) {
-            uint64_t c = checksum(x, &state, v + 1, n - 1);
-            if (c == 0) {
-                status[j] = HL3_NOMEM;
-                bad++;
-                continue;
-            }
-            csums[j] = c;
-            unsigned char *h = v[0].iov_base;
-            for (int b = 0; b < 8; b++)
-                h[HL3_CSUM_AT + b] = (unsigned char)(c >> (8 * b));
-        }
-        struct iovec end = {(void *)(ends + (size_t)j * hdr_len), (size_t)hdr_len};
-        ssize_t put = full_pwritev(fds[j], &end, 1, end_offs[j]);
-        if (put >= 0 && put != hdr_len) {
-            status[j] = HL3_SHORT;
-        } else if (put < 0) {
-            status[j] = (int32_t)put;
-        } else {
-            put = full_pwritev(fds[j], v, n, offs[j]);
-            status[j] = put < 0 ? (int32_t)put : ((size_t)put == total(v, n) ? HL3_OK : HL3_SHORT);
-        }
+        status[j] = n < 0 ? n : write_one(fds[j], offs[j], v, n, ends + (size_t)j * hdr_len, end_offs[j],
+                                          hdr_len, with_csum, csums + j, x, &state);
         bad += status[j] != HL3_OK;
     }
     if (state != NULL)
