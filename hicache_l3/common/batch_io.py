@@ -117,7 +117,9 @@ class BatchIO:
 
     def read(self, batch: PageBatch, lo: int, hi: int) -> int:
         """Read pages ``lo..hi-1`` of a read batch; the number not OK."""
-        if not 0 <= lo <= hi <= len(batch) or not batch.expect:
+        if lo == hi and 0 <= lo <= len(batch):
+            return 0
+        if not 0 <= lo < hi <= len(batch) or not batch.expect:
             raise ValueError(f"read of pages [{lo}, {hi}) of a {len(batch)}-page batch")
         return int(self._read(
             lo, hi, _address(batch.fds), _address(batch.offsets), _address(batch.segments),
@@ -128,7 +130,9 @@ class BatchIO:
     def write(self, batch: PageBatch, lo: int, hi: int, checksum: bool) -> int:
         """Write pages ``lo..hi-1`` of a write batch (end marker first, then header and
         segments), checksumming them first when ``checksum``; the number not OK."""
-        if not 0 <= lo <= hi <= len(batch) or not batch.ends:
+        if lo == hi and 0 <= lo <= len(batch):
+            return 0
+        if not 0 <= lo < hi <= len(batch) or not batch.ends:
             raise ValueError(f"write of pages [{lo}, {hi}) of a {len(batch)}-page batch")
         return int(self._write(
             lo, hi, _address(batch.fds), _address(batch.offsets), _address(batch.segments),

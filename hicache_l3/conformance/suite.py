@@ -215,6 +215,15 @@ class ConnectorTests:
         stats = conn.stats()["ops"]["get"]
         assert stats["failed"].get("miss") == 3
 
+    def test_all_miss_batch_where_pages_are_stored(self, conn: Connector[Any]) -> None:
+        """A batch with no stored key, in a namespace that has pages: misses, not errors."""
+        self._store(conn, _keys("present", 2))
+        pages = Pages(conn, self.page_bytes, 3)
+        assert conn.batch_get(_keys("absent-here", 3), pages.pages) == [False] * 3
+        assert conn.stats()["ops"]["get"]["failed"] == {"miss": 3}
+        assert conn.batch_set(_keys("present", 2), pages.pages[:2]) == [True, True]  # nothing to write
+        assert conn.stats()["ops"]["set"]["failed"] == {}
+
     def test_mixed_hits_and_misses_keep_order(self, conn: Connector[Any]) -> None:
         stored = _keys("mix", 4)
         self._store(conn, stored)

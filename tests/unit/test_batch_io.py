@@ -125,6 +125,8 @@ def test_each_failure_is_reported_for_its_page_only(native: batch_io.BatchIO, bu
 def test_out_of_range_shares_and_mismatched_lists_are_refused(native: batch_io.BatchIO,
                                                               buf: HostBuffer) -> None:
     pages = _pages(buf)
+    empty = PageBatch(HL, [], [], [], [])
+    assert native.read(empty, 0, 0) == 0 and native.write(empty, 0, 0, True) == 0  # nothing to move
     r = PageBatch(HL, [0, 0, 0], [0, 0, 0], pages, [bytes(HL)] * 3)
     with pytest.raises(ValueError, match="read of pages"):
         native.read(r, 0, 4)
