@@ -194,36 +194,23 @@ class RegionTable:
                 return False
         return True
 
-    def _one_region(self, pages: Sequence[Page]) -> tuple[memoryview, int] | None:
-        """View and start address of the region holding every segment of ``pages`` (none
-        empty), from one consistent snapshot of the table; None if no one region does."""
+    def batch_views(self, pages: Sequence[Page]) -> list[list[memoryview]] | None:
+        """Views of every page at once when all their segments lie in one region (the
+        common batch; list operations only); None otherwise: use :meth:`views`."""
         if not pages or not pages[0]:
             return None
         starts, regions, views = self._starts, self._regions, self._views
         i = bisect.bisect_right(starts, pages[0][0][0]) - 1
         if i < 0:
             return None
+        region, view, base = regions[i], views[i], starts[i]
         try:
             low = min(a for page in pages for a, _ in page)
             high = max(a + n for page in pages for a, n in page)
-            if low < starts[i] or high > regions[i].end or min(n for page in pages for _, n in page) <= 0:
+            if low < base or high > region.end or min(n for page in pages for _, n in page) <= 0:
                 return None
         except ValueError:  # an empty page
             return None
-        return views[i], starts[i]
-
-    def batch_covers(self, pages: Sequence[Page]) -> bool:
-        """True when every segment of every page lies in one registered region (the common
-        batch, checked with list operations only); False means: ask :meth:`covers` per page."""
-        return self._one_region(pages) is not None
-
-    def batch_views(self, pages: Sequence[Page]) -> list[list[memoryview]] | None:
-        """Views of every page at once when all their segments lie in one region (the
-        common batch; list operations only); None otherwise: use :meth:`views`."""
-        found = self._one_region(pages)
-        if found is None:
-            return None
-        view, base = found
         return [[view[a - base : a - base + n] for a, n in page] for page in pages]
 
     def views(self, page: Page) -> list[memoryview] | None:
