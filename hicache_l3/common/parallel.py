@@ -26,7 +26,10 @@ class BatchPool:
         )
 
     def map(self, fn: Callable[[int, int], T], n: int) -> list[T]:
-        """Results of ``fn`` per share, in order; exceptions propagate."""
+        """Results of ``fn`` per share, in order (none for ``n == 0``: ``fn`` is never
+        called on an empty share); exceptions propagate."""
+        if n <= 0:
+            return []
         shares = min(self.threads, max(1, n // self.min_share))
         if shares <= 1 or self._pool is None:
             return [fn(0, n)]

@@ -264,8 +264,6 @@ class FileConnector(SlabBacked, Connector[FileConfig]):
                 reasons[i] = Reason.SIZE_MISMATCH
             else:
                 queued.append(i)
-        if not queued:
-            return []
         entries: list[Entry] = [found[i][1] for i in queued]  # type: ignore[index]
         batch = PageBatch(
             MARKER, [found[i][0] for i in queued], [e.slot * stride + head for e in entries],  # type: ignore[index]
