@@ -84,6 +84,12 @@ class PageBatch:
         if len(self.headers) != n * header_len or len(self.expect) not in (0, n * header_len):
             raise ValueError(f"PageBatch: every header must be {header_len} bytes")
         self.status = array.array("i", bytes(4 * n))
+        # Addresses taken once: the arrays never grow after this, so they hold for the batch's life.
+        self.addresses = (_address(self.fds), _address(self.offsets), _address(self.segments),
+                          _address(self.at), _address(self.headers))
+        self.expect_at, self.ends_at = _address(self.expect), _address(self.ends)
+        self.end_offsets_at = _address(self.end_offsets)
+        self.checksums_at, self.status_at = _address(self.checksums), _address(self.status)
 
     def __len__(self) -> int:
         return len(self.fds)
@@ -116,30 +122,31 @@ class BatchIO:
         self._xxh3_at = ctypes.addressof(self._xxh3)
 
     def read(self, batch: PageBatch, lo: int, hi: int) -> int:
-        """Read pages ``lo..hi-1`` of a read batch; the number not OK."""
-        if lo == hi and 0 <= lo <= len(batch):
+        """Read pages ``lo..hi-1`` of a read batch; the number not OK (0 for an empty share)."""
+        if not _share(batch, lo, hi, "read", bool(batch.expect)):
             return 0
-        if not 0 <= lo < hi <= len(batch) or not batch.expect:
-            raise ValueError(f"read of pages [{lo}, {hi}) of a {len(batch)}-page batch")
-        return int(self._read(
-            lo, hi, _address(batch.fds), _address(batch.offsets), _address(batch.segments),
-            _address(batch.at), _address(batch.headers), _address(batch.expect), batch.header_len,
-            _address(batch.checksums), self._xxh3_at, _address(batch.status),
-        ))
+        return int(self._read(lo, hi, *batch.addresses, batch.expect_at, batch.header_len, batch.checksums_at,
+                              self._xxh3_at, batch.status_at))
 
     def write(self, batch: PageBatch, lo: int, hi: int, checksum: bool) -> int:
         """Write pages ``lo..hi-1`` of a write batch (end marker first, then header and
-        segments), checksumming them first when ``checksum``; the number not OK."""
-        if lo == hi and 0 <= lo <= len(batch):
+        segments), checksumming them first when ``checksum``; the number not OK (0 for an
+        empty share)."""
+        if not _share(batch, lo, hi, "write", bool(batch.ends)):
             return 0
-        if not 0 <= lo < hi <= len(batch) or not batch.ends:
-            raise ValueError(f"write of pages [{lo}, {hi}) of a {len(batch)}-page batch")
-        return int(self._write(
-            lo, hi, _address(batch.fds), _address(batch.offsets), _address(batch.segments),
-            _address(batch.at), _address(batch.headers), _address(batch.ends), _address(batch.end_offsets),
-            batch.header_len, int(checksum), _address(batch.checksums), self._xxh3_at,
-            _address(batch.status),
-        ))
+        return int(self._write(lo, hi, *batch.addresses, batch.ends_at, batch.end_offsets_at,
+                               batch.header_len, int(checksum), batch.checksums_at, self._xxh3_at,
+                               batch.status_at))
+
+
+def _share(batch: PageBatch, lo: int, hi: int, op: str, fits: bool) -> bool:
+    """True for a non-empty share ``[lo, hi)`` of a batch built for ``op`` (``fits``); False
+    for an empty one; ValueError for a share out of range or a batch built for the other op."""
+    if lo == hi and 0 <= lo <= len(batch):
+        return False
+    if not fits or not 0 <= lo < hi <= len(batch):
+        raise ValueError(f"{op} of pages [{lo}, {hi}) of a {len(batch)}-page batch")
+    return True
 
 
 def _self_test(io: BatchIO) -> None:
@@ -162,9 +169,12 @@ def _self_test(io: BatchIO) -> None:
             raise RuntimeError("native batch read disagrees with the Python path")
 
 
+TURNED_OFF = "turned off by HICACHE_L3_NATIVE_IO"
+
+
 def _load() -> tuple[BatchIO | None, str]:
     if os.environ.get("HICACHE_L3_NATIVE_IO", "1").lower() in ("0", "false", "no", "off"):
-        return None, "turned off by HICACHE_L3_NATIVE_IO"
+        return None, TURNED_OFF
     spec = importlib.util.find_spec("hicache_l3._batch_io")
     if spec is None or spec.origin is None:
         return None, "hicache_l3._batch_io not built: reinstall with a C compiler (cc) present"

@@ -115,7 +115,7 @@ class FileConnector(SlabBacked, Connector[FileConfig]):
         super().__init__(config, namespace)
         self._pool = BatchPool(config.io_threads, "hicache-file")
         self._native = NATIVE if config.native_io else None
-        if config.native_io and NATIVE is None and "HICACHE_L3_NATIVE_IO" not in batch_io.WHY_NOT:
+        if config.native_io and NATIVE is None and batch_io.WHY_NOT != batch_io.TURNED_OFF:
             self._log.warning("native-io", "%s: %s; moving pages through the Python path (about half "
                               "as fast on 64 KiB pages)", self.name, batch_io.describe())
         # the Python write path holds the GIL between syscalls: one thread measured fastest
@@ -355,7 +355,7 @@ class FileConnector(SlabBacked, Connector[FileConfig]):
         self._close_store()
 
     def _engine_stats(self) -> dict[str, Any]:
-        io = batch_io.describe() if self._native is not None or self.config.native_io else "Python I/O"
+        io = batch_io.describe() if self.config.native_io else "Python I/O"
         return {**self._slab_stats(), "io_path": io}
 
 
