@@ -240,45 +240,41 @@ class HiCacheL3Storage(HiCacheStorage):
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
         """Load page i (key ``keys[i]``) into the pool at ``host_indices[i * page_size]``;
         one bool per key, True only for the exact stored bytes."""
-        if not keys:
-            return []
-        connector = self.connector
-        if connector is None:
-            self._log.warning("get-unattached", "hicache-l3: batch_get_v1 with no connector "
-                              "(before register_mem_pool_host, or after close)")
-            return [False] * len(keys)
-        start = time.perf_counter()
-        try:
-            ok = connector.batch_get(list(keys), self._pages(len(keys), host_indices))
-        except Exception as exc:
-            self._log.warning("get-exc", "hicache-l3: batch_get_v1 of %d pages failed: %r", len(keys), exc)
-            return [False] * len(keys)
-        self._record(self._prefetch_pgs, self._prefetch_bw, ok, start)
-        return ok
+        return self._zero_copy("get", keys, host_indices)
 
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
         """Store the pool pages at ``host_indices[i * page_size]`` under ``keys[i]``; pages
         already stored are not rewritten; one bool per key. Non-writer MLA ranks store
         nothing and report success."""
+        if keys and not self.is_writer:
+            return [True] * len(keys)
+        # Pages already stored are not written again: the connector skips them itself
+        # (the contract), so no exists round trip is needed here.
+        return self._zero_copy("set", keys, host_indices)
+
+    def _zero_copy(self, op: str, keys: list[str], host_indices: torch.Tensor) -> list[bool]:
+        """``batch_{op}_v1``: pages straight between the pool and the connector; engine
+        errors and a detached backend are misses, logged at most once per interval."""
         if not keys:
             return []
-        if not self.is_writer:
-            return [True] * len(keys)
         connector = self.connector
         if connector is None:
-            self._log.warning("set-unattached", "hicache-l3: batch_set_v1 with no connector "
-                              "(before register_mem_pool_host, or after close)")
+            self._log.warning(f"{op}-unattached", "hicache-l3: batch_%s_v1 with no connector "
+                              "(before register_mem_pool_host, or after close)", op)
             return [False] * len(keys)
         start = time.perf_counter()
+        move = connector.batch_get if op == "get" else connector.batch_set
         try:
-            # Pages already stored are not written again: the connector skips them itself
-            # (the contract), so no exists round trip is needed here.
-            ok = connector.batch_set(list(keys), self._pages(len(keys), host_indices))
+            ok = move(list(keys), self._pages(len(keys), host_indices))
         except Exception as exc:
-            self._log.warning("set-exc", "hicache-l3: batch_set_v1 of %d pages failed: %r", len(keys), exc)
+            self._log.warning(f"{op}-exc", "hicache-l3: batch_%s_v1 of %d pages failed: %r",
+                              op, len(keys), exc)
             return [False] * len(keys)
-        self._record(self._backup_pgs, self._backup_bw, ok, start)
+        if op == "get":
+            self._record(self._prefetch_pgs, self._prefetch_bw, ok, start)
+        else:
+            self._record(self._backup_pgs, self._backup_bw, ok, start)
         return ok
 
     def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
