@@ -14,7 +14,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("hicache_l3.bench.cli", "measure connectors against their raw engines"),
     "replay": ("hicache_l3.bench.replay", "replay an agentic workload through L1/L2 + a connector"),
-    "engines": ("hicache_l3.conformance.engines", "start local engines (mooncake, s3) for development"),
+    "engines": ("hicache_l3.engines", "start local engines (mooncake, s3) for development"),
     "sglang-args": ("hicache_l3.sglang_config", "print SGLang flags and write the config file"),
     "check": ("hicache_l3.sglang_config", "validate a config file with a round trip of a few pages"),
 }

@@ -311,7 +311,7 @@ def open_l3(
     """Open the L3 connectors (starting a local engine when no address is configured);
     registered on ``stack`` for closing. Returns the tier and the settings used."""
     from hicache_l3.common.registry import open_connector, resolve_name
-    from hicache_l3.conformance.engines import ENGINES
+    from hicache_l3.engines import ENGINES
 
     name = resolve_name(backend)
     settings = dict(settings)

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from hicache_l3.conformance.engines import MooncakeEngine, S3Engine
+from hicache_l3.engines import MooncakeEngine, S3Engine
 from hicache_l3.sglang_config import (
     AdapterConfig,
     build_namespace,
