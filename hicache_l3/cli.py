@@ -10,13 +10,25 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NamedTuple
 
-COMMANDS: dict[str, tuple[str, str]] = {
-    "bench": ("hicache_l3.bench.cli", "measure connectors against their raw engines"),
-    "replay": ("hicache_l3.bench.replay", "replay an agentic workload through L1/L2 + a connector"),
-    "engines": ("hicache_l3.engines", "start local engines (mooncake, s3) for development"),
-    "sglang-args": ("hicache_l3.sglang_config", "print SGLang flags and write the config file"),
-    "check": ("hicache_l3.sglang_config", "validate a config file with a round trip of a few pages"),
+
+class Command(NamedTuple):
+    """One subcommand: its module and the names of its two functions there."""
+
+    module: str
+    help: str
+    add_arguments: str = "add_arguments"
+    run: str = "run"
+
+
+COMMANDS: dict[str, Command] = {
+    "bench": Command("hicache_l3.bench.cli", "measure connectors against their raw engines"),
+    "replay": Command("hicache_l3.bench.replay", "replay an agentic workload through L1/L2 + a connector"),
+    "engines": Command("hicache_l3.engines", "start local engines (mooncake, s3) for development"),
+    "sglang-args": Command("hicache_l3.sglang.cli", "print SGLang flags and write the config file"),
+    "check": Command("hicache_l3.sglang.cli", "validate a config file with a round trip of a few pages",
+                     "add_check_arguments", "run_check"),
 }
 
 
@@ -28,21 +40,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     modules = {}
-    for name, (module_name, help_text) in COMMANDS.items():
+    for name, command in COMMANDS.items():
         try:
-            module = importlib.import_module(module_name)
+            module = importlib.import_module(command.module)
         except ImportError:
             continue  # not built yet, or its optional dependency is missing
-        command = name if name != "check" else "check"
-        p = sub.add_parser(command, help=help_text, description=module.__doc__,
+        p = sub.add_parser(name, help=command.help, description=module.__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-        adder = getattr(module, "add_check_arguments" if name == "check" else "add_arguments", None)
+        adder = getattr(module, command.add_arguments, None)
         if adder is not None:
             adder(p)
         modules[name] = module
     args = parser.parse_args(argv)
-    module = modules[args.command]
-    runner = getattr(module, "run_check" if args.command == "check" else "run")
+    runner = getattr(modules[args.command], COMMANDS[args.command].run)
     code: int = runner(args)
     return code
 

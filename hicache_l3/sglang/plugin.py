@@ -19,7 +19,7 @@ file root, default ``/tmp/hicache`` as in SGLang; ``SGLANG_HICACHE_NIXL_BACKEND_
 for the NIXL root; Mooncake's ``MOONCAKE_*`` variables, JSON file and extra-config keys,
 read by the mooncake connector itself); ``HICACHE_L3_<CONNECTOR>_<FIELD>`` variables; a
 table named after the connector in ``--hicache-storage-backend-extra-config`` (our format,
-see :mod:`hicache_l3.sglang_config`). Other SGLang keys in the extra config are ignored and
+see :mod:`hicache_l3.sglang.config`). Other SGLang keys in the extra config are ignored and
 named in a log line. To go back to SGLang's backends, unset the variable (or set
 ``SGLANG_PLUGINS`` to a list without ``hicache_l3``).
 
@@ -36,7 +36,7 @@ from typing import Any
 
 from hicache_l3.common.errors import ConfigError
 
-log = logging.getLogger("hicache_l3.sglang_plugin")
+log = logging.getLogger("hicache_l3.sglang.plugin")
 
 ENV = "HICACHE_L3_SGLANG_BACKENDS"
 TAKEOVER_CLASSES = {
@@ -66,7 +66,7 @@ def takeover_extra_config(name: str, extra: Mapping[str, Any] | None,
                           env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Our adapter's extra config for SGLang's built-in backend ``name`` (see module docstring)."""
     from hicache_l3.connectors.mooncake import SGLANG_JSON
-    from hicache_l3.sglang_config import ADAPTER_KEYS, SGLANG_KEYS
+    from hicache_l3.sglang.config import ADAPTER_KEYS, SGLANG_KEYS
 
     env = os.environ if env is None else env
     extra = dict(extra or {})
@@ -105,7 +105,7 @@ def takeover_extra_config(name: str, extra: Mapping[str, Any] | None,
 def use_zero_copy(result: Any, controller: Any, *args: Any, **kwargs: Any) -> None:
     """After ``attach_storage_backend``: give our backend the zero-copy page functions
     (SGLang chose them by backend name)."""
-    from hicache_l3.sglang import HiCacheL3Storage
+    from hicache_l3.sglang.backend import HiCacheL3Storage
 
     if isinstance(getattr(controller, "storage_backend", None), HiCacheL3Storage):
         controller.page_get_func = controller._page_get_zero_copy
