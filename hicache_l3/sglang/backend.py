@@ -447,12 +447,12 @@ class _BuiltinName(HiCacheL3Storage):
     :mod:`hicache_l3.sglang.plugin`). SGLang builds built-ins as ``cls(storage_config)``,
     ``cls(storage_config, mem_pool_host)`` or, for ``hf3fs``, ``cls.from_env_config(...)``;
     every form lands here, with the connector of that name and the settings translated
-    by :func:`~hicache_l3.sglang.plugin.takeover_extra_config`."""
+    by :func:`~hicache_l3.sglang.takeover.takeover_extra_config`."""
 
     builtin: ClassVar[str] = ""
 
     def __init__(self, storage_config: HiCacheStorageConfig, mem_pool_host: Any = None):
-        from hicache_l3.sglang.plugin import takeover_extra_config
+        from hicache_l3.sglang.takeover import takeover_extra_config
 
         extra = takeover_extra_config(self.builtin, storage_config.extra_config)
         super().__init__(dataclasses.replace(storage_config, extra_config=extra))
