@@ -295,13 +295,9 @@ def _env_configured(name: str, field: str = "") -> bool:
 
 def _has_root(name: str) -> bool:
     """True for connectors that keep pages under a directory (``root`` setting)."""
-    from hicache_l3.common.registry import load_connector
+    from hicache_l3.common.registry import config_class
 
-    if name == "file":
-        return True
-    config_class = getattr(load_connector(name), "config_class", None)
-    return dataclasses.is_dataclass(config_class) and any(
-        f.name == "root" for f in dataclasses.fields(config_class))
+    return any(f.name == "root" for f in dataclasses.fields(config_class(name)))
 
 
 def open_l3(

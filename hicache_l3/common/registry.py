@@ -1,34 +1,73 @@
-"""Connector names -> classes, imported on first use, with install hints.
+"""Connector names -> classes and config classes, imported on first use, with install hints.
 
-``import hicache_l3`` never imports an engine package; :func:`open_connector` imports
-the connector's module when asked for it and, if the engine's package is missing, raises
+``import hicache_l3`` never imports an engine package. The registry knows every connector
+by dotted paths (like fsspec's ``known_implementations``): the class (or factory) that
+opens it, its config class, and the pip extra that brings its engine. Config classes load
+without their engine (:func:`config_class`), so settings docs, ``sglang-args`` and the
+SGLang plugin work on a machine with no engine installed; :func:`open_connector` imports the
+connector and, if its engine package is missing, raises
 :class:`~hicache_l3.common.errors.EngineUnavailableError` saying what to install.
-Third parties add their own with :func:`register_connector`.
+
+Third parties add theirs with :func:`register_connector`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Mapping
 from typing import Any
 
+from hicache_l3.common.config import ConnectorConfig
 from hicache_l3.common.connector import Connector
 from hicache_l3.common.errors import ConfigError, EngineUnavailableError
 from hicache_l3.common.keys import Namespace
 
-# name -> ("module:Class", pip extra that brings the engine package, or None)
-_KNOWN: dict[str, tuple[str, str | None]] = {
-    "file": ("hicache_l3.connectors.file:open_file_connector", None),
-    "mooncake": ("hicache_l3.connectors.mooncake:MooncakeConnector", "mooncake"),
-    "nixl": ("hicache_l3.connectors.nixl:NixlConnector", "nixl"),
-    "hf3fs": ("hicache_l3.connectors.hf3fs:Hf3fsConnector", None),
+
+@dataclasses.dataclass(frozen=True)
+class KnownConnector:
+    """Where a connector lives: ``target`` opens it (``"module:Class"``, a Connector
+    subclass, or ``"module:function"``, a factory ``(settings, namespace) -> Connector``);
+    ``config`` is its config class (``"module:Class"``; None: the target's
+    ``config_class``); ``extra`` is the pip extra that brings its engine (None: none)."""
+
+    target: str
+    config: str | None = None
+    extra: str | None = None
+
+    def install_hint(self) -> str:
+        """What to run when the connector's module or engine cannot be imported."""
+        return f"pip install 'hicache-l3[{self.extra}]'" if self.extra else "reinstall hicache-l3"
+
+
+_KNOWN: dict[str, KnownConnector] = {
+    "file": KnownConnector("hicache_l3.connectors.file:open_file_connector",
+                           "hicache_l3.connectors.file:FileConfig"),
+    "mooncake": KnownConnector("hicache_l3.connectors.mooncake:MooncakeConnector",
+                               "hicache_l3.connectors.mooncake:MooncakeConfig", "mooncake"),
+    "nixl": KnownConnector("hicache_l3.connectors.nixl:NixlConnector",
+                           "hicache_l3.connectors.nixl:NixlConfig", "nixl"),
+    "hf3fs": KnownConnector("hicache_l3.connectors.hf3fs:Hf3fsConnector",
+                            "hicache_l3.connectors.hf3fs:Hf3fsConfig"),
 }
 _ALIASES = {"3fs": "hf3fs"}
 
 
-def register_connector(name: str, target: str, extra: str | None = None) -> None:
-    """Make ``open_connector(name)`` load ``target`` (``"package.module:Class"``)."""
-    _KNOWN[name] = (target, extra)
+def register_connector(name: str, target: str, extra: str | None = None, *,
+                       config: str | None = None) -> None:
+    """Make ``open_connector(name)`` load ``target`` (``"package.module:Class"``).
+
+    ``config`` names its config class (``"package.module:Class"``) when ``target`` is a
+    factory or importing it needs the engine; ``extra`` is the pip extra named in the
+    install hint.
+    """
+    _KNOWN[name] = KnownConnector(target, config, extra)
+
+
+def registration(name: str) -> KnownConnector:
+    """Where connector ``name`` lives (aliases resolved); ConfigError if unknown. A second
+    process can repeat a registration with ``register_connector(name, entry.target, ...)``."""
+    return _KNOWN[resolve_name(name)]
 
 
 def available_connectors() -> list[str]:
@@ -47,20 +86,38 @@ def resolve_name(name: str) -> str:
     return canonical
 
 
-def load_connector(name: str) -> Any:
-    """The class (or factory) behind ``name``, importing its module now."""
-    canonical = resolve_name(name)
-    target, extra = _KNOWN[canonical]
+def _import(target: str, name: str, entry: KnownConnector) -> Any:
     module_name, _, attr = target.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        hint = f"pip install 'hicache-l3[{extra}]'" if extra else "reinstall hicache-l3"
         raise EngineUnavailableError(
-            f"connector {canonical!r} needs a package that is not installed "
-            f"({exc.name or exc}): {hint}"
+            f"connector {name!r} needs a package that is not installed "
+            f"({exc.name or exc}): {entry.install_hint()}"
         ) from exc
-    return getattr(module, attr)
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ConfigError(f"connector {name!r}: {module_name} has no attribute {attr!r}") from None
+
+
+def load_connector(name: str) -> Any:
+    """The class (or factory) behind ``name``, importing its module now."""
+    canonical = resolve_name(name)
+    entry = _KNOWN[canonical]
+    return _import(entry.target, canonical, entry)
+
+
+def config_class(name: str) -> type[ConnectorConfig]:
+    """The config class of connector ``name``, without importing its engine (for built-in
+    connectors, and for registrations that name their config class)."""
+    canonical = resolve_name(name)
+    entry = _KNOWN[canonical]
+    found = (_import(entry.config, canonical, entry) if entry.config
+             else getattr(load_connector(canonical), "config_class", None))
+    if not (isinstance(found, type) and issubclass(found, ConnectorConfig)):
+        raise ConfigError(f"connector {canonical!r}: no config class (register it with config=...)")
+    return found
 
 
 def open_connector(

@@ -29,7 +29,7 @@ from typing import Any
 
 from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
-from hicache_l3.common.registry import available_connectors, load_connector, resolve_name
+from hicache_l3.common.registry import available_connectors, config_class, resolve_name
 
 ADAPTER_MODULE = "hicache_l3.sglang"
 ADAPTER_CLASS = "HiCacheL3Storage"
@@ -104,16 +104,8 @@ class AdapterConfig:
 
     def validate_settings(self) -> None:
         """Load the connector's config class on the settings (raises ConfigError naming the
-        bad setting) without opening the engine. Connectors built by a factory are checked
-        when they open."""
-        factory = load_connector(self.connector)
-        config_class = getattr(factory, "config_class", None)
-        if config_class is None and self.connector == "file":
-            from hicache_l3.connectors.file import FileConfig
-
-            config_class = FileConfig
-        if config_class is not None:
-            config_class.load(self.connector, self.settings)
+        bad setting) without importing or opening the engine."""
+        config_class(self.connector).load(self.connector, self.settings)
 
 
 def build_namespace(

@@ -38,6 +38,13 @@ TAKEOVER_CLASSES = {
 SGLANG_FILE_DEFAULT_DIR = "/tmp/hicache"  # HiCacheFile's default, kept so plain `file` works as before
 
 
+def _mooncake_json() -> Mapping[str, str]:
+    """SGLang's Mooncake JSON keys -> our settings (the config module, not the engine)."""
+    from hicache_l3.connectors.mooncake import SGLANG_JSON
+
+    return SGLANG_JSON
+
+
 def takeover_names(value: str | None) -> list[str]:
     """The built-in names listed in ``HICACHE_L3_SGLANG_BACKENDS`` ("" = none, "all" = every
     one we serve); ConfigError naming the variable and any name we cannot serve."""
@@ -54,7 +61,6 @@ def takeover_names(value: str | None) -> list[str]:
 def takeover_extra_config(name: str, extra: Mapping[str, Any] | None,
                           env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Our adapter's extra config for SGLang's built-in backend ``name`` (see module docstring)."""
-    from hicache_l3.connectors.mooncake import SGLANG_JSON
     from hicache_l3.sglang.config import ADAPTER_KEYS, SGLANG_KEYS
 
     env = os.environ if env is None else env
@@ -65,8 +71,8 @@ def takeover_extra_config(name: str, extra: Mapping[str, Any] | None,
     for key, value in extra.items():
         if key in ADAPTER_KEYS or key in SGLANG_KEYS:
             continue
-        if name == "mooncake" and key in SGLANG_JSON:
-            settings[SGLANG_JSON[key]] = value
+        if name == "mooncake" and key in _mooncake_json():
+            settings[_mooncake_json()[key]] = value
         elif name == "file" and key == "file_storage_path":
             settings["root"] = value
         else:
