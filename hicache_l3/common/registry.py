@@ -8,20 +8,29 @@ SGLang plugin work on a machine with no engine installed; :func:`open_connector`
 connector and, if its engine package is missing, raises
 :class:`~hicache_l3.common.errors.EngineUnavailableError` saying what to install.
 
-Third parties add theirs with :func:`register_connector`.
+Third parties add theirs with :func:`register_connector`, or declare them in the
+``hicache_l3.connectors`` entry-point group (``name = "package.module:Class"``), read the
+first time a name is looked up that is not built in.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
+import threading
 from collections.abc import Mapping
+from importlib.metadata import entry_points
 from typing import Any
 
 from hicache_l3.common.config import ConnectorConfig
 from hicache_l3.common.connector import Connector
 from hicache_l3.common.errors import ConfigError, EngineUnavailableError
 from hicache_l3.common.keys import Namespace
+
+ENTRY_POINT_GROUP = "hicache_l3.connectors"
+
+log = logging.getLogger("hicache_l3.registry")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,17 +60,32 @@ _KNOWN: dict[str, KnownConnector] = {
                             "hicache_l3.connectors.hf3fs:Hf3fsConfig"),
 }
 _ALIASES = {"3fs": "hf3fs"}
+_lock = threading.Lock()
+_entry_points_read = False
 
 
 def register_connector(name: str, target: str, extra: str | None = None, *,
-                       config: str | None = None) -> None:
+                       config: str | None = None, clobber: bool = False) -> None:
     """Make ``open_connector(name)`` load ``target`` (``"package.module:Class"``).
 
     ``config`` names its config class (``"package.module:Class"``) when ``target`` is a
     factory or importing it needs the engine; ``extra`` is the pip extra named in the
-    install hint.
+    install hint. A name already registered (built in, by an entry point or by an earlier
+    call) raises ConfigError unless ``clobber=True``; registering the same thing again is
+    a no-op.
     """
-    _KNOWN[name] = KnownConnector(target, config, extra)
+    if ":" not in target:
+        raise ConfigError(f"connector {name!r}: target {target!r} must be 'package.module:Class'")
+    _read_entry_points()
+    entry = KnownConnector(target, config, extra)
+    with _lock:
+        old = _KNOWN.get(name)
+        if name in _ALIASES or (old is not None and old != entry and not clobber):
+            raise ConfigError(
+                f"connector {name!r} is already registered "
+                f"({old.target if old else 'an alias of ' + _ALIASES[name]}); "
+                "pass clobber=True to replace it")
+        _KNOWN[name] = entry
 
 
 def registration(name: str) -> KnownConnector:
@@ -72,12 +96,15 @@ def registration(name: str) -> KnownConnector:
 
 def available_connectors() -> list[str]:
     """Names accepted by :func:`open_connector` (aliases excluded)."""
+    _read_entry_points()
     return sorted(_KNOWN)
 
 
 def resolve_name(name: str) -> str:
     """The canonical connector name for ``name`` (aliases resolved); ConfigError if unknown."""
     canonical = _ALIASES.get(name, name)
+    if canonical not in _KNOWN:
+        _read_entry_points()
     if canonical not in _KNOWN:
         raise ConfigError(
             f"unknown connector {name!r}; choose one of {available_connectors()} "
@@ -118,6 +145,27 @@ def config_class(name: str) -> type[ConnectorConfig]:
     if not (isinstance(found, type) and issubclass(found, ConnectorConfig)):
         raise ConfigError(f"connector {canonical!r}: no config class (register it with config=...)")
     return found
+
+
+def _read_entry_points() -> None:
+    """Register the ``hicache_l3.connectors`` entry points (once; nothing is imported).
+    A name that is taken already is skipped with a warning: built-in names cannot be
+    replaced by installing a package."""
+    global _entry_points_read
+    if _entry_points_read:
+        return
+    with _lock:
+        if _entry_points_read:
+            return
+        _entry_points_read = True
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            entry = KnownConnector(f"{ep.module}:{ep.attr}")
+            if ep.name in _KNOWN or ep.name in _ALIASES:
+                if _KNOWN.get(ep.name) != entry:
+                    log.warning("hicache-l3: entry point %s = %r ignored: connector %r is "
+                                "already registered", ep.name, ep.value, ep.name)
+                continue
+            _KNOWN[ep.name] = entry
 
 
 def open_connector(
