@@ -15,7 +15,7 @@ import subprocess
 
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.registry import open_connector
-from hicache_l3.conformance.engines import MooncakeEngine
+from hicache_l3.engines import MooncakeEngine
 
 _USER = re.compile(r'\("([^"]+)",pid=(\d+)')
 

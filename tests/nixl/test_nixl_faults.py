@@ -21,8 +21,8 @@ from hicache_l3.common.errors import ConfigError, EngineUnavailableError
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.registry import open_connector
 from hicache_l3.common.slabs import Geometry
-from hicache_l3.conformance.engines import S3Engine, free_port
 from hicache_l3.conformance.suite import Pages
+from hicache_l3.engines import S3Engine, free_port
 
 PAGE = 16 << 10
 SECRET_ID = "AKIDSECRETVALUE1234"
