@@ -21,7 +21,7 @@ def render() -> str:
         "(explicit settings win). Sizes accept `65536`, `64KiB`, `1GB`.",
         "",
     ]
-    for name in available_connectors():
+    for name in available_connectors(builtin_only=True):
         out += [f"## {name}", "", "| setting | default | meaning |", "|---|---|---|"]
         for field, (default, help_text) in config_class(name).field_help().items():
             shown = "" if default in (None, "") else f"`{default!r}`"
