@@ -58,6 +58,8 @@ _KNOWN: dict[str, KnownConnector] = {
                            "hicache_l3.connectors.nixl:NixlConfig", "nixl"),
     "hf3fs": KnownConnector("hicache_l3.connectors.hf3fs:Hf3fsConnector",
                             "hicache_l3.connectors.hf3fs:Hf3fsConfig"),
+    "faulty": KnownConnector("hicache_l3.connectors.faulty:open_faulty_connector",
+                             "hicache_l3.connectors.faulty:FaultConfig"),
     "memory": KnownConnector("hicache_l3.connectors.memory:MemoryConnector",
                              "hicache_l3.connectors.memory:MemoryConfig"),
 }
