@@ -22,7 +22,7 @@ def render() -> str:
         "(explicit settings win). Sizes accept `65536`, `64KiB`, `1GB`.",
         "",
     ]
-    sections = [(name, config_class(name)) for name in available_connectors()]
+    sections = [(name, config_class(name)) for name in available_connectors(builtin_only=True)]
     sections.append(("file with an fsspec URL root (`s3://`, `file://`, ...)", FsspecConfig))
     for title, cls in sections:
         out += [f"## {title}", "", "| setting | default | meaning |", "|---|---|---|"]

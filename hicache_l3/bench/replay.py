@@ -40,6 +40,7 @@ from hicache_l3.bench.workload import Request, Workload, WorkloadParams, generat
 from hicache_l3.common.config import parse_size
 from hicache_l3.common.errors import ConfigError, HiCacheL3Error
 from hicache_l3.common.keys import Namespace
+from hicache_l3.common.logs import quiet_credential_loggers
 
 # Fields of a per-turn record that must be identical for identical seeds.
 HIT_FIELDS = ("index", "instance", "agent", "event", "prompt_tokens", "pages_needed",
@@ -360,6 +361,7 @@ def _progress(total: int, quiet: bool, desc: str) -> Iterator[Callable[[], None]
 
 def run(args: argparse.Namespace) -> int:
     """Generate the workload, replay it with and without L3, print and write results."""
+    quiet_credential_loggers()
     started = time.monotonic()
     config = ReplayConfig(args.page_tokens, args.page_bytes, args.l1_pages, args.l2_pages,
                           args.prefill_tps, args.batch, args.ref_kv_bytes_per_token)

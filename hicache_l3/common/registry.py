@@ -61,6 +61,7 @@ _KNOWN: dict[str, KnownConnector] = {
     "memory": KnownConnector("hicache_l3.connectors.memory:MemoryConnector",
                              "hicache_l3.connectors.memory:MemoryConfig"),
 }
+_BUILTIN = frozenset(_KNOWN)
 _ALIASES = {"3fs": "hf3fs"}
 _lock = threading.Lock()
 _entry_points_read = False
@@ -96,8 +97,11 @@ def registration(name: str) -> KnownConnector:
     return _KNOWN[resolve_name(name)]
 
 
-def available_connectors() -> list[str]:
-    """Names accepted by :func:`open_connector` (aliases excluded)."""
+def available_connectors(builtin_only: bool = False) -> list[str]:
+    """Names accepted by :func:`open_connector` (aliases excluded); with ``builtin_only``,
+    only the connectors shipped with hicache-l3 (third-party registrations left out)."""
+    if builtin_only:
+        return sorted(_BUILTIN)
     _read_entry_points()
     return sorted(_KNOWN)
 

@@ -44,6 +44,7 @@ from hicache_l3.common.integrity import key_fingerprint, page_checksum
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.pages import Page
 from hicache_l3.common.parallel import BatchPool
+from hicache_l3.common.safe_fs import private_root
 from hicache_l3.common.slabs import (
     ALIGN,
     FORMAT_VERSION,
@@ -124,8 +125,7 @@ class FileConnector(SlabBacked, Connector[FileConfig]):
         # the Python write path holds the GIL between syscalls: one thread measured fastest
         self._write_pool = BatchPool(config.write_threads if self._native else 1, "hicache-file-w")
         if config.o_direct:
-            Path(config.root).mkdir(parents=True, exist_ok=True)
-            _probe_o_direct(Path(config.root))
+            _probe_o_direct(private_root(config.root, f"{self.name} connector: root"))
         self._init_slab_root(config.root, config.capacity_bytes)
 
     @property

@@ -5,8 +5,8 @@
 :func:`hicache_l3.connectors.file.open_file_connector`, dispatches on ``://``). Slower than
 the slab path by design: it is for roots that are not local paths. Its settings are its
 own (:class:`FsspecConfig`): the slab store's (``capacity_bytes``, ``slab_bytes``,
-``o_direct``, ``fsync``, ``native_io``, ``write_threads``) mean nothing here and are
-refused with a message naming them. Environment variables keep the file connector's
+``o_direct``, ``fsync``, ``native_io``, ``write_threads``) mean nothing here; given, they
+are ignored with a warning naming them. Environment variables keep the file connector's
 prefix (``HICACHE_L3_FILE_<FIELD>``).
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import uuid
 from typing import Any, Literal
 
@@ -24,10 +25,18 @@ from hicache_l3.common.integrity import buffer_checksum, key_fingerprint
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.pages import Page, page_nbytes
 from hicache_l3.common.parallel import BatchPool
+from hicache_l3.common.safe_fs import private_root
 from hicache_l3.common.slabs import MARKER, START, START_MAGIC, encode_start
+
+log = logging.getLogger("hicache_l3.fsspec")
 
 # Settings of the slab file connector that an fsspec root has no use for.
 SLAB_ONLY = ("capacity_bytes", "slab_bytes", "write_threads", "fsync", "o_direct", "native_io")
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
 
 
 @dataclasses.dataclass
@@ -64,11 +73,13 @@ class FsspecConnector(Connector[FsspecConfig]):
 
     @classmethod
     def open(cls, settings: dict[str, Any], namespace: Namespace) -> Connector[Any]:
-        """Refuse the slab store's settings by name, then open as every connector does."""
+        """Drop the slab store's settings with a warning naming them (one config file may
+        serve both kinds of root), then open as every connector does."""
         wasted = sorted(set(settings) & set(SLAB_ONLY))
         if wasted:
-            raise ConfigError(f"file connector: {wasted} mean nothing for an fsspec root "
-                              f"({settings.get('root')!r}); remove them")
+            log.warning("file connector: %s mean nothing for an fsspec root (%r) and are ignored",
+                        wasted, settings.get("root"))
+            settings = {k: v for k, v in settings.items() if k not in SLAB_ONLY}
         return super().open(settings, namespace)
 
     def __init__(self, config: FsspecConfig, namespace: Namespace) -> None:
@@ -83,6 +94,8 @@ class FsspecConnector(Connector[FsspecConfig]):
             self.fs, path = fsspec.core.url_to_fs(config.root)
         except (ImportError, ValueError) as exc:
             raise ConfigError(f"file connector: cannot open root {config.root!r}: {exc}") from None
+        if "file" in _protocols(self.fs):  # a local root: private, as the slab path's
+            private_root(path, f"{self.name} connector: root")
         self.base = f"{path.rstrip('/')}/ns-{namespace.digest()}"
         self.fs.makedirs(self.base, exist_ok=True)
         self._pool = BatchPool(config.io_threads, "hicache-fsspec", min_share=1)

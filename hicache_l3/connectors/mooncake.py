@@ -28,14 +28,15 @@ this module drops its store handle in ``_close``, so nothing reaches the library
 
 Network exposure. Loopback by default: ``local_hostname=127.0.0.1`` and, when it is a
 loopback address and the variable is unset, ``MC_TCP_BIND_ADDRESS`` is set to it before
-the transfer engine starts, so that the client advertises loopback. What stays exposed
-whatever is configured: the master's embedded HTTP metadata server binds 0.0.0.0 (it
-ignores ``--http_metadata_server_host``), and each client's transfer engine listens on
-0.0.0.0 (ports in 12000-17999 seen here) for its handshake (see
-``tests/mooncake/test_mooncake_exposure.py``). To keep metadata off the network,
-run the master without ``--enable_http_metadata_server`` and use
-``metadata_server="P2PHANDSHAKE"`` (clients exchange metadata directly) or an etcd bound
-to loopback (``metadata_server="etcd://127.0.0.1:2379"``).
+the transfer engine starts, so that the client advertises loopback. What Mooncake binds
+to all interfaces whatever is configured: the master's embedded HTTP metadata server
+(0.0.0.0; it ignores ``--http_metadata_server_host``) and each client's transfer engine
+(handshake port on 0.0.0.0, TCP data port on ``[::]``, ports in 12000-17999). The engine
+launcher runs a metadata server of ours on loopback instead of the master's
+(:mod:`hicache_l3.metadata_server`) and preloads the loopback shim
+(:mod:`hicache_l3.common.loopback`) into the processes it starts; a connector's own
+process is covered only when it was started with the shim. README "Security" has the
+operator's remedies; ``tests/mooncake/test_mooncake_exposure.py`` checks every socket.
 
 Settings (``MooncakeConfig``) come from, lowest first: SGLang's ``MOONCAKE_*``
 environment variables, the JSON file named by ``SGLANG_HICACHE_MOONCAKE_CONFIG_PATH``
