@@ -1,5 +1,5 @@
 """hicache-l3 installed alone, as a user without any engine or the test extra has it: a fresh
-venv (no system site-packages) with ``pip install --no-deps -e <repo>`` plus the two
+venv (no system site-packages) with ``pip install --no-deps -e <a copy of the repo>`` plus the two
 runtime dependencies, and no mooncake, NIXL, pytest, torch or SGLang. Every config class
 loads, ``sglang-args`` validates every built-in connector, ``check`` and ``replay`` run on
 the file connector, ``--help`` lists every command, and the SGLang plugin stays inert.
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,8 +39,13 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]
     made = _run([base, "-m", "venv", str(root / "venv")], env)
     assert made.returncode == 0, made.stderr
     python = root / "venv" / "bin" / "python"
+    # a copy of the checkout: an editable build writes its C libraries next to the sources,
+    # and the ones there are loaded by this very test session
+    source = root / "src"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "__pycache__", "*.so", "build", "dist", "*.egg-info", ".*_cache", "tests"))
     deps = ["xxhash>=3.4", "tqdm>=4.60"] + (["tomli>=1.1"] if sys.version_info < (3, 11) else [])
-    for args in (["--no-deps", "-e", str(REPO)], deps):
+    for args in (["--no-deps", "-e", str(source)], deps):
         out = _run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
                    env, timeout=600)
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
