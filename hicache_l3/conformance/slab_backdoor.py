@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hicache_l3.common.keys import Namespace
-from hicache_l3.common.slabs import DEL, MARKER, PUT, RECORD, Geometry, read_namespace_file
+from hicache_l3.slab.format import DEL, MARKER, PUT, RECORD, Geometry, read_namespace_file
 
 
 def index_records(root: Path, namespace: Namespace) -> list[tuple[int, str, int, int, int, int]]:

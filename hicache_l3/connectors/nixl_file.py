@@ -1,6 +1,6 @@
 """NIXL file mode: the shared slab store, with page bytes moved by NIXL's POSIX plugin.
 
-The on-disk layout is the slab store's (:mod:`hicache_l3.common.slabs`), the one the
+The on-disk layout is the slab store's (:mod:`hicache_l3.slab`), the one the
 file connector uses, so both connectors read each other's pages. What differs is how
 bytes move:
 
@@ -26,25 +26,23 @@ verified).
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from hicache_l3.common.connector import Capabilities
 from hicache_l3.common.errors import Reason
 from hicache_l3.common.integrity import key_fingerprint, page_checksum
 from hicache_l3.common.keys import Namespace
-from hicache_l3.common.pages import Page, page_nbytes
+from hicache_l3.common.pages import Page
 from hicache_l3.common.parallel import BatchPool
-from hicache_l3.common.slabs import (
-    MARKER,
-    SlabStore,
-    check_slot,
-    encode_end,
-    encode_start,
-)
 from hicache_l3.connectors.nixl import Agent, NixlConfig, NixlConnector, Unit, run_units
-from hicache_l3.connectors.slab_backed import SlabBacked
+from hicache_l3.slab.engine import SlabConnector
+from hicache_l3.slab.format import MARKER, encode_end, encode_start
+from hicache_l3.slab.io import CHECKSUM, HEADER, OK, ReadBatch, SlotTransport, WriteBatch, verify
+from hicache_l3.slab.store import SlabStore
 
 ENGINE_PARAMS = {"aio": "use_aio", "uring": "use_uring", "posix_aio": "use_posix_aio"}
 
@@ -54,30 +52,18 @@ def posix_params(engine: str) -> dict[str, str]:
     return {flag: "true" if name == engine else "false" for name, flag in ENGINE_PARAMS.items()}
 
 
-class NixlFileConnector(SlabBacked, NixlConnector):
-    """Pages in slab files under ``root``, moved by NIXL's POSIX plugin (module docstring)."""
+class NixlTransport(SlotTransport):
+    """Slot bytes moved by NIXL's POSIX plugin, markers by ``pwrite``/``pread`` (module
+    docstring). ``transfer(op)`` gives the connector's transfer function for ``op``."""
 
-    def __init__(self, config: NixlConfig, namespace: Namespace) -> None:
-        super().__init__(config, namespace)
-        self._checksum = config.use_checksum()
-        self._pool = BatchPool(config.checksum_threads, "hicache-nixl-csum", min_share=4)
-        self.agent = Agent("POSIX", posix_params(config.posix_engine))
+    name = "NIXL POSIX transfers"
+
+    def __init__(self, agent: Agent, transfer: Callable[[str], Callable[[list[Any], list[Any]], None]],
+                 max_descs: int, checksum_threads: int, log: Any) -> None:
+        self.agent, self._transfer, self.max_descs, self._log = agent, transfer, max_descs, log
+        self._pool = BatchPool(checksum_threads, "hicache-nixl-csum", min_share=4)
         self._files: dict[int, Any] = {}
         self._files_lock = threading.Lock()
-        self._init_slab_root(config.root, config.capacity_bytes)
-
-    @property
-    def capabilities(self) -> Capabilities:
-        """Persistent, shared across processes, evicting; corruption detected with checksums."""
-        return Capabilities(persistent=True, shared_across_processes=True,
-                            detects_corruption=self._checksum, evicts=True)
-
-    # ---- the store -------------------------------------------------------------------
-    def _make_store(self, slot_bytes: int) -> SlabStore:
-        return SlabStore(
-            self.root, self.namespace, slot_bytes, capacity_bytes=self.capacity_bytes,
-            slab_bytes=self.config.slab_bytes, fsync=self.config.fsync,
-        )
 
     def _file(self, fd: int) -> int:
         """Register slab descriptor ``fd`` with NIXL the first time it is used."""
@@ -103,102 +89,77 @@ class NixlFileConnector(SlabBacked, NixlConnector):
             offset += length
         return Unit(local, remote)
 
-    # ---- hooks -----------------------------------------------------------------------
-    def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
-        store, reasons, todo, slots = self._plan_writes(keys)
-        geometry = store.geometry
-        units, heads, failed, staged = [], [], [], []
-        sums = self._checksums([pages[i] for i in todo]) if self._checksum else [0] * len(todo)
-        for j, i in enumerate(todo):
-            fd, slab, slot, gen = slots[j]
-            nbytes = page_nbytes(pages[i])
-            csum = sums[j]
-            fp = key_fingerprint(keys[i])
+    def write(self, store: SlabStore, batch: WriteBatch) -> None:
+        """End markers (``pwrite``), the data of every page (one NIXL transfer), then
+        each start header (``pwrite``)."""
+        geometry, slots, status = batch.geometry, batch.slots, batch.status
+        nbytes = geometry.slot_bytes
+        sums = self._checksums(batch.pages) if batch.checksum else [0] * len(slots)
+        units, staged = [], []
+        for j, (fd, _, slot, gen) in enumerate(slots):
             try:
-                os.pwrite(fd, encode_end(gen, fp), geometry.end_offset(slot))  # end marker first
+                os.pwrite(fd, encode_end(gen, key_fingerprint(batch.keys[j])), geometry.end_offset(slot))
                 self._file(fd)
             except OSError as exc:
-                reasons[i] = Reason.NO_SPACE if exc.errno == 28 else Reason.ENGINE_ERROR
-                self._log.warning("set-io", "nixl: write of %s failed: %s", keys[i], exc)
-                failed.append((slab, slot))
+                status[j] = -(exc.errno or errno.EIO)
                 continue
-            units.append(self._unit(pages[i], fd, geometry.data_offset(slot)))
-            heads.append(encode_start(gen, nbytes, csum, fp))
-            staged.append((j, i, nbytes, csum))
-        results = run_units(self._xfer("WRITE", "FILE"), units, self.config.max_descs)
-        done = []
-        for (j, i, nbytes, csum), head, result in zip(staged, heads, results):
-            fd, slab, slot, gen = slots[j]
-            if result is Reason.OK:
-                try:
-                    ok = os.pwrite(fd, head, geometry.header_offset(slot)) == MARKER
-                except OSError as exc:
-                    self._log.warning("set-io", "nixl: header of %s failed: %s", keys[i], exc)
-                    ok = False
-                result = Reason.OK if ok else Reason.ENGINE_ERROR
-            if result is Reason.OK:
-                done.append((keys[i], slab, slot, gen, nbytes, csum))
+            units.append(self._unit(batch.pages[j], fd, geometry.data_offset(slot)))
+            staged.append(j)
+        results = run_units(self._transfer("WRITE"), units, self.max_descs)
+        for j, result in zip(staged, results):
+            fd, _, slot, gen = slots[j]
+            if result is not Reason.OK:
+                batch.fail(j, result)
+                continue
+            head = encode_start(gen, nbytes, sums[j], key_fingerprint(batch.keys[j]))
+            try:
+                ok = os.pwrite(fd, head, geometry.header_offset(slot)) == MARKER
+            except OSError as exc:
+                status[j] = -(exc.errno or errno.EIO)
+                continue
+            if ok:
+                batch.checksums[j] = sums[j]
+                status[j] = OK
             else:
-                self._log.warning("set-xfer", "nixl: set of %s failed: %s", keys[i], result.value)
-                reasons[i] = result
-                failed.append((slab, slot))
-        store.commit(done)
-        store.abort(failed)
-        return reasons
+                batch.fail(j, Reason.ENGINE_ERROR)
 
-    def _get(self, keys: list[str], pages: list[Page]) -> list[Reason]:
-        planned = self._plan_reads(keys)
-        if planned is None:
-            return [Reason.MISS] * len(keys)
-        store, found, reasons = planned
-        geometry = store.geometry
+    def read(self, store: SlabStore, batch: ReadBatch) -> None:
+        """The data of every page (one NIXL transfer), then each header and end marker
+        (a rewrite that began meanwhile shows in the end marker), then checksums."""
+        geometry, located, status = batch.geometry, batch.located, batch.status
         work, units = [], []
-        for i, f in enumerate(found):
-            if f is None:
-                continue
-            fd, entry = f
-            if entry.length != page_nbytes(pages[i]):
-                reasons[i] = Reason.SIZE_MISMATCH
-                continue
+        for j, (fd, entry) in enumerate(located):
             try:
                 self._file(fd)
             except Exception as exc:
                 self._log.warning("get-reg", "nixl: registering a slab failed: %s", exc)
-                reasons[i] = Reason.ENGINE_ERROR
+                batch.fail(j, Reason.ENGINE_ERROR)
                 continue
-            work.append(i)
-            units.append(self._unit(pages[i], fd, geometry.data_offset(entry.slot)))
-        results = run_units(self._xfer("READ", "FILE"), units, self.config.max_descs, reread=True)
+            work.append(j)
+            units.append(self._unit(batch.pages[j], fd, geometry.data_offset(entry.slot)))
+        results = run_units(self._transfer("READ"), units, self.max_descs, reread=True)
         start, end = memoryview(bytearray(MARKER)), memoryview(bytearray(MARKER))
-        check = [i for i, r in zip(work, results) if r is Reason.OK and found[i][1].checksum]  # type: ignore[index]
-        sums = dict(zip(check, self._checksums([pages[i] for i in check])))
-        hits = []
-        for i, result in zip(work, results):
-            fd, entry = found[i]  # type: ignore[misc]
+        moved = [j for j, r in zip(work, results) if r is Reason.OK]
+        check = [j for j in moved if located[j].entry.checksum]
+        sums = dict(zip(check, self._checksums([batch.pages[j] for j in check])))
+        for j, result in zip(work, results):
             if result is not Reason.OK:
-                self._log.warning("get-xfer", "nixl: get of %s failed: %s", keys[i], result.value)
-                reasons[i] = result
+                batch.fail(j, result)
                 continue
-            try:  # after the data: a rewrite that began meanwhile shows in the end marker
+            fd, entry = located[j]
+            try:
                 ok = os.preadv(fd, [start], geometry.header_offset(entry.slot)) == MARKER
                 ok = ok and os.preadv(fd, [end], geometry.end_offset(entry.slot)) == MARKER
             except OSError as exc:
-                self._log.warning("get-io", "nixl: markers of %s failed: %s", keys[i], exc)
-                reasons[i] = Reason.ENGINE_ERROR
+                status[j] = -(exc.errno or errno.EIO)
                 continue
-            if ok and entry.checksum:
-                ok = sums[i] == entry.checksum
-            if not ok or not check_slot(start, end, entry, key_fingerprint(keys[i])):
-                reasons[i] = Reason.CORRUPT
-                store.invalidate(keys[i], entry)
-                continue
-            reasons[i] = Reason.OK
-            if entry.writer == store.me:
-                hits.append((entry.slab, entry.slot))
-        store.touch(hits)
-        return reasons
+            code = verify(start, end, entry, batch.keys[j], None) if ok else HEADER
+            if code == OK and entry.checksum and sums[j] != entry.checksum:
+                code = CHECKSUM
+            status[j] = code
 
-    def _close(self) -> None:
+    def close(self) -> None:
+        """Deregister the slab files and stop the checksum threads."""
         with self._files_lock:
             handles = list(self._files.values())
             self._files.clear()
@@ -207,12 +168,43 @@ class NixlFileConnector(SlabBacked, NixlConnector):
                 self.agent.deregister(handle)
             except Exception as exc:
                 self._log.warning("close", "nixl: deregistering a slab failed: %s", exc)
-        self.agent.close()
         self._pool.shutdown()
-        self._close_store()
+
+    def stats(self) -> dict[str, Any]:
+        """How many slab files are registered with NIXL."""
+        return {"registered_files": len(self._files)}
+
+
+class NixlFileConnector(SlabConnector, NixlConnector):
+    """Pages in slab files under ``root``, moved by NIXL's POSIX plugin (module docstring)."""
+
+    def __init__(self, config: NixlConfig, namespace: Namespace) -> None:
+        super().__init__(config, namespace)
+        self.checksum_writes = config.use_checksum()
+        self.agent = Agent("POSIX", posix_params(config.posix_engine))
+        self.transport = self.nixl = NixlTransport(
+            self.agent, lambda op: self._xfer(op, "FILE"), config.max_descs,
+            config.checksum_threads, self._log,
+        )
+        self._init_slab_root(config.root, config.capacity_bytes)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Persistent, shared across processes, evicting; corruption detected with checksums."""
+        return Capabilities(persistent=True, shared_across_processes=True,
+                            detects_corruption=self.checksum_writes, evicts=True)
+
+    def _make_store(self, slot_bytes: int) -> SlabStore:
+        return SlabStore(
+            self.root, self.namespace, slot_bytes, capacity_bytes=self.capacity_bytes,
+            slab_bytes=self.config.slab_bytes, fsync=self.config.fsync,
+        )
+
+    def _close(self) -> None:
+        self.transport.close()  # deregisters the slab files before the agent goes
+        self.agent.close()
+        super()._close()
 
     def _engine_stats(self) -> dict[str, Any]:
-        return {
-            "mode": "file", "posix_engine": self.config.posix_engine, "checksum": self._checksum,
-            "registered_files": len(self._files), **self._slab_stats(),
-        }
+        return {"mode": "file", "posix_engine": self.config.posix_engine,
+                "checksum": self.checksum_writes, **self.nixl.stats(), **self._slab_stats()}
