@@ -5,7 +5,7 @@ file connector uses, so both connectors read each other's pages. What differs is
 bytes move:
 
 * page data: one NIXL transfer per batch between DRAM registered once (the host
-  regions) and slab files registered once as ``FILE`` (a slab's descriptor is
+  regions) and slab files registered once per agent as ``FILE`` (a slab's descriptor is
   registered the first time a page touches it and kept until close: no per-batch
   registration);
 * slot markers (64-byte start header and end marker): ``os.pwrite``/``os.pread``.
@@ -54,26 +54,19 @@ def posix_params(engine: str) -> dict[str, str]:
 
 class NixlTransport(SlotTransport):
     """Slot bytes moved by NIXL's POSIX plugin, markers by ``pwrite``/``pread`` (module
-    docstring). ``transfer(op)`` gives the connector's transfer function for ``op``."""
+    docstring). ``transfer(op)`` gives the connector's transfer function for ``op`` (it
+    runs on the live agent and registers the slab files it touches).
+
+    A write transfer that timed out or was interrupted may still write its slots later:
+    they are *held* (:attr:`~hicache_l3.slab.io.WriteBatch.held`), never reused or
+    published by this process (a restart's adoption frees them; no record names them)."""
 
     name = "NIXL POSIX transfers"
 
-    def __init__(self, agent: Agent, transfer: Callable[[str], Callable[[list[Any], list[Any]], None]],
-                 max_descs: int, checksum_threads: int, log: Any) -> None:
-        self.agent, self._transfer, self.max_descs, self._log = agent, transfer, max_descs, log
+    def __init__(self, transfer: Callable[[str], Callable[[list[Any], list[Any]], None]],
+                 max_descs: int, checksum_threads: int) -> None:
+        self._transfer, self.max_descs = transfer, max_descs
         self._pool = BatchPool(checksum_threads, "hicache-nixl-csum", min_share=4)
-        self._files: dict[int, Any] = {}
-        self._files_lock = threading.Lock()
-
-    def _file(self, fd: int) -> int:
-        """Register slab descriptor ``fd`` with NIXL the first time it is used."""
-        if fd in self._files:
-            return fd
-        with self._files_lock:
-            if fd not in self._files:
-                size = os.fstat(fd).st_size
-                self._files[fd] = self.agent.register([(0, size, fd, "")], "FILE")
-        return fd
 
     def _checksums(self, pages: list[Page]) -> list[int]:
         """XXH3 of each page, over ``checksum_threads`` threads (the hash releases the GIL)."""
@@ -99,15 +92,17 @@ class NixlTransport(SlotTransport):
         for j, (fd, _, slot, gen) in enumerate(slots):
             try:
                 os.pwrite(fd, encode_end(gen, key_fingerprint(batch.keys[j])), geometry.end_offset(slot))
-                self._file(fd)
             except OSError as exc:
                 status[j] = -(exc.errno or errno.EIO)
                 continue
             units.append(self._unit(batch.pages[j], fd, geometry.data_offset(slot)))
             staged.append(j)
+        batch.held.update(staged)  # until the transfer is known to have ended
         results = run_units(self._transfer("WRITE"), units, self.max_descs)
         for j, result in zip(staged, results):
             fd, _, slot, gen = slots[j]
+            if result is not Reason.TIMEOUT:
+                batch.held.discard(j)
             if result is not Reason.OK:
                 batch.fail(j, result)
                 continue
@@ -127,16 +122,9 @@ class NixlTransport(SlotTransport):
         """The data of every page (one NIXL transfer), then each header and end marker
         (a rewrite that began meanwhile shows in the end marker), then checksums."""
         geometry, located, status = batch.geometry, batch.located, batch.status
-        work, units = [], []
-        for j, (fd, entry) in enumerate(located):
-            try:
-                self._file(fd)
-            except Exception as exc:
-                self._log.warning("get-reg", "nixl: registering a slab failed: %s", exc)
-                batch.fail(j, Reason.ENGINE_ERROR)
-                continue
-            work.append(j)
-            units.append(self._unit(batch.pages[j], fd, geometry.data_offset(entry.slot)))
+        work = list(range(len(located)))
+        units = [self._unit(batch.pages[j], fd, geometry.data_offset(entry.slot))
+                 for j, (fd, entry) in enumerate(located)]
         results = run_units(self._transfer("READ"), units, self.max_descs, reread=True)
         start, end = memoryview(bytearray(MARKER)), memoryview(bytearray(MARKER))
         moved = [j for j, r in zip(work, results) if r is Reason.OK]
@@ -159,20 +147,8 @@ class NixlTransport(SlotTransport):
             status[j] = code
 
     def close(self) -> None:
-        """Deregister the slab files and stop the checksum threads."""
-        with self._files_lock:
-            handles = list(self._files.values())
-            self._files.clear()
-        for handle in handles:
-            try:
-                self.agent.deregister(handle)
-            except Exception as exc:
-                self._log.warning("close", "nixl: deregistering a slab failed: %s", exc)
+        """Stop the checksum threads (the agent deregisters the slab files it registered)."""
         self._pool.shutdown()
-
-    def stats(self) -> dict[str, Any]:
-        """How many slab files are registered with NIXL."""
-        return {"registered_files": len(self._files)}
 
 
 class NixlFileConnector(SlabConnector, NixlConnector):
@@ -181,11 +157,11 @@ class NixlFileConnector(SlabConnector, NixlConnector):
     def __init__(self, config: NixlConfig, namespace: Namespace) -> None:
         super().__init__(config, namespace)
         self.checksum_writes = config.use_checksum()
-        self.agent = Agent("POSIX", posix_params(config.posix_engine))
-        self.transport = self.nixl = NixlTransport(
-            self.agent, lambda op: self._xfer(op, "FILE"), config.max_descs,
-            config.checksum_threads, self._log,
-        )
+        self._agent_params = posix_params(config.posix_engine)
+        self._renew_lock = threading.Lock()
+        self.agent = Agent("POSIX", self._agent_params, abandon_on_timeout=True)
+        self.transport = NixlTransport(lambda op: self._xfer(op, "FILE"), config.max_descs,
+                                       config.checksum_threads)
         self._init_slab_root(config.root, config.capacity_bytes)
 
     @property
@@ -201,10 +177,10 @@ class NixlFileConnector(SlabConnector, NixlConnector):
         )
 
     def _close(self) -> None:
-        self.transport.close()  # deregisters the slab files before the agent goes
-        self.agent.close()
+        self.agent.close()  # deregisters the slab files before the store closes them
         super()._close()
 
     def _engine_stats(self) -> dict[str, Any]:
         return {"mode": "file", "posix_engine": self.config.posix_engine,
-                "checksum": self.checksum_writes, **self.nixl.stats(), **self._slab_stats()}
+                "checksum": self.checksum_writes, "registered_files": self.agent.registered_files,
+                "agent_renewals": self.agent_renewals, **self._slab_stats()}

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from hicache_l3.common.errors import ConfigError, Reason
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.pages import Page
+from hicache_l3.common.safe_fs import private_root
 from hicache_l3.slab.format import Located, namespace_dir, read_namespace_file
 from hicache_l3.slab.io import (
     CHECKSUM,
@@ -53,6 +54,7 @@ class SlabConnector:
     name: ClassVar[str]
     transport: SlotTransport
     checksum_writes: bool = False  # write an XXH3 of each page into its start header
+    quarantined_slots = 0  # slots an abandoned transfer may still write: never reused
     metrics: Any
     _log: Any
 
@@ -60,12 +62,10 @@ class SlabConnector:
         def _learn_page_bytes(self, nbytes: int) -> int: ...  # Connector's
 
     def _init_slab_root(self, root: str, capacity_bytes: int) -> None:
-        """Create and check ``root``; capacity 0 means half the filesystem's free space."""
-        self.root = Path(root)
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"{self.name} connector: cannot create root {self.root}: {exc}") from None
+        """Create ``root`` private (0700) or check an existing one (ours, not a symlink, closed
+        to other users: :func:`~hicache_l3.common.safe_fs.private_root`); capacity 0 means
+        half the filesystem's free space."""
+        self.root = private_root(root, f"{self.name} connector: root")
         if not os.access(self.root, os.W_OK | os.X_OK):
             raise ConfigError(f"{self.name} connector: root {self.root} is not writable")
         self.capacity_bytes = capacity_bytes or shutil.disk_usage(self.root).free // 2
@@ -118,10 +118,12 @@ class SlabConnector:
             return reasons
         batch = WriteBatch([keys[i] for i in todo], [pages[i] for i in todo], slots,
                            store.geometry, self.checksum_writes)
+        held = batch.held
         try:
             self.transport.write(store, batch)
-        except BaseException:
-            store.abort(slots)
+        except BaseException:  # interrupted: give back every slot no transfer may still write
+            self.quarantined_slots += len(held)
+            store.abort([s for j, s in enumerate(slots) if j not in held])
             raise
         status = batch.status
         if status.count(OK) == len(todo):
@@ -133,8 +135,11 @@ class SlabConnector:
             if code == OK:
                 done.append(j)
                 continue
-            failed.append(slots[j])
             reasons[i] = self._write_reason(code, batch, j)
+            if j in held:
+                self.quarantined_slots += 1
+            else:
+                failed.append(slots[j])
             self._log.warning("set-io", "%s: write of %s failed: %s", self.name, keys[i],
                               batch.reasons[j].value if code == FAILED else explain(code))
         store.commit([batch.keys[j] for j in done], [slots[j] for j in done],
@@ -217,7 +222,8 @@ class SlabConnector:
 
     def _slab_stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {"root": str(self.root), "capacity_bytes": self.capacity_bytes,
-                               "io_path": self.transport.name}
+                               "io_path": self.transport.name,
+                               "quarantined_slots": self.quarantined_slots}
         if self._store is not None:
             out.update(self._store.stats())
         return out

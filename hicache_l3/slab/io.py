@@ -68,7 +68,7 @@ class WriteBatch:
     The transport fills ``status[j]`` and, when ``checksum``, ``checksums[j]`` (the XXH3
     it wrote into the start header)."""
 
-    __slots__ = ("checksum", "checksums", "geometry", "keys", "pages", "reasons", "slots", "status")
+    __slots__ = ("checksum", "checksums", "geometry", "held", "keys", "pages", "reasons", "slots", "status")
 
     def __init__(self, keys: list[str], pages: list[Page], slots: list[Slot], geometry: Geometry,
                  checksum: bool) -> None:
@@ -78,6 +78,7 @@ class WriteBatch:
         self.status = array.array("i", [PENDING]) * n
         self.checksums: array.array[int] = array.array("Q", bytes(8 * n))
         self.reasons: dict[int, Reason] = {}
+        self.held: set[int] = set()
 
     def fail(self, j: int, reason: Reason) -> None:
         """Page ``j`` failed for ``reason``."""

@@ -22,7 +22,7 @@ def run_full_disk(tmp_path: Path, native: bool) -> dict[str, object]:
     unshare = ["unshare", "--mount"]
     if os.geteuid() != 0:
         unshare[1:1] = ["--user", "--map-root-user"]
-    script = (f'mount -t tmpfs -o size=2m tmpfs "{root}" && exec "{sys.executable}" "{CHILD}" "{root}" '
+    script = (f'mount -t tmpfs -o size=2m,mode=0700 tmpfs "{root}" && exec "{sys.executable}" "{CHILD}" "{root}" '
               f'{int(native)}')
     proc = subprocess.run([*unshare, "sh", "-c", script], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
