@@ -64,12 +64,16 @@ class FileConfig(ConnectorConfig):
     write_threads: int = setting(
         2, "threads writing the pages of one batch (with native_io; the Python path measured "
         "slower with more than one, and uses one)")
-    checksum: Literal["xxh3", "none"] = setting("xxh3", "page checksum verified on every get")
+    checksum: Literal["xxh3", "none"] = setting(
+        "xxh3", "page checksum written on set, verified on every get; with xxh3 a page another "
+        "writer stored without one (checksum=none, nixl file mode's default) is a miss "
+        "(unverified) and is stored again, checksummed")
     fsync: Literal["none", "data", "always"] = setting("none", "durability policy (see docs)")
     o_direct: bool = setting(False, "move aligned pages with O_DIRECT, bypassing the page cache")
     native_io: bool = setting(
         True, "move each share of a batch in one call of the C batch library (hicache_l3._batch_io) "
-        "when it is built; false: the pure-Python path (the reference; ~2x slower on 64 KiB pages)")
+        "when it is built; false: the pure-Python path (the reference; ~2x slower on 64 KiB pages). "
+        "The one switch: in the environment, HICACHE_L3_FILE_NATIVE_IO / HICACHE_L3_HF3FS_NATIVE_IO")
 
     def validate(self) -> None:
         """Check values that types alone cannot."""

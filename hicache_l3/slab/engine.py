@@ -5,8 +5,16 @@ their store (:meth:`SlabConnector._make_store`) and their :attr:`SlabConnector.t
 * set: reserve slots for the keys not stored yet -> the transport writes end marker,
   then header and data -> classify each page -> commit the written, abort the rest;
 * get: look the keys up -> size check -> the transport moves and verifies -> a page that
-  fails verification is dropped from the index (so ``exists`` stops reporting it) ->
-  own pages read are touched in the LRU;
+  fails verification is dropped from the index (so ``exists`` stops reporting it and a
+  later set stores it again) -> own pages read are touched in the LRU;
+
+Integrity policy. A connector that checksums (``detects_corruption``) returns True only
+for pages whose checksum it verified: a page another writer stored without one is a
+miss counted ``unverified`` (and dropped from this process's index). A slot whose
+header or end marker does not match the index (torn, recycled, or evicted by a writer
+that crashed before logging it) is a miss counted ``corrupt`` and dropped likewise, so
+``exists`` may over-report after a crash only until the next get of that key. A slab
+file that cannot be read (missing, unopenable) makes only its own keys miss.
 * exists / delete / clear answered by the index.
 """
 
@@ -93,6 +101,9 @@ class SlabConnector:
         """The store, opened now if another process created the namespace meanwhile."""
         if self._store is None:
             slot_bytes = read_namespace_file(self._ns_dir()).get("slot_bytes")
+            if slot_bytes is None and self.page_bytes is not None and (
+                    self._ns_dir() / "writers").is_dir():
+                slot_bytes = self.page_bytes  # namespace.json lost or damaged: opening rebuilds it
             if slot_bytes is None or self.page_bytes not in (None, slot_bytes):
                 return None
             self._learn_page_bytes(slot_bytes)
@@ -164,6 +175,7 @@ class SlabConnector:
         found = store.lookup(keys)
         reasons = [Reason.MISS] * len(keys)
         nbytes = store.geometry.slot_bytes  # == page_bytes: the base class checked every page
+        verified_only = self.checksum_writes  # detects_corruption: True only for checked pages
         work: list[int] = []
         located: list[Located] = []
         for i, loc in enumerate(found):
@@ -171,6 +183,12 @@ class SlabConnector:
                 continue
             if loc.entry.length != nbytes:
                 reasons[i] = Reason.SIZE_MISMATCH
+                continue
+            if verified_only and not loc.entry.checksum:
+                # stored by a writer without checksums: a miss here, dropped from this
+                # process's index so that a later set stores it again, checksummed
+                reasons[i] = Reason.UNVERIFIED
+                store.invalidate(keys[i], loc.entry)
                 continue
             work.append(i)
             located.append(loc)

@@ -29,8 +29,10 @@ exact page is gone) or GEN (generations up to this one were used; kept by compac
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
 import os
 import struct
 import threading
@@ -52,6 +54,8 @@ START_MAGIC, END_MAGIC = b"HL3S", b"HL3E"
 RECORD = struct.Struct("<IBBHIIIIQQQ")
 PUT, DEL, GEN = 1, 2, 3
 NAMESPACE_FILE = "namespace.json"
+
+log = logging.getLogger("hicache_l3.slab")
 
 
 def round_up(value: int, align: int) -> int:
@@ -152,23 +156,45 @@ def encode_record(kind: int, key: str, entry: Entry) -> bytes:
     return _CRC.pack(zlib.crc32(body)) + body
 
 
-def decode_records(data: bytes) -> tuple[list[Record], int]:
-    """The whole, CRC-checked records at the start of ``data`` and the bytes they span;
-    decoding stops at the first record that is incomplete or fails its CRC."""
+def _record_at(data: bytes, pos: int) -> Record | None:
+    """The record starting at ``pos`` if one is there whole, with a good CRC."""
+    if pos + RECORD.size > len(data):
+        return None
+    crc, kind, _, keylen, w, slab, slot, _, gen, length, checksum = RECORD.unpack_from(data, pos)
+    end = pos + RECORD.size + keylen
+    if end > len(data) or kind not in (PUT, DEL, GEN) or zlib.crc32(data[pos + 4 : end]) != crc:
+        return None
+    try:
+        key = data[pos + RECORD.size : end].decode()
+    except UnicodeDecodeError:
+        return None
+    return Record(kind, key, Entry(w, slab, slot, gen, length, checksum))
+
+
+def decode_records(data: bytes) -> tuple[list[Record], int, int]:
+    """The whole, CRC-checked records of ``data``, the bytes consumed, and how many bytes
+    were skipped as damaged.
+
+    Records are self-delimiting: where one fails its check, decoding resynchronises on
+    the next position holding a whole record with a good CRC, so a damaged record loses
+    only itself. Bytes after the last good record are not consumed (a record still being
+    written, or a crashed writer's torn tail)."""
     out: list[Record] = []
-    pos, n, hsize = 0, len(data), RECORD.size
-    while pos + hsize <= n:
-        crc, kind, _, keylen, w, slab, slot, _, gen, length, checksum = RECORD.unpack_from(data, pos)
-        end = pos + hsize + keylen
-        if end > n or zlib.crc32(data[pos + 4 : end]) != crc:
-            break  # a record still being written (or a crashed writer's tail)
-        try:
-            key = data[pos + hsize : end].decode()
-        except UnicodeDecodeError:
-            break
-        out.append(Record(kind, key, Entry(w, slab, slot, gen, length, checksum)))
-        pos = end
-    return out, pos
+    pos, n, skipped = 0, len(data), 0
+    while pos < n:
+        record = _record_at(data, pos)
+        if record is None:
+            nxt = pos + 1
+            while nxt < n and _record_at(data, nxt) is None:
+                nxt += 1
+            if nxt >= n:
+                break  # nothing good follows: an incomplete tail, left for later
+            skipped += nxt - pos
+            pos = nxt
+            continue
+        out.append(record)
+        pos += RECORD.size + len(record.key.encode())
+    return out, pos, skipped
 
 
 def namespace_dir(root: str | os.PathLike[str], namespace: Namespace) -> Path:
@@ -177,35 +203,52 @@ def namespace_dir(root: str | os.PathLike[str], namespace: Namespace) -> Path:
 
 
 def read_namespace_file(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """The ``namespace.json`` of a namespace directory ({} when absent)."""
+    """The ``namespace.json`` of a namespace directory ({} when absent or damaged: it is
+    derivable, and the next writer that knows the page size rewrites it)."""
+    path = Path(directory) / NAMESPACE_FILE
     try:
-        data: dict[str, Any] = json.loads((Path(directory) / NAMESPACE_FILE).read_text())
-        return data
+        data = json.loads(path.read_bytes())
     except FileNotFoundError:
         return {}
+    except (OSError, ValueError) as exc:
+        log.warning("%s is damaged (%s): treated as absent until a writer rebuilds it", path, exc)
+        return {}
+    if not isinstance(data, dict) or not isinstance(data.get("slot_bytes"), int):
+        log.warning("%s is damaged (no slot_bytes): treated as absent until a writer rebuilds it",
+                    path)
+        return {}
+    return data
 
 
 def write_namespace_file(directory: Path, namespace: Namespace, slot_bytes: int) -> None:
-    """Create ``namespace.json`` if absent (atomically: a synced temporary file linked into
-    place), then check that the namespace stores pages of ``slot_bytes``."""
+    """Create ``namespace.json`` if absent, rebuild it if damaged (atomically either way:
+    a synced temporary file linked or renamed into place), then check that the namespace
+    stores pages of ``slot_bytes``."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / NAMESPACE_FILE
     body = {"format": FORMAT_VERSION, "slot_bytes": slot_bytes, "namespace": namespace.fields()}
-    if not path.exists():
+    existing = read_namespace_file(directory)
+    if not existing:
+        damaged = path.exists()
         tmp = directory / f".namespace.{os.getpid()}.{threading.get_ident()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             os.write(fd, json.dumps(body, indent=1, sort_keys=True).encode())
             os.fsync(fd)
         finally:
             os.close(fd)
         try:
-            os.link(tmp, path)  # atomic create-if-absent
+            if damaged:
+                os.replace(tmp, path)
+                log.warning("%s was damaged: rebuilt for %d-byte pages", path, slot_bytes)
+            else:
+                os.link(tmp, path)  # atomic create-if-absent
         except FileExistsError:
             pass
         finally:
-            tmp.unlink()
-    existing = read_namespace_file(directory)
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        existing = read_namespace_file(directory)
     if existing.get("slot_bytes") != slot_bytes:
         raise ConfigError(
             f"{directory} stores pages of {existing.get('slot_bytes')} bytes, "

@@ -14,6 +14,7 @@ mtime that reflect other local processes' writes (multi-node use rescans instead
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -21,6 +22,9 @@ from pathlib import Path
 
 from hicache_l3.slab.files import SlabFiles, parse_writer_name, writer_name
 from hicache_l3.slab.format import DEL, GEN, PUT, Entry, Located, decode_records
+
+log = logging.getLogger("hicache_l3.slab")
+MAX_DROPPED = 1 << 16
 
 
 class LogTail:
@@ -58,7 +62,13 @@ class SlabIndex:
         self.deleted: dict[tuple[int, int, int], int] = {}  # slot -> newest generation deleted
         self.tails: dict[int, LogTail] = {}
         self.dir_mtime = -1
+        self.pending: set[int] = set()  # writer directories seen without an index.log yet
+        self.ignored: set[str] = set()  # entries of writers/ that are not writer directories
         self.own: int | None = None
+        # other writers' pages this process found unreadable: when it stores one of these
+        # keys again it logs a DEL for the old page, so that no reader (whatever order it
+        # reads the logs in) keeps preferring the unreadable copy
+        self.dropped: dict[str, Entry] = {}
         self.on_free: Callable[[int, int], None] = lambda slab, slot: None
 
     # ---- following the logs -------------------------------------------------------------
@@ -72,6 +82,9 @@ class SlabIndex:
         if mtime != self.dir_mtime:
             self.dir_mtime = mtime
             self._scan_writers()
+        elif self.pending:  # a log is created inside its directory: writers/ does not change
+            for writer in list(self.pending):
+                self._follow(writer, writer_name(writer))
         for writer, tail in self.tails.items():
             if writer == self.own:
                 continue
@@ -91,10 +104,24 @@ class SlabIndex:
             writer = parse_writer_name(name)
             if writer is None or writer in self.tails:
                 continue
-            try:
-                self.tails[writer] = LogTail(self.writers_dir / name / "index.log")
-            except FileNotFoundError:
-                continue
+            self._follow(writer, name)
+
+    def _follow(self, writer: int, name: str) -> None:
+        """Start tailing writer ``name``'s log; remember it as pending while it has none,
+        and ignore (logged once) an entry that is not a writer directory."""
+        try:
+            self.tails[writer] = LogTail(self.writers_dir / name / "index.log")
+        except FileNotFoundError:
+            self.pending.add(writer)
+            return
+        except OSError as exc:  # a file named like a writer directory, a planted link, junk
+            self.pending.discard(writer)
+            if name not in self.ignored:
+                self.ignored.add(name)
+                log.warning("%s: ignoring %s, not a writer directory (%s)", self.writers_dir,
+                            name, exc.strerror)
+            return
+        self.pending.discard(writer)
 
     def tail_of(self, writer: int) -> LogTail:
         """The tail of ``writer``'s log, opened now if not followed yet."""
@@ -115,7 +142,10 @@ class SlabIndex:
         """Apply ``writer``'s records from ``tail.offset`` up to ``size``; DELs it issued
         for other writers' slots go to ``foreign_dels`` when given (adoption)."""
         data = os.pread(tail.fd, size - tail.offset, tail.offset)
-        records, used = decode_records(data)
+        records, used, skipped = decode_records(data)
+        if skipped:
+            log.warning("%s: %d damaged bytes skipped (the records around them are kept)",
+                        tail.path, skipped)
         for kind, key, entry in records:
             if kind == PUT:
                 self.apply_put(key, entry)
@@ -164,18 +194,38 @@ class SlabIndex:
         return [k in entries for k in keys]
 
     def lookup(self, keys: Sequence[str]) -> list[Located | None]:
-        """Per key: a descriptor and entry to read it from, or None. Caller holds ``lock``."""
+        """Per key: a descriptor and entry to read it from, or None. A slab that cannot be
+        opened (missing, unreadable) drops its keys from the index: they miss, ``exists``
+        stops reporting them and a later set stores them again. Caller holds ``lock``."""
         get, fd = self.entries.get, self.files.get
         out: list[Located | None] = []
         for key in keys:
             entry = get(key)
-            out.append(None if entry is None else Located(fd(entry.writer, entry.slab), entry))
+            if entry is None:
+                out.append(None)
+                continue
+            try:
+                out.append(Located(fd(entry.writer, entry.slab), entry))
+            except OSError as exc:
+                self._drop_slab(entry.writer, entry.slab, exc)
+                out.append(None)
         return out
 
+    def _drop_slab(self, writer: int, slab: int, exc: OSError) -> None:
+        lost = [(k, e) for k, e in self.entries.items() if e.writer == writer and e.slab == slab]
+        for key, entry in lost:
+            self.drop(key, entry)
+        log.warning("%s: cannot open (%s): its %d pages dropped from the index",
+                    self.files.path(writer, slab), exc.strerror, len(lost))
+
     def drop(self, key: str, entry: Entry) -> bool:
-        """Forget ``key`` if it still maps to ``entry``; True if it did."""
+        """Forget ``key`` if it still maps to ``entry`` (found unreadable); True if it did."""
         if self.entries.get(key) != entry:
             return False
         del self.entries[key]
         self.slot_key.pop((entry.writer, entry.slab, entry.slot), None)
+        if entry.writer != self.own:
+            if len(self.dropped) >= MAX_DROPPED:
+                self.dropped.clear()
+            self.dropped[key] = entry
         return True

@@ -141,7 +141,7 @@ def _epochs(wdir: Path, prefix: str) -> list[int]:
     out: list[int] = []
     try:
         names = os.listdir(wdir)
-    except FileNotFoundError:
+    except OSError:  # gone, or not a directory
         return out
     for name in names:
         if name.startswith(prefix) and name[len(prefix):].isdigit():
@@ -320,6 +320,8 @@ class SharedSlabStore(SlabStore):
                 wdir = self.writers_dir / writer_name(writer)
                 with contextlib.suppress(FileExistsError):
                     wdir.mkdir()
+                if not wdir.is_dir() or wdir.is_symlink():
+                    continue  # junk named like a writer directory: the index logs it once
                 state = self._book.observe(wdir)
                 pending = pending or state.pending
                 if state.free and self._try_claim(writer, state.epoch + 1):

@@ -21,8 +21,10 @@ import collections
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from hicache_l3.common.errors import ConfigError
@@ -42,6 +44,8 @@ from hicache_l3.slab.format import (
     write_namespace_file,
 )
 from hicache_l3.slab.index import SlabIndex
+
+log = logging.getLogger("hicache_l3.slab")
 
 PREALLOCATE_CHUNK = 32 << 20  # slab space is reserved as slots are first used: doubling, this at most
 COMPACT_MIN_BYTES = 4 << 20  # a writer's log is rewritten once larger than this and 3x its live part
@@ -263,6 +267,8 @@ class SlabStore:
         records = b"".join([encode_record(PUT, key, e) for key, e in zip(keys, entries)])
         with self._lock:
             self._check_open()
+            if self.index.dropped:
+                records = self._supersede(keys) + records
             os.write(self._log_fd, records)
             self.index.tails[me].offset += len(records)
             apply, lru = self.index.apply_put, self._lru
@@ -274,6 +280,19 @@ class SlabStore:
             self._maybe_compact(me)
         if self.fsync == "always":
             os.fdatasync(self._log_fd)
+
+    def _supersede(self, keys: Sequence[str]) -> bytes:
+        """DEL records for the unreadable pages of other writers that ``keys`` replace
+        (see :attr:`SlabIndex.dropped`). Caller holds the lock."""
+        dropped, deleted, out = self.index.dropped, self.index.deleted, []
+        for key in keys:
+            old = dropped.pop(key, None)
+            if old is not None:
+                where = (old.writer, old.slab, old.slot)
+                deleted[where] = max(deleted.get(where, 0), old.gen)
+                self._foreign_dels.append((key, old))
+                out.append(encode_record(DEL, key, old))
+        return b"".join(out)
 
     def abort(self, slots: Iterable[Slot]) -> None:
         """Give back reserved slots that were not committed."""
@@ -412,7 +431,7 @@ class SlabStore:
         if size > tail.offset:
             index.read_tail(writer, tail, size, self._foreign_dels)
         if os.fstat(self._log_fd).st_size > tail.offset:
-            os.ftruncate(self._log_fd, tail.offset)  # drop a crashed writer's torn tail
+            self._set_aside_tail(tail.path, tail.offset)
         self.me = index.own = self.files.owner = writer
         # descriptors opened while we only read this writer's slabs are read-only; threads
         # may still be reading through them, so retire them (closed at close) rather than close
@@ -429,6 +448,29 @@ class SlabStore:
             self._free.extend((slab, s) for s in reversed(range(size // self.geometry.stride))
                               if (slab, s) not in self._lru)
         return True
+
+    def _set_aside_tail(self, path: Path, offset: int) -> None:
+        """Move the log's unparsable tail (a crashed writer's torn record, or damage) to
+        ``index.log.damaged-N`` beside it, then cut it off: appends must follow whole
+        records, and what cannot be parsed is kept for inspection, never destroyed."""
+        size = os.fstat(self._log_fd).st_size
+        data = os.pread(self._log_fd, size - offset, offset)
+        n = 0
+        while True:
+            aside = path.with_name(f"index.log.damaged-{n}")
+            try:
+                fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o600)
+                break
+            except FileExistsError:
+                n += 1
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.ftruncate(self._log_fd, offset)
+        log.warning("%s: %d unparsable bytes at its end moved to %s", path, len(data), aside)
 
     def _lock_writer(self, fd: int) -> bool:
         """Take the writer directory's lock on ``fd`` without blocking; False if held.

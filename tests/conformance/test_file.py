@@ -11,11 +11,11 @@ import pytest
 
 from hicache_l3.common.keys import Namespace
 from hicache_l3.conformance import ConnectorTests
-from hicache_l3.conformance.slab_backdoor import SlabBackdoor
+from hicache_l3.conformance.slab_integrity import SlabIntegrityTests
 from hicache_l3.slab.format import MARKER, read_namespace_file
 
 
-class TestFileConnector(SlabBackdoor, ConnectorTests):
+class TestFileConnector(SlabIntegrityTests, ConnectorTests):
     connector_name = "file"
 
     @pytest.fixture

@@ -26,7 +26,8 @@ from hicache_l3.common.keys import Namespace
 from hicache_l3.common.registry import open_connector
 from hicache_l3.conformance import ConnectorTests
 from hicache_l3.conformance import suite as suite_module
-from hicache_l3.conformance.slab_backdoor import SlabBackdoor, index_records, live_entries
+from hicache_l3.conformance.slab_backdoor import index_records, live_entries
+from hicache_l3.conformance.slab_integrity import SlabIntegrityTests
 from hicache_l3.conformance.suite import Pages
 from hicache_l3.connectors.hf3fs import SharedHostBuffer
 from hicache_l3.slab.format import Geometry
@@ -37,7 +38,7 @@ WORKER = REPO / "tests" / "hf3fs" / "node_worker.py"
 PAGE = 16 << 10
 
 
-class Hf3fsBackdoor(SlabBackdoor):
+class Hf3fsBackdoor(SlabIntegrityTests):
     """Backdoor reads and damage for the hf3fs slab layout."""
 
     def eviction_settings(self, settings: dict[str, Any], capacity_pages: int) -> dict[str, Any]:
