@@ -35,6 +35,7 @@ from typing import Any
 from hicache_l3.common.errors import ConfigError, HiCacheL3Error
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.registry import available_connectors, load_connector, resolve_name
+from hicache_l3.common.safe_fs import default_root, write_private_file
 
 ADAPTER_MODULE = "hicache_l3.sglang"
 ADAPTER_CLASS = "HiCacheL3Storage"
@@ -47,9 +48,9 @@ ADAPTER_KEYS = frozenset({"connector", "extra_backend_tag"})
 
 # Settings for an engine on this machine, written by `sglang-args` unless --set overrides them.
 LOCAL_DEFAULTS: dict[str, dict[str, Any]] = {
-    "file": {"root": "/var/tmp/hicache-l3"},
+    "file": {"root": str(default_root("file"))},  # per-user, created 0700 (safe_fs)
     "mooncake": {"master_address": "127.0.0.1:50051", "global_segment_size": "4GiB"},
-    "nixl": {"mode": "file", "root": "/var/tmp/hicache-l3-nixl"},
+    "nixl": {"mode": "file", "root": str(default_root("nixl"))},
     "hf3fs": {"root": "/mnt/3fs/hicache-l3"},
 }
 
@@ -219,8 +220,8 @@ def _toml_value(value: Any) -> str:
 
 
 def dump_config(config: Mapping[str, Any], path: Path) -> None:
-    """Write ``config`` as JSON, TOML or YAML by ``path``'s extension (mode 0600: it may hold
-    credentials)."""
+    """Write ``config`` as JSON, TOML or YAML by ``path``'s extension: atomically, mode 0600
+    also over an existing file, never through a symlink (it may hold credentials)."""
     ext = path.suffix.lower()
     if ext == ".json":
         text = json.dumps(config, indent=2) + "\n"
@@ -239,10 +240,7 @@ def dump_config(config: Mapping[str, Any], path: Path) -> None:
         text = json.dumps(config, indent=2) + "\n"  # JSON is valid YAML
     else:
         raise ConfigError(f"{path}: unsupported config format {ext!r}; use .json, .toml or .yaml")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
+    write_private_file(path, text)
 
 
 def _parse_sets(items: list[str]) -> dict[str, Any]:
@@ -275,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
         settings.update(_parse_sets(args.sets))
         adapter = AdapterConfig.from_extra_config(extra_config_for(connector, settings, args.tag))
         adapter.validate_settings()
-        path = Path(args.config or f"hicache-l3-{connector}.toml").resolve()
+        path = Path(os.path.abspath(args.config or f"hicache-l3-{connector}.toml"))  # links not followed
         dump_config(extra_config_for(connector, settings, args.tag), path)
     except HiCacheL3Error as exc:
         print(f"hicache-l3 sglang-args: {exc}", file=sys.stderr)
