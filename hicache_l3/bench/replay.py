@@ -296,13 +296,9 @@ def _env_configured(name: str, field: str = "") -> bool:
 
 def _has_root(name: str) -> bool:
     """True for connectors that keep pages under a directory (``root`` setting)."""
-    from hicache_l3.common.registry import load_connector
+    from hicache_l3.common.registry import config_class
 
-    if name == "file":
-        return True
-    config_class = getattr(load_connector(name), "config_class", None)
-    return dataclasses.is_dataclass(config_class) and any(
-        f.name == "root" for f in dataclasses.fields(config_class))
+    return any(f.name == "root" for f in dataclasses.fields(config_class(name)))
 
 
 def open_l3(
@@ -312,7 +308,7 @@ def open_l3(
     """Open the L3 connectors (starting a local engine when no address is configured);
     registered on ``stack`` for closing. Returns the tier and the settings used."""
     from hicache_l3.common.registry import open_connector, resolve_name
-    from hicache_l3.conformance.engines import ENGINES
+    from hicache_l3.engines import ENGINES
 
     name = resolve_name(backend)
     settings = dict(settings)

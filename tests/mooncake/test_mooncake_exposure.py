@@ -21,7 +21,7 @@ import pytest
 from hicache_l3.common import loopback
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.registry import open_connector
-from hicache_l3.conformance.engines import MooncakeEngine
+from hicache_l3.engines import MooncakeEngine
 
 _USER = re.compile(r'\("([^"]+)",pid=(\d+)')
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
