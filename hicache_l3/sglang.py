@@ -90,6 +90,17 @@ def _pool_buffers(host: Any) -> list[torch.Tensor]:
     return out
 
 
+def _pool_attr(host: Any, name: str) -> Any:
+    """``host.<name>``, or ConfigError naming the pool class and the attribute it lacks."""
+    try:
+        return getattr(host, name)
+    except AttributeError:
+        raise ConfigError(
+            f"hicache-l3: host pool {type(host).__name__} has no attribute {name!r}, which the "
+            "adapter reads to build the key namespace; this pool type is not supported"
+        ) from None
+
+
 class HiCacheL3Storage(HiCacheStorage):
     """SGLang ``HiCacheStorage`` backed by the hicache-l3 connector named in the extra config.
 
@@ -144,7 +155,9 @@ class HiCacheL3Storage(HiCacheStorage):
                 raise ConfigError("hicache-l3: a host pool is already registered with this backend")
             host = mem_pool_host
             layout = str(getattr(host, "layout", ""))
-            page_tokens = int(getattr(host, "logical_page_size", None) or host.page_size)
+            page_tokens = int(getattr(host, "logical_page_size", None) or _pool_attr(host, "page_size"))
+            kv_dtype = str(_pool_attr(host, "dtype")).removeprefix("torch.")
+            pool_page_size = int(_pool_attr(host, "page_size"))
             try:
                 ptrs, sizes = host.get_page_buffer_meta(torch.arange(page_tokens, dtype=torch.int64))
             except Exception as exc:
@@ -163,8 +176,7 @@ class HiCacheL3Storage(HiCacheStorage):
                 tag = f"{tag}+fmt={fmt}" if tag else f"fmt={fmt}"
             namespace = build_namespace(
                 model_name=sc.model_name, tag=tag,
-                kv_dtype=str(host.dtype).removeprefix("torch."), layout=layout,
-                page_size=int(host.page_size),
+                kv_dtype=kv_dtype, layout=layout, page_size=pool_page_size,
                 tp_rank=sc.tp_rank, tp_size=sc.tp_size, mla_shared=bool(sc.is_mla_model),
                 pp_rank=sc.pp_rank, pp_size=sc.pp_size,
                 cp_rank=sc.attn_cp_rank, cp_size=sc.attn_cp_size,
@@ -452,9 +464,11 @@ class _BuiltinName(HiCacheL3Storage):
     builtin: ClassVar[str] = ""
 
     def __init__(self, storage_config: HiCacheStorageConfig, mem_pool_host: Any = None):
-        from hicache_l3.sglang_plugin import takeover_extra_config
+        from hicache_l3.sglang_plugin import announce, takeover_extra_config
 
-        extra = takeover_extra_config(self.builtin, storage_config.extra_config)
+        announce(self.builtin)
+        ranks = max(1, int(storage_config.tp_size or 1)) * max(1, int(storage_config.pp_size or 1))
+        extra = takeover_extra_config(self.builtin, storage_config.extra_config, ranks=ranks)
         super().__init__(dataclasses.replace(storage_config, extra_config=extra))
 
     @classmethod
