@@ -103,7 +103,7 @@ def hybrid_roundtrip(connector: str, settings: dict[str, Any], check: Callable[[
               f"{case}: batch_exists_v2 gave {got}")
         check(got.extra_pool_hit_pages.get(PoolName.MAMBA) == 6 and got.extra_pool_hit_pages.get("kv") == 6,
               f"{case}: per-pool hits {got.extra_pool_hit_pages}")
-        got = b.batch_exists_v2(keys[:5] + [f"{run_id}-gap"], [
+        got = b.batch_exists_v2([*keys[:5], f"{run_id}-gap"], [
             PoolTransfer(PoolName.MAMBA, keys=[keys[4]], hit_policy=PoolHitPolicy.TRAILING_PAGES)])
         check((got.kv_hit_pages, got.restorable_prefix_pages) == (3, [3]), f"{case}: gap/trailing {got}")
         got = b.batch_exists_v2(keys, [PoolTransfer(PoolName.MAMBA, keys=keys)])  # all_pages
