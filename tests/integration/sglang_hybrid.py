@@ -24,7 +24,7 @@ from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
 from hicache_l3.common.errors import ConfigError
-from hicache_l3.sglang_config import extra_config_for
+from hicache_l3.sglang.config import extra_config_for
 
 SLOTS = 16  # Mamba state slots on the device
 

@@ -16,9 +16,10 @@ from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.registry import open_connector
-from hicache_l3.conformance.engines import MooncakeEngine
-from hicache_l3.sglang_config import AdapterConfig, check_config, extra_config_for
-from hicache_l3.sglang_plugin import takeover_extra_config
+from hicache_l3.engines import MooncakeEngine
+from hicache_l3.sglang.cli import check_config
+from hicache_l3.sglang.config import AdapterConfig, extra_config_for
+from hicache_l3.sglang.takeover import takeover_extra_config
 
 pytestmark = pytest.mark.sglang
 
@@ -34,7 +35,7 @@ def test_file_storage_path_is_the_file_root_when_none_is_set(monkeypatch: pytest
 
 def test_file_storage_path_is_ignored_when_a_root_is_set(monkeypatch: pytest.MonkeyPatch,
                                                         caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger="hicache_l3.sglang_config")
+    caplog.set_level(logging.DEBUG, logger="hicache_l3.sglang.config")
     extra = {**extra_config_for("file", {"root": "/mine"}), "file_storage_path": "/srv/hicache"}
     assert AdapterConfig.from_extra_config(extra).settings["root"] == "/mine"
     assert "file_storage_path" in caplog.text

@@ -2,7 +2,7 @@
 
 Load it in SGLang 0.5.23 with ``--hicache-storage-backend dynamic
 --hicache-storage-backend-extra-config @hicache-l3.toml`` (``hicache-l3 sglang-args`` writes
-that file; :mod:`hicache_l3.sglang_config` documents its keys). With ``interface_v1 = 1``
+that file; :mod:`hicache_l3.sglang.config` documents its keys). With ``interface_v1 = 1``
 SGLang calls :meth:`HiCacheL3Storage.batch_get_v1` / :meth:`HiCacheL3Storage.batch_set_v1`
 with host-pool indices and pages move straight between the registered host pool and the
 engine; without it SGLang copies every page through the legacy ``batch_get``/``batch_set``,
@@ -33,7 +33,7 @@ Behaviour SGLang relies on:
 * hybrid models' extra host pools (Mamba states, sliding-window KV, indexer sidecars: the
   v2 interface, ``batch_get_v2`` / ``batch_set_v2`` / ``batch_exists_v2``) are served
   zero-copy, each pool kind through a connector and namespace of its own
-  (:mod:`hicache_l3.sglang_hybrid`); results are one bool per key, per pool.
+  (:mod:`hicache_l3.sglang.hybrid`); results are one bool per key, per pool.
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ from hicache_l3.common.keys import Namespace
 from hicache_l3.common.logs import RateLimitedLogger
 from hicache_l3.common.pages import Page
 from hicache_l3.common.registry import open_connector
-from hicache_l3.sglang_config import AdapterConfig, build_namespace
-from hicache_l3.sglang_hybrid import (
+from hicache_l3.sglang.config import AdapterConfig, build_namespace
+from hicache_l3.sglang.hybrid import (
     KV_POOL_NAMES,
     ExtraPool,
     distinct_tensors,
@@ -542,15 +542,15 @@ class HiCacheL3Storage(HiCacheStorage):
 
 class _BuiltinName(HiCacheL3Storage):
     """Our adapter under one of SGLang's built-in backend names (the opt-in plugin of
-    :mod:`hicache_l3.sglang_plugin`). SGLang builds built-ins as ``cls(storage_config)``,
+    :mod:`hicache_l3.sglang.plugin`). SGLang builds built-ins as ``cls(storage_config)``,
     ``cls(storage_config, mem_pool_host)`` or, for ``hf3fs``, ``cls.from_env_config(...)``;
     every form lands here, with the connector of that name and the settings translated
-    by :func:`~hicache_l3.sglang_plugin.takeover_extra_config`."""
+    by :func:`~hicache_l3.sglang.takeover.takeover_extra_config`."""
 
     builtin: ClassVar[str] = ""
 
     def __init__(self, storage_config: HiCacheStorageConfig, mem_pool_host: Any = None):
-        from hicache_l3.sglang_plugin import announce, takeover_extra_config
+        from hicache_l3.sglang.takeover import announce, takeover_extra_config
 
         announce(self.builtin)
         ranks = max(1, int(storage_config.tp_size or 1)) * max(1, int(storage_config.pp_size or 1))
