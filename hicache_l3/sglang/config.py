@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hicache_l3.common.config import tomllib
 from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.registry import available_connectors, config_class, resolve_name
@@ -178,8 +179,6 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         if ext == ".json":
             data = json.loads(path.read_text())
         elif ext == ".toml":
-            import tomllib
-
             data = tomllib.loads(path.read_text())
         elif ext in (".yaml", ".yml"):
             try:
