@@ -535,7 +535,7 @@ class MooncakeConnector(Connector[MooncakeConfig]):
         for j, (g, e) in enumerate(zip(got, expected)):
             if g == e:
                 out.append(Reason.OK if scratch is None else self._verify(skeys[j], pages[j], scratch, j))
-            elif g >= 0:
+            elif g >= 0 or g == INVALID_PARAMS:  # -600: the object is larger than the buffer
                 self.metrics.count("mooncake_short_object")
                 out.append(Reason.SIZE_MISMATCH)
             else:

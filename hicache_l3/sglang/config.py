@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,8 @@ from hicache_l3.common.keys import Namespace
 from hicache_l3.common.registry import available_connectors, config_class, resolve_name
 from hicache_l3.common.safe_fs import default_root, write_private_file
 
+log = logging.getLogger("hicache_l3.sglang.config")
+
 ADAPTER_MODULE = "hicache_l3.sglang"
 ADAPTER_CLASS = "HiCacheL3Storage"
 BACKEND_NAME = "hicache-l3"
@@ -39,6 +43,9 @@ BACKEND_NAME = "hicache-l3"
 # Keys of the extra config that SGLang itself reads (the rest of SGLang's keys it pops
 # before the backend sees the dict); accepted and ignored by the adapter.
 SGLANG_KEYS = frozenset({"backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size"})
+# SGLang adds ``--file-storage-path`` under this key to every backend's extra config: the
+# file connector's root when none is set, ignored otherwise.
+FILE_STORAGE_PATH = "file_storage_path"
 ADAPTER_KEYS = frozenset({"connector", "extra_backend_tag"})
 
 # Settings for an engine on this machine, written by `sglang-args` unless --set overrides them.
@@ -68,7 +75,9 @@ class AdapterConfig:
         """Parse SGLang's ``extra_config`` dict; ConfigError naming any bad or unknown key.
 
         Tables named after a connector other than the chosen one are ignored, so one file
-        can hold the settings of several connectors.
+        can hold the settings of several connectors. ``file_storage_path`` (which SGLang
+        adds for ``--file-storage-path``) becomes the file connector's root when no root
+        is set, and is ignored otherwise.
         """
         if not extra:
             raise ConfigError(
@@ -81,7 +90,8 @@ class AdapterConfig:
                 f"{available_connectors()}"
             )
         connector = resolve_name(str(extra["connector"]))
-        known = set(SGLANG_KEYS) | set(ADAPTER_KEYS) | set(available_connectors()) | {"3fs"}
+        known = set(SGLANG_KEYS) | set(ADAPTER_KEYS) | set(available_connectors())
+        known |= {"3fs", FILE_STORAGE_PATH}
         unknown = sorted(set(extra) - known)
         if unknown:
             raise ConfigError(
@@ -101,7 +111,17 @@ class AdapterConfig:
             raise ConfigError(
                 f"hicache-l3: interface_v1 must be 0 or 1, got {extra.get('interface_v1')!r}"
             ) from None
-        return cls(connector, dict(table), tag, interface_v1)
+        settings = dict(table)
+        file_path = extra.get(FILE_STORAGE_PATH)
+        if file_path:
+            own_root = settings.get("root") or os.environ.get("HICACHE_L3_FILE_ROOT")
+            if connector == "file" and not own_root:
+                settings["root"] = str(file_path)
+            else:
+                log.debug("hicache-l3: ignoring %s=%r (SGLang's --file-storage-path): the %s "
+                          "connector's own settings say where pages go", FILE_STORAGE_PATH, file_path,
+                          connector)
+        return cls(connector, settings, tag, interface_v1)
 
     def validate_settings(self) -> None:
         """Load the connector's config class on the settings (raises ConfigError naming the

@@ -44,7 +44,8 @@ def test_mooncake_maps_sglang_keys_and_ignores_the_rest(caplog: pytest.LogCaptur
              "check_server": True, "mooncake": {"replica_num": 2}}
     with caplog.at_level("INFO", logger="hicache_l3.sglang.takeover"):
         cfg = takeover_extra_config("mooncake", extra, env={"HICACHE_L3_MOONCAKE_PROTOCOL": "tcp"})
-    assert cfg["mooncake"] == {"master_address": "10.0.0.1:50051", "device_names": "mlx5_0", "replica_num": 2}
+    assert cfg["mooncake"] == {"master_address": "10.0.0.1:50051", "device_names": "mlx5_0", "replica_num": 2,
+                               "global_segment_size": 4 << 30}  # SGLang's default, one rank
     assert "check_server" in caplog.text
 
 
