@@ -1,0 +1,344 @@
+"""The engines as containers: the same launchers as :mod:`hicache_l3.conformance.engines`,
+with every engine process started from an image of ``docker/`` by testcontainers.
+
+Images are built locally (no registry can be reached): ``docker/base.sh`` makes the
+Debian base, then each image of :data:`IMAGES` is built ``--network host`` and tagged
+``hicache-l3/NAME:HASH``, HASH covering its Dockerfile, its parent's tag and (for the
+runner) the sources, so an image is built once per content and reused by every later
+call of the run. Containers use host networking and the same 127.0.0.1 ports as the
+local launchers, so connector settings and tests' backdoors are unchanged.
+
+Needs ``DOCKER_HOST`` (``scripts/dockerd.sh start``), the ``testcontainers`` package (test
+extra) and ``TESTCONTAINERS_RYUK_DISABLED=true`` (set here: Ryuk's image cannot be pulled);
+every container started here is removed by its engine's ``stop`` and, as a last resort, by
+:func:`remove_all` (label ``hicache-l3.session``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hicache_l3.common.errors import EngineUnavailableError
+from hicache_l3.conformance.engines import ENGINES, Engine, MooncakeEngine, S3Engine
+
+REPO = Path(__file__).resolve().parent.parent
+DOCKER_DIR = REPO / "docker"
+LABEL = "hicache-l3.session"
+SESSION = f"{os.getpid()}-{int(time.time())}"
+
+
+@dataclass(frozen=True)
+class Image:
+    """One image of ``docker/``: its Dockerfile, the build argument naming its parent
+    (``BASE`` for the debootstrap base) and whether its build context is the checkout."""
+
+    dockerfile: str
+    parent_arg: str
+    parent: str | None  # None: the base made by docker/base.sh
+    context_is_repo: bool = False
+
+
+IMAGES: dict[str, Image] = {
+    "mooncake-master": Image("mooncake-master.Dockerfile", "BASE", None),
+    "mooncake-client": Image("mooncake-client.Dockerfile", "MOONCAKE_MASTER", "mooncake-master"),
+    "s3": Image("s3.Dockerfile", "BASE", None),
+    "runner": Image("runner.Dockerfile", "MOONCAKE_MASTER", "mooncake-master", context_is_repo=True),
+}
+_built: dict[str, str] = {}
+_clients: dict[str, Any] = {}
+
+
+def _docker() -> Any:
+    """The docker SDK client on ``DOCKER_HOST`` (testcontainers'; one per process);
+    EngineUnavailableError naming what is missing."""
+    if "client" in _clients:
+        return _clients["client"]
+    if not os.environ.get("DOCKER_HOST"):
+        raise EngineUnavailableError(
+            "container engines need DOCKER_HOST (start one with scripts/dockerd.sh start DIR)")
+    os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+    try:
+        from testcontainers.core.docker_client import DockerClient
+    except ImportError as exc:
+        raise EngineUnavailableError("container engines need testcontainers: pip install "
+                                     "'hicache-l3[test]'") from exc
+    _clients["client"] = DockerClient().client
+    return _clients["client"]
+
+
+def _sources_digest() -> bytes:
+    """Digest of what the runner image installs (the files .dockerignore lets through)."""
+    h = hashlib.sha256()
+    for path in [REPO / "pyproject.toml", REPO / "README.md",
+                 *sorted((REPO / "hicache_l3").rglob("*"))]:
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".so":
+            h.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    return h.digest()
+
+
+def base_image() -> str:
+    """The debootstrap base (``docker/base.sh``, cached by its own hash)."""
+    if "base" not in _built:
+        done = subprocess.run(["bash", str(DOCKER_DIR / "base.sh")], capture_output=True, text=True,
+                              check=False)
+        if done.returncode != 0:
+            raise EngineUnavailableError(f"docker/base.sh failed:\n{done.stderr[-3000:]}")
+        _built["base"] = done.stdout.strip().splitlines()[-1]
+    return _built["base"]
+
+
+def build_image(name: str) -> str:
+    """Tag of image ``name`` of :data:`IMAGES`, built (with its parents) unless an image of
+    the same content hash exists already."""
+    if name in _built:
+        return _built[name]
+    spec = IMAGES[name]
+    parent = base_image() if spec.parent is None else build_image(spec.parent)
+    dockerfile = DOCKER_DIR / spec.dockerfile
+    h = hashlib.sha256(dockerfile.read_bytes() + parent.encode())
+    if spec.context_is_repo:
+        h.update(_sources_digest())
+    tag = f"hicache-l3/{name}:{h.hexdigest()[:16]}"
+    client = _docker()
+    try:
+        client.images.get(tag)
+    except Exception:
+        started = time.monotonic()
+        context = REPO if spec.context_is_repo else DOCKER_DIR
+        try:
+            client.images.build(path=str(context), dockerfile=str(dockerfile), tag=tag,
+                                buildargs={spec.parent_arg: parent}, network_mode="host",
+                                rm=True, forcerm=True)
+        except Exception as exc:
+            raise EngineUnavailableError(f"building {tag} from docker/{spec.dockerfile} failed: "
+                                         f"{exc}") from exc
+        print(f"[containers] built {tag} in {time.monotonic() - started:.0f}s", flush=True)
+    _built[name] = tag
+    return tag
+
+
+class LoopbackHttpWait:
+    """The wait strategy for a host-networked container: poll a fixed loopback URL (the
+    stock HttpWaitStrategy asks Docker for a published port, which host networking has
+    not), failing fast with the container's logs when it exits."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        self.url = url
+        self.timeout = timeout
+
+    def strategy(self) -> Any:
+        """A testcontainers ``WaitStrategy`` for this URL."""
+        from testcontainers.core.wait_strategies import HttpWaitStrategy
+
+        url, timeout = self.url, self.timeout
+
+        class _Wait(HttpWaitStrategy):
+            def _build_url(self, container: Any) -> str:
+                return url
+
+            def wait_until_ready(self, container: Any) -> None:
+                deadline = time.monotonic() + timeout
+                while time.monotonic() < deadline:
+                    container.reload()
+                    if container.status not in ("created", "running"):
+                        raise EngineUnavailableError(f"container exited before {url} answered")
+                    with contextlib.suppress(Exception), urllib.request.urlopen(url, timeout=1.0):
+                        return
+                    time.sleep(0.1)
+                raise EngineUnavailableError(f"{url} did not answer within {timeout:.0f}s")
+
+        return _Wait(0)
+
+
+# Every container started and not yet removed (for logs on test failure and the last sweep).
+LIVE: list[ManagedContainer] = []
+
+
+class ManagedContainer:
+    """One container of an engine, started by testcontainers with host networking and the
+    session label; :meth:`stop` removes it (idempotent)."""
+
+    def __init__(self, image: str, name: str, command: list[str],
+                 wait: LoopbackHttpWait | None = None, env: dict[str, str] | None = None,
+                 volumes: list[tuple[str, str, str]] | None = None, **kwargs: Any) -> None:
+        from testcontainers.core.container import DockerContainer
+
+        _docker()  # DOCKER_HOST / Ryuk checks with a clear error
+        self.name = name
+        self.container = DockerContainer(image, env=env, volumes=volumes, network_mode="host",
+                                         labels={LABEL: SESSION, "hicache-l3.engine": name},
+                                         **kwargs).with_command(command)
+        if wait is not None:
+            self.container.waiting_for(wait.strategy())
+        LIVE.append(self)
+        try:
+            self.container.start()
+        except Exception as exc:
+            logs = self.logs()
+            self.stop()
+            raise EngineUnavailableError(f"container {name} ({image}) did not start: {exc}\n"
+                                         f"--- {name} logs ---\n{logs}") from None
+
+    def alive(self) -> bool:
+        """True while the container runs."""
+        try:
+            self.container.reload()
+            return bool(self.container.status == "running")
+        except Exception:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL the container's processes (the container stays, stopped, until :meth:`stop`)."""
+        with contextlib.suppress(Exception):
+            self.container.get_wrapped_container().kill()
+            self.container.get_wrapped_container().wait(timeout=20)
+
+    def logs(self, n: int = 60) -> str:
+        """The last ``n`` lines of the container's output."""
+        try:
+            out, err = self.container.get_logs()
+        except Exception as exc:
+            return f"(no logs: {exc})"
+        lines = (out + err).decode(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+    def stop(self) -> None:
+        """Remove the container (forced)."""
+        with contextlib.suppress(Exception):
+            self.container.stop()
+        if self in LIVE:
+            LIVE.remove(self)
+
+
+def remove_all() -> int:
+    """Remove every container of this session still present (the sweep after a run);
+    returns how many there were."""
+    for managed in list(LIVE):
+        managed.stop()
+    if not os.environ.get("DOCKER_HOST"):
+        return 0
+    leftovers = _docker().containers.list(all=True, filters={"label": f"{LABEL}={SESSION}"})
+    for container in leftovers:
+        with contextlib.suppress(Exception):
+            container.remove(force=True)
+    return len(leftovers)
+
+
+class MooncakeContainers(MooncakeEngine):
+    """:class:`MooncakeEngine` with ``mooncake_master`` and the ``mooncake_client`` segment
+    holder in containers (images ``mooncake-master`` and ``mooncake-client``), on the
+    same loopback ports; the fault helpers kill and restart containers."""
+
+    name = "mooncake"
+
+    def __init__(self, holder: bool = True, segment_size: str = "1 GB",
+                 master_flags: dict[str, str] | None = None) -> None:
+        super().__init__(holder=holder, segment_size=segment_size, master_flags=master_flags)
+        self.master_container: ManagedContainer | None = None
+        self.holder_container: ManagedContainer | None = None
+
+    def start(self) -> MooncakeContainers:
+        """Build the images if needed, start the master (and the holder), wait for ``/health``
+        and the holder's segment."""
+        self.start_master()
+        if self.holder:
+            self.holder_container = ManagedContainer(
+                build_image("mooncake-client"), "mooncake_client", [
+                    f"--global_segment_size={self.segment_size}",
+                    f"--master_server_address={self.master_address}",
+                    f"--metadata_server={self.metadata_server}",
+                    f"--port={self.holder_port}",
+                ])
+            try:
+                self.wait_capacity(1, timeout=30.0)
+            except EngineUnavailableError as exc:
+                raise EngineUnavailableError(
+                    f"{exc}\n--- mooncake_client logs ---\n{self.holder_container.logs()}") from None
+        return self
+
+    def start_master(self) -> None:
+        """Start the master container on this engine's ports and wait for ``/health``."""
+        self.master_container = ManagedContainer(
+            build_image("mooncake-master"), "mooncake_master", [
+                f"--rpc_port={self.rpc_port}", f"--http_metadata_server_port={self.http_port}",
+                f"--metrics_port={self.metrics_port}",
+                *(f"--{k}={v}" for k, v in self.master_flags.items()),
+            ], wait=LoopbackHttpWait(self.metrics_url + "/health", 30.0))
+
+    def kill_master(self) -> None:
+        """SIGKILL the master's container and remove it."""
+        if self.master_container is not None:
+            self.master_container.kill()
+            self.master_container.stop()
+            self.master_container = None
+
+    def restart_master(self) -> None:
+        """Start a new master container on the same ports (its index starts empty)."""
+        if self.master_container is None:
+            self.start_master()
+
+    def kill_holder(self) -> None:
+        """SIGKILL the holder's container."""
+        if self.holder_container is not None:
+            self.holder_container.kill()
+
+    def containers(self) -> list[ManagedContainer]:
+        """This engine's containers that are not removed yet."""
+        return [c for c in (self.master_container, self.holder_container) if c is not None]
+
+    def stop(self) -> None:
+        """Remove the holder and the master containers, then the work directory."""
+        for managed in reversed(self.containers()):
+            managed.stop()
+        self.master_container = self.holder_container = None
+        super().stop()
+
+
+class S3Containers(S3Engine):
+    """:class:`S3Engine` with ``moto_server`` in a container (image ``s3``) on the same
+    loopback port; the bucket is created from here through boto3."""
+
+    name = "s3"
+
+    def __init__(self, bucket: str = "hicache-l3") -> None:
+        super().__init__(bucket=bucket)
+        self.server: ManagedContainer | None = None
+
+    def start(self) -> S3Containers:
+        """Build the image if needed, start moto_server, wait until it answers, create the bucket."""
+        self.server = ManagedContainer(build_image("s3"), "moto_server", ["-p", str(self.port)],
+                                       wait=LoopbackHttpWait(f"{self.endpoint}/moto-api/", 60.0))
+        self.client().create_bucket(Bucket=self.bucket)
+        return self
+
+    def stop(self) -> None:
+        """Remove the server's container, then the work directory."""
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+        super().stop()
+
+
+# name -> container launcher; same names and constructor arguments as ENGINES.
+CONTAINER_ENGINES: dict[str, type[Engine]] = {
+    "mooncake": MooncakeContainers,
+    "s3": S3Containers,
+}
+
+
+def engine_class(name: str, mode: str) -> type[Engine]:
+    """The launcher of engine ``name`` in ``mode`` (``local``: processes, ``containers``)."""
+    if mode not in ("local", "containers"):
+        raise ValueError(f"engines mode must be 'local' or 'containers', not {mode!r}")
+    table = ENGINES if mode == "local" else CONTAINER_ENGINES
+    if name not in table:
+        raise ValueError(f"no {mode} launcher for engine {name!r}; choose one of {sorted(table)}")
+    return table[name]
