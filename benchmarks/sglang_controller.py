@@ -39,7 +39,7 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
 
-from hicache_l3.sglang_config import extra_config_for  # noqa: E402
+from hicache_l3.sglang.config import extra_config_for  # noqa: E402
 
 PAGE_TOKENS = 16
 LAYERS, HEADS, HEAD_DIM = 4, 4, 64  # bf16: 2 * 4 * 16 * 4 * 64 * 2 B = 64 KiB per page

@@ -1,4 +1,4 @@
-"""The engines as containers: the same launchers as :mod:`hicache_l3.conformance.engines`,
+"""The engines as containers: the same launchers as :mod:`hicache_l3.engines`,
 with every engine process started from an image of ``docker/`` by testcontainers.
 
 Images are built locally (no registry can be reached): ``docker/base.sh`` makes the
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from hicache_l3.common.errors import EngineUnavailableError
-from hicache_l3.conformance.engines import ENGINES, Engine, MooncakeEngine, S3Engine
+from hicache_l3.engines import ENGINES, Engine, MooncakeEngine, S3Engine
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKER_DIR = REPO / "docker"
@@ -38,19 +38,22 @@ SESSION = f"{os.getpid()}-{int(time.time())}"
 @dataclass(frozen=True)
 class Image:
     """One image of ``docker/``: its Dockerfile, the build argument naming its parent
-    (``BASE`` for the debootstrap base) and whether its build context is the checkout."""
+    (``BASE`` for the debootstrap base) and the checkout files it copies (the build
+    context is then the repository root, and they are part of the image's hash)."""
 
     dockerfile: str
     parent_arg: str
     parent: str | None  # None: the base made by docker/base.sh
-    context_is_repo: bool = False
+    sources: tuple[str, ...] = ()
 
 
 IMAGES: dict[str, Image] = {
-    "mooncake-master": Image("mooncake-master.Dockerfile", "BASE", None),
+    "mooncake-master": Image("mooncake-master.Dockerfile", "BASE", None,
+                             ("hicache_l3/metadata_server.py", "hicache_l3/native/loopback_bind.c")),
     "mooncake-client": Image("mooncake-client.Dockerfile", "MOONCAKE_MASTER", "mooncake-master"),
     "s3": Image("s3.Dockerfile", "BASE", None),
-    "runner": Image("runner.Dockerfile", "MOONCAKE_MASTER", "mooncake-master", context_is_repo=True),
+    "runner": Image("runner.Dockerfile", "MOONCAKE_MASTER", "mooncake-master",
+                    ("pyproject.toml", "README.md", "hicache_l3")),
 }
 _built: dict[str, str] = {}
 _clients: dict[str, Any] = {}
@@ -74,12 +77,14 @@ def _docker() -> Any:
     return _clients["client"]
 
 
-def _sources_digest() -> bytes:
-    """Digest of what the runner image installs (the files .dockerignore lets through)."""
+def _sources_digest(sources: tuple[str, ...]) -> bytes:
+    """Digest of checkout files and directories (as .dockerignore lets them through)."""
     h = hashlib.sha256()
-    for path in [REPO / "pyproject.toml", REPO / "README.md",
-                 *sorted((REPO / "hicache_l3").rglob("*"))]:
-        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".so":
+    for source in sources:
+        top = REPO / source
+        for path in [top, *sorted(top.rglob("*"))] if top.is_dir() else [top]:
+            if not path.is_file() or "__pycache__" in path.parts or path.suffix == ".so":
+                continue
             h.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
     return h.digest()
 
@@ -104,15 +109,14 @@ def build_image(name: str) -> str:
     parent = base_image() if spec.parent is None else build_image(spec.parent)
     dockerfile = DOCKER_DIR / spec.dockerfile
     h = hashlib.sha256(dockerfile.read_bytes() + parent.encode())
-    if spec.context_is_repo:
-        h.update(_sources_digest())
+    h.update(_sources_digest(spec.sources))
     tag = f"hicache-l3/{name}:{h.hexdigest()[:16]}"
     client = _docker()
     try:
         client.images.get(tag)
     except Exception:
         started = time.monotonic()
-        context = REPO if spec.context_is_repo else DOCKER_DIR
+        context = REPO if spec.sources else DOCKER_DIR
         try:
             client.images.build(path=str(context), dockerfile=str(dockerfile), tag=tag,
                                 buildargs={spec.parent_arg: parent}, network_mode="host",
@@ -233,21 +237,28 @@ def remove_all() -> int:
 
 
 class MooncakeContainers(MooncakeEngine):
-    """:class:`MooncakeEngine` with ``mooncake_master`` and the ``mooncake_client`` segment
-    holder in containers (images ``mooncake-master`` and ``mooncake-client``), on the
-    same loopback ports; the fault helpers kill and restart containers."""
+    """:class:`MooncakeEngine` with its processes in containers: the loopback metadata
+    server and ``mooncake_master`` (image ``mooncake-master``) and the ``mooncake_client``
+    segment holder (image ``mooncake-client``, the loopback shim preloaded), on the same
+    loopback ports; the fault helpers kill and restart containers."""
 
     name = "mooncake"
 
     def __init__(self, holder: bool = True, segment_size: str = "1 GB",
                  master_flags: dict[str, str] | None = None) -> None:
         super().__init__(holder=holder, segment_size=segment_size, master_flags=master_flags)
+        self.metadata_container: ManagedContainer | None = None
         self.master_container: ManagedContainer | None = None
         self.holder_container: ManagedContainer | None = None
 
     def start(self) -> MooncakeContainers:
-        """Build the images if needed, start the master (and the holder), wait for ``/health``
-        and the holder's segment."""
+        """Build the images if needed, start the metadata server, the master (and the
+        holder), wait for each to answer (the holder: its segment mounted)."""
+        self.metadata_container = ManagedContainer(
+            build_image("mooncake-master"), "metadata_server",
+            ["/opt/hicache-l3/metadata_server.py", "--host=127.0.0.1", f"--port={self.http_port}"],
+            wait=LoopbackHttpWait(f"http://127.0.0.1:{self.http_port}/health", 30.0),
+            entrypoint=["python3"])
         self.start_master()
         if self.holder:
             self.holder_container = ManagedContainer(
@@ -268,8 +279,7 @@ class MooncakeContainers(MooncakeEngine):
         """Start the master container on this engine's ports and wait for ``/health``."""
         self.master_container = ManagedContainer(
             build_image("mooncake-master"), "mooncake_master", [
-                f"--rpc_port={self.rpc_port}", f"--http_metadata_server_port={self.http_port}",
-                f"--metrics_port={self.metrics_port}",
+                f"--rpc_port={self.rpc_port}", f"--metrics_port={self.metrics_port}",
                 *(f"--{k}={v}" for k, v in self.master_flags.items()),
             ], wait=LoopbackHttpWait(self.metrics_url + "/health", 30.0))
 
@@ -292,13 +302,14 @@ class MooncakeContainers(MooncakeEngine):
 
     def containers(self) -> list[ManagedContainer]:
         """This engine's containers that are not removed yet."""
-        return [c for c in (self.master_container, self.holder_container) if c is not None]
+        return [c for c in (self.metadata_container, self.master_container, self.holder_container)
+                if c is not None]
 
     def stop(self) -> None:
-        """Remove the holder and the master containers, then the work directory."""
+        """Remove the holder, master and metadata containers, then the work directory."""
         for managed in reversed(self.containers()):
             managed.stop()
-        self.master_container = self.holder_container = None
+        self.metadata_container = self.master_container = self.holder_container = None
         super().stop()
 
 

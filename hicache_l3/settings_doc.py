@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from hicache_l3.common.registry import available_connectors, load_connector
+from hicache_l3.common.registry import available_connectors, config_class
 
 
 def render() -> str:
@@ -21,19 +21,9 @@ def render() -> str:
         "(explicit settings win). Sizes accept `65536`, `64KiB`, `1GB`.",
         "",
     ]
-    for name in available_connectors():
-        try:
-            target = load_connector(name)
-        except Exception as exc:  # an engine package missing: say so, keep going
-            out += [f"## {name}", "", f"(not importable here: {exc})", ""]
-            continue
-        config_class = getattr(target, "config_class", None)
-        if config_class is None:  # a factory function: the file connector's
-            from hicache_l3.connectors.file import FileConfig
-
-            config_class = FileConfig
+    for name in available_connectors(builtin_only=True):
         out += [f"## {name}", "", "| setting | default | meaning |", "|---|---|---|"]
-        for field, (default, help_text) in config_class.field_help().items():
+        for field, (default, help_text) in config_class(name).field_help().items():
             shown = "" if default in (None, "") else f"`{default!r}`"
             out.append(f"| `{field}` | {shown} | {help_text.replace('|', '/')} |")
         out.append("")

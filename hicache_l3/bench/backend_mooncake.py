@@ -145,7 +145,7 @@ def make_pairs(opts: BenchOptions, stack: contextlib.ExitStack) -> list[Pair]:
     # one repetition alive per target (the last is dropped before the next), plus slack
     per_target = opts.pages * opts.page_bytes * 3 // 2 + (64 << 20)
     if not settings.get("master_address"):
-        from hicache_l3.conformance.engines import MooncakeEngine
+        from hicache_l3.engines import MooncakeEngine
 
         engine = MooncakeEngine(holder=True, segment_size=f"{(2 * per_target >> 20) + 1} MB")
         stack.enter_context(engine)

@@ -167,7 +167,7 @@ def _obj_pairs(opts: BenchOptions, stack: contextlib.ExitStack,
                overrides: dict[str, Any]) -> list[Pair]:
     settings = dict(overrides)
     if not settings.get("endpoint"):
-        from hicache_l3.conformance.engines import S3Engine
+        from hicache_l3.engines import S3Engine
 
         engine = S3Engine()
         stack.enter_context(engine)

@@ -30,6 +30,7 @@ from hicache_l3.bench.runner import BenchError, load_backend, run_pairs
 from hicache_l3.bench.targets import DEFAULT_OPS, OPS, BenchOptions
 from hicache_l3.common.config import parse_size
 from hicache_l3.common.errors import HiCacheL3Error
+from hicache_l3.common.logs import quiet_credential_loggers
 
 
 def _sizes(text: str) -> list[int]:
@@ -96,6 +97,7 @@ def _settings(overrides: list[str]) -> dict[str, dict[str, Any]]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the bench; print the table; write JSON/CSV/plot. Exit code 1 on failure."""
+    quiet_credential_loggers()
     if args.reps < 1 or args.pages < 1:
         print("bench: --reps and --pages must be >= 1", file=sys.stderr)
         return 2

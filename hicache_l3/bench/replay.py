@@ -40,6 +40,7 @@ from hicache_l3.bench.workload import Request, Workload, WorkloadParams, generat
 from hicache_l3.common.config import parse_size
 from hicache_l3.common.errors import ConfigError, HiCacheL3Error
 from hicache_l3.common.keys import Namespace
+from hicache_l3.common.logs import quiet_credential_loggers
 
 # Fields of a per-turn record that must be identical for identical seeds.
 HIT_FIELDS = ("index", "instance", "agent", "event", "prompt_tokens", "pages_needed",
@@ -295,13 +296,9 @@ def _env_configured(name: str, field: str = "") -> bool:
 
 def _has_root(name: str) -> bool:
     """True for connectors that keep pages under a directory (``root`` setting)."""
-    from hicache_l3.common.registry import load_connector
+    from hicache_l3.common.registry import config_class
 
-    if name == "file":
-        return True
-    config_class = getattr(load_connector(name), "config_class", None)
-    return dataclasses.is_dataclass(config_class) and any(
-        f.name == "root" for f in dataclasses.fields(config_class))
+    return any(f.name == "root" for f in dataclasses.fields(config_class(name)))
 
 
 def open_l3(
@@ -311,7 +308,7 @@ def open_l3(
     """Open the L3 connectors (starting a local engine when no address is configured);
     registered on ``stack`` for closing. Returns the tier and the settings used."""
     from hicache_l3.common.registry import open_connector, resolve_name
-    from hicache_l3.conformance.engines import ENGINES
+    from hicache_l3.engines import ENGINES
 
     name = resolve_name(backend)
     settings = dict(settings)
@@ -364,6 +361,7 @@ def _progress(total: int, quiet: bool, desc: str) -> Iterator[Callable[[], None]
 
 def run(args: argparse.Namespace) -> int:
     """Generate the workload, replay it with and without L3, print and write results."""
+    quiet_credential_loggers()
     started = time.monotonic()
     config = ReplayConfig(args.page_tokens, args.page_bytes, args.l1_pages, args.l2_pages,
                           args.prefill_tps, args.batch, args.ref_kv_bytes_per_token)

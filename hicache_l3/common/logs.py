@@ -29,3 +29,20 @@ class RateLimitedLogger:
         if suppressed:
             msg += f" ({suppressed} similar messages suppressed)"
         self._logger.warning(msg, *args)
+
+
+# Libraries that log credentials at DEBUG: botocore prints the signed request (the
+# Authorization header with the access key id, X-Amz-Security-Token with the session
+# token) and the canonical request it signs.
+CREDENTIAL_LOGGERS = ("botocore",)
+
+
+def quiet_credential_loggers() -> None:
+    """Raise the loggers of :data:`CREDENTIAL_LOGGERS` to INFO (never lower one already above
+    it), so that a root logger at DEBUG does not print credentials. The bench, the replay and
+    the test suite call this; an application that sets its root logger to DEBUG should do the
+    same: ``logging.getLogger("botocore").setLevel(logging.INFO)``."""
+    for name in CREDENTIAL_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.level < logging.INFO:  # NOTSET (inherit the root's DEBUG) or DEBUG
+            logger.setLevel(logging.INFO)

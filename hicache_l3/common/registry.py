@@ -1,44 +1,116 @@
-"""Connector names -> classes, imported on first use, with install hints.
+"""Connector names -> classes and config classes, imported on first use, with install hints.
 
-``import hicache_l3`` never imports an engine package; :func:`open_connector` imports
-the connector's module when asked for it and, if the engine's package is missing, raises
+``import hicache_l3`` never imports an engine package. The registry knows every connector
+by dotted paths (like fsspec's ``known_implementations``): the class (or factory) that
+opens it, its config class, and the pip extra that brings its engine. Config classes load
+without their engine (:func:`config_class`), so settings docs, ``sglang-args`` and the
+SGLang plugin work on a machine with no engine installed; :func:`open_connector` imports the
+connector and, if its engine package is missing, raises
 :class:`~hicache_l3.common.errors.EngineUnavailableError` saying what to install.
-Third parties add their own with :func:`register_connector`.
+
+Third parties add theirs with :func:`register_connector`, or declare them in the
+``hicache_l3.connectors`` entry-point group (``name = "package.module:Class"``), read the
+first time a name is looked up that is not built in.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import logging
+import threading
 from collections.abc import Mapping
+from importlib.metadata import entry_points
 from typing import Any
 
+from hicache_l3.common.config import ConnectorConfig
 from hicache_l3.common.connector import Connector
 from hicache_l3.common.errors import ConfigError, EngineUnavailableError
 from hicache_l3.common.keys import Namespace
 
-# name -> ("module:Class", pip extra that brings the engine package, or None)
-_KNOWN: dict[str, tuple[str, str | None]] = {
-    "file": ("hicache_l3.connectors.file:open_file_connector", None),
-    "mooncake": ("hicache_l3.connectors.mooncake:MooncakeConnector", "mooncake"),
-    "nixl": ("hicache_l3.connectors.nixl:NixlConnector", "nixl"),
-    "hf3fs": ("hicache_l3.connectors.hf3fs:Hf3fsConnector", None),
+ENTRY_POINT_GROUP = "hicache_l3.connectors"
+
+log = logging.getLogger("hicache_l3.registry")
+
+
+@dataclasses.dataclass(frozen=True)
+class KnownConnector:
+    """Where a connector lives: ``target`` opens it (``"module:Class"``, a Connector
+    subclass, or ``"module:function"``, a factory ``(settings, namespace) -> Connector``);
+    ``config`` is its config class (``"module:Class"``; None: the target's
+    ``config_class``); ``extra`` is the pip extra that brings its engine (None: none)."""
+
+    target: str
+    config: str | None = None
+    extra: str | None = None
+
+    def install_hint(self) -> str:
+        """What to run when the connector's module or engine cannot be imported."""
+        return f"pip install 'hicache-l3[{self.extra}]'" if self.extra else "reinstall hicache-l3"
+
+
+_KNOWN: dict[str, KnownConnector] = {
+    "file": KnownConnector("hicache_l3.connectors.file:open_file_connector",
+                           "hicache_l3.connectors.file:FileConfig"),
+    "mooncake": KnownConnector("hicache_l3.connectors.mooncake:MooncakeConnector",
+                               "hicache_l3.connectors.mooncake:MooncakeConfig", "mooncake"),
+    "nixl": KnownConnector("hicache_l3.connectors.nixl:NixlConnector",
+                           "hicache_l3.connectors.nixl:NixlConfig", "nixl"),
+    "hf3fs": KnownConnector("hicache_l3.connectors.hf3fs:Hf3fsConnector",
+                            "hicache_l3.connectors.hf3fs:Hf3fsConfig"),
+    "memory": KnownConnector("hicache_l3.connectors.memory:MemoryConnector",
+                             "hicache_l3.connectors.memory:MemoryConfig"),
 }
+_BUILTIN = frozenset(_KNOWN)
 _ALIASES = {"3fs": "hf3fs"}
+_lock = threading.Lock()
+_entry_points_read = False
 
 
-def register_connector(name: str, target: str, extra: str | None = None) -> None:
-    """Make ``open_connector(name)`` load ``target`` (``"package.module:Class"``)."""
-    _KNOWN[name] = (target, extra)
+def register_connector(name: str, target: str, extra: str | None = None, *,
+                       config: str | None = None, clobber: bool = False) -> None:
+    """Make ``open_connector(name)`` load ``target`` (``"package.module:Class"``).
+
+    ``config`` names its config class (``"package.module:Class"``) when ``target`` is a
+    factory or importing it needs the engine; ``extra`` is the pip extra named in the
+    install hint. A name already registered (built in, by an entry point or by an earlier
+    call) raises ConfigError unless ``clobber=True``; registering the same thing again is
+    a no-op.
+    """
+    if ":" not in target:
+        raise ConfigError(f"connector {name!r}: target {target!r} must be 'package.module:Class'")
+    _read_entry_points()
+    entry = KnownConnector(target, config, extra)
+    with _lock:
+        old = _KNOWN.get(name)
+        if name in _ALIASES or (old is not None and old != entry and not clobber):
+            raise ConfigError(
+                f"connector {name!r} is already registered "
+                f"({old.target if old else 'an alias of ' + _ALIASES[name]}); "
+                "pass clobber=True to replace it")
+        _KNOWN[name] = entry
 
 
-def available_connectors() -> list[str]:
-    """Names accepted by :func:`open_connector` (aliases excluded)."""
+def registration(name: str) -> KnownConnector:
+    """Where connector ``name`` lives (aliases resolved); ConfigError if unknown. A second
+    process can repeat a registration with ``register_connector(name, entry.target, ...)``."""
+    return _KNOWN[resolve_name(name)]
+
+
+def available_connectors(builtin_only: bool = False) -> list[str]:
+    """Names accepted by :func:`open_connector` (aliases excluded); with ``builtin_only``,
+    only the connectors shipped with hicache-l3 (third-party registrations left out)."""
+    if builtin_only:
+        return sorted(_BUILTIN)
+    _read_entry_points()
     return sorted(_KNOWN)
 
 
 def resolve_name(name: str) -> str:
     """The canonical connector name for ``name`` (aliases resolved); ConfigError if unknown."""
     canonical = _ALIASES.get(name, name)
+    if canonical not in _KNOWN:
+        _read_entry_points()
     if canonical not in _KNOWN:
         raise ConfigError(
             f"unknown connector {name!r}; choose one of {available_connectors()} "
@@ -47,20 +119,59 @@ def resolve_name(name: str) -> str:
     return canonical
 
 
-def load_connector(name: str) -> Any:
-    """The class (or factory) behind ``name``, importing its module now."""
-    canonical = resolve_name(name)
-    target, extra = _KNOWN[canonical]
+def _import(target: str, name: str, entry: KnownConnector) -> Any:
     module_name, _, attr = target.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        hint = f"pip install 'hicache-l3[{extra}]'" if extra else "reinstall hicache-l3"
         raise EngineUnavailableError(
-            f"connector {canonical!r} needs a package that is not installed "
-            f"({exc.name or exc}): {hint}"
+            f"connector {name!r} needs a package that is not installed "
+            f"({exc.name or exc}): {entry.install_hint()}"
         ) from exc
-    return getattr(module, attr)
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ConfigError(f"connector {name!r}: {module_name} has no attribute {attr!r}") from None
+
+
+def load_connector(name: str) -> Any:
+    """The class (or factory) behind ``name``, importing its module now."""
+    canonical = resolve_name(name)
+    entry = _KNOWN[canonical]
+    return _import(entry.target, canonical, entry)
+
+
+def config_class(name: str) -> type[ConnectorConfig]:
+    """The config class of connector ``name``, without importing its engine (for built-in
+    connectors, and for registrations that name their config class)."""
+    canonical = resolve_name(name)
+    entry = _KNOWN[canonical]
+    found = (_import(entry.config, canonical, entry) if entry.config
+             else getattr(load_connector(canonical), "config_class", None))
+    if not (isinstance(found, type) and issubclass(found, ConnectorConfig)):
+        raise ConfigError(f"connector {canonical!r}: no config class (register it with config=...)")
+    return found
+
+
+def _read_entry_points() -> None:
+    """Register the ``hicache_l3.connectors`` entry points (once; nothing is imported).
+    A name that is taken already is skipped with a warning: built-in names cannot be
+    replaced by installing a package."""
+    global _entry_points_read
+    if _entry_points_read:
+        return
+    with _lock:
+        if _entry_points_read:
+            return
+        _entry_points_read = True
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            entry = KnownConnector(f"{ep.module}:{ep.attr}")
+            if ep.name in _KNOWN or ep.name in _ALIASES:
+                if _KNOWN.get(ep.name) != entry:
+                    log.warning("hicache-l3: entry point %s = %r ignored: connector %r is "
+                                "already registered", ep.name, ep.value, ep.name)
+                continue
+            _KNOWN[ep.name] = entry
 
 
 def open_connector(

@@ -1,5 +1,5 @@
-"""The shared behavioural suite every connector runs (see :mod:`.suite`), and the
-launchers of the real engines it runs against (see :mod:`.engines`)."""
+"""The shared behavioural suite every connector runs (see :mod:`.suite`); the launchers of
+the real engines it runs against live in :mod:`hicache_l3.engines`."""
 
 from hicache_l3.conformance.suite import ConnectorTests, page_pattern
 

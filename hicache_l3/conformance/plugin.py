@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from hicache_l3.common.logs import quiet_credential_loggers
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     """``--engines``: how engine fixtures start their engines."""
@@ -24,7 +26,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the markers the suite uses."""
+    """Register the markers the suite uses; keep botocore from logging credentials when a
+    test raises the root logger to DEBUG (caplog)."""
+    quiet_credential_loggers()
     config.addinivalue_line("markers", "conformance: a test of the shared connector suite")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
 

@@ -39,7 +39,7 @@ from hicache_l3.common.errors import ConnectorClosedError, MemoryRegistrationErr
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer, MemoryRegion
 from hicache_l3.common.pages import Page, contiguous_pages, strided_pages
-from hicache_l3.common.registry import open_connector
+from hicache_l3.common.registry import open_connector, registration
 
 HOSTILE_KEYS = [
     "../../etc/passwd",
@@ -158,9 +158,15 @@ class ConnectorTests:
 
     def _spawn(self, settings: dict[str, Any], namespace: Namespace, op: str,
                keys: list[str]) -> list[bool]:
+        import dataclasses
+
         spec = {
             "name": self.connector_name, "namespace": namespace.fields() | {"tp_rank": namespace.tp_rank},
             "settings": settings, "op": op, "keys": keys, "page_bytes": self.page_bytes,
+            # a connector registered in this process (a conftest's register_connector) is
+            # registered the same way there, with this process's import path
+            "registration": dataclasses.asdict(registration(self.connector_name)),
+            "path": sys.path,
         }
         proc = subprocess.run(
             [sys.executable, "-m", "hicache_l3.conformance.worker", json.dumps(spec)],

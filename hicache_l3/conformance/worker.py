@@ -1,7 +1,10 @@
 """A second process for the conformance suite: opens a connector and runs one op.
 
 ``python -m hicache_l3.conformance.worker '<json>'`` with ``{"name", "namespace",
-"settings", "op": "set"|"get"|"exists", "keys", "page_bytes"}``. ``set`` stores
+"settings", "op": "set"|"get"|"exists", "keys", "page_bytes"}`` and optionally
+``"registration"`` (``{"target", "config", "extra"}``: the connector is registered under
+``name`` as in the parent, e.g. by a third party's conftest) and ``"path"`` (the parent's
+``sys.path``, whose entries are added after this process's own). ``set`` stores
 :func:`~hicache_l3.conformance.suite.page_pattern` pages; ``get`` reports per key
 whether the bytes read equal the pattern; prints ``{"results": [...]}`` as JSON.
 """
@@ -13,7 +16,7 @@ import sys
 
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.pages import contiguous_pages
-from hicache_l3.common.registry import open_connector
+from hicache_l3.common.registry import open_connector, register_connector
 
 
 def main(argv: list[str]) -> int:
@@ -21,6 +24,10 @@ def main(argv: list[str]) -> int:
     from hicache_l3.conformance.suite import page_pattern
 
     spec = json.loads(argv[0])
+    sys.path.extend(entry for entry in spec.get("path", []) if entry not in sys.path)
+    reg = spec.get("registration")
+    if reg:
+        register_connector(spec["name"], reg["target"], reg["extra"], config=reg["config"], clobber=True)
     keys, page_bytes = spec["keys"], spec["page_bytes"]
     with open_connector(spec["name"], spec["namespace"], spec["settings"]) as conn:
         if spec["op"] == "exists":

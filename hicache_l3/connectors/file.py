@@ -44,6 +44,7 @@ from hicache_l3.common.integrity import buffer_checksum, key_fingerprint, page_c
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.pages import Page, page_nbytes
 from hicache_l3.common.parallel import BatchPool
+from hicache_l3.common.safe_fs import private_root
 from hicache_l3.common.slabs import (
     ALIGN,
     FORMAT_VERSION,
@@ -121,8 +122,7 @@ class FileConnector(SlabBacked, Connector[FileConfig]):
         # the Python write path holds the GIL between syscalls: one thread measured fastest
         self._write_pool = BatchPool(config.write_threads if self._native else 1, "hicache-file-w")
         if config.o_direct:
-            Path(config.root).mkdir(parents=True, exist_ok=True)
-            _probe_o_direct(Path(config.root))
+            _probe_o_direct(private_root(config.root, f"{self.name} connector: root"))
         self._init_slab_root(config.root, config.capacity_bytes)
 
     @property
@@ -386,6 +386,11 @@ def _aligned(page: Page) -> bool:
     return len(page) == 1 and page[0][0] % ALIGN == 0 and page[0][1] % ALIGN == 0
 
 
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
 class FsspecConnector(Connector[FileConfig]):
     """The file connector over an fsspec URL: one object per page, copied through
     Python bytes (slower than the slab path; for roots that are not local paths).
@@ -412,6 +417,8 @@ class FsspecConnector(Connector[FileConfig]):
             self.fs, path = fsspec.core.url_to_fs(config.root)
         except (ImportError, ValueError) as exc:
             raise ConfigError(f"file connector: cannot open root {config.root!r}: {exc}") from None
+        if "file" in _protocols(self.fs):  # a local root: private, as the slab path's
+            private_root(path, f"{self.name} connector: root")
         self.base = f"{path.rstrip('/')}/ns-{namespace.digest()}"
         self.fs.makedirs(self.base, exist_ok=True)
         self._pool = BatchPool(config.io_threads, "hicache-fsspec", min_share=1)

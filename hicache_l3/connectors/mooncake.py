@@ -30,14 +30,15 @@ this module drops its store handle in ``_close``, so nothing reaches the library
 
 Network exposure. Loopback by default: ``local_hostname=127.0.0.1`` and, when it is a
 loopback address and the variable is unset, ``MC_TCP_BIND_ADDRESS`` is set to it before
-the transfer engine starts, so that the client advertises loopback. What stays exposed
-whatever is configured: the master's embedded HTTP metadata server binds 0.0.0.0 (it
-ignores ``--http_metadata_server_host``), and each client's transfer engine listens on
-0.0.0.0 (ports in 12000-17999 seen here) for its handshake (see
-``tests/mooncake/test_mooncake_exposure.py``). To keep metadata off the network,
-run the master without ``--enable_http_metadata_server`` and use
-``metadata_server="P2PHANDSHAKE"`` (clients exchange metadata directly) or an etcd bound
-to loopback (``metadata_server="etcd://127.0.0.1:2379"``).
+the transfer engine starts, so that the client advertises loopback. What Mooncake binds
+to all interfaces whatever is configured: the master's embedded HTTP metadata server
+(0.0.0.0; it ignores ``--http_metadata_server_host``) and each client's transfer engine
+(handshake port on 0.0.0.0, TCP data port on ``[::]``, ports in 12000-17999). The engine
+launcher runs a metadata server of ours on loopback instead of the master's
+(:mod:`hicache_l3.metadata_server`) and preloads the loopback shim
+(:mod:`hicache_l3.common.loopback`) into the processes it starts; a connector's own
+process is covered only when it was started with the shim. README "Security" has the
+operator's remedies; ``tests/mooncake/test_mooncake_exposure.py`` checks every socket.
 
 Settings (``MooncakeConfig``) come from, lowest first: SGLang's ``MOONCAKE_*``
 environment variables, the JSON file named by ``SGLANG_HICACHE_MOONCAKE_CONFIG_PATH``
@@ -69,18 +70,24 @@ from hicache_l3.common.pages import Page
 
 log = logging.getLogger("hicache_l3.mooncake")
 
-try:  # the CPU build (mooncake-transfer-engine-non-cuda) and the CUDA build share it
-    from mooncake.store import MooncakeDistributedStore, ReplicateConfig
-except ImportError as _exc:  # the registry turns this into an install hint
-    # a missing package keeps its name (the registry's hint names the extra); a missing
-    # system library (libibverbs.so.1...) gets the whole message, which says what to install
-    _missing = _exc.name if isinstance(_exc, ModuleNotFoundError) else None
-    raise ImportError(
-        f"mooncake.store is not importable ({_exc}); pip install 'hicache-l3[mooncake]' "
-        "(CPU build) or 'hicache-l3[mooncake-cuda]'; Mooncake also needs the system "
-        "libraries libibverbs1, librdmacm1 and libnuma1",
-        name=_missing,
-    ) from _exc
+
+
+def load_mooncake_store() -> tuple[Any, Any]:
+    """``(MooncakeDistributedStore, ReplicateConfig)`` from ``mooncake.store``, imported when a
+    connector opens (so that :class:`MooncakeConfig` loads without the engine);
+    EngineUnavailableError with the install hint when it is not importable."""
+    try:  # the CPU build (mooncake-transfer-engine-non-cuda) and the CUDA build share it
+        from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+    except ImportError as exc:
+        # a missing system library (libibverbs.so.1...) gets the whole message, which says
+        # what to install
+        raise EngineUnavailableError(
+            f"mooncake connector: mooncake.store is not importable ({exc}); pip install "
+            "'hicache-l3[mooncake]' (CPU build) or 'hicache-l3[mooncake-cuda]'; Mooncake also "
+            "needs the system libraries libibverbs1, librdmacm1 and libnuma1"
+        ) from exc
+    return MooncakeDistributedStore, ReplicateConfig
+
 
 # Mooncake ErrorCode values (mooncake-store types.h) -> what a key's failure means here.
 NO_AVAILABLE_HANDLE = -200  # no segment, or no space left in any
@@ -326,6 +333,7 @@ class MooncakeConnector(Connector[MooncakeConfig]):
         self._down_since: float | None = None
         self._down_lock = threading.Lock()
         self._store: Any = None
+        store_class, replicate_class = load_mooncake_store()
         if _is_loopback(config.local_hostname):
             os.environ.setdefault("MC_TCP_BIND_ADDRESS", config.local_hostname)
         why = _probe(config.master_address, config.connect_timeout)
@@ -333,7 +341,7 @@ class MooncakeConnector(Connector[MooncakeConfig]):
             raise EngineUnavailableError(
                 f"mooncake connector: cannot reach mooncake_master at master_address="
                 f"{config.master_address} within {config.connect_timeout:g}s: {why}")
-        store = MooncakeDistributedStore()
+        store = store_class()
         setup = {
             "local_hostname": config.local_hostname,
             "metadata_server": config.metadata_url(),
@@ -352,7 +360,7 @@ class MooncakeConnector(Connector[MooncakeConfig]):
                 f"protocol={config.protocol}, local_hostname={config.local_hostname}); "
                 "see the Mooncake log lines above for the cause")
         self._store = store
-        self._replicate = ReplicateConfig()
+        self._replicate = replicate_class()
         self._replicate.replica_num = config.replica_num
         if config.preferred_segment == "local":
             self._replicate.preferred_segment = store.get_hostname()

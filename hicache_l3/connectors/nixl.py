@@ -36,7 +36,7 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 from hicache_l3.common.config import ConnectorConfig, setting
@@ -55,6 +55,11 @@ _agent_ids = itertools.count()
 RETIRE_S = 60.0  # after this, requests an abandoned agent had in flight have given up
 _retired: list[tuple[float, Any]] = []
 _retired_lock = threading.Lock()
+# Agents with a transfer whose completion was never observed (timeout, interruption): kept
+# alive and never called again for the life of the process. Calling them (even to release
+# the handle or to destroy them) lets NIXL's POSIX backend submit more of the abandoned
+# transfer's I/O; left alone, only what the kernel already had completes.
+_abandoned: list[Any] = []
 
 
 def _purge_retired() -> None:
@@ -173,10 +178,19 @@ class Agent:
 
     ``backend`` is ``"POSIX"`` or ``"OBJ"``; ``params`` its init parameters (they may
     hold credentials: never logged). DRAM regions are registered once and kept by
-    address until :meth:`deregister_dram` or :meth:`close`.
+    address until :meth:`deregister_dram` or :meth:`close`; ``FILE`` descriptors once
+    per agent by :meth:`register_files`.
+
+    With ``abandon_on_timeout`` (the POSIX plugin), a transfer that times out or is
+    interrupted is neither released nor polled again: the agent becomes
+    :attr:`poisoned` and must not be used any more. NIXL's POSIX backend submits a
+    transfer's I/O a queue at a time as it is polled, and a released or merely pending
+    transfer resumed when the next transfer on the same agent was polled, writing
+    pages into slots handed out again since. The owner replaces a poisoned agent
+    (:meth:`abandon`) and never reuses the slots the transfer touched.
     """
 
-    def __init__(self, backend: str, params: dict[str, str]) -> None:
+    def __init__(self, backend: str, params: dict[str, str], abandon_on_timeout: bool = False) -> None:
         api = load_nixl_api()
         _purge_retired()
         self.api = api
@@ -199,7 +213,11 @@ class Agent:
         self.backend = backend
         self._lock = threading.Lock()
         self._dram: dict[tuple[int, int], Any] = {}
+        self._files: dict[int, Any] = {}
         self._closed = False
+        self.abandon_on_timeout = abandon_on_timeout
+        self.poisoned = False
+        self._abandoned_handles: list[Any] = []
 
     # ---- registration
     def register(self, descs: list[tuple[int, int, int, str]], mem_type: str) -> Any:
@@ -225,6 +243,22 @@ class Agent:
         if handle is not None:
             self.deregister(handle)
 
+    def register_files(self, fds: Iterable[int]) -> None:
+        """Register each slab descriptor in ``fds`` as ``FILE`` (whole file), once per agent."""
+        todo = [fd for fd in fds if fd not in self._files]
+        if not todo:
+            return
+        with self._lock:
+            for fd in todo:
+                if fd not in self._files:
+                    size = os.fstat(fd).st_size
+                    self._files[fd] = self.register([(0, size, fd, "")], "FILE")
+
+    @property
+    def registered_files(self) -> int:
+        """How many ``FILE`` descriptors this agent has registered."""
+        return len(self._files)
+
     def query(self, descs: list[tuple[int, int, int, str]], mem_type: str) -> list[Any]:
         """The plugin's ``query_memory`` answer per descriptor (None = absent)."""
         return list(self.agent.query_memory(descs, self.backend, mem_type))
@@ -247,6 +281,7 @@ class Agent:
         except Exception as exc:
             raise TransferError(f"NIXL {op} setup failed: {type(exc).__name__}: {exc}") from None
         done = False
+        abandoned = False
         try:
             state = agent.transfer(handle)
             start = time.monotonic()
@@ -258,6 +293,7 @@ class Agent:
                     break
                 now = time.monotonic()
                 if now > deadline:
+                    abandoned = self.abandon_on_timeout
                     raise TransferError(f"NIXL {op} not done after {timeout_s:g}s", Reason.TIMEOUT)
                 if now - start > 1e-3:
                     delay = min(1e-3, max(2e-5, delay * 2))
@@ -269,13 +305,31 @@ class Agent:
             raise
         except Exception as exc:
             raise TransferError(f"NIXL {op} failed: {type(exc).__name__}: {exc}") from None
+        except BaseException:  # interrupted while the transfer may still be in flight
+            abandoned = self.abandon_on_timeout
+            raise
         finally:
-            try:
-                agent.release_xfer_handle(handle)
-            except Exception:
-                if done:
-                    raise
-                # a transfer that cannot be cancelled stays with NIXL; it frees it later
+            if abandoned:
+                self.poisoned = True
+                self._abandoned_handles.append(handle)  # never released: releasing resumes it
+            else:
+                self._release(handle, done)
+
+    def _release(self, handle: Any, done: bool) -> None:
+        """Release a finished transfer's handle (a failure is raised only for a done one)."""
+        try:
+            self.agent.release_xfer_handle(handle)
+        except Exception:
+            if done:
+                raise
+            # a transfer that cannot be cancelled stays with NIXL; it frees it later
+
+    def abandon(self) -> None:
+        """Give up this (poisoned) agent: kept alive, never called again (class docstring)."""
+        with self._lock:
+            self._closed = True
+        with _retired_lock:
+            _abandoned.append((self.agent, self._abandoned_handles))
 
     def close(self, background: bool = False) -> None:
         """Deregister every DRAM region and drop the agent (NIXL tears it down).
@@ -285,12 +339,16 @@ class Agent:
         retired instead: kept alive and dropped by a later open or close once
         ``RETIRE_S`` seconds have passed, so close returns at once.
         """
+        if self.poisoned:
+            self.abandon()
+            return
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            handles = list(self._dram.values())
+            handles = [*self._dram.values(), *self._files.values()]
             self._dram.clear()
+            self._files.clear()
         for handle in handles:
             with contextlib.suppress(Exception):
                 self.deregister(handle)
@@ -368,6 +426,9 @@ class NixlConnector(Connector[NixlConfig]):
     name = "nixl"
     config_class = NixlConfig
     agent: Agent
+    agent_renewals = 0
+    _agent_params: dict[str, str] = {}
+    _renew_lock: threading.Lock
 
     @classmethod
     def open(cls, settings: dict[str, Any], namespace: Namespace) -> Connector[Any]:
@@ -387,10 +448,42 @@ class NixlConnector(Connector[NixlConfig]):
     def _unregister(self, region: MemoryRegion) -> None:
         self.agent.deregister_dram(region)
 
+    def _live_agent(self) -> Agent:
+        """The agent for the next transfer; a poisoned one is replaced first (see
+        :class:`Agent`), by :meth:`_renew_agent`."""
+        agent = self.agent
+        if agent.poisoned:
+            with self._renew_lock:
+                if self.agent.poisoned:
+                    self.agent = self._renew_agent(self.agent)
+                    self.agent_renewals += 1
+                agent = self.agent
+        return agent
+
+    def _renew_agent(self, old: Agent) -> Agent:
+        """A fresh agent with every host region registered; ``old`` is abandoned."""
+        new = Agent(old.backend, self._agent_params, abandon_on_timeout=old.abandon_on_timeout)
+        for region in list(self.regions):
+            new.register_dram(region)
+        old.abandon()
+        self._log.warning("renew", "nixl: a transfer was abandoned (timeout or interruption); "
+                          "its agent is retired and a new one serves later calls")
+        return new
+
     def _xfer(self, op: str, remote_type: str) -> Callable[[list[Any], list[Any]], None]:
-        agent, timeout = self.agent, self.config.timeout_s
+        """A function running one transfer, on the live agent at the time it runs (a
+        transfer after a timeout in the same batch runs on the renewed agent)."""
+        timeout = self.config.timeout_s
+        files = remote_type == "FILE"
 
         def go(local: list[Any], remote: list[Any]) -> None:
+            agent = self._live_agent()
+            if files:
+                try:
+                    agent.register_files({fd for _, _, fd in remote})
+                except Exception as exc:
+                    raise TransferError(f"NIXL could not register a slab: {type(exc).__name__}: "
+                                        f"{exc}") from None
             agent.transfer(op, local, remote, "DRAM", remote_type, timeout)
 
         return go

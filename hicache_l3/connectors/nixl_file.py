@@ -61,9 +61,10 @@ class NixlFileConnector(SlabBacked, NixlConnector):
         super().__init__(config, namespace)
         self._checksum = config.use_checksum()
         self._pool = BatchPool(config.checksum_threads, "hicache-nixl-csum", min_share=4)
-        self.agent = Agent("POSIX", posix_params(config.posix_engine))
-        self._files: dict[int, Any] = {}
-        self._files_lock = threading.Lock()
+        self._agent_params = posix_params(config.posix_engine)
+        self._renew_lock = threading.Lock()
+        self.agent = Agent("POSIX", self._agent_params, abandon_on_timeout=True)
+        self.quarantined_slots = 0
         self._init_slab_root(config.root, config.capacity_bytes)
 
     @property
@@ -78,16 +79,6 @@ class NixlFileConnector(SlabBacked, NixlConnector):
             self.root, self.namespace, slot_bytes, capacity_bytes=self.capacity_bytes,
             slab_bytes=self.config.slab_bytes, fsync=self.config.fsync,
         )
-
-    def _file(self, fd: int) -> int:
-        """Register slab descriptor ``fd`` with NIXL the first time it is used."""
-        if fd in self._files:
-            return fd
-        with self._files_lock:
-            if fd not in self._files:
-                size = os.fstat(fd).st_size
-                self._files[fd] = self.agent.register([(0, size, fd, "")], "FILE")
-        return fd
 
     def _checksums(self, pages: list[Page]) -> list[int]:
         """XXH3 of each page, over ``checksum_threads`` threads (the hash releases the GIL)."""
@@ -116,7 +107,6 @@ class NixlFileConnector(SlabBacked, NixlConnector):
             fp = key_fingerprint(keys[i])
             try:
                 os.pwrite(fd, encode_end(gen, fp), geometry.end_offset(slot))  # end marker first
-                self._file(fd)
             except OSError as exc:
                 reasons[i] = Reason.NO_SPACE if exc.errno == 28 else Reason.ENGINE_ERROR
                 self._log.warning("set-io", "nixl: write of %s failed: %s", keys[i], exc)
@@ -125,10 +115,21 @@ class NixlFileConnector(SlabBacked, NixlConnector):
             units.append(self._unit(pages[i], fd, geometry.data_offset(slot)))
             heads.append(encode_start(gen, nbytes, csum, fp))
             staged.append((j, i, nbytes, csum))
-        results = run_units(self._xfer("WRITE", "FILE"), units, self.config.max_descs)
+        try:
+            results = run_units(self._xfer("WRITE", "FILE"), units, self.config.max_descs)
+        except BaseException:  # interrupted: the transfer may still write into these slots
+            self.quarantined_slots += len(staged)
+            store.abort(failed)  # the pages whose end marker failed never reached NIXL
+            raise
         done = []
         for (j, i, nbytes, csum), head, result in zip(staged, heads, results):
             fd, slab, slot, gen = slots[j]
+            if result is Reason.TIMEOUT:
+                # an abandoned transfer may still write this slot: never hand it out again
+                # in this process (a restart's adoption frees it; no record names it)
+                self.quarantined_slots += 1
+                reasons[i] = result
+                continue
             if result is Reason.OK:
                 try:
                     ok = os.pwrite(fd, head, geometry.header_offset(slot)) == MARKER
@@ -159,12 +160,6 @@ class NixlFileConnector(SlabBacked, NixlConnector):
             fd, entry = f
             if entry.length != page_nbytes(pages[i]):
                 reasons[i] = Reason.SIZE_MISMATCH
-                continue
-            try:
-                self._file(fd)
-            except Exception as exc:
-                self._log.warning("get-reg", "nixl: registering a slab failed: %s", exc)
-                reasons[i] = Reason.ENGINE_ERROR
                 continue
             work.append(i)
             units.append(self._unit(pages[i], fd, geometry.data_offset(entry.slot)))
@@ -199,14 +194,6 @@ class NixlFileConnector(SlabBacked, NixlConnector):
         return reasons
 
     def _close(self) -> None:
-        with self._files_lock:
-            handles = list(self._files.values())
-            self._files.clear()
-        for handle in handles:
-            try:
-                self.agent.deregister(handle)
-            except Exception as exc:
-                self._log.warning("close", "nixl: deregistering a slab failed: %s", exc)
         self.agent.close()
         self._pool.shutdown()
         self._close_store()
@@ -214,5 +201,6 @@ class NixlFileConnector(SlabBacked, NixlConnector):
     def _engine_stats(self) -> dict[str, Any]:
         return {
             "mode": "file", "posix_engine": self.config.posix_engine, "checksum": self._checksum,
-            "registered_files": len(self._files), **self._slab_stats(),
+            "registered_files": self.agent.registered_files, "agent_renewals": self.agent_renewals,
+            "quarantined_slots": self.quarantined_slots, **self._slab_stats(),
         }

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from hicache_l3.common.errors import ConfigError, Reason
 from hicache_l3.common.keys import Namespace
+from hicache_l3.common.safe_fs import private_root
 from hicache_l3.common.slabs import Entry, SlabStore, read_namespace_file
 
 
@@ -29,12 +30,10 @@ class SlabBacked:
     name: ClassVar[str]
 
     def _init_slab_root(self, root: str, capacity_bytes: int) -> None:
-        """Create and check ``root``; capacity 0 means half the filesystem's free space."""
-        self.root = Path(root)
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"{self.name} connector: cannot create root {self.root}: {exc}") from None
+        """Create ``root`` private (0700) or check an existing one (ours, not a symlink, closed
+        to other users: :func:`~hicache_l3.common.safe_fs.private_root`); capacity 0 means
+        half the filesystem's free space."""
+        self.root = private_root(root, f"{self.name} connector: root")
         if not os.access(self.root, os.W_OK | os.X_OK):
             raise ConfigError(f"{self.name} connector: root {self.root} is not writable")
         self.capacity_bytes = capacity_bytes or shutil.disk_usage(self.root).free // 2

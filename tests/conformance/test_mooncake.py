@@ -20,8 +20,8 @@ import pytest
 
 from hicache_l3.common.keys import Namespace
 from hicache_l3.conformance import ConnectorTests
-from hicache_l3.conformance.engines import MooncakeEngine
 from hicache_l3.conformance.plugin import engine_launcher
+from hicache_l3.engines import MooncakeEngine
 
 TRAILER_BYTES = 32  # hicache_l3.connectors.mooncake.TRAILER.size
 

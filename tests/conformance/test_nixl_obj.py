@@ -13,8 +13,8 @@ import pytest
 
 from hicache_l3.common.keys import Namespace
 from hicache_l3.conformance import ConnectorTests
-from hicache_l3.conformance.engines import S3Engine
 from hicache_l3.conformance.plugin import engine_launcher
+from hicache_l3.engines import S3Engine
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ time, on one connector:
   ``get`` is True only when the bytes equal :func:`pattern`;
 * ``{"op": "read_loop", "keys", "page_bytes", "seconds"}`` -> ``{"ok", "miss", "wrong"}``
   counts of reading ``keys`` over and over;
-* ``{"op": "namespaces"}`` -> the inodes of this process's mnt, pid and user namespaces.
+* ``{"op": "namespaces"}`` -> the inodes of this process's mnt, pid and user namespaces;
+* ``{"op": "listeners"}`` -> ``["ADDR:PORT", ...]``, the TCP sockets this process listens on.
 
 Errors come back as ``{"error": "..."}`` with status 500. GET /ready answers 200.
 The runner has no pytest, so this does not import hicache_l3.conformance.
@@ -60,12 +61,34 @@ def _get(keys: list[str], pb: int) -> list[bool | None]:
     return out
 
 
-def handle(req: dict[str, Any]) -> dict[str, Any]:
+def listeners() -> list[str]:
+    """The local addresses (hex, as in /proc/net/tcp*) of this process's listening sockets."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                    found.append(fields[1])
+    return found
+
+
+def handle(req: dict[str, Any]) -> dict[str, Any] | list[str]:
     """Serve one request."""
     op = req["op"]
     if op == "open":
         STATE["conn"] = open_connector(req["connector"], req["namespace"], req["settings"])
         return {}
+    if op == "listeners":
+        return listeners()
     if op == "namespaces":
         return {n: os.readlink(f"/proc/self/ns/{n}") for n in ("mnt", "pid", "user")}
     keys, pb = req.get("keys", []), req.get("page_bytes", 16 << 10)
@@ -91,7 +114,7 @@ def handle(req: dict[str, Any]) -> dict[str, Any]:
 class Handler(BaseHTTPRequestHandler):
     """JSON over HTTP on loopback."""
 
-    def _reply(self, status: int, body: dict[str, Any]) -> None:
+    def _reply(self, status: int, body: dict[str, Any] | list[str]) -> None:
         data = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Length", str(len(data)))

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from hicache_l3.conformance.engines import free_port
+from hicache_l3.engines import free_port
 from hicache_l3.engines_containers import (
     LoopbackHttpWait,
     ManagedContainer,
@@ -74,6 +74,14 @@ class Host:
         self.container.stop()
 
 
+LOOPBACK_HEX = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
+
+
+def loopback_only(hex_addrs: list[str]) -> list[str]:
+    """The listening addresses (as /proc/net/tcp* writes them) that are not loopback."""
+    return [a for a in hex_addrs if a.rsplit(":", 1)[0] not in LOOPBACK_HEX]
+
+
 def host_namespaces() -> dict[str, str]:
     return {n: os.readlink(f"/proc/self/ns/{n}") for n in ("mnt", "pid", "user")}
 
@@ -114,6 +122,11 @@ def test_mooncake_pages_cross_containers_and_vanish_with_their_holder(
                 settings={**master.settings, "global_segment_size": 64 << 20})
     reader.call("open", connector="mooncake", namespace=NAMESPACE,
                 settings={**master.settings, "global_segment_size": 0})
+    # The connectors' transfer engines (0.0.0.0/[::] in Mooncake) listen on loopback only:
+    # the runner image preloads the loopback shim.
+    for host in (writer, reader):
+        listening = host.call("listeners")
+        assert listening and not loopback_only(listening), listening
     keys = [f"page-{i:03d}" for i in range(16)]
     assert writer.call("set", keys=keys, page_bytes=PAGE)["results"] == [True] * 16
     assert reader.call("exists", keys=keys)["results"] == [True] * 16

@@ -33,7 +33,7 @@ from sglang.srt.plugins import load_plugins  # noqa: E402
 from sglang_roundtrip import indices, make_pools, page_bytes, storage_config  # noqa: E402
 
 from hicache_l3.sglang import HiCacheL3Storage  # noqa: E402
-from hicache_l3.sglang_plugin import TAKEOVER_CLASSES, use_zero_copy  # noqa: E402
+from hicache_l3.sglang.plugin import TAKEOVER_CLASSES, use_zero_copy  # noqa: E402
 
 FAILURES: list[str] = []
 
@@ -100,7 +100,7 @@ def takeover(name: str, extra: dict[str, Any]) -> None:
 def main() -> int:
     spec = json.loads(sys.argv[1])
     ours = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "hicache_l3"]
-    check(len(ours) == 1 and ours[0].value == "hicache_l3.sglang_plugin:install",
+    check(len(ours) == 1 and ours[0].value == "hicache_l3.sglang.plugin:install",
           f"entry point in sglang.srt.plugins: {ours}")
     load_plugins()
     registry = StorageBackendFactory._registry

@@ -33,7 +33,7 @@ from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  
 
 from hicache_l3.common.errors import ConfigError  # noqa: E402
 from hicache_l3.sglang import HiCacheL3Storage  # noqa: E402
-from hicache_l3.sglang_config import extra_config_for  # noqa: E402
+from hicache_l3.sglang.config import extra_config_for  # noqa: E402
 
 PAGE = 16  # tokens per page
 LAYERS = 4

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from hicache_l3.conformance.engines import MooncakeEngine, S3Engine
-from hicache_l3.sglang_config import (
+from hicache_l3.engines import MooncakeEngine, S3Engine
+from hicache_l3.sglang.cli import check_config
+from hicache_l3.sglang.config import (
     AdapterConfig,
     build_namespace,
-    check_config,
     extra_config_for,
     load_config_file,
 )

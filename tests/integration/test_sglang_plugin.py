@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from test_sglang import REPO, require_sglang_venv  # beside this file: pytest puts its dir on sys.path
 
-from hicache_l3.conformance.engines import MooncakeEngine
+from hicache_l3.engines import MooncakeEngine
 
 pytestmark = pytest.mark.sglang
 

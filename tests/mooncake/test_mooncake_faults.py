@@ -12,8 +12,8 @@ import pytest
 from hicache_l3.common.errors import ConnectorClosedError, EngineUnavailableError
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.registry import open_connector
-from hicache_l3.conformance.engines import MooncakeEngine, free_port
 from hicache_l3.conformance.suite import Pages
+from hicache_l3.engines import MooncakeEngine, free_port
 
 PB = 16 << 10
 

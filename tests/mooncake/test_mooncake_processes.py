@@ -12,8 +12,8 @@ import pytest
 
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.registry import open_connector
-from hicache_l3.conformance.engines import MooncakeEngine
 from hicache_l3.conformance.suite import Pages
+from hicache_l3.engines import MooncakeEngine
 
 CLIENT_TTL = 2  # seconds the master keeps a silent client's segment (default 10)
 

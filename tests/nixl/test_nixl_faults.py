@@ -21,8 +21,8 @@ from hicache_l3.common.errors import ConfigError, EngineUnavailableError
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.registry import open_connector
 from hicache_l3.common.slabs import Geometry
-from hicache_l3.conformance.engines import S3Engine, free_port
 from hicache_l3.conformance.suite import Pages
+from hicache_l3.engines import S3Engine, free_port
 
 PAGE = 16 << 10
 SECRET_ID = "AKIDSECRETVALUE1234"
@@ -108,6 +108,69 @@ def test_file_set_with_one_unwritable_slab_stores_the_others(opened: list[Any], 
     for i, (key, ok) in enumerate(zip(keys, got)):
         if ok:
             assert pages.matches(i, key)
+
+
+# ---- file mode: a transfer abandoned by a timeout never hands out wrong bytes ------------
+TIMEOUT_PAGES = 512  # more than the POSIX plugin's queue (64): a transfer spans several polls
+
+
+def _timeout_conn(opened: list[Any], namespace: Namespace, root: Path) -> Any:
+    conn = open_connector("nixl", namespace, {"root": str(root), "timeout_s": 1e-6})
+    opened.append(conn)
+    return conn
+
+
+def test_fault_timeout_set_never_leaves_wrong_bytes(opened: list[Any], namespace: Namespace,
+                                                    tmp_path: Path) -> None:
+    """A set that times out leaves its transfer in flight; the slots it may still write are
+    never handed out again, and no later transfer resumes it (the agent is renewed)."""
+    conn = _timeout_conn(opened, namespace, tmp_path)
+    lost = [f"late{i}" for i in range(TIMEOUT_PAGES)]
+    pages = Pages(conn, PAGE, TIMEOUT_PAGES)
+    pages.fill(lost)
+    first = conn.batch_set(lost, pages.pages)
+    assert not all(first), "the tiny timeout did not expire: the test cannot see the fault"
+    conn.config.timeout_s = 30.0
+    keys = [f"next{i}" for i in range(TIMEOUT_PAGES)]
+    pages.fill(keys)
+    assert conn.batch_set(keys, pages.pages) == [True] * TIMEOUT_PAGES
+    time.sleep(0.3)  # whatever the abandoned transfer had in the kernel lands by now
+    reader = open_connector("nixl", namespace, {"root": str(tmp_path)})
+    opened.append(reader)
+    out = Pages(reader, PAGE, TIMEOUT_PAGES)
+    got = reader.batch_get(keys, out.pages)
+    assert got == [True] * TIMEOUT_PAGES
+    wrong = [k for i, k in enumerate(keys) if not out.matches(i, k)]
+    assert wrong == []
+    got = reader.batch_get(lost, out.pages)
+    for i, (key, ok) in enumerate(zip(lost, got)):
+        assert not ok or out.matches(i, key)
+    assert got == first
+    assert conn.stats()["engine"]["agent_renewals"] == 1
+    assert conn.stats()["engine"]["quarantined_slots"] == first.count(False)
+
+
+def test_fault_timeout_get_then_set_and_get_are_exact(opened: list[Any], namespace: Namespace,
+                                                      tmp_path: Path) -> None:
+    """A get that times out does not let its transfer resume during the next calls of the
+    same connector (they once returned True with the abandoned read's bytes)."""
+    conn = open_connector("nixl", namespace, {"root": str(tmp_path)})
+    opened.append(conn)
+    old = [f"old{i}" for i in range(TIMEOUT_PAGES)]
+    pages = _stored(conn, old)
+    conn.config.timeout_s = 1e-6
+    pages.wipe()
+    assert not all(conn.batch_get(old, pages.pages)), "the tiny timeout did not expire"
+    conn.config.timeout_s = 30.0
+    time.sleep(0.3)
+    keys = [f"new{i}" for i in range(TIMEOUT_PAGES)]
+    pages.fill(keys)
+    assert conn.batch_set(keys, pages.pages) == [True] * TIMEOUT_PAGES
+    pages.wipe()
+    assert conn.batch_get(keys, pages.pages) == [True] * TIMEOUT_PAGES
+    time.sleep(0.3)
+    assert [k for i, k in enumerate(keys) if not pages.matches(i, k)] == []
+    assert conn.stats()["engine"]["agent_renewals"] == 1
 
 
 def test_file_config_errors_name_the_setting(namespace: Namespace, tmp_path: Path) -> None:

@@ -64,3 +64,15 @@ def test_bench_plot_is_a_png(tmp_path: Path) -> None:
     assert main(["bench", "--page-size", "16KiB", "--pages", "32", "--batch", "16", "--reps", "1",
                  "--ops", "get", "--quiet", "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_memory_backend(tmp_path: Path) -> None:
+    """The reference connector's bench backend: the connector and raw-dict, every op."""
+    out = tmp_path / "memory.json"
+    code = main(["bench", "--backend", "memory", "--page-size", "16KiB", "--pages", "64", "--batch", "16",
+                 "--reps", "1", "--quiet", "--json", str(out), "--workdir", str(tmp_path / "w")])
+    assert code == 0
+    rows = json.loads(out.read_text())["results"]
+    assert {(r["backend"], r["op"]) for r in rows} == {
+        (b, op) for b in ("memory", "raw-dict") for op in ("set", "get", "exists")}
+    assert all(r["raw_backend"] == "raw-dict" for r in rows if r["backend"] == "memory")

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from hicache_l3.common.errors import ConfigError
-from hicache_l3.sglang_plugin import ENV, SGLANG_FILE_DEFAULT_DIR, takeover_extra_config, takeover_names
+from hicache_l3.sglang.takeover import ENV, SGLANG_FILE_DEFAULT_DIR, takeover_extra_config, takeover_names
 
 
 def test_names_are_opt_in_and_checked() -> None:
@@ -38,7 +38,7 @@ def test_file_root_follows_sglang_then_ours() -> None:
 def test_mooncake_maps_sglang_keys_and_ignores_the_rest(caplog: pytest.LogCaptureFixture) -> None:
     extra = {"master_server_address": "10.0.0.1:50051", "protocol": "rdma", "device_name": "mlx5_0",
              "check_server": True, "mooncake": {"replica_num": 2}}
-    with caplog.at_level("INFO", logger="hicache_l3.sglang_plugin"):
+    with caplog.at_level("INFO", logger="hicache_l3.sglang.takeover"):
         cfg = takeover_extra_config("mooncake", extra, env={"HICACHE_L3_MOONCAKE_PROTOCOL": "tcp"})
     assert cfg["mooncake"] == {"master_address": "10.0.0.1:50051", "device_names": "mlx5_0", "replica_num": 2}
     assert "check_server" in caplog.text
@@ -54,7 +54,7 @@ def test_nixl_takes_sglang_storage_dir() -> None:
 
 def test_install_without_opting_in_imports_nothing_heavy() -> None:
     """SGLang imports the plugin in every process: unless opted in, it must stay inert."""
-    code = ("import sys; from hicache_l3.sglang_plugin import install; install(); "
+    code = ("import sys; from hicache_l3.sglang.plugin import install; install(); "
             "print(sorted(m for m in ('torch', 'sglang') if m in sys.modules))")
     env = {k: v for k, v in os.environ.items() if k != ENV}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)

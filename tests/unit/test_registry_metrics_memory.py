@@ -36,6 +36,35 @@ def test_import_without_engine_packages():
     assert out.stdout.strip() == "ok", out.stderr
 
 
+def test_config_classes_and_settings_checks_need_no_engine():
+    """Every built-in connector's config class, the settings check of `sglang-args` and the
+    plugin's settings translation load with mooncake, NIXL, torch and SGLang unimportable."""
+    code = (
+        "import sys\n"
+        "for m in ('mooncake', 'mooncake.store', 'nixl', 'nixl_cu12', 'torch', 'sglang'):\n"
+        "    sys.modules[m] = None\n"
+        "from hicache_l3.common.registry import available_connectors, config_class\n"
+        "from hicache_l3.sglang.config import AdapterConfig, extra_config_for\n"
+        "from hicache_l3.sglang.takeover import takeover_extra_config\n"
+        "names = ['file', 'hf3fs', 'mooncake', 'nixl']\n"
+        "assert set(names) <= set(available_connectors())\n"
+        "print(' '.join(config_class(n).__name__ for n in names))\n"
+        "AdapterConfig.from_extra_config(extra_config_for('mooncake', {'master_address': 'h:1'}))"
+        ".validate_settings()\n"
+        "print(takeover_extra_config('file', {}, env={})['file']['root'])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    want = ["FileConfig Hf3fsConfig MooncakeConfig NixlConfig", "/tmp/hicache"]
+    assert out.stdout.split("\n")[:2] == want, out.stdout + out.stderr
+
+
+def test_bad_setting_is_named_without_the_engine():
+    from hicache_l3.common.registry import config_class
+
+    with pytest.raises(ConfigError, match="replica_num"):
+        config_class("mooncake").load("mooncake", {"master_address": "h:1", "replica_num": 0})
+
+
 def test_metrics_snapshot_and_prometheus():
     m = Metrics()
     m.observe("get", [Reason.OK, Reason.MISS, Reason.CORRUPT], 4096, 0.002)

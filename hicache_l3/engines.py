@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hicache_l3.common.errors import EngineUnavailableError
+from hicache_l3.common.loopback import preload_env
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -129,8 +130,9 @@ class Engine:
         raise NotImplementedError
 
     def spawn(self, argv: list[str], name: str, env: dict[str, str] | None = None) -> ManagedProcess:
-        """Start and track one process."""
-        proc = ManagedProcess(argv, self.workdir, name, env)
+        """Start and track one process, with the loopback shim preloaded (a listener it opens
+        on the wildcard address binds loopback instead: :mod:`hicache_l3.common.loopback`)."""
+        proc = ManagedProcess(argv, self.workdir, name, {**preload_env(), **(env or {})})
         self.processes.append(proc)
         return proc
 
@@ -186,10 +188,16 @@ class MooncakeEngine(Engine):
     outlive every connector (as in a deployment where SGLang's side holds no segment).
 
     ``master_flags`` adds ``mooncake_master`` flags (e.g. ``{"default_kv_lease_ttl": "200"}``).
-    Clients are started with ``MC_TCP_BIND_ADDRESS=127.0.0.1``. What stays exposed: the
-    master's embedded HTTP metadata server binds 0.0.0.0 whatever host it is given, and
-    the transfer engine of every client (the holder too) listens on 0.0.0.0 (ports in
-    15000-17000) for its handshake; everything else is bound to 127.0.0.1.
+    The transfer-engine metadata is served by :mod:`hicache_l3.metadata_server` on
+    127.0.0.1 (a process of its own), not by the master's embedded server, which binds
+    0.0.0.0 whatever host it is given. Clients are started with
+    ``MC_TCP_BIND_ADDRESS=127.0.0.1``, so they advertise loopback. A client's transfer
+    engine listens on all interfaces (its handshake port on 0.0.0.0, its TCP data port on
+    ``[::]``) and Mooncake has no setting to change that: every process started here has
+    the loopback shim preloaded (:mod:`hicache_l3.common.loopback`), so the holder listens
+    on loopback only. The transfer engine inside a connector's own process (the test's,
+    SGLang's) stays on all interfaces unless that process was started with the shim
+    (README "Security").
     :meth:`kill_master`, :meth:`restart_master` and :meth:`kill_holder` are for fault tests.
     """
 
@@ -206,6 +214,7 @@ class MooncakeEngine(Engine):
         self.metrics_port = free_port()
         self.holder_port = free_port()
         self.master: ManagedProcess | None = None
+        self.metadata_proc: ManagedProcess | None = None
         self.holder_proc: ManagedProcess | None = None
         self._env = {"MC_TCP_BIND_ADDRESS": "127.0.0.1"}
 
@@ -216,7 +225,7 @@ class MooncakeEngine(Engine):
 
     @property
     def metadata_server(self) -> str:
-        """URL of the master's embedded HTTP metadata server."""
+        """URL of the loopback HTTP metadata server."""
         return f"http://127.0.0.1:{self.http_port}/metadata"
 
     @property
@@ -237,7 +246,12 @@ class MooncakeEngine(Engine):
         }
 
     def start(self) -> MooncakeEngine:
-        """Start the master (and the holder); wait for ``/health`` and the holder's segment."""
+        """Start the metadata server, the master (and the holder); wait for each to answer."""
+        self.metadata_proc = self.spawn([
+            sys.executable, "-m", "hicache_l3.metadata_server",
+            "--host=127.0.0.1", f"--port={self.http_port}",
+        ], "metadata_server")
+        wait_http(f"http://127.0.0.1:{self.http_port}/health", 20.0, self.metadata_proc.proc)
         self.start_master()
         if self.holder:
             self.holder_proc = self.spawn([
@@ -255,8 +269,7 @@ class MooncakeEngine(Engine):
         argv = [
             find_executable("mooncake_master"),
             f"--rpc_port={self.rpc_port}", "--rpc_address=127.0.0.1",
-            "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
-            f"--http_metadata_server_port={self.http_port}",
+            "--enable_http_metadata_server=false",
             "--metrics_host=127.0.0.1", f"--metrics_port={self.metrics_port}",
             *(f"--{k}={v}" for k, v in self.master_flags.items()),
         ]

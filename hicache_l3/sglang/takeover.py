@@ -1,17 +1,9 @@
-"""Opt-in SGLang plugin: ``--hicache-storage-backend file|mooncake|nixl|hf3fs`` served by hicache-l3.
+"""SGLang's built-in backend names served by hicache-l3: which names the environment asks us to
+take over, and the extra config of our adapter under each name.
 
-Installed as an entry point of SGLang's general plugin group (``sglang.srt.plugins``),
-which SGLang loads in every process. It does nothing unless the environment names the
-built-in backends to take over::
-
-    HICACHE_L3_SGLANG_BACKENDS=file,mooncake   # or "all"
-    python -m sglang.launch_server ... --enable-hierarchical-cache --hicache-storage-backend file
-
-For each name it registers our adapter under that name in SGLang's
-``StorageBackendFactory`` (SGLang logs "Backend 'file' is already registered,
-overwriting"), and it hooks ``HiCacheController.attach_storage_backend`` so that our
-backend gets SGLang's zero-copy page path whatever its name: SGLang picks that path by
-name, and the in-tree ``file`` name would otherwise land on the copying legacy path.
+``HICACHE_L3_SGLANG_BACKENDS=file,mooncake`` (or ``all``) names the built-in backends to take
+over (the plugin of :mod:`hicache_l3.sglang.plugin` registers them; the adapter classes are
+in :mod:`hicache_l3.sglang.backend`).
 
 Settings, lowest first: the defaults below; SGLang's own settings where they have a
 counterpart (``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`` or ``file_storage_path`` for the
@@ -19,12 +11,10 @@ file root, default ``/tmp/hicache`` as in SGLang; ``SGLANG_HICACHE_NIXL_BACKEND_
 for the NIXL root; Mooncake's ``MOONCAKE_*`` variables, JSON file and extra-config keys,
 read by the mooncake connector itself); ``HICACHE_L3_<CONNECTOR>_<FIELD>`` variables; a
 table named after the connector in ``--hicache-storage-backend-extra-config`` (our format,
-see :mod:`hicache_l3.sglang_config`). Other SGLang keys in the extra config are ignored and
-named in a log line. To go back to SGLang's backends, unset the variable (or set
-``SGLANG_PLUGINS`` to a list without ``hicache_l3``).
+see :mod:`hicache_l3.sglang.config`). Other SGLang keys in the extra config are ignored and
+named in a log line.
 
-Nothing here imports SGLang or torch at import time: SGLang imports this module in every
-process, opted in or not.
+Nothing here imports SGLang or torch.
 """
 
 from __future__ import annotations
@@ -36,7 +26,7 @@ from typing import Any
 
 from hicache_l3.common.errors import ConfigError
 
-log = logging.getLogger("hicache_l3.sglang_plugin")
+log = logging.getLogger("hicache_l3.sglang.takeover")
 
 ENV = "HICACHE_L3_SGLANG_BACKENDS"
 TAKEOVER_CLASSES = {
@@ -45,8 +35,14 @@ TAKEOVER_CLASSES = {
     "nixl": "HiCacheL3AsNixl",
     "hf3fs": "HiCacheL3AsHf3fs",
 }
-ATTACH_TARGET = "sglang.srt.managers.cache_controller.HiCacheController.attach_storage_backend"
 SGLANG_FILE_DEFAULT_DIR = "/tmp/hicache"  # HiCacheFile's default, kept so plain `file` works as before
+
+
+def _mooncake_json() -> Mapping[str, str]:
+    """SGLang's Mooncake JSON keys -> our settings (the config module, not the engine)."""
+    from hicache_l3.connectors.mooncake import SGLANG_JSON
+
+    return SGLANG_JSON
 
 
 def takeover_names(value: str | None) -> list[str]:
@@ -65,8 +61,7 @@ def takeover_names(value: str | None) -> list[str]:
 def takeover_extra_config(name: str, extra: Mapping[str, Any] | None,
                           env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Our adapter's extra config for SGLang's built-in backend ``name`` (see module docstring)."""
-    from hicache_l3.connectors.mooncake import SGLANG_JSON
-    from hicache_l3.sglang_config import ADAPTER_KEYS, SGLANG_KEYS
+    from hicache_l3.sglang.config import ADAPTER_KEYS, SGLANG_KEYS
 
     env = os.environ if env is None else env
     extra = dict(extra or {})
@@ -76,8 +71,8 @@ def takeover_extra_config(name: str, extra: Mapping[str, Any] | None,
     for key, value in extra.items():
         if key in ADAPTER_KEYS or key in SGLANG_KEYS:
             continue
-        if name == "mooncake" and key in SGLANG_JSON:
-            settings[SGLANG_JSON[key]] = value
+        if name == "mooncake" and key in _mooncake_json():
+            settings[_mooncake_json()[key]] = value
         elif name == "file" and key == "file_storage_path":
             settings["root"] = value
         else:
@@ -100,29 +95,3 @@ def takeover_extra_config(name: str, extra: Mapping[str, Any] | None,
     if extra.get("extra_backend_tag"):
         out["extra_backend_tag"] = extra["extra_backend_tag"]
     return out
-
-
-def use_zero_copy(result: Any, controller: Any, *args: Any, **kwargs: Any) -> None:
-    """After ``attach_storage_backend``: give our backend the zero-copy page functions
-    (SGLang chose them by backend name)."""
-    from hicache_l3.sglang import HiCacheL3Storage
-
-    if isinstance(getattr(controller, "storage_backend", None), HiCacheL3Storage):
-        controller.page_get_func = controller._page_get_zero_copy
-        controller.page_set_func = controller._page_set_zero_copy
-        log.info("hicache-l3: %s uses the zero-copy page path", type(controller.storage_backend).__name__)
-
-
-def install() -> None:
-    """Entry point of the ``sglang.srt.plugins`` group: take over the backends named in
-    ``HICACHE_L3_SGLANG_BACKENDS``; nothing when it is unset."""
-    names = takeover_names(os.environ.get(ENV))
-    if not names:
-        return
-    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    for name in names:
-        StorageBackendFactory.register_backend(name, "hicache_l3.sglang", TAKEOVER_CLASSES[name])
-    HookRegistry.register(ATTACH_TARGET, use_zero_copy, HookType.AFTER)
-    log.info("hicache-l3: serving SGLang's %s storage backend(s) (%s)", ", ".join(names), ENV)

@@ -1,7 +1,7 @@
 """SGLang configuration: parse the ``--hicache-storage-backend-extra-config`` of our backend,
-build its key namespace, print the SGLang flags, and check a config with a round trip.
+build its key namespace, read and write the config file.
 
-Nothing here imports SGLang (the adapter itself is :mod:`hicache_l3.sglang`).
+Nothing here imports SGLang (the adapter itself is :mod:`hicache_l3.sglang.backend`).
 
 The extra config is what SGLang hands the backend (JSON, or ``@file`` with JSON/YAML/TOML)::
 
@@ -14,27 +14,22 @@ The extra config is what SGLang hands the backend (JSON, or ``@file`` with JSON/
     [file]                                  # the connector's settings (see its config class)
     root = "/mnt/nvme/hicache"
 
-Commands: ``hicache-l3 sglang-args --backend NAME [--config FILE] [--set KEY=VALUE ...]``
-writes the config file and prints the SGLang flags; ``hicache-l3 check --config FILE``
-validates a config file and round-trips a few pages through the connector it names.
+The commands that write and check such a file (``hicache-l3 sglang-args`` and
+``hicache-l3 check``) are in :mod:`hicache_l3.sglang.cli`.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
-import shlex
-import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hicache_l3.common.errors import ConfigError, HiCacheL3Error
+from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
-from hicache_l3.common.registry import available_connectors, load_connector, resolve_name
+from hicache_l3.common.registry import available_connectors, config_class, resolve_name
 
 ADAPTER_MODULE = "hicache_l3.sglang"
 ADAPTER_CLASS = "HiCacheL3Storage"
@@ -109,16 +104,8 @@ class AdapterConfig:
 
     def validate_settings(self) -> None:
         """Load the connector's config class on the settings (raises ConfigError naming the
-        bad setting) without opening the engine. Connectors built by a factory are checked
-        when they open."""
-        factory = load_connector(self.connector)
-        config_class = getattr(factory, "config_class", None)
-        if config_class is None and self.connector == "file":
-            from hicache_l3.connectors.file import FileConfig
-
-            config_class = FileConfig
-        if config_class is not None:
-            config_class.load(self.connector, self.settings)
+        bad setting) without importing or opening the engine."""
+        config_class(self.connector).load(self.connector, self.settings)
 
 
 def build_namespace(
@@ -243,120 +230,3 @@ def dump_config(config: Mapping[str, Any], path: Path) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)
-
-
-def _parse_sets(items: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
-        out[key.strip()] = value.strip()
-    return out
-
-
-# ---- hicache-l3 sglang-args ---------------------------------------------------------------
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``hicache-l3 sglang-args``."""
-    parser.add_argument("--backend", required=True, help="connector: " + ", ".join(available_connectors()))
-    parser.add_argument("--config", default=None,
-                        help="config file to write (.toml, .json or .yaml; default hicache-l3-NAME.toml)")
-    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                        help="a connector setting (repeatable), over the local defaults")
-    parser.add_argument("--tag", default="", help="extra_backend_tag: user tag in the key namespace")
-    parser.add_argument("--model-path", default="MODEL", help="model path shown in the launch command")
-
-
-def run(args: argparse.Namespace) -> int:
-    """Write the config file and print the SGLang launch flags that load it."""
-    try:
-        connector = resolve_name(args.backend)
-        settings = dict(LOCAL_DEFAULTS.get(connector, {}))
-        settings.update(_parse_sets(args.sets))
-        adapter = AdapterConfig.from_extra_config(extra_config_for(connector, settings, args.tag))
-        adapter.validate_settings()
-        path = Path(args.config or f"hicache-l3-{connector}.toml").resolve()
-        dump_config(extra_config_for(connector, settings, args.tag), path)
-    except HiCacheL3Error as exc:
-        print(f"hicache-l3 sglang-args: {exc}", file=sys.stderr)
-        return 2
-    flags = [
-        "--enable-hierarchical-cache",
-        "--hicache-mem-layout", "page_first",
-        "--hicache-storage-backend", "dynamic",
-        "--hicache-storage-backend-extra-config", f"@{path}",
-    ]
-    print(f"# wrote {path}", file=sys.stderr)
-    print(" ".join(["python -m sglang.launch_server --model-path", shlex.quote(args.model_path),
-                    *map(shlex.quote, flags)]))
-    return 0
-
-
-# ---- hicache-l3 check ------------------------------------------------------------------------
-def add_check_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``hicache-l3 check``."""
-    parser.add_argument("--config", required=True, help="the extra-config file given to SGLang")
-    parser.add_argument("--pages", type=int, default=8, help="pages to round-trip")
-    parser.add_argument("--page-bytes", type=int, default=64 << 10, help="bytes per test page")
-
-
-def check_config(path: str | Path, pages: int = 8, page_bytes: int = 64 << 10) -> str:
-    """Validate the config file and round-trip ``pages`` random pages through its connector,
-    in a namespace of its own (removed afterwards). Returns a one-line summary; raises
-    HiCacheL3Error saying what is wrong."""
-    from hicache_l3.common.memory import HostBuffer
-    from hicache_l3.common.registry import open_connector
-
-    extra = load_config_file(path)
-    for key, want in (("module_path", ADAPTER_MODULE), ("class_name", ADAPTER_CLASS)):
-        if extra.get(key) != want:
-            raise ConfigError(f"{path}: {key} must be {want!r} for SGLang to load hicache-l3, "
-                              f"got {extra.get(key)!r}")
-    if "backend_name" not in extra:
-        raise ConfigError(f"{path}: backend_name is missing (SGLang requires it)")
-    adapter = AdapterConfig.from_extra_config(extra)
-    adapter.validate_settings()
-    namespace = build_namespace(
-        model_name="hicache-l3-check", tag=f"check-{os.getpid()}-{time.time_ns()}",
-        kv_dtype="uint8", layout="page_first", page_size=1,
-    )
-    buf = HostBuffer(2 * pages * page_bytes, pin=False)
-    view = buf.view()
-    view[: pages * page_bytes] = os.urandom(pages * page_bytes)
-    keys = [f"check-{i}" for i in range(pages)]
-    src = [((buf.address + i * page_bytes, page_bytes),) for i in range(pages)]
-    dst = [((buf.address + (pages + i) * page_bytes, page_bytes),) for i in range(pages)]
-    start = time.perf_counter()
-    connector = open_connector(adapter.connector, namespace, adapter.settings)
-    try:
-        connector.register(buf)
-        problems = []
-        if not all(ok := connector.batch_set(keys, src)):
-            problems.append(f"set failed for {ok.count(False)} of {pages} pages")
-        if connector.leading_hits(keys) != pages:
-            problems.append("exists does not see every page just set")
-        got = connector.batch_get(keys, dst)
-        if not all(got):
-            problems.append(f"get failed for {got.count(False)} of {pages} pages")
-        elif view[: pages * page_bytes] != view[pages * page_bytes :]:
-            problems.append("pages read back differ from the pages written")
-        if problems:
-            failures = connector.stats()["ops"]
-            raise HiCacheL3Error(f"{adapter.connector}: " + "; ".join(problems) + f" (stats: {failures})")
-        connector.delete(keys)
-    finally:
-        connector.close()
-        view.release()
-    ms = (time.perf_counter() - start) * 1e3
-    return (f"ok: {adapter.connector} connector, {pages} pages of {page_bytes} bytes written, "
-            f"found and read back identical in {ms:.0f} ms")
-
-
-def run_check(args: argparse.Namespace) -> int:
-    """``hicache-l3 check``: print the summary, or the problem and exit 1."""
-    try:
-        print(check_config(args.config, args.pages, args.page_bytes))
-    except (HiCacheL3Error, ImportError) as exc:
-        print(f"hicache-l3 check: {args.config}: {exc}", file=sys.stderr)
-        return 1
-    return 0

@@ -2,7 +2,7 @@
 
 Load it in SGLang 0.5.23 with ``--hicache-storage-backend dynamic
 --hicache-storage-backend-extra-config @hicache-l3.toml`` (``hicache-l3 sglang-args`` writes
-that file; :mod:`hicache_l3.sglang_config` documents its keys). With ``interface_v1 = 1``
+that file; :mod:`hicache_l3.sglang.config` documents its keys). With ``interface_v1 = 1``
 SGLang calls :meth:`HiCacheL3Storage.batch_get_v1` / :meth:`HiCacheL3Storage.batch_set_v1`
 with host-pool indices and pages move straight between the registered host pool and the
 engine; without it SGLang copies every page through the legacy ``batch_get``/``batch_set``,
@@ -56,7 +56,7 @@ from hicache_l3.common.keys import Namespace
 from hicache_l3.common.logs import RateLimitedLogger
 from hicache_l3.common.pages import Page
 from hicache_l3.common.registry import open_connector
-from hicache_l3.sglang_config import AdapterConfig, build_namespace
+from hicache_l3.sglang.config import AdapterConfig, build_namespace
 
 log = logging.getLogger("hicache_l3.sglang")
 
@@ -444,15 +444,15 @@ class HiCacheL3Storage(HiCacheStorage):
 
 class _BuiltinName(HiCacheL3Storage):
     """Our adapter under one of SGLang's built-in backend names (the opt-in plugin of
-    :mod:`hicache_l3.sglang_plugin`). SGLang builds built-ins as ``cls(storage_config)``,
+    :mod:`hicache_l3.sglang.plugin`). SGLang builds built-ins as ``cls(storage_config)``,
     ``cls(storage_config, mem_pool_host)`` or, for ``hf3fs``, ``cls.from_env_config(...)``;
     every form lands here, with the connector of that name and the settings translated
-    by :func:`~hicache_l3.sglang_plugin.takeover_extra_config`."""
+    by :func:`~hicache_l3.sglang.takeover.takeover_extra_config`."""
 
     builtin: ClassVar[str] = ""
 
     def __init__(self, storage_config: HiCacheStorageConfig, mem_pool_host: Any = None):
-        from hicache_l3.sglang_plugin import takeover_extra_config
+        from hicache_l3.sglang.takeover import takeover_extra_config
 
         extra = takeover_extra_config(self.builtin, storage_config.extra_config)
         super().__init__(dataclasses.replace(storage_config, extra_config=extra))
