@@ -3,10 +3,11 @@ with every engine process started from an image of ``docker/`` by testcontainers
 
 Images are built locally (no registry can be reached): ``docker/base.sh`` makes the
 Debian base, then each image of :data:`IMAGES` is built ``--network host`` and tagged
-``hicache-l3/NAME:HASH``, HASH covering its Dockerfile, its parent's tag and (for the
-runner) the sources, so an image is built once per content and reused by every later
-call of the run. Containers use host networking and the same 127.0.0.1 ports as the
-local launchers, so connector settings and tests' backdoors are unchanged.
+``hicache-l3/NAME:HASH``, HASH covering its Dockerfile, its parent's tag and the checkout
+files it copies, so an image is built once per content and reused by every later call of
+the run. Needs a checkout (``docker/`` beside ``hicache_l3/``), not an installed wheel.
+Containers use host networking and the same 127.0.0.1 ports as the local launchers, so
+connector settings and tests' backdoors are unchanged.
 
 Needs ``DOCKER_HOST`` (``scripts/dockerd.sh start``), the ``testcontainers`` package (test
 extra) and ``TESTCONTAINERS_RYUK_DISABLED=true`` (set here: Ryuk's image cannot be pulled);
@@ -106,6 +107,9 @@ def build_image(name: str) -> str:
     if name in _built:
         return _built[name]
     spec = IMAGES[name]
+    if not (DOCKER_DIR / spec.dockerfile).is_file():
+        raise EngineUnavailableError(f"container engines need a checkout of hicache-l3: "
+                                     f"{DOCKER_DIR / spec.dockerfile} not found")
     parent = base_image() if spec.parent is None else build_image(spec.parent)
     dockerfile = DOCKER_DIR / spec.dockerfile
     h = hashlib.sha256(dockerfile.read_bytes() + parent.encode())
@@ -173,9 +177,9 @@ class ManagedContainer:
     def __init__(self, image: str, name: str, command: list[str],
                  wait: LoopbackHttpWait | None = None, env: dict[str, str] | None = None,
                  volumes: list[tuple[str, str, str]] | None = None, **kwargs: Any) -> None:
+        _docker()  # first: DOCKER_HOST check, and Ryuk disabled before testcontainers loads
         from testcontainers.core.container import DockerContainer
 
-        _docker()  # DOCKER_HOST / Ryuk checks with a clear error
         self.name = name
         self.container = DockerContainer(image, env=env, volumes=volumes, network_mode="host",
                                          labels={LABEL: SESSION, "hicache-l3.engine": name},
