@@ -168,6 +168,8 @@ class LoopbackHttpWait:
 
 # Every container started and not yet removed (for logs on test failure and the last sweep).
 LIVE: list[ManagedContainer] = []
+# (name, image, short id) of every container started by this process, for the run's log.
+STARTED: list[tuple[str, str, str]] = []
 
 
 class ManagedContainer:
@@ -189,6 +191,7 @@ class ManagedContainer:
         LIVE.append(self)
         try:
             self.container.start()
+            STARTED.append((name, image, self.container.get_wrapped_container().short_id))
         except Exception as exc:
             logs = self.logs()
             self.stop()
@@ -357,3 +360,25 @@ def engine_class(name: str, mode: str) -> type[Engine]:
     if name not in table:
         raise ValueError(f"no {mode} launcher for engine {name!r}; choose one of {sorted(table)}")
     return table[name]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hicache_l3.engines_containers build [NAME...]``: build the images (all by
+    default) and print their tags, so a run's log shows what it built and how long it took."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("action", choices=["build"])
+    parser.add_argument("names", nargs="*", help="images to build: " + ", ".join(IMAGES))
+    args = parser.parse_args(argv)
+    unknown = [n for n in args.names if n not in IMAGES]
+    if unknown:
+        parser.error(f"unknown image(s) {', '.join(unknown)}; choose from {', '.join(IMAGES)}")
+    for name in args.names or list(IMAGES):
+        started = time.monotonic()
+        print(f"[containers] {build_image(name)} ready ({time.monotonic() - started:.0f}s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -15,5 +15,7 @@ export "$(bash scripts/dockerd.sh start "$dir")"
 export TESTCONTAINERS_RYUK_DISABLED=true
 
 echo "containers: base image $(bash docker/base.sh) ($(( $(date +%s) - started ))s)"
+"$PY" -m hicache_l3.engines_containers build
+echo "containers: images ready ($(( $(date +%s) - started ))s)"
 "$PY" -m pytest -q -p no:randomly -rs --engines=containers \
   tests/conformance/test_mooncake.py tests/conformance/test_nixl_obj.py tests/containers "$@"

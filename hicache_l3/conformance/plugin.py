@@ -53,6 +53,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             report.sections.append((f"container {managed.name} logs", managed.logs()))
 
 
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Container mode: list the containers this session started (all removed by now)."""
+    if config.getoption("engines", "local") == "containers":
+        from hicache_l3.engines_containers import STARTED
+
+        terminalreporter.section(f"containers started: {len(STARTED)}")
+        for name, image, short_id in STARTED:
+            terminalreporter.write_line(f"{short_id} {name} {image}")
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Container mode: remove every container of this session still present."""
     if session.config.getoption("engines", "local") == "containers":
