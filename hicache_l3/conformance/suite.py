@@ -433,7 +433,8 @@ class ConnectorTests:
     def test_stats_count_every_page(self, conn: Connector[Any]) -> None:
         keys = _keys("st", 5)
         pages = self._store(conn, keys)
-        conn.batch_get([*keys, "st-miss"], [*pages.pages, pages.pages[0]])
+        spare = Pages(conn, self.page_bytes, 1)  # destinations of one get never overlap
+        conn.batch_get([*keys, "st-miss"], [*pages.pages, spare.pages[0]])
         ops = conn.stats()["ops"]
         assert ops["set"]["ok"] == 5 and ops["set"]["bytes"] == 5 * self.page_bytes
         assert ops["get"]["pages"] == 6 and ops["get"]["ok"] == 5
