@@ -3,7 +3,7 @@
 ``mooncake_master --enable_http_metadata_server`` binds its metadata server to 0.0.0.0
 whatever ``--http_metadata_server_host`` says (Mooncake 0.3.13 and its main branch build
 the server from the port alone). Anyone who reaches that port can rewrite where clients
-send and fetch pages. The launcher (:class:`~hicache_l3.conformance.engines.MooncakeEngine`)
+send and fetch pages. The launcher (:class:`~hicache_l3.engines.MooncakeEngine`)
 runs this server instead, on 127.0.0.1, with the same protocol as Mooncake's own::
 
     GET    /metadata?key=K   200 + the value, 404 when absent, 400 without a key

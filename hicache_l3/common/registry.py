@@ -58,9 +58,12 @@ _KNOWN: dict[str, KnownConnector] = {
                            "hicache_l3.connectors.nixl:NixlConfig", "nixl"),
     "hf3fs": KnownConnector("hicache_l3.connectors.hf3fs:Hf3fsConnector",
                             "hicache_l3.connectors.hf3fs:Hf3fsConfig"),
+    "faulty": KnownConnector("hicache_l3.connectors.faulty:open_faulty_connector",
+                             "hicache_l3.connectors.faulty:FaultConfig"),
     "memory": KnownConnector("hicache_l3.connectors.memory:MemoryConnector",
                              "hicache_l3.connectors.memory:MemoryConfig"),
 }
+_BUILTIN = frozenset(_KNOWN)
 _ALIASES = {"3fs": "hf3fs"}
 _lock = threading.Lock()
 _entry_points_read = False
@@ -96,8 +99,11 @@ def registration(name: str) -> KnownConnector:
     return _KNOWN[resolve_name(name)]
 
 
-def available_connectors() -> list[str]:
-    """Names accepted by :func:`open_connector` (aliases excluded)."""
+def available_connectors(builtin_only: bool = False) -> list[str]:
+    """Names accepted by :func:`open_connector` (aliases excluded); with ``builtin_only``,
+    only the connectors shipped with hicache-l3 (third-party registrations left out)."""
+    if builtin_only:
+        return sorted(_BUILTIN)
     _read_entry_points()
     return sorted(_KNOWN)
 

@@ -23,8 +23,9 @@ survive a process crash, not a power loss), ``data`` (slabs are synced before a 
 index records are published), ``always`` (the index log is synced too).
 
 Roots that are URLs (``s3://``, ``gcs://``, ``memory://``, ``file://``...) go through
-fsspec instead (:class:`FsspecConnector`): one object per page, read and written with a
-copy through Python bytes. That path is slower by design and documented as such.
+fsspec instead (:mod:`hicache_l3.connectors.fsspec_root`): one object per page, read and
+written with a copy through Python bytes. That path is slower by design and documented
+as such.
 """
 
 from __future__ import annotations
@@ -32,20 +33,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import uuid
 from pathlib import Path
 from typing import Any, Literal
 
 from hicache_l3.common.config import ConnectorConfig, setting
 from hicache_l3.common.connector import Capabilities, Connector
-from hicache_l3.common.errors import ConfigError, EngineUnavailableError, Reason
-from hicache_l3.common.integrity import buffer_checksum, key_fingerprint
+from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
-from hicache_l3.common.pages import Page, page_nbytes
-from hicache_l3.common.parallel import BatchPool
 from hicache_l3.common.safe_fs import private_root
 from hicache_l3.slab.engine import SlabConnector
-from hicache_l3.slab.format import ALIGN, MARKER, START, START_MAGIC, encode_start
+from hicache_l3.slab.format import ALIGN
 from hicache_l3.slab.io import select_transport
 from hicache_l3.slab.store import SlabStore
 
@@ -92,10 +89,13 @@ class FileConfig(ConnectorConfig):
 
 
 def open_file_connector(settings: dict[str, Any], namespace: Namespace) -> Connector[Any]:
-    """Registry factory: slab-backed :class:`FileConnector` for paths, fsspec for URLs."""
+    """Registry factory: slab-backed :class:`FileConnector` for paths, the fsspec connector
+    (:mod:`hicache_l3.connectors.fsspec_root`) for URLs."""
     config = FileConfig.load("file", settings)
     if "://" in config.root:
-        return FsspecConnector(config, namespace)
+        from hicache_l3.connectors.fsspec_root import FsspecConnector
+
+        return FsspecConnector.open(settings, namespace)
     return FileConnector(config, namespace)
 
 
@@ -155,153 +155,3 @@ def _probe_o_direct(root: Path) -> None:
     finally:
         with contextlib.suppress(FileNotFoundError):
             probe.unlink()
-
-
-def _protocols(fs: Any) -> tuple[str, ...]:
-    protocol = fs.protocol
-    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
-
-
-class FsspecConnector(Connector[FileConfig]):
-    """The file connector over an fsspec URL: one object per page, copied through
-    Python bytes (slower than the slab path; for roots that are not local paths).
-
-    Object layout: ``<root>/ns-<digest>/<fp[:2]>/<key>.page``, each a 64-byte header
-    (the slab start header: length, checksum, key fingerprint) then the page bytes.
-    Writes go to a temporary name and are moved into place, so a reader never sees a
-    partial object where the filesystem's move is atomic (local and ``file://``; on
-    object stores a single PUT is atomic already).
-    """
-
-    name = "file"
-    config_class = FileConfig
-
-    def __init__(self, config: FileConfig, namespace: Namespace) -> None:
-        super().__init__(config, namespace)
-        try:
-            import fsspec
-        except ImportError as exc:
-            raise EngineUnavailableError(
-                "file connector with a URL root needs fsspec: pip install 'hicache-l3[fsspec]'"
-            ) from exc
-        try:
-            self.fs, path = fsspec.core.url_to_fs(config.root)
-        except (ImportError, ValueError) as exc:
-            raise ConfigError(f"file connector: cannot open root {config.root!r}: {exc}") from None
-        if "file" in _protocols(self.fs):  # a local root: private, as the slab path's
-            private_root(path, f"{self.name} connector: root")
-        self.base = f"{path.rstrip('/')}/ns-{namespace.digest()}"
-        self.fs.makedirs(self.base, exist_ok=True)
-        self._pool = BatchPool(config.io_threads, "hicache-fsspec", min_share=1)
-
-    @property
-    def capabilities(self) -> Capabilities:
-        """Persistent and shared (as the filesystem is); no eviction of its own."""
-        return Capabilities(
-            persistent=True,
-            shared_across_processes=True,
-            detects_corruption=self.config.checksum != "none",
-            evicts=False,
-        )
-
-    def _path(self, key: str) -> str:
-        return f"{self.base}/{key_fingerprint(key).hex()[:2]}/{key}.page"
-
-    def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
-        reasons = [Reason.OK] * len(keys)
-
-        def write(lo: int, hi: int) -> None:
-            for i in range(lo, hi):
-                path = self._path(keys[i])
-                views = self.regions.views(pages[i])
-                if views is None:
-                    reasons[i] = Reason.UNREGISTERED
-                    continue
-                try:
-                    if self.fs.exists(path):
-                        continue
-                    csum = buffer_checksum(views) if self.config.checksum != "none" else 0
-                    head = encode_start(0, page_nbytes(pages[i]), csum, key_fingerprint(keys[i]))
-                    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-                    self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-                    self.fs.pipe_file(tmp, b"".join([head, *views]))
-                    self.fs.mv(tmp, path)
-                except Exception as exc:
-                    self._log.warning("set-io", "file(fsspec): write of %s failed: %s", keys[i], exc)
-                    reasons[i] = Reason.ENGINE_ERROR
-
-        self._pool.map(write, len(keys))
-        return reasons
-
-    def _get(self, keys: list[str], pages: list[Page]) -> list[Reason]:
-        reasons = [Reason.OK] * len(keys)
-
-        def read(lo: int, hi: int) -> None:
-            for i in range(lo, hi):
-                try:
-                    blob = self.fs.cat_file(self._path(keys[i]))
-                except FileNotFoundError:
-                    reasons[i] = Reason.MISS
-                    continue
-                except Exception as exc:
-                    self._log.warning("get-io", "file(fsspec): read of %s failed: %s", keys[i], exc)
-                    reasons[i] = Reason.ENGINE_ERROR
-                    continue
-                nbytes = page_nbytes(pages[i])
-                if len(blob) < MARKER:
-                    reasons[i] = Reason.CORRUPT
-                    continue
-                magic, _, _, _, length, csum, fp = START.unpack_from(blob)
-                body = memoryview(blob)[MARKER:]
-                if magic != START_MAGIC or fp != key_fingerprint(keys[i]) or len(body) != length:
-                    reasons[i] = Reason.CORRUPT
-                    continue
-                if length != nbytes:
-                    reasons[i] = Reason.SIZE_MISMATCH
-                    continue
-                if csum and buffer_checksum([body]) != csum:
-                    reasons[i] = Reason.CORRUPT
-                    continue
-                views = self.regions.views(pages[i])
-                if views is None:
-                    reasons[i] = Reason.UNREGISTERED
-                    continue
-                pos = 0
-                for v in views:
-                    v[:] = body[pos : pos + len(v)]
-                    pos += len(v)
-
-        self._pool.map(read, len(keys))
-        return reasons
-
-    def _exists(self, keys: list[str]) -> list[Reason]:
-        out = [Reason.MISS] * len(keys)
-
-        def check(lo: int, hi: int) -> None:
-            for i in range(lo, hi):
-                if self.fs.exists(self._path(keys[i])):
-                    out[i] = Reason.OK
-
-        self._pool.map(check, len(keys))
-        return out
-
-    def _delete(self, keys: list[str]) -> list[Reason]:
-        out = []
-        for key in keys:
-            try:
-                self.fs.rm_file(self._path(key))
-                out.append(Reason.OK)
-            except FileNotFoundError:
-                out.append(Reason.MISS)
-        return out
-
-    def _clear(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.fs.rm(self.base, recursive=True)
-        self.fs.makedirs(self.base, exist_ok=True)
-
-    def _close(self) -> None:
-        self._pool.shutdown()
-
-    def _engine_stats(self) -> dict[str, Any]:
-        return {"root": self.config.root, "path": "fsspec (copying)"}

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from hicache_l3.common.logs import quiet_credential_loggers
-from hicache_l3.conformance.engines import S3Engine
+from hicache_l3.engines import S3Engine
 
 KEY_ID = "AKIDHICACHETESTKEY01"
 TOKEN = "SESSIONTOKEN-hicache-l3-do-not-log"
