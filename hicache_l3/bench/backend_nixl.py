@@ -27,8 +27,8 @@ from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.pages import Page
 from hicache_l3.common.registry import open_connector
-from hicache_l3.common.slabs import Geometry
 from hicache_l3.connectors.nixl import Agent, NixlConfig
+from hicache_l3.slab.format import Geometry
 
 
 def bench_namespace(opts: BenchOptions) -> Namespace:

@@ -53,3 +53,4 @@ class Reason(str, enum.Enum):
     ENGINE_ERROR = "engine_error"
     TIMEOUT = "timeout"
     ENGINE_DOWN = "engine_down"
+    UNVERIFIED = "unverified"  # stored without the checksum this reader requires

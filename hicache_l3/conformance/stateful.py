@@ -27,15 +27,14 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_s
 
 from hicache_l3.common.connector import Connector
 from hicache_l3.common.keys import Namespace
+from hicache_l3.conformance.pages import Pages
 
 KEYS = [f"sm-{i:02d}" for i in range(10)]
 SPAWNS_PER_SEQUENCE = 1  # a second process costs ~1 s: at most this many per sequence
 
-
 def run_model(tests: Any, open_conn: Callable[..., Connector[Any]], conn_settings: dict[str, Any],
               base: Namespace) -> None:
     """Run the state machine against ``tests.connector_name`` (a ``ConnectorTests``)."""
-    from hicache_l3.conformance.suite import Pages
 
     page_bytes = tests.page_bytes
     batches = strategies.lists(strategies.sampled_from(KEYS), min_size=1, max_size=6, unique=True)

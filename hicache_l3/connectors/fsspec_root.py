@@ -26,7 +26,7 @@ from hicache_l3.common.keys import Namespace
 from hicache_l3.common.pages import Page, page_nbytes
 from hicache_l3.common.parallel import BatchPool
 from hicache_l3.common.safe_fs import private_root
-from hicache_l3.common.slabs import MARKER, START, START_MAGIC, encode_start
+from hicache_l3.slab.format import MARKER, START, START_MAGIC, encode_start
 
 log = logging.getLogger("hicache_l3.fsspec")
 

@@ -4,7 +4,7 @@ Two storage modes, chosen by ``mode``:
 
 * ``file`` (default, :mod:`hicache_l3.connectors.nixl_file`): the POSIX plugin moves
   page bytes between registered host memory and the shared slab store
-  (:mod:`hicache_l3.common.slabs`), the same on-disk layout as the file connector.
+  (:mod:`hicache_l3.slab`), the same on-disk layout as the file connector.
   The kernel engine is ``posix_engine`` (``aio``, ``uring`` or ``posix_aio``).
 * ``obj`` (:mod:`hicache_l3.connectors.nixl_obj`): the OBJ plugin stores one S3 object
   per page (plus a 64-byte header object that commits it) in a bucket.
@@ -44,7 +44,7 @@ from hicache_l3.common.connector import Connector
 from hicache_l3.common.errors import ConfigError, EngineUnavailableError, Reason
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import MemoryRegion
-from hicache_l3.common.slabs import ALIGN
+from hicache_l3.slab.format import ALIGN
 
 INSTALL_HINT = "pip install 'hicache-l3[nixl]'"
 # Measured here (1 MiB pages, batch 128, page cache; see the closing note):

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         settings.update(_parse_sets(args.sets))
         adapter = AdapterConfig.from_extra_config(extra_config_for(connector, settings, args.tag))
         adapter.validate_settings()
-        path = Path(args.config or f"hicache-l3-{connector}.toml").resolve()
+        path = Path(os.path.abspath(args.config or f"hicache-l3-{connector}.toml"))  # links not followed
         dump_config(extra_config_for(connector, settings, args.tag), path)
     except HiCacheL3Error as exc:
         print(f"hicache-l3 sglang-args: {exc}", file=sys.stderr)

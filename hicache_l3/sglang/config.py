@@ -32,6 +32,7 @@ from hicache_l3.common.config import tomllib
 from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.registry import available_connectors, config_class, resolve_name
+from hicache_l3.common.safe_fs import default_root, write_private_file
 
 log = logging.getLogger("hicache_l3.sglang.config")
 
@@ -49,9 +50,9 @@ ADAPTER_KEYS = frozenset({"connector", "extra_backend_tag"})
 
 # Settings for an engine on this machine, written by `sglang-args` unless --set overrides them.
 LOCAL_DEFAULTS: dict[str, dict[str, Any]] = {
-    "file": {"root": "/var/tmp/hicache-l3"},
+    "file": {"root": str(default_root("file"))},  # per-user, created 0700 (safe_fs)
     "mooncake": {"master_address": "127.0.0.1:50051", "global_segment_size": "4GiB"},
-    "nixl": {"mode": "file", "root": "/var/tmp/hicache-l3-nixl"},
+    "nixl": {"mode": "file", "root": str(default_root("nixl"))},
     "hf3fs": {"root": "/mnt/3fs/hicache-l3"},
 }
 
@@ -224,8 +225,8 @@ def _toml_value(value: Any) -> str:
 
 
 def dump_config(config: Mapping[str, Any], path: Path) -> None:
-    """Write ``config`` as JSON, TOML or YAML by ``path``'s extension (mode 0600: it may hold
-    credentials)."""
+    """Write ``config`` as JSON, TOML or YAML by ``path``'s extension: atomically, mode 0600
+    also over an existing file, never through a symlink (it may hold credentials)."""
     ext = path.suffix.lower()
     if ext == ".json":
         text = json.dumps(config, indent=2) + "\n"
@@ -244,7 +245,4 @@ def dump_config(config: Mapping[str, Any], path: Path) -> None:
         text = json.dumps(config, indent=2) + "\n"  # JSON is valid YAML
     else:
         raise ConfigError(f"{path}: unsupported config format {ext!r}; use .json, .toml or .yaml")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
+    write_private_file(path, text)

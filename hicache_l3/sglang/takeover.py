@@ -7,7 +7,8 @@ in :mod:`hicache_l3.sglang.backend`).
 
 Settings, lowest first: the defaults below; SGLang's own settings where they have a
 counterpart (``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`` or ``file_storage_path`` for the
-file root, default ``/tmp/hicache`` as in SGLang; ``SGLANG_HICACHE_NIXL_BACKEND_STORAGE_DIR``
+file root, default a per-user directory (:func:`~hicache_l3.common.safe_fs.default_root`)
+where SGLang's is the shared ``/tmp/hicache``; ``SGLANG_HICACHE_NIXL_BACKEND_STORAGE_DIR``
 for the NIXL root; Mooncake's ``MOONCAKE_*`` variables, JSON file and extra-config keys,
 read by the mooncake connector itself, with ``global_segment_size`` split across the
 TP x PP ranks as SGLang's MooncakeStore does; the 3FS JSON file named by
@@ -31,6 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hicache_l3.common.errors import ConfigError
+from hicache_l3.common.safe_fs import default_root
 
 log = logging.getLogger("hicache_l3.sglang.takeover")
 
@@ -41,7 +43,6 @@ TAKEOVER_CLASSES = {
     "nixl": "HiCacheL3AsNixl",
     "hf3fs": "HiCacheL3AsHf3fs",
 }
-SGLANG_FILE_DEFAULT_DIR = "/tmp/hicache"  # HiCacheFile's default, kept so plain `file` works as before
 SGLANG_MOONCAKE_DEFAULT_SEGMENT = "4gb"  # MOONCAKE_GLOBAL_SEGMENT_SIZE's default in SGLang 0.5.23
 SGLANG_HF3FS_ENV = "SGLANG_HICACHE_HF3FS_CONFIG_PATH"
 SGLANG_HF3FS_DEFAULT_PREFIX = "/data/hicache"  # HiCacheHF3FS's files are /data/hicache.<rank>.bin
@@ -145,9 +146,11 @@ def takeover_extra_config(name: str, extra: Mapping[str, Any] | None,
             ignored.append(key)
     if ignored:
         log.info("hicache-l3 as SGLang's %r backend: ignoring extra-config key(s) %s", name, sorted(ignored))
-    if name == "file":  # SGLang's order: its env variable, then the extra-config key, then its default
+    # SGLang's order: its env variable, then the extra-config key; then, instead of SGLang's
+    # shared /tmp/hicache, a per-user root (another user could have created /tmp/hicache)
+    if name == "file":
         settings["root"] = (env.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR") or settings.get("root")
-                            or SGLANG_FILE_DEFAULT_DIR)
+                            or str(default_root("file")))
     if name == "mooncake" and not env.get("HICACHE_L3_MOONCAKE_GLOBAL_SEGMENT_SIZE"):
         settings["global_segment_size"] = mooncake_segment_share(settings, env, ranks)
     if name == "hf3fs":

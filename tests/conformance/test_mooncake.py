@@ -20,15 +20,16 @@ import pytest
 
 from hicache_l3.common.keys import Namespace
 from hicache_l3.conformance import ConnectorTests
+from hicache_l3.conformance.plugin import engine_launcher
 from hicache_l3.engines import MooncakeEngine
 
 TRAILER_BYTES = 32  # hicache_l3.connectors.mooncake.TRAILER.size
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[MooncakeEngine]:
-    """master + 1 GB segment holder, for the whole module."""
-    with MooncakeEngine(holder=True, segment_size="1 GB") as eng:
+def engine(request: pytest.FixtureRequest) -> Iterator[MooncakeEngine]:
+    """master + 1 GB segment holder, for the whole module (processes or containers: --engines)."""
+    with engine_launcher(request.config, "mooncake")(holder=True, segment_size="1 GB") as eng:
         yield eng  # type: ignore[misc]
 
 

@@ -13,12 +13,14 @@ import pytest
 
 from hicache_l3.common.keys import Namespace
 from hicache_l3.conformance import ConnectorTests
+from hicache_l3.conformance.plugin import engine_launcher
 from hicache_l3.engines import S3Engine
 
 
 @pytest.fixture(scope="module")
-def s3() -> Iterator[S3Engine]:
-    with S3Engine() as engine:
+def s3(request: pytest.FixtureRequest) -> Iterator[S3Engine]:
+    """The S3 server for the module (a process or a container: --engines)."""
+    with engine_launcher(request.config, "s3")() as engine:
         yield engine
 
 

@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from hicache_l3.common.errors import ConfigError
-from hicache_l3.sglang.takeover import ENV, SGLANG_FILE_DEFAULT_DIR, takeover_extra_config, takeover_names
+from hicache_l3.common.safe_fs import default_root
+from hicache_l3.sglang.takeover import ENV, takeover_extra_config, takeover_names
 
 
 def test_names_are_opt_in_and_checked() -> None:
@@ -23,7 +24,10 @@ def test_names_are_opt_in_and_checked() -> None:
 
 def test_file_root_follows_sglang_then_ours() -> None:
     cfg = takeover_extra_config("file", None, env={})
-    assert cfg == {"connector": "file", "interface_v1": 1, "file": {"root": SGLANG_FILE_DEFAULT_DIR}}
+    # not SGLang's shared /tmp/hicache (another user may have created it): a per-user root
+    assert cfg == {"connector": "file", "interface_v1": 1, "file": {"root": str(default_root("file"))}}
+    assert takeover_extra_config("file", {"file_storage_path": "/tmp/hicache"}, env={})["file"] == {
+        "root": "/tmp/hicache"}  # still honoured when named (and checked when opened)
     assert takeover_extra_config("file", {"file_storage_path": "/a"}, env={})["file"] == {"root": "/a"}
     env = {"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": "/b"}
     assert takeover_extra_config("file", {"file_storage_path": "/a"}, env=env)["file"] == {"root": "/b"}
