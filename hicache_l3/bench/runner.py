@@ -40,7 +40,7 @@ def cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
     processor in ``cpuinfo``; the platform's processor string and no flags without it)."""
     import platform
 
-    model, flags = "", set()
+    model, flags = "", set[str]()
     try:
         text = cpuinfo.read_text(errors="replace")
     except OSError:
