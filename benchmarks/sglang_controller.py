@@ -375,6 +375,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.pages < 1 or args.reps < 1 or args.warmup < 0:
         ap.error("--pages and --reps must be >= 1, --warmup >= 0")
+    if args.steady_state and args.warmup < 1:
+        ap.error("--steady-state needs --warmup >= 1 (the warm-up fills the store to capacity)")
 
     cpu = cpu_info()
     print(describe_cpu(cpu), file=sys.stderr)
@@ -406,6 +408,7 @@ def main() -> int:
     raws: list[RawPosix] = []
     rows: list[dict[str, Any]] = []
     stages: dict[str, Any] = {}
+    evictions: dict[str, int] = {}
     try:
         if not args.no_raw:
             for threads in (1, 2):
@@ -439,6 +442,7 @@ def main() -> int:
             for name, backend in ours.items():
                 keys = fresh_keys(f"{name}-stages", args.pages)
                 stages[name] = stage_breakdown(StandIn(host, backend), keys, indices)
+        evictions = {name: backend.connector._store_for_io().evictions for name, backend in ours.items()}
     finally:
         for raw in raws:
             raw.close()
@@ -472,6 +476,7 @@ def main() -> int:
         print(f"  {name:<24}{gb / medians[name + ':set_s']:>10.2f}"
               f"{'' if fresh is None else f'{gb / fresh:.2f}':>11}{gb / medians[name + ':get_s']:>10.2f}",
               file=sys.stderr)
+    print(f"slots reused by eviction: {evictions}", file=sys.stderr)
     print("ratios (median of per-rep ratios, our speed / theirs):", file=sys.stderr)
     for key, value in ratios.items():
         print(f"  {key:<34}{'-' if value is None else f'{value:.2f}'}", file=sys.stderr)
@@ -482,7 +487,8 @@ def main() -> int:
         "warmup": args.warmup, "batch_pages": STORAGE_BATCH_SIZE, "verified": True, "cpu": cpu,
         "steady_state": args.steady_state,
         "set_ratio_median": ratios["set_vs_sglang"], "get_ratio_median": ratios["get_vs_sglang"],
-        "ratios": ratios, "median_s": medians, "stages_ms_per_1024_pages": stages, "rows": rows,
+        "ratios": ratios, "median_s": medians, "evictions": evictions,
+        "stages_ms_per_1024_pages": stages, "rows": rows,
     }
     if args.json:
         print(json.dumps(summary))

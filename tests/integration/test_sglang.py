@@ -136,6 +136,7 @@ def test_controller_paths_bench_runs() -> None:
         for key in (f"set_vs_{raw}_fresh", f"get_vs_{raw}", f"steady_set_vs_{raw}_overwrite",
                     f"steady_get_vs_{raw}"):
             assert ratios[key] > 0, key
+    assert result["evictions"]["hicache-l3-file-steady"] >= 64 and result["evictions"]["hicache-l3-file"] == 0
     stages = result["stages_ms_per_1024_pages"]
     assert set(stages) == {"hicache-l3-file", "hicache-l3-file-steady"}
     for op in ("set", "get"):
