@@ -178,3 +178,68 @@ class SlabIntegrityTests(SlabBackdoor):
         assert len(aside) == 1 and aside[0].read_bytes() == b"\x07" * 30
         got, _ = self._read(open_conn(), [*keys, "after-adoption"])
         assert got == [*expect, True]
+
+    def test_hostile_symlinked_slab_file_is_not_followed(self, open_conn: Any,
+                                                        settings: dict[str, Any],
+                                                        namespace: Namespace,
+                                                        tmp_path: Path) -> None:
+        """A slab file replaced by a symlink (to a copy of itself, so that following it
+        would read right) is refused: a miss for readers, and a writer that adopts the
+        directory never writes through it."""
+        keys = [f"link-{i}" for i in range(3)]
+        writer = open_conn()
+        self._stored(writer, keys)
+        me = writer.stats()["engine"]["writer"]
+        writer.close()
+        slab = _writers(settings, namespace) / f"w{me:04d}" / "slab-000000.dat"
+        victim = tmp_path / "victim.dat"
+        victim.write_bytes(slab.read_bytes())
+        before = victim.read_bytes()
+        slab.unlink()
+        slab.symlink_to(victim)
+        reader = open_conn()
+        got, _ = self._read(reader, keys)
+        assert got == [False] * 3
+        adopter = open_conn()
+        self._stored(adopter, keys)
+        got, back = self._read(open_conn(), keys)
+        assert got == [True] * 3 and all(back.matches(i, k) for i, k in enumerate(keys))
+        assert victim.read_bytes() == before
+
+    def test_hostile_symlinked_index_log_is_not_followed(self, open_conn: Any,
+                                                        settings: dict[str, Any],
+                                                        namespace: Namespace,
+                                                        tmp_path: Path) -> None:
+        """An index.log replaced by a symlink is refused: that writer is skipped (never an
+        error), and no writer appends to or truncates the file it points at."""
+        writer = open_conn()
+        self._stored(writer, ["log-0"])
+        me = writer.stats()["engine"]["writer"]
+        writer.close()
+        log = _writers(settings, namespace) / f"w{me:04d}" / "index.log"
+        outside = tmp_path / "outside.log"
+        outside.write_bytes(log.read_bytes() + b"\x07" * 9)  # a torn tail adoption would cut
+        before = outside.read_bytes()
+        log.unlink()
+        log.symlink_to(outside)
+        reader = open_conn()
+        assert reader.batch_exists(["log-0"]) == [False]
+        self._stored(open_conn(), ["log-1"])
+        assert open_conn().batch_exists(["log-0", "log-1"]) == [False, True]
+        assert outside.read_bytes() == before
+
+    def test_hostile_umask_files_are_private(self, open_conn: Any, settings: dict[str, Any],
+                                             namespace: Namespace) -> None:
+        """Under umask 022 every directory the store creates is 0700 and every file 0600."""
+        old = os.umask(0o022)
+        try:
+            conn = open_conn()
+            self._stored(conn, ["mode-0"])
+            assert conn.delete(["mode-0"]) == [True]
+            conn.close()
+        finally:
+            os.umask(old)
+        nsdir = _writers(settings, namespace).parent
+        for path in [nsdir, *nsdir.rglob("*")]:
+            mode = path.lstat().st_mode & 0o777
+            assert mode == (0o700 if path.is_dir() else 0o600), f"{path}: {oct(mode)}"

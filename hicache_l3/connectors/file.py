@@ -145,7 +145,7 @@ class FileConnector(SlabConnector, Connector[FileConfig]):
 def _probe_o_direct(root: Path) -> None:
     probe = root / f".o_direct_probe.{os.getpid()}"
     try:
-        fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
+        fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_DIRECT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         os.close(fd)
     except OSError as exc:
         raise ConfigError(

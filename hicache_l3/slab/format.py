@@ -224,14 +224,16 @@ def write_namespace_file(directory: Path, namespace: Namespace, slot_bytes: int)
     """Create ``namespace.json`` if absent, rebuild it if damaged (atomically either way:
     a synced temporary file linked or renamed into place), then check that the namespace
     stores pages of ``slot_bytes``."""
-    directory.mkdir(parents=True, exist_ok=True)
+    from hicache_l3.slab.files import make_dir, open_file
+
+    make_dir(directory, exist_ok=True)
     path = directory / NAMESPACE_FILE
     body = {"format": FORMAT_VERSION, "slot_bytes": slot_bytes, "namespace": namespace.fields()}
     existing = read_namespace_file(directory)
     if not existing:
         damaged = path.exists()
         tmp = directory / f".namespace.{os.getpid()}.{threading.get_ident()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
             os.write(fd, json.dumps(body, indent=1, sort_keys=True).encode())
             os.fsync(fd)

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from hicache_l3.slab.files import SlabFiles, parse_writer_name, writer_name
+from hicache_l3.slab.files import SlabFiles, is_real_dir, open_file, parse_writer_name, writer_name
 from hicache_l3.slab.format import DEL, GEN, PUT, Entry, Located, decode_records
 
 log = logging.getLogger("hicache_l3.slab")
@@ -33,14 +33,14 @@ class LogTail:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self.fd = open_file(path, os.O_RDONLY)
         self.ino = os.fstat(self.fd).st_ino
         self.offset = 0
         self.max_gen = 0
 
     def reopen(self) -> None:
         """Follow the path to its current file, from offset 0."""
-        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_file(self.path, os.O_RDONLY)
         os.close(self.fd)
         self.fd, self.ino, self.offset = fd, os.fstat(fd).st_ino, 0
 
@@ -110,6 +110,8 @@ class SlabIndex:
         """Start tailing writer ``name``'s log; remember it as pending while it has none,
         and ignore (logged once) an entry that is not a writer directory."""
         try:
+            if not is_real_dir(self.writers_dir / name):
+                raise NotADirectoryError(20, "not a real directory")
             self.tails[writer] = LogTail(self.writers_dir / name / "index.log")
         except FileNotFoundError:
             self.pending.add(writer)

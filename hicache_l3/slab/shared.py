@@ -94,7 +94,7 @@ from typing import Any
 
 from hicache_l3.common.errors import ConfigError, HiCacheL3Error
 from hicache_l3.common.keys import Namespace
-from hicache_l3.slab.files import writer_name
+from hicache_l3.slab.files import is_real_dir, make_dir, open_file, writer_name
 from hicache_l3.slab.format import Slot
 from hicache_l3.slab.store import SlabStore
 
@@ -193,7 +193,7 @@ class WriterLease:
         if self.lost:
             return
         with contextlib.suppress(OSError):
-            fd = os.open(self.wdir / f"{RELEASED}{self.epoch:08d}", os.O_CREAT | os.O_WRONLY, 0o644)
+            fd = open_file(self.wdir / f"{RELEASED}{self.epoch:08d}", os.O_CREAT | os.O_WRONLY)
             os.close(fd)
 
 
@@ -235,7 +235,11 @@ class LeaseBook:
         body = {"node": self.node, "pid": os.getpid(), "start": process_start(os.getpid()),
                 "epoch": epoch, "host": socket.gethostname()}
         tmp = wdir / f".claim.{uuid.uuid4().hex}.tmp"
-        tmp.write_text(json.dumps(body))
+        fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        try:
+            os.write(fd, json.dumps(body).encode())
+        finally:
+            os.close(fd)
         try:
             os.link(tmp, claim_path(wdir, epoch))
         except FileExistsError:
@@ -318,9 +322,9 @@ class SharedSlabStore(SlabStore):
             pending = False
             for writer in range(self.max_writers):
                 wdir = self.writers_dir / writer_name(writer)
-                with contextlib.suppress(FileExistsError):
-                    wdir.mkdir()
-                if not wdir.is_dir() or wdir.is_symlink():
+                with contextlib.suppress(OSError):  # exists; or junk, skipped below
+                    make_dir(wdir)
+                if not is_real_dir(wdir):
                     continue  # junk named like a writer directory: the index logs it once
                 state = self._book.observe(wdir)
                 pending = pending or state.pending
@@ -369,6 +373,15 @@ class SharedSlabStore(SlabStore):
             )
 
     # ---- writing ------------------------------------------------------------------------
+    def _writer_ready(self) -> bool:
+        try:
+            self._become_writer()
+            self._check_owned()
+        except WriterUnavailableError as exc:
+            log.warning("%s", exc)
+            return False
+        return True
+
     def reserve(self, count: int) -> list[Slot]:
         """As the base class; empty (the caller reports ``no_space``) when this process
         cannot own a writer directory."""

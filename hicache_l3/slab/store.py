@@ -23,13 +23,14 @@ import errno
 import fcntl
 import logging
 import os
+import stat
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
-from hicache_l3.slab.files import SlabFiles, parse_writer_name, writer_name
+from hicache_l3.slab.files import SlabFiles, is_real_dir, make_dir, open_file, parse_writer_name, writer_name
 from hicache_l3.slab.format import (
     DEL,
     GEN,
@@ -115,7 +116,7 @@ class SlabStore:
         self.evictions = 0
         self.compactions = 0
         write_namespace_file(self.directory, namespace, slot_bytes)
-        self.writers_dir.mkdir(parents=True, exist_ok=True)
+        make_dir(self.writers_dir, exist_ok=True)
 
     # ---- reading ------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -197,7 +198,9 @@ class SlabStore:
 
     def reserve_new(self, keys: Sequence[str]) -> WritePlan:
         """Slots for the keys that are not stored yet (each key once). Keys already stored
-        need no write (same key, same bytes)."""
+        need no write (same key, same bytes). This process becomes a writer first: adopting
+        a directory may drop pages found gone, which must then be written again."""
+        ready = self._writer_ready()
         present = self.contains(keys)
         seen: set[str] = set()
         todo = []
@@ -205,8 +208,13 @@ class SlabStore:
             if not present[i] and key not in seen:
                 seen.add(key)
                 todo.append(i)
-        slots = self.reserve(len(todo))
+        slots = self.reserve(len(todo)) if ready else []
         return WritePlan(todo[: len(slots)], slots, todo[len(slots):])
+
+    def _writer_ready(self) -> bool:
+        """Own a writer directory (adopting or creating one); False if none can be owned."""
+        self._become_writer()
+        return True
 
     def _preallocate(self, fd: int, slab: int, slot: int) -> None:
         """Reserve disk space up to and past this slot, a chunk at a time, so that a full
@@ -361,7 +369,7 @@ class SlabStore:
             data = b"".join(records)
             tail = self.index.tails[me]
             tmp = tail.path.with_name(f"index.log.compact-{os.getpid()}")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             try:
                 os.write(fd, data)
                 if self.fsync != "none":
@@ -370,7 +378,7 @@ class SlabStore:
                 os.close(fd)
             os.replace(tmp, tail.path)
             os.close(self._log_fd)
-            self._log_fd = os.open(tail.path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+            self._log_fd = open_file(tail.path, os.O_RDWR | os.O_APPEND)
             tail.reopen()
             tail.offset = len(data)
             self.compactions += 1
@@ -399,7 +407,7 @@ class SlabStore:
             writer = (existing[-1] + 1) if existing else 0
             while True:
                 try:
-                    (self.writers_dir / writer_name(writer)).mkdir()
+                    make_dir(self.writers_dir / writer_name(writer))
                 except FileExistsError:
                     writer += 1
                     continue
@@ -412,16 +420,24 @@ class SlabStore:
         start (our own DELs included), drop a crashed writer's torn tail, and rebuild the
         LRU and free lists from its entries and slab files."""
         wdir = self.writers_dir / writer_name(writer)
+        if not is_real_dir(wdir):
+            return False  # junk or a planted link named like a writer directory
         try:
-            fd = os.open(wdir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except (NotADirectoryError, FileNotFoundError):
+            fd = open_file(wdir / "lock", os.O_RDWR | os.O_CREAT)
+        except OSError as exc:
+            log.warning("%s: cannot take its lock (%s): skipped", wdir, exc.strerror)
             return False
         if not self._lock_writer(fd):
             os.close(fd)
             return False
-        self._lock_fd = fd
         log_path = wdir / "index.log"
-        self._log_fd = os.open(log_path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            log_fd = open_file(log_path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+        except OSError as exc:  # a symlink planted at the log: refused, the writer skipped
+            log.warning("%s: cannot open (%s): writer directory skipped", log_path, exc.strerror)
+            os.close(fd)
+            return False
+        self._lock_fd, self._log_fd = fd, log_fd
         index = self.index
         if writer in index.tails:  # read our own log from the start, to collect our DELs
             index.forget_writer(writer)
@@ -441,12 +457,25 @@ class SlabStore:
                        if e.writer == writer)
         for _, where, key in owned:
             self._lru[where] = key
-        while self.files.path(writer, self._n_slabs).exists():
-            slab = self._n_slabs
-            size = os.path.getsize(self.files.path(writer, slab))
+        while True:
+            path = self.files.path(writer, self._n_slabs)
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                break
+            if not stat.S_ISREG(st.st_mode):  # planted: removed from our own directory
+                log.warning("%s is not a regular file: removed, the slab is made anew", path)
+                os.unlink(path)
+                break
+            slab, size = self._n_slabs, st.st_size
             self._n_slabs += 1
             self._free.extend((slab, s) for s in reversed(range(size // self.geometry.stride))
                               if (slab, s) not in self._lru)
+        # pages in slabs that are gone (missing, or a planted link removed) are gone too
+        gone = [(k, e) for k, e in index.entries.items() if e.writer == writer and e.slab >= self._n_slabs]
+        for key, entry in gone:
+            index.drop(key, entry)
+            self._lru.pop((entry.slab, entry.slot), None)
         return True
 
     def _set_aside_tail(self, path: Path, offset: int) -> None:
@@ -459,8 +488,7 @@ class SlabStore:
         while True:
             aside = path.with_name(f"index.log.damaged-{n}")
             try:
-                fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, 0o600)
+                fd = open_file(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
                 break
             except FileExistsError:
                 n += 1
