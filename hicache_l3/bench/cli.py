@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hicache_l3.bench.runner import BenchError, load_backend, run_pairs
+from hicache_l3.bench.runner import BenchError, cpu_info, describe_cpu, load_backend, run_pairs
 from hicache_l3.bench.targets import DEFAULT_OPS, OPS, BenchOptions
 from hicache_l3.common.config import parse_size
 from hicache_l3.common.errors import HiCacheL3Error
@@ -137,10 +137,12 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
+    cpu = cpu_info()
+    print(describe_cpu(cpu))
     print(format_table(rows))
     print(f"({time.monotonic() - started:.1f} s; medians over {args.reps} repetitions; "
           "ratio = connector / raw, per repetition, median)")
-    meta = {"pages": args.pages, "reps": args.reps, "backends": backends}
+    meta = {"pages": args.pages, "reps": args.reps, "backends": backends, "cpu": cpu}
     if args.json:
         args.json.write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
     if args.csv:
