@@ -109,12 +109,17 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(404, b"metadata not found")
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # http.server's default listen backlog is 5: a burst of transfer-engine lookups from a
+    # loaded machine's clients would see dropped SYNs and one-second retries
+    request_queue_size = 1024
+
+
 def make_server(host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
     """A metadata server bound to ``host:port`` (not yet serving: call ``serve_forever``)."""
     handler = type("MetadataHandler", (_Handler,), {"store": MetadataStore()})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    return server
+    return _Server((host, port), handler)
 
 
 def main(argv: list[str] | None = None) -> int:
