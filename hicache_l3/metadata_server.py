@@ -4,7 +4,8 @@
 whatever ``--http_metadata_server_host`` says (Mooncake 0.3.13 and its main branch build
 the server from the port alone). Anyone who reaches that port can rewrite where clients
 send and fetch pages. The launcher (:class:`~hicache_l3.engines.MooncakeEngine`)
-runs this server instead, on 127.0.0.1, with the same protocol as Mooncake's own::
+runs this server, on 127.0.0.1, when the loopback shim was not built (with the shim the
+master's own server binds loopback); same protocol as Mooncake's own::
 
     GET    /metadata?key=K   200 + the value, 404 when absent, 400 without a key
     PUT    /metadata?key=K   200; a second, different value for an ``rpc_meta`` key is 400
