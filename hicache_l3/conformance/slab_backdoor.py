@@ -68,6 +68,12 @@ class SlabBackdoor:
 
     page_bytes: int
 
+    def backdoor_compact(self, conn: Any) -> None:
+        """Compact the connector's own index log now (the stateful model's compaction rule)."""
+        store = getattr(conn, "_store", None)
+        if store is not None:
+            store.compact()
+
     def backdoor_read(self, settings: dict[str, Any], namespace: Namespace, key: str) -> bytes | None:
         """The page's bytes straight from its slab."""
         where = slab_location(Path(settings["root"]), namespace, key)

@@ -7,8 +7,11 @@ its key, as pages are content-addressed). After each rule the invariant holds:
 
 * a hit has exactly the model's bytes (never someone else's, never a damaged page);
 * a miss happens only where the model allows one: the key was never stored or was
-  deleted, its bytes were damaged at rest, or the connector declared it does not
-  persist and was reopened.
+  deleted, its bytes were damaged at rest, the connector declared it does not persist
+  and was reopened, or a second process that was setting it was killed (kill -9)
+  before it reported; a key of a killed set may be stored or not, never with other bytes.
+
+Compaction of the connector's own metadata runs as a rule too (``backdoor_compact``).
 
 The run is derandomized (a fixed seed) and bounded in CI: ``HICACHE_L3_STATEFUL_EXAMPLES``
 (default 4) sequences of ``HICACHE_L3_STATEFUL_STEPS`` (default 10) rules; raise both for
@@ -18,6 +21,7 @@ a soak. ``ConnectorTests.test_stateful_model`` runs it for every connector.
 from __future__ import annotations
 
 import os
+import subprocess
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +35,7 @@ from hicache_l3.conformance.pages import Pages
 
 KEYS = [f"sm-{i:02d}" for i in range(10)]
 SPAWNS_PER_SEQUENCE = 1  # a second process costs ~1 s: at most this many per sequence
+KILL_FILLERS = 512  # pages a killed writer sets before the model's keys (the kill lands in them)
 
 def run_model(tests: Any, open_conn: Callable[..., Connector[Any]], conn_settings: dict[str, Any],
               base: Namespace) -> None:
@@ -49,6 +54,7 @@ def run_model(tests: Any, open_conn: Callable[..., Connector[Any]], conn_setting
             self.pages = Pages(self.conn, page_bytes, len(KEYS))
             self.stored: set[str] = set()
             self.maybe_missing: set[str] = set()  # stored, but a miss is allowed
+            self.maybe_stored: set[str] = set()  # a killed writer may have stored them
             self.spawns = 0
 
         def _pages(self, keys: list[str]) -> list[Any]:
@@ -57,12 +63,22 @@ def run_model(tests: Any, open_conn: Callable[..., Connector[Any]], conn_setting
         def _required(self, key: str) -> bool:
             return key in self.stored and key not in self.maybe_missing
 
+        def _allowed(self, key: str) -> bool:
+            """May ``key`` be a hit?"""
+            return key in self.stored or key in self.maybe_stored
+
+        def _forget(self, keys: Any) -> None:
+            self.stored.difference_update(keys)
+            self.maybe_missing.difference_update(keys)
+            self.maybe_stored.difference_update(keys)
+
         @rule(keys=batches)
         def set_pages(self, keys: list[str]) -> None:
             self.pages.fill_at([KEYS.index(k) for k in keys], keys)
             got = self.conn.batch_set(keys, self._pages(keys))
             assert got == [True] * len(keys), f"set {keys} -> {got}"
             self.stored.update(keys)
+            self.maybe_stored.difference_update(keys)
 
         @rule(keys=batches)
         def get_pages(self, keys: list[str]) -> None:
@@ -70,7 +86,7 @@ def run_model(tests: Any, open_conn: Callable[..., Connector[Any]], conn_setting
             got = self.conn.batch_get(keys, self._pages(keys))
             for key, ok in zip(keys, got):
                 if ok:
-                    assert key in self.stored, f"get of {key} hit, but it is not stored"
+                    assert self._allowed(key), f"get of {key} hit, but it is not stored"
                     assert self.pages.matches(KEYS.index(key), key), f"WRONG BYTES for {key}"
                 else:
                     assert not self._required(key), f"get of stored {key} missed"
@@ -79,7 +95,7 @@ def run_model(tests: Any, open_conn: Callable[..., Connector[Any]], conn_setting
         def exists(self, keys: list[str]) -> None:
             got = self.conn.batch_exists(keys)
             for key, hit in zip(keys, got):
-                if key not in self.stored:
+                if not self._allowed(key):
                     assert not hit, f"exists({key}) is True, but it is not stored"
                 elif self._required(key):
                     assert hit, f"exists({key}) is False, but it is stored"
@@ -88,18 +104,16 @@ def run_model(tests: Any, open_conn: Callable[..., Connector[Any]], conn_setting
         def delete(self, keys: list[str]) -> None:
             got = self.conn.delete(keys)
             for key, gone in zip(keys, got):
-                if key not in self.stored:
+                if not self._allowed(key):
                     assert not gone, f"delete({key}) is True, but it was not stored"
                 elif self._required(key):
                     assert gone, f"delete({key}) is False, but it was stored"
-            self.stored.difference_update(keys)
-            self.maybe_missing.difference_update(keys)
+            self._forget(keys)
 
         @rule()
         def clear(self) -> None:
             self.conn.clear()
-            self.stored.clear()
-            self.maybe_missing.clear()
+            self._forget(KEYS)
 
         @rule()
         def reopen(self) -> None:
@@ -108,6 +122,11 @@ def run_model(tests: Any, open_conn: Callable[..., Connector[Any]], conn_setting
             self.conn.register(self.pages.buffer)
             if not self.caps.persistent:
                 self.maybe_missing.update(self.stored)
+                self.maybe_stored.clear()
+
+        @rule()
+        def compact(self) -> None:
+            tests.backdoor_compact(self.conn)
 
         @precondition(lambda self: bool(self.stored) and self.caps.detects_corruption)
         @rule(data=strategies.data())
@@ -130,9 +149,26 @@ def run_model(tests: Any, open_conn: Callable[..., Connector[Any]], conn_setting
             for key, outcome in zip(keys, got):
                 assert outcome != "wrong", f"WRONG BYTES for {key} in a second process"
                 if outcome == "hit":
-                    assert key in self.stored, f"second process hit {key}, which is not stored"
+                    assert self._allowed(key), f"second process hit {key}, which is not stored"
                 else:
                     assert not self._required(key), f"second process missed stored {key}"
+
+        @precondition(lambda self: self.caps.shared_across_processes
+                      and self.spawns < SPAWNS_PER_SEQUENCE)
+        @rule(keys=batches, after_ms=strategies.integers(min_value=0, max_value=40))
+        def kill_writer_process(self, keys: list[str], after_ms: int) -> None:
+            """A second process sets ``keys`` after many filler pages and is killed with
+            SIGKILL ``after_ms`` into that set: each key may be stored or not."""
+            self.spawns += 1
+            fresh = [k for k in keys if k not in self.stored]
+            fillers = [f"sm-filler-{self.spawns}-{i}" for i in range(KILL_FILLERS)]
+            proc = tests._spawn_ready(conn_settings, self.namespace, "set", fillers + fresh)
+            try:
+                proc.wait(timeout=after_ms / 1000)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            proc.wait(timeout=60)
+            self.maybe_stored.update(fresh)
 
         def teardown(self) -> None:
             self.conn.close()

@@ -84,6 +84,10 @@ class ConnectorTests:
         """Damage the stored page: ``"flip"`` one data byte, or ``"truncate"`` it."""
         raise NotImplementedError
 
+    def backdoor_compact(self, conn: Connector[Any]) -> None:
+        """Compact the connector's own metadata now, if it has any to compact (the stateful
+        model's compaction rule; default: nothing)."""
+
     def eviction_settings(self, settings: dict[str, Any], capacity_pages: int) -> dict[str, Any]:
         """Settings that bound the store to about ``capacity_pages`` pages (evicting
         connectors override this)."""
@@ -125,8 +129,8 @@ class ConnectorTests:
         assert conn.batch_set(keys, pages.pages) == [True] * len(keys)
         return pages
 
-    def _spawn(self, settings: dict[str, Any], namespace: Namespace, op: str,
-               keys: list[str]) -> list[bool]:
+    def _worker_command(self, settings: dict[str, Any], namespace: Namespace, op: str,
+                        keys: list[str]) -> list[str]:
         import dataclasses
 
         spec = {
@@ -137,13 +141,28 @@ class ConnectorTests:
             "registration": dataclasses.asdict(registration(self.connector_name)),
             "path": sys.path,
         }
-        proc = subprocess.run(
-            [sys.executable, "-m", "hicache_l3.conformance.worker", json.dumps(spec)],
-            capture_output=True, text=True, timeout=120,
-        )
+        return [sys.executable, "-m", "hicache_l3.conformance.worker", json.dumps(spec)]
+
+    def _spawn(self, settings: dict[str, Any], namespace: Namespace, op: str,
+               keys: list[str]) -> list[Any]:
+        """Run ``op`` on ``keys`` in a second process; its per-key results."""
+        proc = subprocess.run(self._worker_command(settings, namespace, op, keys),
+                              capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, f"worker failed:\n{proc.stderr[-3000:]}"
-        results: list[bool] = json.loads(proc.stdout.strip().splitlines()[-1])["results"]
+        results: list[Any] = json.loads(proc.stdout.strip().splitlines()[-1])["results"]
         return results
+
+    def _spawn_ready(self, settings: dict[str, Any], namespace: Namespace, op: str,
+                     keys: list[str]) -> subprocess.Popen[str]:
+        """Start ``op`` on ``keys`` in a second process; return once it has opened the
+        connector and is about to run the op (it printed ``ready``), so that a kill lands
+        in the op."""
+        proc = subprocess.Popen([*self._worker_command(settings, namespace, op, keys), "--ready"],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.strip() == "ready", f"worker did not start: {line!r}"
+        return proc
 
     # ---- round trips -------------------------------------------------------------------
     def test_roundtrip_contiguous(self, conn: Connector[Any]) -> None:

@@ -26,12 +26,15 @@ def main(argv: list[str]) -> int:
     from hicache_l3.conformance.suite import page_pattern
 
     spec = json.loads(argv[0])
+    ready = "--ready" in argv[1:]  # print "ready" right before the op (a test may kill it then)
     sys.path.extend(entry for entry in spec.get("path", []) if entry not in sys.path)
     reg = spec.get("registration")
     if reg:
         register_connector(spec["name"], reg["target"], reg["extra"], config=reg["config"], clobber=True)
     keys, page_bytes = spec["keys"], spec["page_bytes"]
     with open_connector(spec["name"], spec["namespace"], spec["settings"]) as conn:
+        if ready and spec["op"] != "set":
+            print("ready", flush=True)
         if spec["op"] == "exists":
             results: list[bool] = conn.batch_exists(keys)
         else:
@@ -42,6 +45,8 @@ def main(argv: list[str]) -> int:
             if spec["op"] == "set":
                 for i, key in enumerate(keys):
                     view[i * page_bytes : (i + 1) * page_bytes] = page_pattern(key, page_bytes)
+                if ready:
+                    print("ready", flush=True)
                 results = conn.batch_set(keys, pages)
             else:
                 got = conn.batch_get(keys, pages)
