@@ -55,6 +55,7 @@ from hicache_l3.common.config import ConnectorConfig
 from hicache_l3.common.errors import (
     ConnectorClosedError,
     EngineError,
+    HiCacheL3Error,
     MemoryRegistrationError,
     Reason,
 )
@@ -200,15 +201,15 @@ class Connector(abc.ABC, Generic[ConfigT]):
     # ---- batch operations ---------------------------------------------------------
     def batch_set(self, keys: Sequence[str], pages: Sequence[Page]) -> list[bool]:
         """Store page ``i`` under ``keys[i]``; one bool per key (see module docstring)."""
-        return self._transfer("set", keys, pages)
+        return [r is Reason.OK for r in self._transfer("set", keys, pages)]
 
     def batch_get(self, keys: Sequence[str], pages: Sequence[Page]) -> list[bool]:
         """Load ``keys[i]`` into page ``i``; one bool per key, True only for exact bytes."""
-        return self._transfer("get", keys, pages)
+        return [r is Reason.OK for r in self._transfer("get", keys, pages)]
 
     def batch_exists(self, keys: Sequence[str]) -> list[bool]:
         """One bool per key: is it stored in this namespace (as far as the engine knows)?"""
-        return self._keyed("exists", keys)
+        return [r is Reason.OK for r in self._keyed("exists", keys)]
 
     def leading_hits(self, keys: Sequence[str]) -> int:
         """How many keys, from the first, exist before the first miss."""
@@ -221,17 +222,21 @@ class Connector(abc.ABC, Generic[ConfigT]):
 
     def delete(self, keys: Sequence[str]) -> list[bool]:
         """Remove keys; True per key that was stored and is now gone."""
-        return self._keyed("delete", keys)
+        return [r is Reason.OK for r in self._keyed("delete", keys)]
 
     def clear(self) -> None:
         """Remove every page of this namespace, and nothing of any other namespace.
 
-        Raises :class:`~hicache_l3.common.errors.EngineError` (naming the connector and the
-        engine's error) when the engine fails; pages may then remain."""
+        Raises a :class:`~hicache_l3.common.errors.HiCacheL3Error` when the engine fails
+        (an engine's own exception becomes :class:`~hicache_l3.common.errors.EngineError`,
+        naming the connector and the error); pages may then remain."""
         self._enter()
         try:
             try:
                 self._clear()
+            except HiCacheL3Error:
+                self.metrics.count("clear_failed")
+                raise
             except Exception as exc:
                 self.metrics.count("clear_failed")
                 raise EngineError(f"{self.name}: clear failed: {type(exc).__name__}: {exc}") from exc
@@ -250,7 +255,20 @@ class Connector(abc.ABC, Generic[ConfigT]):
         }
 
     # ---- shared validation ----------------------------------------------------------
-    def _transfer(self, op: str, keys: Sequence[str], pages: Sequence[Page]) -> list[bool]:
+    def batch_reasons(self, op: str, keys: Sequence[str],
+                      pages: Sequence[Page] | None = None) -> list[Reason]:
+        """What ``batch_<op>`` does (``op``: set, get, exists or delete), with the
+        :class:`~hicache_l3.common.errors.Reason` of each key instead of a bool: for
+        wrappers (``faulty``) and callers that act on why a key failed."""
+        if op in ("set", "get"):
+            if pages is None:
+                raise ValueError(f"batch_reasons({op!r}) needs pages")
+            return self._transfer(op, keys, pages)
+        if op in ("exists", "delete"):
+            return self._keyed(op, keys)
+        raise ValueError(f"batch_reasons: unknown op {op!r} (set, get, exists, delete)")
+
+    def _transfer(self, op: str, keys: Sequence[str], pages: Sequence[Page]) -> list[Reason]:
         if len(keys) != len(pages):
             raise ValueError(f"batch_{op}: {len(keys)} keys but {len(pages)} pages")
         self._enter()
@@ -309,11 +327,11 @@ class Connector(abc.ABC, Generic[ConfigT]):
                         reasons[i] = r
             moved = reasons.count(Reason.OK) * (expected or 0)
             self.metrics.observe(op, reasons, moved, time.perf_counter() - start)
-            return [r is Reason.OK for r in reasons]
+            return reasons
         finally:
             self._leave()
 
-    def _keyed(self, op: str, keys: Sequence[str]) -> list[bool]:
+    def _keyed(self, op: str, keys: Sequence[str]) -> list[Reason]:
         self._enter()
         start = time.perf_counter()
         try:
@@ -343,7 +361,7 @@ class Connector(abc.ABC, Generic[ConfigT]):
                     for i, r in zip(valid, results):
                         reasons[i] = r
             self.metrics.observe(op, reasons, 0, time.perf_counter() - start)
-            return [r is Reason.OK for r in reasons]
+            return reasons
         finally:
             self._leave()
 

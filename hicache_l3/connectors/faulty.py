@@ -118,14 +118,15 @@ class FaultyConnector(Connector[FaultConfig]):
                 self.injected[op] = self.injected.get(op, 0) + n
         return faulted
 
-    def _forward(self, call: Any, keys: list[str], pages: list[Page] | None, faulted: list[bool],
+    def _forward(self, op: str, keys: list[str], pages: list[Page] | None, faulted: list[bool],
                  fault: Reason) -> list[Reason]:
+        """``fault`` for the faulted keys, the inner connector's own reason for the others."""
         todo = [i for i, f in enumerate(faulted) if not f]
         out = [fault] * len(keys)
         if todo:
-            args = [[keys[i] for i in todo]] + ([[pages[i] for i in todo]] if pages is not None else [])
-            for i, ok in zip(todo, call(*args)):
-                out[i] = Reason.OK if ok else Reason.MISS if fault is Reason.MISS else Reason.ENGINE_ERROR
+            inner_pages = [pages[i] for i in todo] if pages is not None else None
+            for i, reason in zip(todo, self.inner.batch_reasons(op, [keys[i] for i in todo], inner_pages)):
+                out[i] = reason
         return out
 
     def _register(self, region: MemoryRegion) -> None:
@@ -136,21 +137,20 @@ class FaultyConnector(Connector[FaultConfig]):
 
     def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
         faulted = self._draws("set", keys, self.config.set_failure, drop=False)
-        return self._forward(self.inner.batch_set, keys, pages, faulted, Reason.ENGINE_ERROR)
+        return self._forward("set", keys, pages, faulted, Reason.ENGINE_ERROR)
 
     def _get(self, keys: list[str], pages: list[Page]) -> list[Reason]:
         failed = self._draws("get", keys, self.config.get_failure, drop=False)
         dropped = self._draws("drop", keys, 0.0, drop=True)
-        out = self._forward(self.inner.batch_get, keys, pages, [a or b for a, b in zip(failed, dropped)],
-                            Reason.MISS)
+        out = self._forward("get", keys, pages, [a or b for a, b in zip(failed, dropped)], Reason.MISS)
         return [Reason.ENGINE_ERROR if f else r for f, r in zip(failed, out)]
 
     def _exists(self, keys: list[str]) -> list[Reason]:
         faulted = self._draws("exists", keys, self.config.exists_failure, drop=True)
-        return self._forward(self.inner.batch_exists, keys, None, faulted, Reason.MISS)
+        return self._forward("exists", keys, None, faulted, Reason.MISS)
 
     def _delete(self, keys: list[str]) -> list[Reason]:
-        return [Reason.OK if ok else Reason.MISS for ok in self.inner.delete(keys)]
+        return self.inner.batch_reasons("delete", keys)
 
     def _clear(self) -> None:
         self.inner.clear()
