@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from hicache_l3.common.keys import Namespace
+from hicache_l3.conformance.pages import Pages
 from hicache_l3.conformance.slab_backdoor import SlabBackdoor, live_entries
-from hicache_l3.conformance.suite import Pages
 from hicache_l3.slab.format import NAMESPACE_FILE, RECORD, Geometry, decode_records
 
 
@@ -36,6 +36,15 @@ class SlabIntegrityTests(SlabBackdoor):
         pages.fill(keys)
         assert conn.batch_set(keys, pages.pages) == [True] * len(keys)
         return pages
+
+    def _stored_and_closed(self, open_conn: Any, settings: dict[str, Any], namespace: Namespace,
+                           keys: list[str]) -> Path:
+        """Store ``keys`` with a writer that then closes; that writer's directory."""
+        writer = open_conn()
+        self._stored(writer, keys)
+        me = writer.stats()["engine"]["writer"]
+        writer.close()
+        return _writers(settings, namespace) / f"w{me:04d}"
 
     def _read(self, conn: Any, keys: list[str]) -> tuple[list[bool], Pages]:
         pages = Pages(conn, self.page_bytes, len(keys))
@@ -154,11 +163,8 @@ class SlabIntegrityTests(SlabBackdoor):
         """One flipped bit in index.log loses that record only, and adopting the log keeps
         every record; a torn tail is moved aside (index.log.damaged-N), not destroyed."""
         keys = [f"rec-{i}" for i in range(4)]
-        writer = open_conn()
-        self._stored(writer, keys)
-        me = writer.stats()["engine"]["writer"]
-        writer.close()
-        log = _writers(settings, namespace) / f"w{me:04d}" / "index.log"
+        wdir = self._stored_and_closed(open_conn, settings, namespace, keys)
+        log = wdir / "index.log"
         data = bytearray(log.read_bytes())
         records, _, _ = decode_records(bytes(data))
         pos = 0
@@ -173,7 +179,7 @@ class SlabIntegrityTests(SlabBackdoor):
         assert open_conn().batch_exists(keys) == expect
         adopter = open_conn()
         self._stored(adopter, ["after-adoption"])
-        assert adopter.stats()["engine"]["writer"] == me  # it adopted the damaged log
+        assert adopter.stats()["engine"]["writer"] == int(wdir.name[1:])  # it adopted the damaged log
         aside = list(log.parent.glob("index.log.damaged-*"))
         assert len(aside) == 1 and aside[0].read_bytes() == b"\x07" * 30
         got, _ = self._read(open_conn(), [*keys, "after-adoption"])
@@ -187,11 +193,7 @@ class SlabIntegrityTests(SlabBackdoor):
         would read right) is refused: a miss for readers, and a writer that adopts the
         directory never writes through it."""
         keys = [f"link-{i}" for i in range(3)]
-        writer = open_conn()
-        self._stored(writer, keys)
-        me = writer.stats()["engine"]["writer"]
-        writer.close()
-        slab = _writers(settings, namespace) / f"w{me:04d}" / "slab-000000.dat"
+        slab = self._stored_and_closed(open_conn, settings, namespace, keys) / "slab-000000.dat"
         victim = tmp_path / "victim.dat"
         victim.write_bytes(slab.read_bytes())
         before = victim.read_bytes()
@@ -212,11 +214,7 @@ class SlabIntegrityTests(SlabBackdoor):
                                                         tmp_path: Path) -> None:
         """An index.log replaced by a symlink is refused: that writer is skipped (never an
         error), and no writer appends to or truncates the file it points at."""
-        writer = open_conn()
-        self._stored(writer, ["log-0"])
-        me = writer.stats()["engine"]["writer"]
-        writer.close()
-        log = _writers(settings, namespace) / f"w{me:04d}" / "index.log"
+        log = self._stored_and_closed(open_conn, settings, namespace, ["log-0"]) / "index.log"
         outside = tmp_path / "outside.log"
         outside.write_bytes(log.read_bytes() + b"\x07" * 9)  # a torn tail adoption would cut
         before = outside.read_bytes()

@@ -227,8 +227,12 @@ class _Usrbio:
             if prepared == 0:
                 raise
             return [-errno.EIO] * len(ios)
+        except BaseException:  # interrupted: this ring's late completions must not be reaped
+            self._abandon(read)  # by a later round (nor land in reused staging memory)
+            raise
         for cqe in done:
-            results[cqe.userdata] = cqe.result
+            if 0 <= cqe.userdata < len(ios):
+                results[cqe.userdata] = cqe.result
         if len(done) < len(ios):
             self._abandon(read)  # late completions must not reach reused memory
         return results

@@ -25,10 +25,11 @@ import pytest
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.registry import open_connector
 from hicache_l3.conformance import ConnectorTests
+from hicache_l3.conformance import pages as pages_module
 from hicache_l3.conformance import suite as suite_module
+from hicache_l3.conformance.pages import Pages
 from hicache_l3.conformance.slab_backdoor import index_records, live_entries
 from hicache_l3.conformance.slab_integrity import SlabIntegrityTests
-from hicache_l3.conformance.suite import Pages
 from hicache_l3.connectors.hf3fs import SharedHostBuffer
 from hicache_l3.slab.format import Geometry
 
@@ -123,6 +124,7 @@ class TestHf3fsUsrbioZeroCopy(TestHf3fsUsrbioStaged):
     @pytest.fixture(autouse=True)
     def _shared_buffers(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(suite_module, "HostBuffer", SharedHostBuffer)
+        monkeypatch.setattr(pages_module, "HostBuffer", SharedHostBuffer)  # the suite's Pages
 
 
 # ---- several nodes on one index ------------------------------------------------------------

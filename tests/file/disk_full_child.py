@@ -12,7 +12,7 @@ import json
 import sys
 
 from hicache_l3 import Namespace, open_connector
-from hicache_l3.conformance.suite import Pages
+from hicache_l3.conformance.pages import Pages
 
 PAGE = 64 << 10
 

@@ -13,7 +13,7 @@ import pytest
 from hicache_l3 import Namespace, open_connector
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.pages import contiguous_pages, strided_pages
-from hicache_l3.conformance.suite import Pages, page_pattern
+from hicache_l3.conformance.pages import Pages, page_pattern
 from hicache_l3.slab.format import Geometry
 
 NS = Namespace(model="m", kv_dtype="bfloat16", layout="page_first", page_size=16)

@@ -16,7 +16,7 @@ from hicache_l3 import Namespace, open_connector
 from hicache_l3.common.integrity import page_checksum
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.pages import Page
-from hicache_l3.conformance.suite import Pages
+from hicache_l3.conformance.pages import Pages
 from hicache_l3.slab import native as batch_io
 from hicache_l3.slab.format import START
 from hicache_l3.slab.native import PageBatch
@@ -108,7 +108,8 @@ def test_each_failure_is_reported_for_its_page_only(native: batch_io.BatchIO, bu
     with open(tmp_path / "slab", "w+b") as f:
         fd = f.fileno()
         w = _write(native, fd, pages)
-        os.pwrite(fd, b"\xff", 1 * SLOT + HL + 10)  # page 1: a flipped data byte
+        at = 1 * SLOT + HL + 10
+        os.pwrite(fd, bytes([os.pread(fd, 1, at)[0] ^ 0xFF]), at)  # page 1: a flipped data byte
         w.headers[2 * HL + 8] ^= 1  # page 2: the reader expects another generation
         r = _read(native, fd, pages, w)
         assert list(r.status) == [batch_io.OK, batch_io.CHECKSUM, batch_io.HEADER]
