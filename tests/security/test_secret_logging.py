@@ -58,7 +58,9 @@ def test_bench_quiets_botocore_first(monkeypatch: pytest.MonkeyPatch) -> None:
 
     botocore_log = logging.getLogger("botocore")
     monkeypatch.setattr(botocore_log, "level", logging.NOTSET)
-    assert cli.run(argparse.Namespace(reps=0, pages=1)) == 2  # refused, after quieting
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert cli.run(parser.parse_args(["--reps", "0"])) == 2  # refused, after quieting
     assert botocore_log.level == logging.INFO
 
 
