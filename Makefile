@@ -23,9 +23,13 @@ lint: setup
 	$(PY) -m ruff check hicache_l3 tests
 	$(PY) -m mypy hicache_l3
 
+# The loopback shim (README "Security") preloaded into the test run: Mooncake's transfer
+# engine in the test process then listens on loopback too (empty when it was not built).
+SHIM = $$($(PY) -c 'from hicache_l3.common.loopback import SHIM; print(SHIM or "")')
+
 # The suite with local engines, then again with engines as containers (docker/README.md).
 test: lint setup-sglang
-	$(PY) -m pytest -q -p no:randomly --ignore=tests/containers
+	LD_PRELOAD="$(SHIM)" $(PY) -m pytest -q -p no:randomly --ignore=tests/containers
 	bash scripts/test-containers.sh
 
 # The container part of `make test` alone.

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
-from hicache_l3.common import batch_io
-from hicache_l3.common.batch_io import PageBatch
+from hicache_l3.slab import native as batch_io
+from hicache_l3.slab.native import PageBatch
 
 PAGE = 64 << 10
 LAYOUTS = {"slab (72 KiB stride, data +4 KiB)": (PAGE + 8192, 4096),
@@ -37,7 +37,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dir", default=None, help="directory for the scratch file (default: the temp dir)")
     args = ap.parse_args()
-    native = batch_io.NATIVE
+    native = batch_io.library()
     if native is None:
         raise SystemExit(f"needs the C batch library: {batch_io.describe()}")
     n = args.pages

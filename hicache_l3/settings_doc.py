@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 
 from hicache_l3.common.registry import available_connectors, config_class
+from hicache_l3.connectors.fsspec_root import FsspecConfig
 
 
 def render() -> str:
@@ -21,9 +22,11 @@ def render() -> str:
         "(explicit settings win). Sizes accept `65536`, `64KiB`, `1GB`.",
         "",
     ]
-    for name in available_connectors(builtin_only=True):
-        out += [f"## {name}", "", "| setting | default | meaning |", "|---|---|---|"]
-        for field, (default, help_text) in config_class(name).field_help().items():
+    sections = [(name, config_class(name)) for name in available_connectors(builtin_only=True)]
+    sections.append(("file with an fsspec URL root (`s3://`, `file://`, ...)", FsspecConfig))
+    for title, cls in sections:
+        out += [f"## {title}", "", "| setting | default | meaning |", "|---|---|---|"]
+        for field, (default, help_text) in cls.field_help().items():
             shown = "" if default in (None, "") else f"`{default!r}`"
             out.append(f"| `{field}` | {shown} | {help_text.replace('|', '/')} |")
         out.append("")

@@ -19,7 +19,7 @@ from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer, RegionTable
 from hicache_l3.common.pages import Page
 from hicache_l3.common.registry import open_connector
-from hicache_l3.common.slabs import Geometry
+from hicache_l3.slab.format import Geometry
 
 
 def bench_namespace(opts: BenchOptions, backend: str) -> Namespace:

@@ -16,7 +16,7 @@ from typing import Any
 from hicache_l3.bench.backend_file import RawPosix, bench_namespace
 from hicache_l3.bench.targets import BenchOptions, ConnectorTarget, Pair
 from hicache_l3.common.registry import open_connector
-from hicache_l3.common.slabs import Geometry
+from hicache_l3.slab.format import Geometry
 
 
 def make_pairs(opts: BenchOptions, stack: contextlib.ExitStack) -> list[Pair]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import sys
 import types
 import typing
 from collections.abc import Mapping
@@ -21,6 +22,13 @@ from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
 
 from hicache_l3.common.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser as a dependency (pyproject.toml: tomli)
+    import tomli as tomllib
+
+__all__ = ["ConnectorConfig", "parse_size", "setting", "tomllib"]
 
 C = TypeVar("C", bound="ConnectorConfig")
 
@@ -99,8 +107,6 @@ class ConnectorConfig:
     @classmethod
     def from_toml(cls: type[C], path: str | Path, table: str | None = None) -> C:
         """Load from a TOML file, optionally from one table of it (``[file]``...)."""
-        import tomllib
-
         try:
             with open(path, "rb") as f:
                 data: dict[str, Any] = tomllib.load(f)

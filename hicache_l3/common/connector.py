@@ -27,8 +27,17 @@ Contract (the conformance suite in :mod:`hicache_l3.conformance` checks all of i
 * Every method is thread-safe. After :meth:`Connector.close` (idempotent) every call
   raises :class:`~hicache_l3.common.errors.ConnectorClosedError`; close waits for calls
   in flight, so an engine library is never entered after it was shut down.
-* Exceptions are raised only for caller errors (mismatched list lengths, bad config,
-  closed connector, a region that cannot be registered), never for one bad page.
+* A malformed page (not a tuple/list of ``(int address, int length)`` pairs: a segment
+  of three elements, a float, None or dict) is ``False`` for its key with reason
+  ``malformed_page``, refused before any I/O on every I/O path.
+* Destination pages of one ``batch_get`` that overlap are a caller error: ValueError for
+  the whole call, before any I/O.
+* Exceptions are raised only for caller errors (mismatched list lengths, overlapping
+  get destinations, bad config, closed connector, a region that cannot be registered),
+  never for one bad page; ``clear`` raises
+  :class:`~hicache_l3.common.errors.EngineError` when the engine fails it.
+* When a call returns or raises (KeyboardInterrupt included), no thread of the
+  connector still touches the caller's pages.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
+import operator
 import threading
 import time
 from collections.abc import Sequence
@@ -44,6 +54,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 from hicache_l3.common.config import ConnectorConfig
 from hicache_l3.common.errors import (
     ConnectorClosedError,
+    EngineError,
+    HiCacheL3Error,
     MemoryRegistrationError,
     Reason,
 )
@@ -51,7 +63,7 @@ from hicache_l3.common.keys import Namespace, all_valid_keys, is_valid_key
 from hicache_l3.common.logs import RateLimitedLogger
 from hicache_l3.common.memory import MemoryRegion, RegionTable
 from hicache_l3.common.metrics import Metrics
-from hicache_l3.common.pages import Page, page_nbytes
+from hicache_l3.common.pages import Page, normalize_page, overlapping, page_nbytes, plain_segments
 
 log = logging.getLogger("hicache_l3")
 
@@ -189,15 +201,15 @@ class Connector(abc.ABC, Generic[ConfigT]):
     # ---- batch operations ---------------------------------------------------------
     def batch_set(self, keys: Sequence[str], pages: Sequence[Page]) -> list[bool]:
         """Store page ``i`` under ``keys[i]``; one bool per key (see module docstring)."""
-        return self._transfer("set", keys, pages)
+        return [r is Reason.OK for r in self._transfer("set", keys, pages)]
 
     def batch_get(self, keys: Sequence[str], pages: Sequence[Page]) -> list[bool]:
         """Load ``keys[i]`` into page ``i``; one bool per key, True only for exact bytes."""
-        return self._transfer("get", keys, pages)
+        return [r is Reason.OK for r in self._transfer("get", keys, pages)]
 
     def batch_exists(self, keys: Sequence[str]) -> list[bool]:
         """One bool per key: is it stored in this namespace (as far as the engine knows)?"""
-        return self._keyed("exists", keys)
+        return [r is Reason.OK for r in self._keyed("exists", keys)]
 
     def leading_hits(self, keys: Sequence[str]) -> int:
         """How many keys, from the first, exist before the first miss."""
@@ -210,13 +222,24 @@ class Connector(abc.ABC, Generic[ConfigT]):
 
     def delete(self, keys: Sequence[str]) -> list[bool]:
         """Remove keys; True per key that was stored and is now gone."""
-        return self._keyed("delete", keys)
+        return [r is Reason.OK for r in self._keyed("delete", keys)]
 
     def clear(self) -> None:
-        """Remove every page of this namespace, and nothing of any other namespace."""
+        """Remove every page of this namespace, and nothing of any other namespace.
+
+        Raises a :class:`~hicache_l3.common.errors.HiCacheL3Error` when the engine fails
+        (an engine's own exception becomes :class:`~hicache_l3.common.errors.EngineError`,
+        naming the connector and the error); pages may then remain."""
         self._enter()
         try:
-            self._clear()
+            try:
+                self._clear()
+            except HiCacheL3Error:
+                self.metrics.count("clear_failed")
+                raise
+            except Exception as exc:
+                self.metrics.count("clear_failed")
+                raise EngineError(f"{self.name}: clear failed: {type(exc).__name__}: {exc}") from exc
             self.metrics.count("clear")
         finally:
             self._leave()
@@ -232,7 +255,20 @@ class Connector(abc.ABC, Generic[ConfigT]):
         }
 
     # ---- shared validation ----------------------------------------------------------
-    def _transfer(self, op: str, keys: Sequence[str], pages: Sequence[Page]) -> list[bool]:
+    def batch_reasons(self, op: str, keys: Sequence[str],
+                      pages: Sequence[Page] | None = None) -> list[Reason]:
+        """What ``batch_<op>`` does (``op``: set, get, exists or delete), with the
+        :class:`~hicache_l3.common.errors.Reason` of each key instead of a bool: for
+        wrappers (``faulty``) and callers that act on why a key failed."""
+        if op in ("set", "get"):
+            if pages is None:
+                raise ValueError(f"batch_reasons({op!r}) needs pages")
+            return self._transfer(op, keys, pages)
+        if op in ("exists", "delete"):
+            return self._keyed(op, keys)
+        raise ValueError(f"batch_reasons: unknown op {op!r} (set, get, exists, delete)")
+
+    def _transfer(self, op: str, keys: Sequence[str], pages: Sequence[Page]) -> list[Reason]:
         if len(keys) != len(pages):
             raise ValueError(f"batch_{op}: {len(keys)} keys but {len(pages)} pages")
         self._enter()
@@ -240,32 +276,42 @@ class Connector(abc.ABC, Generic[ConfigT]):
         try:
             reasons: list[Reason] = [Reason.OK] * len(keys)
             valid: list[int] = []
+            normal: dict[int, Page] = {}
             expected = self.page_bytes
             keys_ok = all_valid_keys(keys)
-            if keys_ok and self._uniform_pages_in_one_region(pages):
+            plain = plain_segments(pages)
+            if keys_ok and plain is not None and self._uniform_pages_in_one_region(pages, plain):
                 valid = list(range(len(keys)))
                 expected = self.page_bytes
             for i, (key, page) in enumerate(zip(keys, pages) if not valid else ()):
                 if not keys_ok and not is_valid_key(key):
                     reasons[i] = Reason.INVALID_KEY
-                elif not page or not self.regions.covers(page):
+                    continue
+                norm = normalize_page(page)
+                if norm is None:
+                    reasons[i] = Reason.MALFORMED_PAGE
+                elif not self.regions.covers(norm):
                     reasons[i] = Reason.UNREGISTERED
                 else:
-                    nbytes = page_nbytes(page)
+                    nbytes = page_nbytes(norm)
                     if expected is None:
                         expected = self._learn_page_bytes(nbytes)
                     if nbytes != expected:
                         reasons[i] = Reason.SIZE_MISMATCH
                     else:
                         valid.append(i)
+                        normal[i] = norm
+            if op == "get" and valid and self._destinations_overlap(pages, plain, valid, normal):
+                raise ValueError("batch_get: destination pages overlap (two keys would be read "
+                                 "into the same bytes); give each key its own page")
             if len(valid) != len(keys):
                 self._warn_rejected(op, keys, reasons)
             if valid:
-                if len(valid) == len(keys):
+                if len(valid) == len(keys) and not normal:
                     vkeys, vpages = list(keys), list(pages)
                 else:
                     vkeys = [keys[i] for i in valid]
-                    vpages = [pages[i] for i in valid]
+                    vpages = [normal[i] for i in valid]
                 try:
                     hook = self._set if op == "set" else self._get
                     results = hook(vkeys, vpages)
@@ -281,11 +327,11 @@ class Connector(abc.ABC, Generic[ConfigT]):
                         reasons[i] = r
             moved = reasons.count(Reason.OK) * (expected or 0)
             self.metrics.observe(op, reasons, moved, time.perf_counter() - start)
-            return [r is Reason.OK for r in reasons]
+            return reasons
         finally:
             self._leave()
 
-    def _keyed(self, op: str, keys: Sequence[str]) -> list[bool]:
+    def _keyed(self, op: str, keys: Sequence[str]) -> list[Reason]:
         self._enter()
         start = time.perf_counter()
         try:
@@ -315,26 +361,23 @@ class Connector(abc.ABC, Generic[ConfigT]):
                     for i, r in zip(valid, results):
                         reasons[i] = r
             self.metrics.observe(op, reasons, 0, time.perf_counter() - start)
-            return [r is Reason.OK for r in reasons]
+            return reasons
         finally:
             self._leave()
 
-    def _uniform_pages_in_one_region(self, pages: Sequence[Page]) -> bool:
+    def _uniform_pages_in_one_region(self, pages: Sequence[Page],
+                                     plain: tuple[tuple[int, ...], tuple[int, ...]]) -> bool:
         """The common batch, checked in C-speed list operations: every page ``k`` segments
         of one length, ``page_bytes`` in all (learned here if unknown), all segments inside
-        one registered region (page_first pools give k=1, MHA K/V halves k=2)."""
-        if not pages:
-            return False
+        one registered region (page_first pools give k=1, MHA K/V halves k=2). ``plain``
+        is :func:`plain_segments` of ``pages`` (well-formed int pairs)."""
         counts = set(map(len, pages))
         if len(counts) != 1:
             return False
         per = counts.pop()
-        try:
-            addresses, lengths = zip(*(seg for page in pages for seg in page))
-        except (TypeError, ValueError):
-            return False
+        addresses, lengths = plain
         size = lengths[0]
-        if not isinstance(size, int) or size <= 0 or min(lengths) != size or max(lengths) != size:
+        if size <= 0 or min(lengths) != size or max(lengths) != size or min(addresses) < 0:
             return False
         if self.page_bytes is None:
             self._learn_page_bytes(per * size)
@@ -342,6 +385,16 @@ class Connector(abc.ABC, Generic[ConfigT]):
             return False
         low = min(addresses)
         return self.regions.find(low, max(addresses) + size - low) is not None
+
+    @staticmethod
+    def _destinations_overlap(pages: Sequence[Page], plain: tuple[tuple[int, ...], tuple[int, ...]] | None,
+                              valid: list[int], normal: dict[int, Page]) -> bool:
+        """Whether two destination segments of a get share a byte (a caller error)."""
+        if not normal and plain is not None:  # the common batch: segments of one size
+            addresses, lengths = plain
+            ordered = sorted(addresses)
+            return len(ordered) > 1 and min(map(operator.sub, ordered[1:], ordered[:-1])) < lengths[0]
+        return overlapping([normal[i] for i in valid])
 
     def _learn_page_bytes(self, nbytes: int) -> int:
         with self._state:
@@ -354,6 +407,11 @@ class Connector(abc.ABC, Generic[ConfigT]):
             if r is Reason.INVALID_KEY:
                 self._log.warning(
                     f"{op}-key", "%s: %s refused invalid key %.80r", self.name, op, key
+                )
+            elif r is Reason.MALFORMED_PAGE:
+                self._log.warning(
+                    f"{op}-page", "%s: %s of key %s refused: a page must be a sequence of "
+                    "(int address, int length) pairs", self.name, op, key,
                 )
             elif r is Reason.UNREGISTERED:
                 self._log.warning(

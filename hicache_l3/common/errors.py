@@ -26,6 +26,11 @@ class ConnectorClosedError(HiCacheL3Error):
     """An operation was called on a connector after :meth:`close`."""
 
 
+class EngineError(HiCacheL3Error):
+    """An engine failed an operation that has no per-key result (``clear``); the message
+    names the connector and the engine's error."""
+
+
 class InvalidKeyError(HiCacheL3Error, ValueError):
     """A key is not acceptable (empty, too long, path separators, control bytes...)."""
 
@@ -42,8 +47,10 @@ class Reason(str, enum.Enum):
     SIZE_MISMATCH = "size_mismatch"  # stored length differs from the page given
     CORRUPT = "corrupt"  # checksum, header or torn-write check failed
     INVALID_KEY = "invalid_key"
+    MALFORMED_PAGE = "malformed_page"  # not a sequence of (int address, int length) pairs
     UNREGISTERED = "unregistered_memory"  # a page segment lies outside registered memory
     NO_SPACE = "no_space"
     ENGINE_ERROR = "engine_error"
     TIMEOUT = "timeout"
     ENGINE_DOWN = "engine_down"
+    UNVERIFIED = "unverified"  # stored without the checksum this reader requires

@@ -6,8 +6,9 @@ one batch move in parallel.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -27,18 +28,68 @@ class BatchPool:
 
     def map(self, fn: Callable[[int, int], T], n: int) -> list[T]:
         """Results of ``fn`` per share, in order (none for ``n == 0``: ``fn`` is never
-        called on an empty share); exceptions propagate."""
+        called on an empty share); exceptions propagate.
+
+        Whatever ends the call (an exception in a share, KeyboardInterrupt in the calling
+        thread), it returns or raises only once no share is running: shares not started
+        are cancelled and the running ones are waited for, so no pool thread touches the
+        caller's pages after the call."""
         if n <= 0:
             return []
         shares = min(self.threads, max(1, n // self.min_share))
         if shares <= 1 or self._pool is None:
             return [fn(0, n)]
         bounds = [(n * s // shares, n * (s + 1) // shares) for s in range(shares)]
-        futures = [self._pool.submit(fn, lo, hi) for lo, hi in bounds[1:]]
-        first = fn(*bounds[0])
-        return [first, *(f.result() for f in futures)]
+        guard = _Guard()
+        futures: list[Future[T]] = []
+        try:
+            for lo, hi in bounds[1:]:
+                futures.append(self._pool.submit(guard.run, fn, lo, hi))
+            first = fn(*bounds[0])
+            return [first, *(f.result() for f in futures)]
+        except BaseException:
+            guard.settle()
+            raise
 
     def shutdown(self) -> None:
         """Stop the worker threads."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+
+
+
+class _Guard:
+    """Tracks the pool shares of one ``map`` call so that an interrupted call can stop
+    the shares not started yet and wait for the running ones (a future is not enough:
+    an interruption inside ``submit`` can enqueue a share whose future is never seen)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._running = 0
+        self._stopped = False
+
+    def run(self, fn: Callable[[int, int], T], lo: int, hi: int) -> T:
+        """Run one share unless the call was given up (then raise CancelledError)."""
+        with self._cond:
+            if self._stopped:
+                raise CancelledError
+            self._running += 1
+        try:
+            return fn(lo, hi)
+        finally:
+            with self._cond:
+                self._running -= 1
+                self._cond.notify_all()
+
+    def settle(self) -> None:
+        """No share starts any more; return once none is running, even through further
+        interruptions (a second Ctrl-C must not leave a thread in the caller's pages)."""
+        while True:
+            try:
+                with self._cond:
+                    self._stopped = True
+                    while self._running:
+                        self._cond.wait()
+                return
+            except BaseException:  # interrupted again while waiting: keep waiting
+                continue

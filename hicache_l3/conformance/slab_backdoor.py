@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hicache_l3.common.keys import Namespace
-from hicache_l3.common.slabs import DEL, MARKER, PUT, RECORD, Geometry, read_namespace_file
+from hicache_l3.slab.format import DEL, MARKER, PUT, Geometry, decode_records, read_namespace_file
 
 
 def index_records(root: Path, namespace: Namespace) -> list[tuple[int, str, int, int, int, int]]:
@@ -22,13 +22,8 @@ def index_records(root: Path, namespace: Namespace) -> list[tuple[int, str, int,
     nsdir = root / f"ns-{namespace.digest()}"
     out = []
     for log in sorted(nsdir.glob("writers/w*/index.log")):
-        data = log.read_bytes()
-        pos = 0
-        while pos + RECORD.size <= len(data):
-            _, kind, _, keylen, w, slab, slot, _, gen, _, _ = RECORD.unpack_from(data, pos)
-            key = data[pos + RECORD.size : pos + RECORD.size + keylen].decode()
-            pos += RECORD.size + keylen
-            out.append((kind, key, w, slab, slot, gen))
+        records, _, _ = decode_records(log.read_bytes())
+        out += [(kind, key, e.writer, e.slab, e.slot, e.gen) for kind, key, e in records]
     return out
 
 

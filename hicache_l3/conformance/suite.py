@@ -21,7 +21,6 @@ wrong bytes). Skips happen only for capabilities a connector declares it lacks.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -38,8 +37,9 @@ from hicache_l3.common.connector import Connector
 from hicache_l3.common.errors import ConnectorClosedError, MemoryRegistrationError
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer, MemoryRegion
-from hicache_l3.common.pages import Page, contiguous_pages, strided_pages
+from hicache_l3.common.pages import Page, strided_pages
 from hicache_l3.common.registry import open_connector, registration
+from hicache_l3.conformance.pages import Pages, page_pattern
 
 HOSTILE_KEYS = [
     "../../etc/passwd",
@@ -55,37 +55,6 @@ HOSTILE_KEYS = [
     "line\nbreak",
     "ümlaut",
 ]
-
-
-def page_pattern(key: str, nbytes: int) -> bytes:
-    """Deterministic bytes of a page stored under ``key`` (differs for every key)."""
-    return hashlib.shake_128(key.encode()).digest(nbytes)
-
-
-class Pages:
-    """A host buffer registered with a connector, cut into pages, with helpers."""
-
-    def __init__(self, conn: Connector[Any], page_bytes: int, count: int) -> None:
-        self.page_bytes = page_bytes
-        self.buffer = HostBuffer(max(1, count) * page_bytes)
-        self.view = self.buffer.view()
-        conn.register(self.buffer)
-        self.pages: list[Page] = contiguous_pages(self.buffer.address, page_bytes, range(count))
-
-    def fill(self, keys: list[str]) -> None:
-        """Write each key's pattern into the page of the same index."""
-        pb = self.page_bytes
-        for i, key in enumerate(keys):
-            self.view[i * pb : (i + 1) * pb] = page_pattern(key, pb)
-
-    def wipe(self) -> None:
-        """Zero the whole buffer."""
-        self.view[:] = bytes(len(self.view))
-
-    def matches(self, i: int, key: str) -> bool:
-        """True when page ``i`` holds ``key``'s pattern."""
-        pb = self.page_bytes
-        return self.view[i * pb : (i + 1) * pb] == page_pattern(key, pb)
 
 
 def _keys(prefix: str, n: int) -> list[str]:
@@ -306,6 +275,88 @@ class ConnectorTests:
         assert conn.stats()["ops"]["get"]["failed"].get("unregistered_memory") == 2
         assert conn.batch_exists(["unreg-x"]) == [False]
 
+    def test_hostile_malformed_pages_are_refused_per_key(self, conn: Connector[Any]) -> None:
+        """Every malformed page is refused before any I/O, per key, whatever its place in
+        the batch (a three-element segment first in a batch with a good page once crashed
+        the C path), and the good pages of the batch still move."""
+        keys = _keys("shape", 2)
+        pages = self._store(conn, keys)
+        address, nbytes = pages.pages[0][0]
+        malformed: list[Any] = [
+            ((address, nbytes, 0),),  # a segment of three elements
+            ((float(address), nbytes),),  # a float address
+            ((address, float(nbytes)),),
+            ((None, nbytes),),
+            None,
+            {address: nbytes},
+            ((address,),),
+            "page",
+            (),
+            ((True, nbytes),),
+            ((address, -nbytes),),
+        ]
+        for bad in malformed:
+            for op in (conn.batch_set, conn.batch_get):
+                pages.wipe() if op is conn.batch_get else None
+                got = op(["shape-bad", keys[1]], [bad, pages.pages[1]])
+                assert got == [False, True], (bad, op)
+                if op is conn.batch_get:
+                    assert pages.matches(1, keys[1])
+            assert conn.batch_get([keys[0], "shape-bad"], [pages.pages[0], bad]) == [True, False]
+        assert conn.batch_exists(["shape-bad"]) == [False]
+        failed = conn.stats()["ops"]["get"]["failed"]
+        assert failed.get("malformed_page", 0) >= 2 * len(malformed)
+
+    def test_hostile_overlapping_get_destinations_raise(self, conn: Connector[Any]) -> None:
+        """Two keys read into the same bytes is a caller error: ValueError, before any I/O."""
+        keys = _keys("overlap", 2)
+        pages = self._store(conn, keys)
+        pages.wipe()
+        same = [pages.pages[0], pages.pages[0]]
+        with pytest.raises(ValueError, match="overlap"):
+            conn.batch_get(keys, same)
+        address, nbytes = pages.pages[0][0]
+        shifted: list[Page] = [pages.pages[0], ((address + nbytes // 2, nbytes),)]
+        with pytest.raises(ValueError, match="overlap"):
+            conn.batch_get(keys, shifted)
+        assert bytes(pages.view) == bytes(len(pages.view))  # nothing was read
+        assert conn.batch_set(["overlap-src-a", "overlap-src-b"], same) == [True, True]  # sources may
+        assert conn.batch_get(keys, pages.pages[:2]) == [True, True]
+
+    def test_fault_interrupted_get_leaves_no_thread_writing(self, conn: Connector[Any]) -> None:
+        """KeyboardInterrupt in a batch call: once it reaches the caller, nothing of the
+        connector still writes into the caller's pages."""
+        import _thread
+
+        count = 512
+        keys = _keys("intr", count)
+        pages = self._store(conn, keys)
+        interrupted = 0
+        for attempt in range(40):
+            pages.wipe()
+            timer = threading.Timer(0.0005 * (attempt % 10), _thread.interrupt_main)
+            try:
+                timer.start()
+                conn.batch_get(keys, pages.pages)
+                timer.join()
+                time.sleep(0.01)  # an interrupt that lands after the call ends here
+            except KeyboardInterrupt:
+                interrupted += 1
+                before = bytes(pages.view)
+                time.sleep(0.05)
+                assert bytes(pages.view) == before, "pages changed after the call raised"
+        timer.cancel()
+        assert interrupted > 0, "no interrupt landed: the test saw nothing"
+        pages.wipe()
+        assert conn.batch_get(keys, pages.pages) == [True] * count  # the connector still works
+        assert all(pages.matches(i, k) for i, k in enumerate(keys))
+
+    def test_stateful_model(self, open_conn: Any, settings: dict[str, Any], namespace: Namespace) -> None:
+        """Random sequences of every operation against a model (see :mod:`.stateful`)."""
+        from hicache_l3.conformance.stateful import run_model
+
+        run_model(self, open_conn, settings, namespace)
+
     def test_mismatched_batch_lengths_raise(self, conn: Connector[Any]) -> None:
         pages = Pages(conn, self.page_bytes, 2)
         with pytest.raises(ValueError, match="2 keys but 1 pages"):
@@ -382,7 +433,8 @@ class ConnectorTests:
     def test_stats_count_every_page(self, conn: Connector[Any]) -> None:
         keys = _keys("st", 5)
         pages = self._store(conn, keys)
-        conn.batch_get([*keys, "st-miss"], [*pages.pages, pages.pages[0]])
+        spare = Pages(conn, self.page_bytes, 1)  # destinations of one get never overlap
+        conn.batch_get([*keys, "st-miss"], [*pages.pages, spare.pages[0]])
         ops = conn.stats()["ops"]
         assert ops["set"]["ok"] == 5 and ops["set"]["bytes"] == 5 * self.page_bytes
         assert ops["get"]["pages"] == 6 and ops["get"]["ok"] == 5

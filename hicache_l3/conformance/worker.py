@@ -6,13 +6,15 @@
 ``name`` as in the parent, e.g. by a third party's conftest) and ``"path"`` (the parent's
 ``sys.path``, whose entries are added after this process's own). ``set`` stores
 :func:`~hicache_l3.conformance.suite.page_pattern` pages; ``get`` reports per key
-whether the bytes read equal the pattern; prints ``{"results": [...]}`` as JSON.
+whether the bytes read equal the pattern; ``verify`` says per key ``"hit"``, ``"miss"``
+or ``"wrong"`` (True with other bytes); prints ``{"results": [...]}`` as JSON.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.pages import contiguous_pages
@@ -43,10 +45,14 @@ def main(argv: list[str]) -> int:
                 results = conn.batch_set(keys, pages)
             else:
                 got = conn.batch_get(keys, pages)
-                results = [
-                    ok and view[i * page_bytes : (i + 1) * page_bytes] == page_pattern(k, page_bytes)
-                    for i, (k, ok) in enumerate(zip(keys, got))
-                ]
+                exact = [view[i * page_bytes : (i + 1) * page_bytes] == page_pattern(k, page_bytes)
+                         for i, k in enumerate(keys)]
+                if spec["op"] == "verify":  # "hit", "miss" or "wrong" (True with other bytes)
+                    outcomes: list[Any] = ["miss" if not ok else "hit" if same else "wrong"
+                                           for ok, same in zip(got, exact)]
+                    print(json.dumps({"results": outcomes}))
+                    return 0
+                results = [ok and same for ok, same in zip(got, exact)]
     print(json.dumps({"results": results}))
     return 0
 

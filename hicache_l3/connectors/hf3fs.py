@@ -26,7 +26,7 @@ Two I/O paths over the same on-disk format (so they interoperate, page for page)
   double's per-I/O cost dominates (~0.35/0.5-0.7 GiB/s either way): figures about a
   real 3FS need a real 3FS.
 
-The index is :class:`~hicache_l3.common.shared_slabs.SharedSlabStore`: safe with writer
+The index is :class:`~hicache_l3.slab.shared.SharedSlabStore`: safe with writer
 processes on different machines (claims and leases instead of ``flock``), surviving
 restarts (the logs are the index), reusing evicted slots with generations that never
 repeat. Its docstring lists each filesystem operation it relies on and what 3FS
@@ -65,10 +65,12 @@ from hicache_l3.common.errors import ConfigError, EngineUnavailableError, Reason
 from hicache_l3.common.integrity import key_fingerprint, page_checksum
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import MemoryRegion
-from hicache_l3.common.pages import Page, page_nbytes
-from hicache_l3.common.shared_slabs import SharedSlabStore
-from hicache_l3.common.slabs import MARKER, Entry, SlabStore, check_slot, encode_end, encode_start
+from hicache_l3.common.pages import Page
 from hicache_l3.connectors.file import FileConfig, FileConnector
+from hicache_l3.slab.format import MARKER, encode_end, encode_start
+from hicache_l3.slab.io import OK, ReadBatch, SlotTransport, WriteBatch, verify
+from hicache_l3.slab.shared import SharedSlabStore
+from hicache_l3.slab.store import SlabStore
 
 
 @dataclasses.dataclass
@@ -260,6 +262,213 @@ class _Plan:
     ok: bool = True
 
 
+class UsrbioTransport(SlotTransport):
+    """Slot bytes moved through 3FS USRBIO rings (module docstring): a write in two ring
+    rounds (end markers; then headers and data), a read in two (headers and data; then
+    end markers). Pages inside registered shared memory go zero-copy, others staged."""
+
+    name = "3FS USRBIO rings"
+
+    def __init__(self, rings: _Usrbio, regions: Any, metrics: Any, log: Any) -> None:
+        self.rings, self.regions, self.metrics, self._log = rings, regions, metrics, log
+        self._iov_starts: list[int] = []
+        self._iovs: list[tuple[MemoryRegion, Any, int]] = []  # region, iovec, region offset
+        self._iov_lock = threading.Lock()
+
+    # ---- memory ---------------------------------------------------------------------
+    def register(self, region: MemoryRegion) -> None:
+        """Make an iovec over ``region`` when it lies in POSIX shared memory (zero-copy)."""
+        if not isinstance(region.owner, shared_memory.SharedMemory):
+            return  # pages in it are staged
+        import ctypes
+
+        shm = region.owner
+        assert shm.buf is not None
+        base = ctypes.addressof(ctypes.c_char.from_buffer(shm.buf))
+        iov = self.rings.io.make_iovec(shm, self.rings.mount)
+        with self._iov_lock:
+            i = bisect.bisect_right(self._iov_starts, region.address)
+            self._iov_starts.insert(i, region.address)
+            self._iovs.insert(i, (region, iov, region.address - base))
+
+    def unregister(self, region: MemoryRegion) -> None:
+        """Drop the iovec over ``region``, if any."""
+        with self._iov_lock:
+            for i, (r, _, _) in enumerate(self._iovs):
+                if r is region or (r.address, r.size) == (region.address, region.size):
+                    del self._iovs[i]
+                    del self._iov_starts[i]
+                    return
+
+    def _iov_slices(self, page: Page) -> list[Any] | None:
+        """iovec slices over every segment of ``page``, or None if any lies outside an
+        iovec (the page is then staged)."""
+        starts, iovs = self._iov_starts, self._iovs
+        out = []
+        for address, length in page:
+            i = bisect.bisect_right(starts, address) - 1
+            if i < 0:
+                return None
+            region, iov, shift = iovs[i]
+            if address + length > region.end:
+                return None
+            off = address - region.address + shift
+            out.append(iov[off : off + length])
+        return out
+
+    def _chunks(self, plans: list[_Plan], extra_ios: int, page_bytes: int) -> list[list[_Plan]]:
+        """Split plans into ring rounds: I/Os within ``entries``, staged bytes within the
+        staging area. Pages whose segments alone exceed a round are staged."""
+        stage_size = MARKER + page_bytes
+        entries, staging = self.rings.entries, max(self.rings.staging, stage_size)
+        rounds: list[list[_Plan]] = []
+        current: list[_Plan] = []
+        ios = staged = 0
+        for p in plans:
+            if p.zero_copy is not None and len(p.zero_copy) + extra_ios > entries:
+                p.zero_copy = None
+            need = extra_ios + (len(p.zero_copy) if p.zero_copy is not None else 1)
+            stage = 0 if p.zero_copy is not None else stage_size
+            if current and (ios + need > entries or staged + stage > staging
+                            or len(current) >= entries // 2):
+                rounds.append(current)
+                current, ios, staged = [], 0, 0
+            if stage:
+                p.stage = staged
+            current.append(p)
+            ios += need
+            staged += stage
+        if current:
+            rounds.append(current)
+        return rounds
+
+    def _settle(self, results: list[int], ios: list[tuple[Any, int, int]], owners: list[_Plan]) -> None:
+        """Mark a page failed when any of its I/Os moved fewer bytes than asked."""
+        for r, (iov, _, _), p in zip(results, ios, owners):
+            if r != len(iov):
+                if p.ok:
+                    self._log.warning("usrbio-io", "hf3fs: USRBIO I/O failed: result %d of %d", r,
+                                      len(iov))
+                p.ok = False
+
+    # ---- moving slots -----------------------------------------------------------------
+    def write(self, store: SlabStore, batch: WriteBatch) -> None:
+        """Ring round 1: end markers; round 2: headers and data."""
+        usrbio, geometry = self.rings, batch.geometry
+        page_bytes = geometry.slot_bytes
+        keys, pages, slots = batch.keys, batch.pages, batch.slots
+        plans = [_Plan(j, self._iov_slices(pages[j])) for j in range(len(keys))]
+        with usrbio.locks[False]:
+            for plan_round in self._chunks(plans, 1, page_bytes):
+                scratch = usrbio.scratch(False, page_bytes)
+                iov, view, base = scratch.iov, scratch.view, scratch.markers
+                heads: dict[int, bytes] = {}
+                ios: list[tuple[Any, int, int]] = []
+                owners: list[_Plan] = []
+                for n, p in enumerate(plan_round):  # round 1: end markers
+                    fd, _, slot, gen = slots[p.index]
+                    usrbio.register_fd(fd)
+                    csum = page_checksum(pages[p.index]) if batch.checksum else 0
+                    batch.checksums[p.index] = csum
+                    fp = key_fingerprint(keys[p.index])
+                    heads[p.index] = encode_start(gen, page_bytes, csum, fp)
+                    view[2 * MARKER * n : 2 * MARKER * n + MARKER] = encode_end(gen, fp)
+                    ios.append((iov[2 * MARKER * n : 2 * MARKER * n + MARKER], fd,
+                                geometry.end_offset(slot)))
+                    owners.append(p)
+                self._settle(usrbio.run(False, ios), ios, owners)
+                ios, owners = [], []
+                staged = zero = 0
+                for n, p in enumerate(plan_round):  # round 2: header + data
+                    if not p.ok:
+                        continue
+                    fd, _, slot, _ = slots[p.index]
+                    head = heads[p.index]
+                    if p.zero_copy is not None:
+                        h = 2 * MARKER * n + MARKER
+                        view[h : h + MARKER] = head
+                        _zero_copy_ios(ios, owners, p, iov[h : h + MARKER], fd, geometry, slot)
+                        zero += 1
+                    else:
+                        o = base + p.stage
+                        view[o : o + MARKER] = head
+                        pos = o + MARKER
+                        for seg in self.regions.views(pages[p.index]) or []:
+                            view[pos : pos + len(seg)] = seg
+                            pos += len(seg)
+                        ios.append((iov[o:pos], fd, geometry.header_offset(slot)))
+                        owners.append(p)
+                        staged += 1
+                self._settle(usrbio.run(False, ios), ios, owners)
+                self.metrics.count("usrbio_zero_copy", zero)
+                self.metrics.count("usrbio_staged", staged)
+                for p in plan_round:
+                    if p.ok:
+                        batch.status[p.index] = OK
+                    else:
+                        batch.fail(p.index, Reason.ENGINE_ERROR)
+
+    def read(self, store: SlabStore, batch: ReadBatch) -> None:
+        """Ring round 1: headers and data; round 2: end markers, after the data."""
+        usrbio, geometry = self.rings, batch.geometry
+        page_bytes = geometry.slot_bytes
+        keys, pages, located, status = batch.keys, batch.pages, batch.located, batch.status
+        plans = [_Plan(j, self._iov_slices(pages[j])) for j in range(len(keys))]
+        with usrbio.locks[True]:
+            for plan_round in self._chunks(plans, 2, page_bytes):
+                scratch = usrbio.scratch(True, page_bytes)
+                iov, view, base = scratch.iov, scratch.view, scratch.markers
+                ios: list[tuple[Any, int, int]] = []
+                owners: list[_Plan] = []
+                staged = zero = 0
+                for n, p in enumerate(plan_round):  # round 1: header + data
+                    fd, entry = located[p.index]
+                    usrbio.register_fd(fd)
+                    if p.zero_copy is not None:
+                        h = 2 * MARKER * n
+                        _zero_copy_ios(ios, owners, p, iov[h : h + MARKER], fd, geometry, entry.slot)
+                        zero += 1
+                    else:
+                        o = base + p.stage
+                        ios.append((iov[o : o + MARKER + page_bytes], fd,
+                                    geometry.header_offset(entry.slot)))
+                        owners.append(p)
+                        staged += 1
+                self._settle(usrbio.run(True, ios), ios, owners)
+                ios, owners = [], []
+                for n, p in enumerate(plan_round):  # round 2: end markers, after the data
+                    if p.ok:
+                        fd, entry = located[p.index]
+                        e = 2 * MARKER * n + MARKER
+                        ios.append((iov[e : e + MARKER], fd, geometry.end_offset(entry.slot)))
+                        owners.append(p)
+                self._settle(usrbio.run(True, ios), ios, owners)
+                self.metrics.count("usrbio_zero_copy", zero)
+                self.metrics.count("usrbio_staged", staged)
+                for n, p in enumerate(plan_round):
+                    j = p.index
+                    if not p.ok:
+                        batch.fail(j, Reason.ENGINE_ERROR)
+                        continue
+                    if p.zero_copy is not None:
+                        start = view[2 * MARKER * n : 2 * MARKER * n + MARKER]
+                    else:
+                        start = view[base + p.stage : base + p.stage + MARKER]
+                        pos = base + p.stage + MARKER
+                        for seg in self.regions.views(pages[j]) or []:
+                            seg[:] = view[pos : pos + len(seg)]
+                            pos += len(seg)
+                    end = view[2 * MARKER * n + MARKER : 2 * MARKER * (n + 1)]
+                    status[j] = verify(start, end, located[j].entry, keys[j], pages[j])
+
+    def close(self) -> None:
+        """Deregister fds (before the store closes them), free rings and iovecs."""
+        self.rings.close()
+        with self._iov_lock:
+            self._iovs.clear()
+            self._iov_starts.clear()
+
+
 class Hf3fsConnector(FileConnector):
     """Pages on a 3FS mount: see the module docstring."""
 
@@ -268,16 +477,16 @@ class Hf3fsConnector(FileConnector):
     config: Hf3fsConfig
 
     def __init__(self, config: Hf3fsConfig, namespace: Namespace) -> None:
-        self.usrbio: _Usrbio | None = None
-        self._iov_starts: list[int] = []
-        self._iovs: list[tuple[MemoryRegion, Any, int]] = []  # region, iovec, region offset
-        self._iov_lock = threading.Lock()
+        self.usrbio: UsrbioTransport | None = None
         super().__init__(config, namespace)
         try:
-            self.usrbio = self._open_usrbio(config)
+            rings = self._open_usrbio(config)
         except BaseException:
             self._close()
             raise
+        if rings is not None:
+            self.transport.close()  # the POSIX transport's threads are not needed
+            self.transport = self.usrbio = UsrbioTransport(rings, self.regions, self.metrics, self._log)
 
     def _open_usrbio(self, config: Hf3fsConfig) -> _Usrbio | None:
         if config.usrbio == "off":
@@ -327,249 +536,13 @@ class Hf3fsConnector(FileConnector):
             )
         return store
 
-    # ---- memory ---------------------------------------------------------------------
     def _register(self, region: MemoryRegion) -> None:
-        if self.usrbio is None or not isinstance(region.owner, shared_memory.SharedMemory):
-            return  # pages in it are staged (USRBIO) or moved by preadv/pwritev (POSIX)
-        import ctypes
-
-        shm = region.owner
-        assert shm.buf is not None
-        base = ctypes.addressof(ctypes.c_char.from_buffer(shm.buf))
-        iov = self.usrbio.io.make_iovec(shm, self.usrbio.mount)
-        with self._iov_lock:
-            i = bisect.bisect_right(self._iov_starts, region.address)
-            self._iov_starts.insert(i, region.address)
-            self._iovs.insert(i, (region, iov, region.address - base))
+        if self.usrbio is not None:
+            self.usrbio.register(region)
 
     def _unregister(self, region: MemoryRegion) -> None:
-        with self._iov_lock:
-            for i, (r, _, _) in enumerate(self._iovs):
-                if r is region or (r.address, r.size) == (region.address, region.size):
-                    del self._iovs[i]
-                    del self._iov_starts[i]
-                    return
-
-    def _iov_slices(self, page: Page) -> list[Any] | None:
-        """iovec slices over every segment of ``page``, or None if any lies outside an
-        iovec (the page is then staged)."""
-        starts, iovs = self._iov_starts, self._iovs
-        out = []
-        for address, length in page:
-            i = bisect.bisect_right(starts, address) - 1
-            if i < 0:
-                return None
-            region, iov, shift = iovs[i]
-            if address + length > region.end:
-                return None
-            off = address - region.address + shift
-            out.append(iov[off : off + length])
-        return out
-
-    # ---- hooks ----------------------------------------------------------------------
-    def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
-        if self.usrbio is None:
-            return super()._set(keys, pages)
-        return self._usrbio_set(keys, pages)
-
-    def _get(self, keys: list[str], pages: list[Page]) -> list[Reason]:
-        if self.usrbio is None:
-            return super()._get(keys, pages)
-        return self._usrbio_get(keys, pages)
-
-    def _chunks(self, plans: list[_Plan], extra_ios: int, page_bytes: int) -> list[list[_Plan]]:
-        """Split plans into ring rounds: I/Os within ``entries``, staged bytes within the
-        staging area. Pages whose segments alone exceed a round are staged."""
-        assert self.usrbio is not None
-        stage_size = MARKER + page_bytes
-        entries, staging = self.usrbio.entries, max(self.usrbio.staging, stage_size)
-        rounds: list[list[_Plan]] = []
-        current: list[_Plan] = []
-        ios = staged = 0
-        for p in plans:
-            if p.zero_copy is not None and len(p.zero_copy) + extra_ios > entries:
-                p.zero_copy = None
-            need = extra_ios + (len(p.zero_copy) if p.zero_copy is not None else 1)
-            stage = 0 if p.zero_copy is not None else stage_size
-            if current and (ios + need > entries or staged + stage > staging
-                            or len(current) >= entries // 2):
-                rounds.append(current)
-                current, ios, staged = [], 0, 0
-            if stage:
-                p.stage = staged
-            current.append(p)
-            ios += need
-            staged += stage
-        if current:
-            rounds.append(current)
-        return rounds
-
-    def _usrbio_set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
-        usrbio = self.usrbio
-        assert usrbio is not None
-        store = self._store_for_io()
-        reasons = [Reason.OK] * len(keys)
-        planned, full = store.reserve_new(keys)
-        for i in full:
-            reasons[i] = Reason.NO_SPACE
-        where = dict(planned)
-        geometry = store.geometry
-        checksum = self.config.checksum != "none"
-        plans = [_Plan(i, self._iov_slices(pages[i])) for i, _ in planned]
-        page_bytes = self.page_bytes or 0
-        done: list[tuple[str, int, int, int, int, int]] = []
-        failed: list[tuple[int, int]] = []
-        with usrbio.locks[False]:
-            for plan_round in self._chunks(plans, 1, page_bytes):
-                scratch = usrbio.scratch(False, page_bytes)
-                iov, view, base = scratch.iov, scratch.view, scratch.markers
-                heads: dict[int, tuple[bytes, int]] = {}
-                ios: list[tuple[Any, int, int]] = []
-                owners: list[_Plan] = []
-                for n, p in enumerate(plan_round):  # round 1: end markers
-                    fd, slab, slot, gen = where[p.index]
-                    usrbio.register_fd(fd)
-                    csum = page_checksum(pages[p.index]) if checksum else 0
-                    fp = key_fingerprint(keys[p.index])
-                    heads[p.index] = (encode_start(gen, page_bytes, csum, fp), csum)
-                    view[2 * MARKER * n : 2 * MARKER * n + MARKER] = encode_end(gen, fp)
-                    ios.append((iov[2 * MARKER * n : 2 * MARKER * n + MARKER], fd,
-                                geometry.end_offset(slot)))
-                    owners.append(p)
-                self._settle(usrbio.run(False, ios), ios, owners)
-                ios, owners = [], []
-                staged = zero = 0
-                for n, p in enumerate(plan_round):  # round 2: header + data
-                    if not p.ok:
-                        continue
-                    fd, slab, slot, gen = where[p.index]
-                    head = heads[p.index][0]
-                    if p.zero_copy is not None:
-                        h = 2 * MARKER * n + MARKER
-                        view[h : h + MARKER] = head
-                        _zero_copy_ios(ios, owners, p, iov[h : h + MARKER], fd, geometry, slot)
-                        zero += 1
-                    else:
-                        o = base + p.stage
-                        view[o : o + MARKER] = head
-                        pos = o + MARKER
-                        segs = self.regions.views(pages[p.index]) or []
-                        for seg in segs:
-                            view[pos : pos + len(seg)] = seg
-                            pos += len(seg)
-                        ios.append((iov[o:pos], fd, geometry.header_offset(slot)))
-                        owners.append(p)
-                        staged += 1
-                self._settle(usrbio.run(False, ios), ios, owners)
-                self.metrics.count("usrbio_zero_copy", zero)
-                self.metrics.count("usrbio_staged", staged)
-                for p in plan_round:
-                    fd, slab, slot, gen = where[p.index]
-                    if p.ok:
-                        done.append((keys[p.index], slab, slot, gen, page_bytes, heads[p.index][1]))
-                    else:
-                        reasons[p.index] = Reason.ENGINE_ERROR
-                        failed.append((slab, slot))
-        store.commit(done)
-        store.abort(failed)
-        return reasons
-
-    def _settle(self, results: list[int], ios: list[tuple[Any, int, int]], owners: list[_Plan]) -> None:
-        """Mark a page failed when any of its I/Os moved fewer bytes than asked."""
-        for r, (iov, _, _), p in zip(results, ios, owners):
-            if r != len(iov):
-                if p.ok:
-                    self._log.warning("usrbio-io", "hf3fs: USRBIO I/O failed: result %d of %d", r,
-                                      len(iov))
-                p.ok = False
-
-    def _usrbio_get(self, keys: list[str], pages: list[Page]) -> list[Reason]:
-        usrbio = self.usrbio
-        assert usrbio is not None
-        store = self._existing_store()
-        if store is None:
-            return [Reason.MISS] * len(keys)
-        found = store.lookup(keys)
-        reasons = [Reason.MISS] * len(keys)
-        page_bytes = self.page_bytes or 0
-        entries: dict[int, tuple[int, Entry]] = {}
-        plans = []
-        for i, f in enumerate(found):
-            if f is None:
-                continue
-            if f[1].length != page_nbytes(pages[i]):
-                reasons[i] = Reason.SIZE_MISMATCH
-                continue
-            entries[i] = f
-            plans.append(_Plan(i, self._iov_slices(pages[i])))
-        geometry = store.geometry
-        hits: list[Entry] = []
-        with usrbio.locks[True]:
-            for plan_round in self._chunks(plans, 2, page_bytes):
-                scratch = usrbio.scratch(True, page_bytes)
-                iov, view, base = scratch.iov, scratch.view, scratch.markers
-                ios: list[tuple[Any, int, int]] = []
-                owners: list[_Plan] = []
-                staged = zero = 0
-                for n, p in enumerate(plan_round):  # round 1: header + data
-                    fd, entry = entries[p.index]
-                    usrbio.register_fd(fd)
-                    if p.zero_copy is not None:
-                        h = 2 * MARKER * n
-                        _zero_copy_ios(ios, owners, p, iov[h : h + MARKER], fd, geometry, entry.slot)
-                        zero += 1
-                    else:
-                        o = base + p.stage
-                        ios.append((iov[o : o + MARKER + page_bytes], fd,
-                                    geometry.header_offset(entry.slot)))
-                        owners.append(p)
-                        staged += 1
-                self._settle(usrbio.run(True, ios), ios, owners)
-                ios, owners = [], []
-                for n, p in enumerate(plan_round):  # round 2: end markers, after the data
-                    if p.ok:
-                        fd, entry = entries[p.index]
-                        e = 2 * MARKER * n + MARKER
-                        ios.append((iov[e : e + MARKER], fd, geometry.end_offset(entry.slot)))
-                        owners.append(p)
-                self._settle(usrbio.run(True, ios), ios, owners)
-                self.metrics.count("usrbio_zero_copy", zero)
-                self.metrics.count("usrbio_staged", staged)
-                for n, p in enumerate(plan_round):
-                    i = p.index
-                    fd, entry = entries[i]
-                    if not p.ok:
-                        reasons[i] = Reason.ENGINE_ERROR
-                        continue
-                    if p.zero_copy is not None:
-                        start = view[2 * MARKER * n : 2 * MARKER * n + MARKER]
-                    else:
-                        start = view[base + p.stage : base + p.stage + MARKER]
-                        pos = base + p.stage + MARKER
-                        for seg in self.regions.views(pages[i]) or []:
-                            seg[:] = view[pos : pos + len(seg)]
-                            pos += len(seg)
-                    end = view[2 * MARKER * n + MARKER : 2 * MARKER * (n + 1)]
-                    fp = key_fingerprint(keys[i])
-                    if not check_slot(start, end, entry, fp) or (
-                        entry.checksum and page_checksum(pages[i]) != entry.checksum
-                    ):
-                        reasons[i] = Reason.CORRUPT
-                        store.invalidate(keys[i], entry)
-                        continue
-                    reasons[i] = Reason.OK
-                    hits.append(entry)
-        me = store.me
-        store.touch([(e.slab, e.slot) for e in hits if e.writer == me])
-        return reasons
-
-    def _close(self) -> None:
         if self.usrbio is not None:
-            self.usrbio.close()  # deregister fds before the store closes them
-        with self._iov_lock:
-            self._iovs.clear()
-            self._iov_starts.clear()
-        super()._close()
+            self.usrbio.unregister(region)
 
     def _engine_stats(self) -> dict[str, Any]:
         out = super()._engine_stats()

@@ -15,10 +15,8 @@ page set by one SGLang instance is read by every other. The connector is a clien
 * ``checksum="xxh3"`` appends a 32-byte trailer (magic, length, XXH3-64 of the page,
   key fingerprint) to every object and verifies it on get, so bytes altered in the store
   read as a miss (``detects_corruption``); off by default: it costs a pass over every
-  page on both paths and moves pages through the multi-buffer calls; measured here
-  (batch 128, 2-core VM) at 0.50-0.74 x raw-mooncake for set and 0.64-0.65 x for get
-  with the segment in-process, 0.79-0.88 x remote, against 0.90-1.12 x without it
-  (batch-by-batch interleaved timing; the bench's per-repetition ratios scatter more);
+  page on both paths and moves pages through the multi-buffer calls (its cost against
+  raw Mooncake: docs/benchmarks.md, "Figures behind design choices");
 * a master that stops answering makes a call return ``engine_down`` for every key
   (Mooncake's RPC gives up after ~4.3 s); while it stays down, later calls probe its TCP
   port (``connect_timeout``) and fail at once instead of waiting again, and the
@@ -34,10 +32,10 @@ the transfer engine starts, so that the client advertises loopback. What Mooncak
 to all interfaces whatever is configured: the master's embedded HTTP metadata server
 (0.0.0.0; it ignores ``--http_metadata_server_host``) and each client's transfer engine
 (handshake port on 0.0.0.0, TCP data port on ``[::]``, ports in 12000-17999). The engine
-launcher runs a metadata server of ours on loopback instead of the master's
-(:mod:`hicache_l3.metadata_server`) and preloads the loopback shim
-(:mod:`hicache_l3.common.loopback`) into the processes it starts; a connector's own
-process is covered only when it was started with the shim. README "Security" has the
+launcher preloads the loopback shim (:mod:`hicache_l3.common.loopback`) into the
+processes it starts, which keeps all of these on loopback (without the shim it serves the
+metadata from :mod:`hicache_l3.metadata_server` on loopback); a connector's own process is
+covered only when it was started with the shim. README "Security" has the
 operator's remedies; ``tests/mooncake/test_mooncake_exposure.py`` checks every socket.
 
 Settings (``MooncakeConfig``) come from, lowest first: SGLang's ``MOONCAKE_*``
@@ -537,7 +535,7 @@ class MooncakeConnector(Connector[MooncakeConfig]):
         for j, (g, e) in enumerate(zip(got, expected)):
             if g == e:
                 out.append(Reason.OK if scratch is None else self._verify(skeys[j], pages[j], scratch, j))
-            elif g >= 0:
+            elif g >= 0 or g == INVALID_PARAMS:  # -600: the object is larger than the buffer
                 self.metrics.count("mooncake_short_object")
                 out.append(Reason.SIZE_MISMATCH)
             else:

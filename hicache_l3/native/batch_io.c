@@ -1,7 +1,7 @@
 /* Batch page I/O for the slab connectors: one call moves a share of a batch (preadv /
  * pwritev, start-header check, XXH3 checksum) with the GIL released once, instead of
  * several ctypes / os calls per page. Loaded with ctypes (no Python C API): see
- * hicache_l3/common/batch_io.py, which keeps a pure-Python path as the reference and
+ * hicache_l3/slab/native.py (loaded by hicache_l3/slab/io.py), which keeps a pure-Python path as the reference and
  * the fallback when this library is not built.
  *
  * XXH3 is not compiled in: the caller passes the entry points of the xxhash wheel's

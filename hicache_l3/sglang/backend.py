@@ -30,7 +30,10 @@ Behaviour SGLang relies on:
   bytes); every rank reads;
 * engine errors never raise into SGLang's threads: they become misses (``False`` / ``None``
   / ``0``), logged at most once per 10 s per kind;
-* hybrid models' sidecar pools (the v2 interface) are refused at attach, naming the pools.
+* hybrid models' extra host pools (Mamba states, sliding-window KV, indexer sidecars: the
+  v2 interface, ``batch_get_v2`` / ``batch_set_v2`` / ``batch_exists_v2``) are served
+  zero-copy, each pool kind through a connector and namespace of its own
+  (:mod:`hicache_l3.sglang.hybrid`); results are one bool per key, per pool.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorage,
     HiCacheStorageConfig,
     HiCacheStorageExtraInfo,
+    PoolTransfer,
+    PoolTransferResult,
 )
 
 from hicache_l3.common.connector import Connector
@@ -57,12 +62,19 @@ from hicache_l3.common.logs import RateLimitedLogger
 from hicache_l3.common.pages import Page
 from hicache_l3.common.registry import open_connector
 from hicache_l3.sglang.config import AdapterConfig, build_namespace
+from hicache_l3.sglang.hybrid import (
+    KV_POOL_NAMES,
+    ExtraPool,
+    distinct_tensors,
+    open_extra_pool,
+    pool_name,
+    restorable_prefixes,
+    transfer_pages,
+)
 
 log = logging.getLogger("hicache_l3.sglang")
 
 STAGING_BYTES = 64 << 20  # legacy copying path: most bytes staged per connector call
-KV_POOL_NAMES = frozenset({"kv", "__default__"})
-
 
 def _pool_buffers(host: Any) -> list[torch.Tensor]:
     """The host pool's tensors that hold page bytes (registered once with the connector)."""
@@ -77,17 +89,18 @@ def _pool_buffers(host: Any) -> list[torch.Tensor]:
             t = getattr(host, name, None)
             if isinstance(t, torch.Tensor):
                 found.append(t)
-    # Drop tensors lying inside another one (views such as MHA's k_buffer/v_buffer).
-    spans = sorted(((t.data_ptr(), t.numel() * t.element_size(), t) for t in found if t.numel()),
-                   key=lambda s: (s[0], -s[1]))
-    out: list[torch.Tensor] = []
-    end = 0
-    for start, size, t in spans:
-        if start + size <= end:
-            continue
-        out.append(t)
-        end = max(end, start + size)
-    return out
+    return distinct_tensors(found)  # views such as MHA's k_buffer/v_buffer lie inside kv_buffer
+
+
+def _pool_attr(host: Any, name: str) -> Any:
+    """``host.<name>``, or ConfigError naming the pool class and the attribute it lacks."""
+    try:
+        return getattr(host, name)
+    except AttributeError:
+        raise ConfigError(
+            f"hicache-l3: host pool {type(host).__name__} has no attribute {name!r}, which the "
+            "adapter reads to build the key namespace; this pool type is not supported"
+        ) from None
 
 
 class HiCacheL3Storage(HiCacheStorage):
@@ -125,8 +138,8 @@ class HiCacheL3Storage(HiCacheStorage):
         self._backup_pgs: list[int] = []
         self._prefetch_bw: list[float] = []
         self._backup_bw: list[float] = []
-        self.v2_pools: dict[str, Any] = {}
-        self._attached = False
+        self.extra_pools: dict[str, ExtraPool] = {}
+        self._pending_pools: dict[str, Any] = {}
         if not self.adapter.interface_v1:
             log.warning(
                 "hicache-l3: the extra config lacks \"interface_v1\": 1, so SGLang will copy every "
@@ -144,7 +157,9 @@ class HiCacheL3Storage(HiCacheStorage):
                 raise ConfigError("hicache-l3: a host pool is already registered with this backend")
             host = mem_pool_host
             layout = str(getattr(host, "layout", ""))
-            page_tokens = int(getattr(host, "logical_page_size", None) or host.page_size)
+            page_tokens = int(getattr(host, "logical_page_size", None) or _pool_attr(host, "page_size"))
+            kv_dtype = str(_pool_attr(host, "dtype")).removeprefix("torch.")
+            pool_page_size = int(_pool_attr(host, "page_size"))
             try:
                 ptrs, sizes = host.get_page_buffer_meta(torch.arange(page_tokens, dtype=torch.int64))
             except Exception as exc:
@@ -163,8 +178,7 @@ class HiCacheL3Storage(HiCacheStorage):
                 tag = f"{tag}+fmt={fmt}" if tag else f"fmt={fmt}"
             namespace = build_namespace(
                 model_name=sc.model_name, tag=tag,
-                kv_dtype=str(host.dtype).removeprefix("torch."), layout=layout,
-                page_size=int(host.page_size),
+                kv_dtype=kv_dtype, layout=layout, page_size=pool_page_size,
                 tp_rank=sc.tp_rank, tp_size=sc.tp_size, mla_shared=bool(sc.is_mla_model),
                 pp_rank=sc.pp_rank, pp_size=sc.pp_size,
                 cp_rank=sc.attn_cp_rank, cp_size=sc.attn_cp_size,
@@ -190,27 +204,104 @@ class HiCacheL3Storage(HiCacheStorage):
             self.connector = connector
             log.info("hicache-l3: %s connector attached (%s, %d bytes per page in %d segments)",
                      self.adapter.connector, namespace.describe(), self.page_bytes, len(ptrs))
+            pending, self._pending_pools = self._pending_pools, {}
+        for name, pool in pending.items():
+            self.register_mem_host_pool_v2(pool, name)
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
-        """Record a hybrid model's pool; sidecar pools are refused (see on_host_pools_registered),
-        and one arriving after the attach raises at once."""
-        name = str(getattr(host_pool_name, "value", host_pool_name))
-        self.v2_pools[name] = host_pool
-        if self._attached and name not in KV_POOL_NAMES:
-            raise ConfigError(self._v2_message([name]))
+        """Register a hybrid model's extra host pool (once per name): open its connector in
+        a namespace of its own and register its buffers. The KV pool itself is the one of
+        :meth:`register_mem_pool_host`. Raises ConfigError naming a pool it cannot serve."""
+        name = pool_name(host_pool_name)
+        with self._lock:
+            if name in KV_POOL_NAMES:
+                return
+            if self.connector is None or self.namespace is None:
+                self._pending_pools[name] = host_pool  # opened once the KV pool is attached
+                return
+            known = self.extra_pools.get(name)
+            if known is not None:
+                if known.host is host_pool:
+                    return
+                raise ConfigError(f"hicache-l3: another host pool is already registered as {name!r}")
+            self.extra_pools[name] = open_extra_pool(
+                name, host_pool, base=self.namespace, tp_rank=self.storage_config.tp_rank,
+                connector_name=self.adapter.connector, settings=self.adapter.settings,
+                probe=lambda n: torch.arange(n, dtype=torch.int64),
+            )
 
     def on_host_pools_registered(self) -> None:
-        """End of the attach: refuse hybrid sidecar pools, which need the v2 interface."""
-        self._attached = True
-        sidecars = sorted(n for n in self.v2_pools if n not in KV_POOL_NAMES)
-        if sidecars:
-            raise ConfigError(self._v2_message(sidecars))
+        """End of SGLang's attach: every extra pool registered so far has its connector."""
+        if self._pending_pools:
+            raise ConfigError(f"hicache-l3: extra host pools {sorted(self._pending_pools)} were "
+                              "registered without a KV host pool (register_mem_pool_host)")
+        if self.extra_pools:
+            log.info("hicache-l3: serving extra host pools %s through the v2 interface",
+                     sorted(self.extra_pools))
 
-    @staticmethod
-    def _v2_message(names: list[str]) -> str:
-        return (f"hicache-l3 does not implement SGLang's v2 storage interface, which hybrid models "
-                f"need for their sidecar host pool(s) {names}; use an SGLang built-in backend for "
-                "this model, or run without --hicache-storage-backend")
+    # ---- v2 interface (hybrid models) --------------------------------------------------------
+    def batch_get_v2(self, transfers: list[PoolTransfer],
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> dict[Any, list[bool]]:
+        """Load each transfer's pages (key i into its pool at ``host_indices[i * page_size]``);
+        ``{transfer.name: one bool per key}``, True only for the exact stored bytes."""
+        return {t.name: self._v2_transfer("get", t) for t in transfers}
+
+    def batch_set_v2(self, transfers: list[PoolTransfer],
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> dict[Any, list[bool]]:
+        """Store each transfer's pages under its keys (pages already stored are not rewritten);
+        ``{transfer.name: one bool per key}``."""
+        return {t.name: self._v2_transfer("set", t) for t in transfers}
+
+    def _v2_transfer(self, op: str, transfer: PoolTransfer) -> list[bool]:
+        keys = list(transfer.keys or [])
+        name = pool_name(transfer.name)
+        if name in KV_POOL_NAMES:
+            if op == "set" and keys and not self.is_writer:
+                return [True] * len(keys)
+            if transfer.host_indices is None:
+                return [False] * len(keys)
+            return self._zero_copy(op, keys, transfer.host_indices)
+        pool = self.extra_pools.get(name)
+        if pool is None:
+            if keys:
+                self._log.warning(f"v2-{op}-unknown-{name}", "hicache-l3: batch_%s_v2 for pool %r, "
+                                  "which was not registered (register_mem_host_pool_v2)", op, name)
+            return [False] * len(keys)
+        return transfer_pages(op, pool, keys, transfer.host_indices, self.is_writer, self._log)
+
+    def batch_exists_v2(self, keys: list[str], pool_transfers: list[PoolTransfer] | None = None,
+                        extra_info: HiCacheStorageExtraInfo | None = None) -> PoolTransferResult:
+        """The usable prefix of ``keys`` over the KV pages and every pool of ``pool_transfers``,
+        with their hit policies (``all_pages``: every page of the prefix; ``trailing_pages``:
+        the last ``len(transfer.keys)`` pages). ``restorable_prefix_pages`` lists every prefix
+        length all pools can restore; engine errors count as misses."""
+        kv_pages = self.batch_exists(keys, extra_info)
+        hit_count: dict[Any, int] = {"kv": kv_pages} if kv_pages else {}
+        restorable = set(range(1, kv_pages + 1))
+        for transfer in pool_transfers or []:
+            if not restorable:
+                break
+            name = pool_name(transfer.name)
+            pool = self.extra_pools.get(name)
+            present = [False] * kv_pages
+            if name in KV_POOL_NAMES:
+                present = [True] * kv_pages
+            elif pool is not None:
+                try:
+                    present = pool.connector.batch_exists(list(keys[:kv_pages]))
+                except Exception as exc:
+                    self._log.warning("v2-exists-exc", "hicache-l3: batch_exists_v2 of pool %r failed: %r",
+                                      name, exc)
+            policy = str(getattr(transfer.hit_policy, "value", transfer.hit_policy))
+            can = restorable_prefixes(policy, present, len(transfer.keys or ()))
+            if policy not in ("all_pages", "trailing_pages"):
+                self._log.warning(f"v2-policy-{policy}", "hicache-l3: hit policy %r of pool %r is not "
+                                  "supported; its pages count as misses", policy, name)
+            if can:
+                hit_count[transfer.name] = max(can)
+            restorable &= can
+        ordered = sorted(restorable)
+        return PoolTransferResult(ordered[-1] if ordered else 0, hit_count, ordered)
 
     # ---- zero-copy path --------------------------------------------------------------------
     def _pages(self, n: int, host_indices: torch.Tensor) -> list[Page]:
@@ -424,16 +515,23 @@ class HiCacheL3Storage(HiCacheStorage):
         return self.connector.stats() if self.connector is not None else {}
 
     def clear(self) -> None:
-        """Remove this namespace's pages (never another model's or rank's)."""
-        if self.connector is not None:
+        """Remove this namespace's pages, and those of its extra pools (never another model's
+        or rank's)."""
+        connectors = [self.connector] + [p.connector for p in self.extra_pools.values()]
+        for connector in connectors:
+            if connector is None:
+                continue
             try:
-                self.connector.clear()
+                connector.clear()
             except Exception as exc:
                 self._log.warning("clear-exc", "hicache-l3: clear failed: %r", exc)
 
     def close(self) -> None:
-        """Close the connector (idempotent); later calls are misses."""
+        """Close the connectors (idempotent); later calls are misses."""
         connector, self.connector = self.connector, None
+        pools = list(self.extra_pools.values())
+        for pool in pools:
+            pool.connector.close()
         if connector is not None:
             connector.close()
 
@@ -452,9 +550,11 @@ class _BuiltinName(HiCacheL3Storage):
     builtin: ClassVar[str] = ""
 
     def __init__(self, storage_config: HiCacheStorageConfig, mem_pool_host: Any = None):
-        from hicache_l3.sglang.takeover import takeover_extra_config
+        from hicache_l3.sglang.takeover import announce, takeover_extra_config
 
-        extra = takeover_extra_config(self.builtin, storage_config.extra_config)
+        announce(self.builtin)
+        ranks = max(1, int(storage_config.tp_size or 1)) * max(1, int(storage_config.pp_size or 1))
+        extra = takeover_extra_config(self.builtin, storage_config.extra_config, ranks=ranks)
         super().__init__(dataclasses.replace(storage_config, extra_config=extra))
 
     @classmethod

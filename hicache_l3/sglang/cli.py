@@ -11,14 +11,17 @@ imports SGLang.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from hicache_l3.common.errors import ConfigError, HiCacheL3Error
+from hicache_l3.common.keys import Namespace
 from hicache_l3.common.registry import available_connectors, resolve_name
 from hicache_l3.sglang.config import (
     ADAPTER_CLASS,
@@ -30,6 +33,8 @@ from hicache_l3.sglang.config import (
     extra_config_for,
     load_config_file,
 )
+
+log = logging.getLogger("hicache_l3.sglang.cli")
 
 
 def _parse_sets(items: list[str]) -> dict[str, Any]:
@@ -62,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         settings.update(_parse_sets(args.sets))
         adapter = AdapterConfig.from_extra_config(extra_config_for(connector, settings, args.tag))
         adapter.validate_settings()
-        path = Path(args.config or f"hicache-l3-{connector}.toml").resolve()
+        path = Path(os.path.abspath(args.config or f"hicache-l3-{connector}.toml"))  # links not followed
         dump_config(extra_config_for(connector, settings, args.tag), path)
     except HiCacheL3Error as exc:
         print(f"hicache-l3 sglang-args: {exc}", file=sys.stderr)
@@ -134,9 +139,32 @@ def check_config(path: str | Path, pages: int = 8, page_bytes: int = 64 << 10) -
     finally:
         connector.close()
         view.release()
+        _remove_check_namespace(connector, namespace)
     ms = (time.perf_counter() - start) * 1e3
     return (f"ok: {adapter.connector} connector, {pages} pages of {page_bytes} bytes written, "
             f"found and read back identical in {ms:.0f} ms")
+
+
+def _remove_check_namespace(connector: Any, namespace: Namespace) -> None:
+    """Remove the check's own namespace directory (``<root>/ns-<digest>``, with its slabs)
+    that file-backed connectors leave after their pages are deleted. The digest comes from
+    the check's unique tag, so no other namespace can be touched; a symlink is never followed."""
+    digest = namespace.digest()
+    fs, base = getattr(connector, "fs", None), getattr(connector, "base", None)
+    if fs is not None and isinstance(base, str) and base.endswith(f"/ns-{digest}"):  # fsspec roots
+        try:
+            fs.rm(base, recursive=True)
+        except Exception as exc:
+            log.debug("hicache-l3 check: could not remove %s: %r", base, exc)
+        return
+    root = getattr(connector, "root", None)
+    if not root or "://" in str(root):
+        return
+    directory = Path(root) / f"ns-{digest}"
+    if directory.is_symlink():
+        return
+    if directory.is_dir():
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def run_check(args: argparse.Namespace) -> int:

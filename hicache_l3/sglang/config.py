@@ -22,14 +22,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hicache_l3.common.config import tomllib
 from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.registry import available_connectors, config_class, resolve_name
+from hicache_l3.common.safe_fs import default_root, write_private_file
+
+log = logging.getLogger("hicache_l3.sglang.config")
 
 ADAPTER_MODULE = "hicache_l3.sglang"
 ADAPTER_CLASS = "HiCacheL3Storage"
@@ -38,13 +43,16 @@ BACKEND_NAME = "hicache-l3"
 # Keys of the extra config that SGLang itself reads (the rest of SGLang's keys it pops
 # before the backend sees the dict); accepted and ignored by the adapter.
 SGLANG_KEYS = frozenset({"backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size"})
+# SGLang adds ``--file-storage-path`` under this key to every backend's extra config: the
+# file connector's root when none is set, ignored otherwise.
+FILE_STORAGE_PATH = "file_storage_path"
 ADAPTER_KEYS = frozenset({"connector", "extra_backend_tag"})
 
 # Settings for an engine on this machine, written by `sglang-args` unless --set overrides them.
 LOCAL_DEFAULTS: dict[str, dict[str, Any]] = {
-    "file": {"root": "/var/tmp/hicache-l3"},
+    "file": {"root": str(default_root("file"))},  # per-user, created 0700 (safe_fs)
     "mooncake": {"master_address": "127.0.0.1:50051", "global_segment_size": "4GiB"},
-    "nixl": {"mode": "file", "root": "/var/tmp/hicache-l3-nixl"},
+    "nixl": {"mode": "file", "root": str(default_root("nixl"))},
     "hf3fs": {"root": "/mnt/3fs/hicache-l3"},
 }
 
@@ -67,7 +75,9 @@ class AdapterConfig:
         """Parse SGLang's ``extra_config`` dict; ConfigError naming any bad or unknown key.
 
         Tables named after a connector other than the chosen one are ignored, so one file
-        can hold the settings of several connectors.
+        can hold the settings of several connectors. ``file_storage_path`` (which SGLang
+        adds for ``--file-storage-path``) becomes the file connector's root when no root
+        is set, and is ignored otherwise.
         """
         if not extra:
             raise ConfigError(
@@ -80,7 +90,8 @@ class AdapterConfig:
                 f"{available_connectors()}"
             )
         connector = resolve_name(str(extra["connector"]))
-        known = set(SGLANG_KEYS) | set(ADAPTER_KEYS) | set(available_connectors()) | {"3fs"}
+        known = set(SGLANG_KEYS) | set(ADAPTER_KEYS) | set(available_connectors())
+        known |= {"3fs", FILE_STORAGE_PATH}
         unknown = sorted(set(extra) - known)
         if unknown:
             raise ConfigError(
@@ -100,7 +111,17 @@ class AdapterConfig:
             raise ConfigError(
                 f"hicache-l3: interface_v1 must be 0 or 1, got {extra.get('interface_v1')!r}"
             ) from None
-        return cls(connector, dict(table), tag, interface_v1)
+        settings = dict(table)
+        file_path = extra.get(FILE_STORAGE_PATH)
+        if file_path:
+            own_root = settings.get("root") or os.environ.get("HICACHE_L3_FILE_ROOT")
+            if connector == "file" and not own_root:
+                settings["root"] = str(file_path)
+            else:
+                log.debug("hicache-l3: ignoring %s=%r (SGLang's --file-storage-path): the %s "
+                          "connector's own settings say where pages go", FILE_STORAGE_PATH, file_path,
+                          connector)
+        return cls(connector, settings, tag, interface_v1)
 
     def validate_settings(self) -> None:
         """Load the connector's config class on the settings (raises ConfigError naming the
@@ -159,8 +180,6 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         if ext == ".json":
             data = json.loads(path.read_text())
         elif ext == ".toml":
-            import tomllib
-
             data = tomllib.loads(path.read_text())
         elif ext in (".yaml", ".yml"):
             try:
@@ -206,8 +225,8 @@ def _toml_value(value: Any) -> str:
 
 
 def dump_config(config: Mapping[str, Any], path: Path) -> None:
-    """Write ``config`` as JSON, TOML or YAML by ``path``'s extension (mode 0600: it may hold
-    credentials)."""
+    """Write ``config`` as JSON, TOML or YAML by ``path``'s extension: atomically, mode 0600
+    also over an existing file, never through a symlink (it may hold credentials)."""
     ext = path.suffix.lower()
     if ext == ".json":
         text = json.dumps(config, indent=2) + "\n"
@@ -226,7 +245,4 @@ def dump_config(config: Mapping[str, Any], path: Path) -> None:
         text = json.dumps(config, indent=2) + "\n"  # JSON is valid YAML
     else:
         raise ConfigError(f"{path}: unsupported config format {ext!r}; use .json, .toml or .yaml")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
+    write_private_file(path, text)

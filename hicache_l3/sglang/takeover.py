@@ -7,9 +7,15 @@ in :mod:`hicache_l3.sglang.backend`).
 
 Settings, lowest first: the defaults below; SGLang's own settings where they have a
 counterpart (``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`` or ``file_storage_path`` for the
-file root, default ``/tmp/hicache`` as in SGLang; ``SGLANG_HICACHE_NIXL_BACKEND_STORAGE_DIR``
+file root, default a per-user directory (:func:`~hicache_l3.common.safe_fs.default_root`)
+where SGLang's is the shared ``/tmp/hicache``; ``SGLANG_HICACHE_NIXL_BACKEND_STORAGE_DIR``
 for the NIXL root; Mooncake's ``MOONCAKE_*`` variables, JSON file and extra-config keys,
-read by the mooncake connector itself); ``HICACHE_L3_<CONNECTOR>_<FIELD>`` variables; a
+read by the mooncake connector itself, with ``global_segment_size`` split across the
+TP x PP ranks as SGLang's MooncakeStore does; the 3FS JSON file named by
+``SGLANG_HICACHE_HF3FS_CONFIG_PATH``: ``file_path_prefix`` becomes the root directory,
+``file_size`` the capacity, ``numjobs`` the I/O threads, ``entries`` the USRBIO ring
+entries; without that file the hf3fs table or ``HICACHE_L3_HF3FS_ROOT`` must name the
+root); ``HICACHE_L3_<CONNECTOR>_<FIELD>`` variables; a
 table named after the connector in ``--hicache-storage-backend-extra-config`` (our format,
 see :mod:`hicache_l3.sglang.config`). Other SGLang keys in the extra config are ignored and
 named in a log line.
@@ -19,12 +25,14 @@ Nothing here imports SGLang or torch.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Mapping
 from typing import Any
 
 from hicache_l3.common.errors import ConfigError
+from hicache_l3.common.safe_fs import default_root
 
 log = logging.getLogger("hicache_l3.sglang.takeover")
 
@@ -35,7 +43,13 @@ TAKEOVER_CLASSES = {
     "nixl": "HiCacheL3AsNixl",
     "hf3fs": "HiCacheL3AsHf3fs",
 }
-SGLANG_FILE_DEFAULT_DIR = "/tmp/hicache"  # HiCacheFile's default, kept so plain `file` works as before
+SGLANG_MOONCAKE_DEFAULT_SEGMENT = "4gb"  # MOONCAKE_GLOBAL_SEGMENT_SIZE's default in SGLang 0.5.23
+SGLANG_HF3FS_ENV = "SGLANG_HICACHE_HF3FS_CONFIG_PATH"
+# SGLang's 3FS JSON keys -> our hf3fs settings; the other keys have no meaning here.
+SGLANG_HF3FS_JSON = {"file_path_prefix": "root", "file_size": "capacity_bytes", "numjobs": "io_threads",
+                     "entries": "usrbio_entries"}
+MIN_USRBIO_ENTRIES = 4
+_announced: set[str] = set()
 
 
 def _mooncake_json() -> Mapping[str, str]:
@@ -58,9 +72,61 @@ def takeover_names(value: str | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def hf3fs_settings(env: Mapping[str, str]) -> dict[str, Any]:
+    """Our hf3fs settings from SGLang's 3FS configuration (the JSON file named by
+    ``SGLANG_HICACHE_HF3FS_CONFIG_PATH``; none without it, so ``root`` must then be set);
+    ConfigError naming the file when it cannot be read."""
+    path = env.get(SGLANG_HF3FS_ENV)
+    if not path:  # SGLang's own fallback, /data/hicache.<rank>.bin, is a shared local path: not used
+        return {}
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{SGLANG_HF3FS_ENV}={path}: cannot read it: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{SGLANG_HF3FS_ENV}={path}: expected a JSON object")
+    out = {ours: data[theirs] for theirs, ours in SGLANG_HF3FS_JSON.items() if data.get(theirs) is not None}
+    if not out.get("root"):
+        raise ConfigError(f"{SGLANG_HF3FS_ENV}={path}: file_path_prefix is missing (the 3FS directory)")
+    entries = out.get("usrbio_entries")
+    if isinstance(entries, int) and entries < MIN_USRBIO_ENTRIES:
+        out["usrbio_entries"] = MIN_USRBIO_ENTRIES
+    ignored = sorted(set(data) - set(SGLANG_HF3FS_JSON))
+    if ignored:
+        log.info("hicache-l3 as SGLang's 'hf3fs' backend: %s keys %s have no counterpart (pages and "
+                 "their index live on 3FS itself); ignored", path, ignored)
+    return out
+
+
+def mooncake_segment_share(settings: Mapping[str, Any], env: Mapping[str, str], ranks: int) -> int:
+    """This rank's share of SGLang's ``global_segment_size`` (extra config, else its JSON
+    file or ``MOONCAKE_GLOBAL_SEGMENT_SIZE``, else SGLang's 4 GB default): SGLang 0.5.23's
+    MooncakeStore gives each of the TP x PP ranks ``size // (tp_size * pp_size)``."""
+    from hicache_l3.common.config import parse_size
+    from hicache_l3.connectors.mooncake import _sglang_size, sglang_settings
+
+    value = settings.get("global_segment_size")
+    if value is None:
+        value = sglang_settings(env).get("global_segment_size", SGLANG_MOONCAKE_DEFAULT_SEGMENT)
+    total = parse_size(_sglang_size(value), "global_segment_size")
+    return total // max(1, ranks)
+
+
+def announce(builtin: str) -> None:
+    """Log the start-up line once per process, when SGLang first builds one of our backends:
+    :func:`install` runs before SGLang configures logging, so its own line never reaches a
+    server log."""
+    if builtin in _announced:
+        return
+    _announced.add(builtin)
+    log.info("hicache-l3: serving SGLang's %r storage backend (%s=%s)", builtin, ENV, os.environ.get(ENV, ""))
+
+
 def takeover_extra_config(name: str, extra: Mapping[str, Any] | None,
-                          env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Our adapter's extra config for SGLang's built-in backend ``name`` (see module docstring)."""
+                          env: Mapping[str, str] | None = None, ranks: int = 1) -> dict[str, Any]:
+    """Our adapter's extra config for SGLang's built-in backend ``name`` (see module docstring);
+    ``ranks`` is tp_size x pp_size (Mooncake's segment is split across them)."""
     from hicache_l3.sglang.config import ADAPTER_KEYS, SGLANG_KEYS
 
     env = os.environ if env is None else env
@@ -79,9 +145,15 @@ def takeover_extra_config(name: str, extra: Mapping[str, Any] | None,
             ignored.append(key)
     if ignored:
         log.info("hicache-l3 as SGLang's %r backend: ignoring extra-config key(s) %s", name, sorted(ignored))
-    if name == "file":  # SGLang's order: its env variable, then the extra-config key, then its default
+    # SGLang's order: its env variable, then the extra-config key; then, instead of SGLang's
+    # shared /tmp/hicache, a per-user root (another user could have created /tmp/hicache)
+    if name == "file":
         settings["root"] = (env.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR") or settings.get("root")
-                            or SGLANG_FILE_DEFAULT_DIR)
+                            or str(default_root("file")))
+    if name == "mooncake" and not env.get("HICACHE_L3_MOONCAKE_GLOBAL_SEGMENT_SIZE"):
+        settings["global_segment_size"] = mooncake_segment_share(settings, env, ranks)
+    if name == "hf3fs":
+        settings.update(hf3fs_settings(env))
     nixl_dir = env.get("SGLANG_HICACHE_NIXL_BACKEND_STORAGE_DIR")
     if name == "nixl" and nixl_dir:
         settings.update(mode="file", root=nixl_dir)

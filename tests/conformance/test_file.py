@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from hicache_l3.common.keys import Namespace
-from hicache_l3.common.slabs import MARKER, read_namespace_file
 from hicache_l3.conformance import ConnectorTests
-from hicache_l3.conformance.slab_backdoor import SlabBackdoor
+from hicache_l3.conformance.slab_integrity import SlabIntegrityTests
+from hicache_l3.slab.format import MARKER, read_namespace_file
 
 
-class TestFileConnector(SlabBackdoor, ConnectorTests):
+class TestFileConnector(SlabIntegrityTests, ConnectorTests):
     connector_name = "file"
 
     @pytest.fixture
@@ -69,9 +69,9 @@ class TestFileConnector(SlabBackdoor, ConnectorTests):
         rpages = Pages(reader, self.page_bytes, 2)
         store = reader._store  # freeze the reader's index: it does not see the reuse yet
         assert store is not None
-        entries = dict(store._entries)
+        entries = dict(store.index.entries)
         assert writer.batch_set(keys[2:], pages.pages[2:]) == [True, True]  # evicts old-*
-        store._entries.update(entries)
+        store.index.entries.update(entries)
         store.refresh = lambda: None  # type: ignore[method-assign]
         assert reader.batch_get(keys[:2], rpages.pages) == [False, False]
         assert reader.stats()["ops"]["get"]["failed"] == {"corrupt": 2}

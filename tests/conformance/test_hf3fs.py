@@ -24,12 +24,13 @@ import pytest
 
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.registry import open_connector
-from hicache_l3.common.slabs import Geometry
 from hicache_l3.conformance import ConnectorTests
 from hicache_l3.conformance import suite as suite_module
-from hicache_l3.conformance.slab_backdoor import SlabBackdoor, index_records, live_entries
+from hicache_l3.conformance.slab_backdoor import index_records, live_entries
+from hicache_l3.conformance.slab_integrity import SlabIntegrityTests
 from hicache_l3.conformance.suite import Pages
 from hicache_l3.connectors.hf3fs import SharedHostBuffer
+from hicache_l3.slab.format import Geometry
 
 REPO = Path(__file__).resolve().parents[2]
 DOUBLE = "tests.doubles.hf3fs_usrbio_double"
@@ -37,7 +38,7 @@ WORKER = REPO / "tests" / "hf3fs" / "node_worker.py"
 PAGE = 16 << 10
 
 
-class Hf3fsBackdoor(SlabBackdoor):
+class Hf3fsBackdoor(SlabIntegrityTests):
     """Backdoor reads and damage for the hf3fs slab layout."""
 
     def eviction_settings(self, settings: dict[str, Any], capacity_pages: int) -> dict[str, Any]:
@@ -371,12 +372,12 @@ def test_stale_entry_after_takeover_is_a_miss(tmp_path: Path) -> None:
         assert reader.batch_exists(["old-0", "old-1"]) == [True, True]
         store = reader._store
         assert store is not None
-        frozen = dict(store._entries)
+        frozen = dict(store.index.entries)
         with open_connector("hf3fs", ns, settings) as second:  # adopts w0000, epoch 2
             new = ["new-0", "new-1"]
             assert second.batch_set(new, _pages(second, new).pages) == [True, True]
             assert second.stats()["engine"]["evictions"] == 2
-        store._entries.update(frozen)
+        store.index.entries.update(frozen)
         store.refresh = lambda: None  # type: ignore[method-assign]
         got = Pages(reader, PAGE, 2)
         assert reader.batch_get(["old-0", "old-1"], got.pages) == [False, False]

@@ -15,11 +15,11 @@ import pytest
 
 from hicache_l3.common.keys import Namespace
 from hicache_l3.conformance import ConnectorTests
-from hicache_l3.conformance.slab_backdoor import SlabBackdoor
+from hicache_l3.conformance.slab_integrity import SlabIntegrityTests
 from hicache_l3.conformance.suite import Pages
 
 
-class TestNixlFile(SlabBackdoor, ConnectorTests):
+class TestNixlFile(SlabIntegrityTests, ConnectorTests):
     connector_name = "nixl"
 
     @pytest.fixture

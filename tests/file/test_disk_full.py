@@ -22,8 +22,8 @@ def run_full_disk(tmp_path: Path, native: bool) -> dict[str, object]:
     unshare = ["unshare", "--mount"]
     if os.geteuid() != 0:
         unshare[1:1] = ["--user", "--map-root-user"]
-    script = (f'mount -t tmpfs -o size=2m tmpfs "{root}" && exec "{sys.executable}" "{CHILD}" "{root}" '
-              f'{int(native)}')
+    script = (f'mount -t tmpfs -o size=2m,mode=0700 tmpfs "{root}" && '  # private, as roots must be
+              f'exec "{sys.executable}" "{CHILD}" "{root}" {int(native)}')
     proc = subprocess.run([*unshare, "sh", "-c", script], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT ")]

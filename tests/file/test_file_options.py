@@ -14,6 +14,7 @@ from hicache_l3 import Namespace, open_connector
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.pages import contiguous_pages, strided_pages
 from hicache_l3.conformance.suite import Pages, page_pattern
+from hicache_l3.slab.format import Geometry
 
 NS = Namespace(model="m", kv_dtype="bfloat16", layout="page_first", page_size=16)
 PAGE = 16 << 10
@@ -84,8 +85,6 @@ def test_concurrent_writer_processes_share_one_index(tmp_path: Path) -> None:
 
 
 def test_capacity_bounds_disk_use(tmp_path: Path) -> None:
-    from hicache_l3.common.slabs import Geometry
-
     stride = Geometry(PAGE).stride
     with open_connector("file", NS, root=str(tmp_path), capacity_bytes=32 * stride) as conn:
         pages = Pages(conn, PAGE, 16)
@@ -103,10 +102,10 @@ def test_index_log_compaction_keeps_pages_and_bounds_the_log(tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Under eviction the log is rewritten; other readers and a restart still see exactly the
     live pages (and deleted foreign pages stay deleted)."""
-    from hicache_l3.common import slabs
+    from hicache_l3.slab import store
 
-    monkeypatch.setattr(slabs, "COMPACT_MIN_BYTES", 16 << 10)
-    stride = slabs.Geometry(PAGE).stride
+    monkeypatch.setattr(store, "COMPACT_MIN_BYTES", 16 << 10)
+    stride = Geometry(PAGE).stride
     root = str(tmp_path)
     other = open_connector("file", NS, root=root)
     pages_o = Pages(other, PAGE, 2)

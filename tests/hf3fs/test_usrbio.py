@@ -21,9 +21,9 @@ from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.pages import contiguous_pages
 from hicache_l3.common.registry import open_connector
-from hicache_l3.common.slabs import Geometry
 from hicache_l3.conformance.suite import page_pattern
 from hicache_l3.connectors.hf3fs import SharedHostBuffer
+from hicache_l3.slab.format import Geometry
 from tests.doubles import hf3fs_usrbio_double as double
 
 DOUBLE = "tests.doubles.hf3fs_usrbio_double"
@@ -142,7 +142,7 @@ def test_zero_copy_only_for_pages_in_shared_memory(mount: str) -> None:
             assert views[i // 4][(i % 4) * PAGE : (i % 4 + 1) * PAGE] == page_pattern(key, PAGE)
         counters = conn.stats()["ops"]["counters"]
         assert counters["usrbio_zero_copy"] == 8 and counters["usrbio_staged"] == 8
-        fds = set(conn.usrbio._fds)
+        fds = set(conn.usrbio.rings._fds)
         assert fds and fds <= double._registered
     assert not fds & double._registered  # deregistered before the store closed them
     shared.close()

@@ -15,6 +15,7 @@ Prints one line ``REPORT {json}``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import uuid
@@ -103,6 +104,13 @@ def main() -> int:
     check(len(ours) == 1 and ours[0].value == "hicache_l3.sglang.plugin:install",
           f"entry point in sglang.srt.plugins: {ours}")
     load_plugins()
+    # SGLang configures logging after the plugins load: a handler attached now sees only
+    # what is logged later (the start-up line must be re-logged when a backend is built)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger().addHandler(handler)
+    logging.getLogger().setLevel(logging.INFO)
     registry = StorageBackendFactory._registry
     attach = HiCacheController.attach_storage_backend
     if spec["expect"] == "untouched":
@@ -116,6 +124,16 @@ def main() -> int:
                 takeover(name, extra)
             except Exception as exc:  # reported, with the rest
                 FAILURES.append(f"{name}: {exc!r}")
+        for name in spec["extra"]:
+            check(any(f"serving SGLang's {name!r} storage backend" in r.getMessage() for r in records),
+                  f"{name}: no start-up line once SGLang's logging is configured")
+        segment = spec.get("mooncake_segment")
+        if segment:  # SGLang splits global_segment_size across TP x PP; so do we
+            (pool,) = make_pools("mha", "page_first", 1)
+            b = StorageBackendFactory.create_backend(
+                "mooncake", storage_config(segment["extra"], mla=False, tp_rank=1, tp_size=4), pool)
+            got = b.adapter.settings.get("global_segment_size")
+            check(got == segment["want"], f"mooncake: global_segment_size {got}, want {segment['want']}")
         file_dir = os.environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR")
         if "file" in spec["extra"] and file_dir:
             check(any(Path(file_dir).glob("ns-*")), f"file: nothing under SGLang's file dir {file_dir}")

@@ -20,9 +20,11 @@ import sys
 import time
 import uuid
 import warnings
+from pathlib import Path
 from typing import Any
 
 warnings.filterwarnings("ignore")
+sys.path.insert(0, str(Path(__file__).parent))
 
 import torch  # noqa: E402
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig, PoolName  # noqa: E402
@@ -30,6 +32,7 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool 
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
+from sglang_hybrid import hybrid_roundtrip  # noqa: E402  (beside this file)
 
 from hicache_l3.common.errors import ConfigError  # noqa: E402
 from hicache_l3.sglang import HiCacheL3Storage  # noqa: E402
@@ -273,12 +276,23 @@ def api_checks(connector: str, settings: dict[str, Any]) -> None:
     b = StorageBackendFactory.create_backend("dynamic", storage_config(extra, mla=False), pool)
     b.register_mem_pool_host(pool)
     b.register_mem_host_pool_v2(pool, PoolName.KV)
-    b.register_mem_host_pool_v2(pool, PoolName.MAMBA)
+    b.on_host_pools_registered()
+    # a host pool without an attribute the adapter reads is a ConfigError naming it
+    (odd,) = make_pools("mha", "page_first", 1)
+    odd.__class__ = type("NoDtypeHostPool", (type(odd),), {})
+    odd.__dict__.pop("dtype", None)
+    check(not hasattr(odd, "dtype"), "test setup: the pool still has a dtype")
     try:
-        b.on_host_pools_registered()
-        check(False, "a v2 sidecar pool was accepted")
+        backend(extra, odd, mla=False)
+        check(False, "a host pool without dtype was accepted")
     except ConfigError as exc:
-        check("mamba" in str(exc), f"v2 refusal does not name the pool: {exc}")
+        check("'dtype'" in str(exc) and "NoDtypeHostPool" in str(exc), f"no-dtype error: {exc}")
+    except AttributeError as exc:
+        check(False, f"a host pool without dtype raised AttributeError: {exc}")
+    # SGLang adds file_storage_path (--file-storage-path) to every backend's extra config
+    fsp = backend({**extra, "file_storage_path": "/nonexistent/sglang-file-dir"}, pool, mla=False)
+    check(isinstance(fsp, HiCacheL3Storage), "file_storage_path refused")
+    fsp.close()
     threads_check(extra)
     # a layout SGLang gives no page description for is refused at attach, naming it
     for kind in ("mha", "mla"):
@@ -316,6 +330,13 @@ def main() -> int:
                 cases.append(roundtrip(item["connector"], item["settings"], kind, layout))
             except Exception as exc:
                 FAILURES.append(f"{item['connector']}/{kind}/{layout}: {exc!r}")
+        if spec.get("hybrid", True):
+            try:
+                hybrid_roundtrip(item["connector"], item["settings"], check, make_pools, storage_config,
+                                 indices, page_bytes, PAGE)
+                cases.append({"case": f"{item['connector']}/hybrid"})
+            except Exception as exc:
+                FAILURES.append(f"{item['connector']}/hybrid: {exc!r}")
         report[item["label"]] = {"cases": cases, "failures": FAILURES[start:]}
     print("REPORT " + json.dumps(report))
     return 1 if FAILURES else 0

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from hicache_l3.common.errors import ConnectorClosedError, EngineUnavailableError
+from hicache_l3.common.errors import ConnectorClosedError, EngineUnavailableError, HiCacheL3Error
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.registry import open_connector
 from hicache_l3.conformance.suite import Pages
@@ -48,6 +48,10 @@ def test_master_killed_and_restarted_mid_run(namespace: Namespace) -> None:
             stats = conn.stats()["ops"]
             assert stats["get"]["failed"] == {"engine_down": 32}
             assert stats["counters"].get("master_down_fast_fail", 0) >= 1  # later calls: no wait
+            t0 = time.monotonic()
+            with pytest.raises(HiCacheL3Error, match="mooncake"):  # a documented error, in time
+                conn.clear()
+            assert time.monotonic() - t0 < 5.0
             engine.restart_master()
             engine.wait_capacity(1, timeout=30.0)  # the holder re-mounts its segment
             deadline = time.monotonic() + 30.0

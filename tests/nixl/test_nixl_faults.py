@@ -20,9 +20,9 @@ import pytest
 from hicache_l3.common.errors import ConfigError, EngineUnavailableError
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.registry import open_connector
-from hicache_l3.common.slabs import Geometry
 from hicache_l3.conformance.suite import Pages
 from hicache_l3.engines import S3Engine, free_port
+from hicache_l3.slab.format import Geometry
 
 PAGE = 16 << 10
 SECRET_ID = "AKIDSECRETVALUE1234"
@@ -71,9 +71,9 @@ def test_file_get_with_one_unreadable_slab_loads_the_others(opened: list[Any], n
     keys = [f"g{i}" for i in range(8)]
     pages = _stored(conn, keys)
     store = conn._store
-    slab_of = {k: store._entries[k].slab for k in keys}
+    slab_of = {k: store.index.entries[k].slab for k in keys}
     assert set(slab_of.values()) == {0, 1}
-    os.truncate(store._slab_path(store.me, 1), 0)  # slab 1 vanishes under the connector
+    os.truncate(store.files.path(store.me, 1), 0)  # slab 1 vanishes under the connector
     pages.wipe()
     got = conn.batch_get(keys, pages.pages)
     assert got == [slab_of[k] == 0 for k in keys]
@@ -89,10 +89,10 @@ def test_file_set_with_one_unwritable_slab_stores_the_others(opened: list[Any], 
     first = [f"a{i}" for i in range(8)]
     _stored(conn, first)
     store = conn._store
-    in_slab1 = [k for k in first if store._entries[k].slab == 1]
+    in_slab1 = [k for k in first if store.index.entries[k].slab == 1]
     assert conn.delete(in_slab1) == [True] * len(in_slab1)  # frees slab 1's slots
     fd = store.fd(store.me, 1)
-    ro = os.open(store._slab_path(store.me, 1), os.O_RDONLY)
+    ro = os.open(store.files.path(store.me, 1), os.O_RDONLY)
     os.dup2(ro, fd)  # the registered descriptor now refuses writes
     os.close(ro)
     keys = [f"b{i}" for i in range(8)]
@@ -102,7 +102,7 @@ def test_file_set_with_one_unwritable_slab_stores_the_others(opened: list[Any], 
     assert 0 < sum(got) < 8, got
     assert conn.batch_exists(keys) == got
     stored = [k for k, ok in zip(keys, got) if ok]
-    assert all(store._entries[k].slab == 0 for k in stored)
+    assert all(store.index.entries[k].slab == 0 for k in stored)
     pages.wipe()
     assert conn.batch_get(keys, pages.pages) == got
     for i, (key, ok) in enumerate(zip(keys, got)):
@@ -213,6 +213,10 @@ def test_obj_unreachable_endpoint_fails_fast_at_open(namespace: Namespace) -> No
 
 def test_obj_silent_endpoint_fails_within_connect_timeout(namespace: Namespace) -> None:
     """A server that accepts connections and never answers: open gives up in time."""
+    import boto3  # noqa: F401  (imports are not what is timed: a loaded machine takes seconds)
+
+    import hicache_l3.connectors.nixl.obj  # noqa: F401
+
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)

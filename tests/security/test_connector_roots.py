@@ -85,3 +85,16 @@ def test_symlinked_root_is_refused(tmp_path: Path, scheme: str) -> None:
     with pytest.raises(ConfigError, match="symlink"):
         open_connector("file", NS, {"root": f"{scheme}{tmp_path}/root"})
     assert os.listdir(target) == []
+
+
+def test_sglang_named_root_planted_by_another_uid_is_refused(as_root: None, open_base: Path) -> None:
+    """SGLang's own setting (here its env variable, as for /tmp/hicache) is honoured, with
+    the checks: a planted directory there makes the open fail instead of serving pages."""
+    from hicache_l3.sglang.takeover import takeover_extra_config
+
+    planted = open_base / "hicache"
+    run_as(NOBODY, lambda: os.mkdir(planted, 0o777) or os.chmod(planted, 0o777))
+    cfg = takeover_extra_config("file", {}, env={"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": str(planted)})
+    assert cfg["file"]["root"] == str(planted)
+    with pytest.raises(ConfigError, match="belongs to another user"):
+        open_connector(cfg["connector"], NS, cfg["file"])

@@ -6,18 +6,20 @@ from __future__ import annotations
 import errno
 import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from hicache_l3 import Namespace, open_connector
-from hicache_l3.common import batch_io
-from hicache_l3.common.batch_io import PageBatch
 from hicache_l3.common.integrity import page_checksum
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.pages import Page
-from hicache_l3.common.slabs import START
 from hicache_l3.conformance.suite import Pages
+from hicache_l3.slab import native as batch_io
+from hicache_l3.slab.format import START
+from hicache_l3.slab.native import PageBatch
 
 HL = 64
 SLOT = 3 * 4096
@@ -25,18 +27,24 @@ SLOT = 3 * 4096
 
 def test_library_is_built_and_loaded() -> None:
     """CI builds it (pyproject's ext-modules); a silent fallback would hide a broken build.
-    HICACHE_L3_NATIVE_IO=0 is the one way to turn it off."""
-    if os.environ.get("HICACHE_L3_NATIVE_IO", "1") in ("0", "false", "no", "off"):
-        assert batch_io.NATIVE is None and "Python" in batch_io.describe()
-        return
-    assert batch_io.NATIVE is not None, "hicache_l3._batch_io is not built: pip install -e . needs cc"
+    The ``native_io`` setting is the one way to turn it off."""
+    assert batch_io.library() is not None, "hicache_l3._batch_io is not built: pip install -e . needs cc"
     assert "native" in batch_io.describe()
+
+
+def test_importing_the_slab_package_loads_nothing() -> None:
+    """No file I/O or ctypes work at import: the library loads on first use."""
+    code = ("import sys; import hicache_l3.slab.io, hicache_l3.connectors.file; "
+            "from hicache_l3.slab import native; "
+            "assert native._loaded is None and 'hicache_l3._batch_io' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 @pytest.fixture
 def native() -> batch_io.BatchIO:
-    assert batch_io.NATIVE is not None
-    return batch_io.NATIVE
+    lib = batch_io.library()
+    assert lib is not None
+    return lib
 
 
 @pytest.fixture

@@ -63,3 +63,28 @@ def test_a_command_missing_its_package_is_listed_with_the_hint(
     assert "hicache-l3 plots: unavailable: needs matplotlib_not_installed_here: pip install " \
            "'hicache-l3[plot]'" in capsys.readouterr().err
     assert cli.main(["sglang-args", "--backend", "nope"]) == 2  # the others still run
+
+
+def test_sglang_package_imports_sglang_only_for_the_adapter_class():
+    """config, cli, takeover and the plugin (which SGLang imports in every process) load
+    without SGLang or torch; the adapter class is imported on first access to it, which is
+    what SGLang's ``getattr(import_module("hicache_l3.sglang"), "HiCacheL3Storage")`` does."""
+    code = (
+        "import sys\n"
+        "import hicache_l3.sglang as pkg, hicache_l3.sglang.config, hicache_l3.sglang.cli\n"
+        "import hicache_l3.sglang.plugin, hicache_l3.sglang.takeover\n"
+        "print(sorted(m for m in ('torch', 'sglang', 'hicache_l3.sglang.backend') if m in sys.modules))\n"
+        "try:\n"
+        "    pkg.no_such_name\n"
+        "except AttributeError as exc:\n"
+        "    print('AttributeError', exc)\n"
+        "sys.modules['sglang'] = None\n"
+        "try:\n"
+        "    pkg.HiCacheL3Storage\n"
+        "except ImportError as exc:\n"
+        "    print('ImportError', (exc.name or '').split('.')[0] in ('sglang', 'torch'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.splitlines() == [
+        "[]", "AttributeError module 'hicache_l3.sglang' has no attribute 'no_such_name'",
+        "ImportError True"], out.stdout + out.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hicache_l3.common.config import parse_size
@@ -84,3 +86,19 @@ def test_settings_reference_is_current():
 
     doc = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
     assert doc.read_text() == render()
+
+
+def test_fsspec_root_names_the_slab_settings_it_ignores(tmp_path: Path, caplog: pytest.LogCaptureFixture
+                                                        ) -> None:
+    """A URL root gets the fsspec connector, whose settings are its own: the slab store's
+    settings given with it are named in a warning instead of being silently ignored."""
+    from hicache_l3.common.registry import open_connector
+    from hicache_l3.connectors.fsspec_root import FsspecConfig, FsspecConnector
+
+    ns = {"model": "m", "kv_dtype": "x", "layout": "page_first", "page_size": 1}
+    root = f"file://{tmp_path}/fs"
+    with caplog.at_level("WARNING", logger="hicache_l3.fsspec"), open_connector(
+            "file", ns, {"root": root, "capacity_bytes": "1GiB", "o_direct": True, "io_threads": 1}) as conn:
+        assert isinstance(conn, FsspecConnector) and conn.batch_exists(["k"]) == [False]
+        assert isinstance(conn.config, FsspecConfig) and conn.config.io_threads == 1
+    assert "['capacity_bytes', 'o_direct'] mean nothing for an fsspec root" in caplog.text

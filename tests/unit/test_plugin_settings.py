@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from hicache_l3.common.errors import ConfigError
-from hicache_l3.sglang.takeover import ENV, SGLANG_FILE_DEFAULT_DIR, takeover_extra_config, takeover_names
+from hicache_l3.common.safe_fs import default_root
+from hicache_l3.sglang.takeover import ENV, takeover_extra_config, takeover_names
 
 
 def test_names_are_opt_in_and_checked() -> None:
@@ -23,7 +24,10 @@ def test_names_are_opt_in_and_checked() -> None:
 
 def test_file_root_follows_sglang_then_ours() -> None:
     cfg = takeover_extra_config("file", None, env={})
-    assert cfg == {"connector": "file", "interface_v1": 1, "file": {"root": SGLANG_FILE_DEFAULT_DIR}}
+    # not SGLang's shared /tmp/hicache (another user may have created it): a per-user root
+    assert cfg == {"connector": "file", "interface_v1": 1, "file": {"root": str(default_root("file"))}}
+    assert takeover_extra_config("file", {"file_storage_path": "/tmp/hicache"}, env={})["file"] == {
+        "root": "/tmp/hicache"}  # still honoured when named (and checked when opened)
     assert takeover_extra_config("file", {"file_storage_path": "/a"}, env={})["file"] == {"root": "/a"}
     env = {"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": "/b"}
     assert takeover_extra_config("file", {"file_storage_path": "/a"}, env=env)["file"] == {"root": "/b"}
@@ -40,7 +44,8 @@ def test_mooncake_maps_sglang_keys_and_ignores_the_rest(caplog: pytest.LogCaptur
              "check_server": True, "mooncake": {"replica_num": 2}}
     with caplog.at_level("INFO", logger="hicache_l3.sglang.takeover"):
         cfg = takeover_extra_config("mooncake", extra, env={"HICACHE_L3_MOONCAKE_PROTOCOL": "tcp"})
-    assert cfg["mooncake"] == {"master_address": "10.0.0.1:50051", "device_names": "mlx5_0", "replica_num": 2}
+    assert cfg["mooncake"] == {"master_address": "10.0.0.1:50051", "device_names": "mlx5_0", "replica_num": 2,
+                               "global_segment_size": 4 << 30}  # SGLang's default, one rank
     assert "check_server" in caplog.text
 
 

@@ -54,7 +54,9 @@ def test_config_classes_and_settings_checks_need_no_engine():
         "print(takeover_extra_config('file', {}, env={})['file']['root'])\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    want = ["FileConfig Hf3fsConfig MooncakeConfig NixlConfig", "/tmp/hicache"]
+    from hicache_l3.common.safe_fs import default_root
+
+    want = ["FileConfig Hf3fsConfig MooncakeConfig NixlConfig", str(default_root("file"))]  # per-user
     assert out.stdout.split("\n")[:2] == want, out.stdout + out.stderr
 
 

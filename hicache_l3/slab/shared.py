@@ -3,7 +3,7 @@ NFS): writer directories owned through epoch-numbered claim files and leases ins
 ``flock``, logs written at explicit offsets, periodic rescans instead of trusting
 directory mtime, and generations that never repeat across owners.
 
-Layout added to :mod:`hicache_l3.common.slabs`'s, per writer directory::
+Layout added to :mod:`hicache_l3.slab.format`'s, per writer directory::
 
     writers/wNNNN/claim.EEEEEEEE     the owner of epoch E (JSON: node, pid, start, epoch)
     writers/wNNNN/released.EEEEEEEE  epoch E's owner closed cleanly
@@ -94,9 +94,11 @@ from typing import Any
 
 from hicache_l3.common.errors import ConfigError, HiCacheL3Error
 from hicache_l3.common.keys import Namespace
-from hicache_l3.common.slabs import SlabStore
+from hicache_l3.slab.files import is_real_dir, make_dir, open_file, writer_name
+from hicache_l3.slab.format import Slot
+from hicache_l3.slab.store import SlabStore
 
-log = logging.getLogger("hicache_l3.shared_slabs")
+log = logging.getLogger("hicache_l3.slab.shared")
 
 GEN_EPOCH_SHIFT = 40
 CLAIM, RELEASED = "claim.", "released."
@@ -139,7 +141,7 @@ def _epochs(wdir: Path, prefix: str) -> list[int]:
     out: list[int] = []
     try:
         names = os.listdir(wdir)
-    except FileNotFoundError:
+    except OSError:  # gone, or not a directory
         return out
     for name in names:
         if name.startswith(prefix) and name[len(prefix):].isdigit():
@@ -191,7 +193,7 @@ class WriterLease:
         if self.lost:
             return
         with contextlib.suppress(OSError):
-            fd = os.open(self.wdir / f"{RELEASED}{self.epoch:08d}", os.O_CREAT | os.O_WRONLY, 0o644)
+            fd = open_file(self.wdir / f"{RELEASED}{self.epoch:08d}", os.O_CREAT | os.O_WRONLY)
             os.close(fd)
 
 
@@ -233,7 +235,11 @@ class LeaseBook:
         body = {"node": self.node, "pid": os.getpid(), "start": process_start(os.getpid()),
                 "epoch": epoch, "host": socket.gethostname()}
         tmp = wdir / f".claim.{uuid.uuid4().hex}.tmp"
-        tmp.write_text(json.dumps(body))
+        fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        try:
+            os.write(fd, json.dumps(body).encode())
+        finally:
+            os.close(fd)
         try:
             os.link(tmp, claim_path(wdir, epoch))
         except FileExistsError:
@@ -249,7 +255,7 @@ class LeaseBook:
 
 
 class SharedSlabStore(SlabStore):
-    """:class:`~hicache_l3.common.slabs.SlabStore` for a filesystem mounted by several
+    """:class:`~hicache_l3.slab.store.SlabStore` for a filesystem mounted by several
     machines; see the module docstring for the protocol.
 
     ``capacity_bytes`` is per writer, as in the base class; the namespace total is
@@ -285,7 +291,6 @@ class SharedSlabStore(SlabStore):
         self._last_scan = 0.0
         self._stop = threading.Event()
         self._own_lock = threading.Lock()
-        self._retired: list[int] = []
         self._heart: threading.Thread | None = None
         self.takeovers = 0
         super().__init__(root, namespace, slot_bytes, **kwargs)
@@ -296,18 +301,19 @@ class SharedSlabStore(SlabStore):
         now = time.monotonic()
         if now - self._last_scan >= self.rescan_s:
             self._last_scan = now
-            self._dir_mtime = -1  # directory mtime is not trusted across nodes
+            self.index.dir_mtime = -1  # directory mtime is not trusted across nodes
         super().refresh()
 
     # ---- ownership ----------------------------------------------------------------------
-    def _become_writer(self) -> None:
-        if self.me is not None:
-            if self.lease is not None and self.lease.lost:
-                raise WriterUnavailableError(f"writer directory w{self.me:04d} was taken over")
-            return
-        with self._own_lock:  # never under self._lock: the wait must not block readers
-            if self.me is None:
-                self._claim_a_writer()
+    def _become_writer(self) -> int:
+        if self.me is None:
+            with self._own_lock:  # never under self._lock: the wait must not block readers
+                if self.me is None:
+                    self._claim_a_writer()
+        assert self.me is not None
+        if self.lease is not None and self.lease.lost:
+            raise WriterUnavailableError(f"writer directory {writer_name(self.me)} was taken over")
+        return self.me
 
     def _claim_a_writer(self) -> None:
         self.refresh()
@@ -315,9 +321,11 @@ class SharedSlabStore(SlabStore):
         while True:
             pending = False
             for writer in range(self.max_writers):
-                wdir = self.writers_dir / f"w{writer:04d}"
-                with contextlib.suppress(FileExistsError):
-                    wdir.mkdir()
+                wdir = self.writers_dir / writer_name(writer)
+                with contextlib.suppress(OSError):  # exists; or junk, skipped below
+                    make_dir(wdir)
+                if not is_real_dir(wdir):
+                    continue  # junk named like a writer directory: the index logs it once
                 state = self._book.observe(wdir)
                 pending = pending or state.pending
                 if state.free and self._try_claim(writer, state.epoch + 1):
@@ -330,17 +338,12 @@ class SharedSlabStore(SlabStore):
             time.sleep(min(0.25, self.lease_s / 8))
 
     def _try_claim(self, writer: int, epoch: int) -> bool:
-        wdir = self.writers_dir / f"w{writer:04d}"
+        wdir = self.writers_dir / writer_name(writer)
         lease = self._book.claim(wdir, epoch)
         if lease is None:
             return False
         with self._lock:
-            owned = self._try_own(writer)
-            if owned:
-                # descriptors opened while this process only read the directory are
-                # read-only; retire them (other threads may still be reading with them)
-                for key in [k for k in self._fds if k[0] == writer]:
-                    self._retired.append(self._fds.pop(key))
+            owned = self._try_own(writer)  # retires the read-only descriptors it cached
         if not owned:
             lease.release()
             return False
@@ -366,11 +369,20 @@ class SharedSlabStore(SlabStore):
     def _check_owned(self) -> None:
         if self.lease is not None and not self.lease.valid:
             raise WriterUnavailableError(
-                f"lease on writer directory w{self.me:04d} is lost or stale: not publishing"
+                f"lease on writer directory {writer_name(self.me or 0)} is lost or stale: not publishing"
             )
 
     # ---- writing ------------------------------------------------------------------------
-    def reserve(self, count: int) -> list[tuple[int, int, int, int]]:
+    def _writer_ready(self) -> bool:
+        try:
+            self._become_writer()
+            self._check_owned()
+        except WriterUnavailableError as exc:
+            log.warning("%s", exc)
+            return False
+        return True
+
+    def reserve(self, count: int) -> list[Slot]:
         """As the base class; empty (the caller reports ``no_space``) when this process
         cannot own a writer directory."""
         try:
@@ -381,11 +393,11 @@ class SharedSlabStore(SlabStore):
             return []
         return super().reserve(count)
 
-    def commit(self, items: Sequence[tuple[str, int, int, int, int, int]]) -> None:
+    def commit(self, keys: Sequence[str], slots: Sequence[Slot], checksums: Sequence[int]) -> None:
         """Publish written pages, only while this process still owns its directory."""
-        if items:
+        if keys:
             self._check_owned()
-        super().commit(items)
+        super().commit(keys, slots, checksums)
 
     def delete(self, keys: Sequence[str]) -> list[bool]:
         """As the base class, refusing (raising) when the writer directory was lost."""
@@ -417,7 +429,3 @@ class SharedSlabStore(SlabStore):
         if not closed and self.lease is not None:
             self.lease.release()
         super().close()
-        for fd in self._retired:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._retired.clear()

@@ -1,4 +1,6 @@
-"""Batch page I/O in C: the slab connectors' hot path with the GIL released once per share.
+"""The C batch library (``hicache_l3._batch_io``): the slab connectors' hot path with the GIL
+released once per share. Loaded lazily, on the first :func:`library` call (the native
+transport's first use), never at import.
 
 The pure-Python path (``os.preadv``/``os.pwritev`` plus a ctypes XXH3 call per page) costs
 ~4-8 us of Python per page and, with two I/O threads, ping-pongs the GIL several times per
@@ -7,7 +9,7 @@ page: measured here it moves 64 KiB pages at ~2 GB/s where the same syscalls rea
 start-header check and the XXH3 checksum) in one call. It is an optional build
 (``[[tool.setuptools.ext-modules]]`` with ``optional = true``): without a C compiler the
 package installs and every connector keeps its Python path, which stays the reference the
-conformance suite also runs (``native_io = false``).
+conformance suite also runs (``native_io = false``, the one switch).
 
 The library holds no XXH3 of its own: it calls the entry points of the ``xxhash`` wheel's
 library, so its checksums are the ones :func:`~hicache_l3.common.integrity.page_checksum`
@@ -25,6 +27,7 @@ import array
 import ctypes
 import importlib.util
 import os
+import threading
 from collections.abc import Sequence
 from itertools import accumulate, chain
 
@@ -169,12 +172,29 @@ def _self_test(io: BatchIO) -> None:
             raise RuntimeError("native batch read disagrees with the Python path")
 
 
-TURNED_OFF = "turned off by HICACHE_L3_NATIVE_IO"
+_lock = threading.Lock()
+_loaded: tuple[BatchIO | None, str] | None = None
+
+
+def library() -> BatchIO | None:
+    """The library, loaded and self-tested on first call (nothing happens at import);
+    None when it is not built or failed its self-test (:func:`unavailable_reason`)."""
+    global _loaded
+    if _loaded is None:
+        with _lock:
+            if _loaded is None:
+                _loaded = _load()
+    return _loaded[0]
+
+
+def unavailable_reason() -> str:
+    """Why :func:`library` is None ("" when it is loaded)."""
+    library()
+    assert _loaded is not None
+    return _loaded[1]
 
 
 def _load() -> tuple[BatchIO | None, str]:
-    if os.environ.get("HICACHE_L3_NATIVE_IO", "1").lower() in ("0", "false", "no", "off"):
-        return None, TURNED_OFF
     spec = importlib.util.find_spec("hicache_l3._batch_io")
     if spec is None or spec.origin is None:
         return None, "hicache_l3._batch_io not built: reinstall with a C compiler (cc) present"
@@ -186,11 +206,6 @@ def _load() -> tuple[BatchIO | None, str]:
     return io, ""
 
 
-NATIVE, WHY_NOT = _load()
-"""The library, or None and the reason in ``WHY_NOT`` (not built, failed its self-test, or
-``HICACHE_L3_NATIVE_IO=0``)."""
-
-
 def describe() -> str:
-    """One line for logs and stats: which I/O path the slab connectors take, and why."""
-    return "native batch I/O (C)" if NATIVE is not None else f"Python I/O ({WHY_NOT})"
+    """One line for logs and stats: whether the C batch library is usable, and why not."""
+    return "native batch I/O (C)" if library() is not None else f"Python I/O ({unavailable_reason()})"

@@ -1,0 +1,145 @@
+"""A stateful model test for every connector (Hypothesis ``RuleBasedStateMachine``).
+
+Modelled on zarr-python's ``ZarrStoreStateMachine``: random sequences of set / get /
+exists / delete / clear / reopen / damage at rest / a second process run against the
+connector and against a model (the set of stored keys; a page's bytes are a function of
+its key, as pages are content-addressed). After each rule the invariant holds:
+
+* a hit has exactly the model's bytes (never someone else's, never a damaged page);
+* a miss happens only where the model allows one: the key was never stored or was
+  deleted, its bytes were damaged at rest, or the connector declared it does not
+  persist and was reopened.
+
+The run is derandomized (a fixed seed) and bounded in CI: ``HICACHE_L3_STATEFUL_EXAMPLES``
+(default 4) sequences of ``HICACHE_L3_STATEFUL_STEPS`` (default 10) rules; raise both for
+a soak. ``ConnectorTests.test_stateful_model`` runs it for every connector.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from hypothesis import HealthCheck, settings, strategies
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
+
+from hicache_l3.common.connector import Connector
+from hicache_l3.common.keys import Namespace
+from hicache_l3.conformance.pages import Pages
+
+KEYS = [f"sm-{i:02d}" for i in range(10)]
+SPAWNS_PER_SEQUENCE = 1  # a second process costs ~1 s: at most this many per sequence
+
+def run_model(tests: Any, open_conn: Callable[..., Connector[Any]], conn_settings: dict[str, Any],
+              base: Namespace) -> None:
+    """Run the state machine against ``tests.connector_name`` (a ``ConnectorTests``)."""
+
+    page_bytes = tests.page_bytes
+    batches = strategies.lists(strategies.sampled_from(KEYS), min_size=1, max_size=6, unique=True)
+
+    class ConnectorModel(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            fields = base.fields() | {"tag": f"sm{uuid.uuid4().hex[:10]}"}
+            self.namespace = Namespace.from_dict(fields)
+            self.conn = open_conn(self.namespace)
+            self.caps = self.conn.capabilities
+            self.pages = Pages(self.conn, page_bytes, len(KEYS))
+            self.stored: set[str] = set()
+            self.maybe_missing: set[str] = set()  # stored, but a miss is allowed
+            self.spawns = 0
+
+        def _pages(self, keys: list[str]) -> list[Any]:
+            return [self.pages.pages[KEYS.index(k)] for k in keys]
+
+        def _required(self, key: str) -> bool:
+            return key in self.stored and key not in self.maybe_missing
+
+        @rule(keys=batches)
+        def set_pages(self, keys: list[str]) -> None:
+            self.pages.fill_at([KEYS.index(k) for k in keys], keys)
+            got = self.conn.batch_set(keys, self._pages(keys))
+            assert got == [True] * len(keys), f"set {keys} -> {got}"
+            self.stored.update(keys)
+
+        @rule(keys=batches)
+        def get_pages(self, keys: list[str]) -> None:
+            self.pages.wipe()
+            got = self.conn.batch_get(keys, self._pages(keys))
+            for key, ok in zip(keys, got):
+                if ok:
+                    assert key in self.stored, f"get of {key} hit, but it is not stored"
+                    assert self.pages.matches(KEYS.index(key), key), f"WRONG BYTES for {key}"
+                else:
+                    assert not self._required(key), f"get of stored {key} missed"
+
+        @rule(keys=batches)
+        def exists(self, keys: list[str]) -> None:
+            got = self.conn.batch_exists(keys)
+            for key, hit in zip(keys, got):
+                if key not in self.stored:
+                    assert not hit, f"exists({key}) is True, but it is not stored"
+                elif self._required(key):
+                    assert hit, f"exists({key}) is False, but it is stored"
+
+        @rule(keys=batches)
+        def delete(self, keys: list[str]) -> None:
+            got = self.conn.delete(keys)
+            for key, gone in zip(keys, got):
+                if key not in self.stored:
+                    assert not gone, f"delete({key}) is True, but it was not stored"
+                elif self._required(key):
+                    assert gone, f"delete({key}) is False, but it was stored"
+            self.stored.difference_update(keys)
+            self.maybe_missing.difference_update(keys)
+
+        @rule()
+        def clear(self) -> None:
+            self.conn.clear()
+            self.stored.clear()
+            self.maybe_missing.clear()
+
+        @rule()
+        def reopen(self) -> None:
+            self.conn.close()
+            self.conn = open_conn(self.namespace)
+            self.conn.register(self.pages.buffer)
+            if not self.caps.persistent:
+                self.maybe_missing.update(self.stored)
+
+        @precondition(lambda self: bool(self.stored) and self.caps.detects_corruption)
+        @rule(data=strategies.data())
+        def damage_at_rest(self, data: Any) -> None:
+            key = data.draw(strategies.sampled_from(sorted(self.stored)))
+            if key in self.maybe_missing:
+                return
+            try:
+                tests.backdoor_corrupt(conn_settings, self.namespace, key, "flip")
+            except (KeyError, FileNotFoundError, LookupError):
+                return  # not where the backdoor looks (e.g. evicted meanwhile): nothing damaged
+            self.maybe_missing.add(key)
+
+        @precondition(lambda self: self.caps.shared_across_processes
+                      and self.spawns < SPAWNS_PER_SEQUENCE)
+        @rule(keys=batches)
+        def second_process_get(self, keys: list[str]) -> None:
+            self.spawns += 1
+            got = tests._spawn(conn_settings, self.namespace, "verify", keys)
+            for key, outcome in zip(keys, got):
+                assert outcome != "wrong", f"WRONG BYTES for {key} in a second process"
+                if outcome == "hit":
+                    assert key in self.stored, f"second process hit {key}, which is not stored"
+                else:
+                    assert not self._required(key), f"second process missed stored {key}"
+
+        def teardown(self) -> None:
+            self.conn.close()
+
+    examples = int(os.environ.get("HICACHE_L3_STATEFUL_EXAMPLES", "4"))
+    steps = int(os.environ.get("HICACHE_L3_STATEFUL_STEPS", "10"))
+    run_state_machine_as_test(ConnectorModel, settings=settings(
+        max_examples=examples, stateful_step_count=steps, deadline=None, derandomize=True,
+        database=None, suppress_health_check=list(HealthCheck), print_blob=True,
+    ))

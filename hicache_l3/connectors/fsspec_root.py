@@ -1,0 +1,213 @@
+"""The file connector over an fsspec URL root (``s3://``, ``gcs://``, ``memory://``,
+``file://``...): one object per page, copied through Python bytes.
+
+``root`` URLs given to the ``file`` connector land here (its registry factory,
+:func:`hicache_l3.connectors.file.open_file_connector`, dispatches on ``://``). Slower than
+the slab path by design: it is for roots that are not local paths. Its settings are its
+own (:class:`FsspecConfig`): the slab store's (``capacity_bytes``, ``slab_bytes``,
+``o_direct``, ``fsync``, ``native_io``, ``write_threads``) mean nothing here; given, they
+are ignored with a warning naming them. Environment variables keep the file connector's
+prefix (``HICACHE_L3_FILE_<FIELD>``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import uuid
+from typing import Any, Literal
+
+from hicache_l3.common.config import ConnectorConfig, setting
+from hicache_l3.common.connector import Capabilities, Connector
+from hicache_l3.common.errors import ConfigError, EngineUnavailableError, Reason
+from hicache_l3.common.integrity import buffer_checksum, key_fingerprint
+from hicache_l3.common.keys import Namespace
+from hicache_l3.common.pages import Page, page_nbytes
+from hicache_l3.common.parallel import BatchPool
+from hicache_l3.common.safe_fs import private_root
+from hicache_l3.slab.format import MARKER, START, START_MAGIC, encode_start
+
+log = logging.getLogger("hicache_l3.fsspec")
+
+# Settings of the slab file connector that an fsspec root has no use for.
+SLAB_ONLY = ("capacity_bytes", "slab_bytes", "write_threads", "fsync", "o_direct", "native_io")
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+@dataclasses.dataclass
+class FsspecConfig(ConnectorConfig):
+    """Settings of the file connector with an fsspec URL root (``HICACHE_L3_FILE_<FIELD>``)."""
+
+    root: str = setting("", "fsspec URL holding the pages (s3://bucket/prefix, file:///path, ...)")
+    io_threads: int = setting(2, "threads moving the pages of one batch in parallel")
+    checksum: Literal["xxh3", "none"] = setting("xxh3", "page checksum verified on every get")
+
+    def validate(self) -> None:
+        """Check values that types alone cannot."""
+        super().validate()
+        if "://" not in self.root:
+            raise ConfigError(f"file connector (fsspec): root must be a URL such as s3://bucket/prefix, "
+                              f"got {self.root!r}")
+        if self.io_threads < 1:
+            raise ConfigError(f"io_threads must be >= 1, got {self.io_threads}")
+
+
+class FsspecConnector(Connector[FsspecConfig]):
+    """The file connector over an fsspec URL: one object per page, copied through
+    Python bytes (slower than the slab path; for roots that are not local paths).
+
+    Object layout: ``<root>/ns-<digest>/<fp[:2]>/<key>.page``, each a 64-byte header
+    (the slab start header: length, checksum, key fingerprint) then the page bytes.
+    Writes go to a temporary name and are moved into place, so a reader never sees a
+    partial object where the filesystem's move is atomic (local and ``file://``; on
+    object stores a single PUT is atomic already).
+    """
+
+    name = "file"
+    config_class = FsspecConfig
+
+    @classmethod
+    def open(cls, settings: dict[str, Any], namespace: Namespace) -> Connector[Any]:
+        """Drop the slab store's settings with a warning naming them (one config file may
+        serve both kinds of root), then open as every connector does."""
+        wasted = sorted(set(settings) & set(SLAB_ONLY))
+        if wasted:
+            log.warning("file connector: %s mean nothing for an fsspec root (%r) and are ignored",
+                        wasted, settings.get("root"))
+            settings = {k: v for k, v in settings.items() if k not in SLAB_ONLY}
+        return super().open(settings, namespace)
+
+    def __init__(self, config: FsspecConfig, namespace: Namespace) -> None:
+        super().__init__(config, namespace)
+        try:
+            import fsspec
+        except ImportError as exc:
+            raise EngineUnavailableError(
+                "file connector with a URL root needs fsspec: pip install 'hicache-l3[fsspec]'"
+            ) from exc
+        try:
+            self.fs, path = fsspec.core.url_to_fs(config.root)
+        except (ImportError, ValueError) as exc:
+            raise ConfigError(f"file connector: cannot open root {config.root!r}: {exc}") from None
+        if "file" in _protocols(self.fs):  # a local root: private, as the slab path's
+            private_root(path, f"{self.name} connector: root")
+        self.base = f"{path.rstrip('/')}/ns-{namespace.digest()}"
+        self.fs.makedirs(self.base, exist_ok=True)
+        self._pool = BatchPool(config.io_threads, "hicache-fsspec", min_share=1)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Persistent and shared (as the filesystem is); no eviction of its own."""
+        return Capabilities(
+            persistent=True,
+            shared_across_processes=True,
+            detects_corruption=self.config.checksum != "none",
+            evicts=False,
+        )
+
+    def _path(self, key: str) -> str:
+        return f"{self.base}/{key_fingerprint(key).hex()[:2]}/{key}.page"
+
+    def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
+        reasons = [Reason.OK] * len(keys)
+
+        def write(lo: int, hi: int) -> None:
+            for i in range(lo, hi):
+                path = self._path(keys[i])
+                views = self.regions.views(pages[i])
+                if views is None:
+                    reasons[i] = Reason.UNREGISTERED
+                    continue
+                try:
+                    if self.fs.exists(path):
+                        continue
+                    csum = buffer_checksum(views) if self.config.checksum != "none" else 0
+                    head = encode_start(0, page_nbytes(pages[i]), csum, key_fingerprint(keys[i]))
+                    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+                    self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+                    self.fs.pipe_file(tmp, b"".join([head, *views]))
+                    self.fs.mv(tmp, path)
+                except Exception as exc:
+                    self._log.warning("set-io", "file(fsspec): write of %s failed: %s", keys[i], exc)
+                    reasons[i] = Reason.ENGINE_ERROR
+
+        self._pool.map(write, len(keys))
+        return reasons
+
+    def _get(self, keys: list[str], pages: list[Page]) -> list[Reason]:
+        reasons = [Reason.OK] * len(keys)
+
+        def read(lo: int, hi: int) -> None:
+            for i in range(lo, hi):
+                try:
+                    blob = self.fs.cat_file(self._path(keys[i]))
+                except FileNotFoundError:
+                    reasons[i] = Reason.MISS
+                    continue
+                except Exception as exc:
+                    self._log.warning("get-io", "file(fsspec): read of %s failed: %s", keys[i], exc)
+                    reasons[i] = Reason.ENGINE_ERROR
+                    continue
+                nbytes = page_nbytes(pages[i])
+                if len(blob) < MARKER:
+                    reasons[i] = Reason.CORRUPT
+                    continue
+                magic, _, _, _, length, csum, fp = START.unpack_from(blob)
+                body = memoryview(blob)[MARKER:]
+                if magic != START_MAGIC or fp != key_fingerprint(keys[i]) or len(body) != length:
+                    reasons[i] = Reason.CORRUPT
+                    continue
+                if length != nbytes:
+                    reasons[i] = Reason.SIZE_MISMATCH
+                    continue
+                if csum and buffer_checksum([body]) != csum:
+                    reasons[i] = Reason.CORRUPT
+                    continue
+                views = self.regions.views(pages[i])
+                if views is None:
+                    reasons[i] = Reason.UNREGISTERED
+                    continue
+                pos = 0
+                for v in views:
+                    v[:] = body[pos : pos + len(v)]
+                    pos += len(v)
+
+        self._pool.map(read, len(keys))
+        return reasons
+
+    def _exists(self, keys: list[str]) -> list[Reason]:
+        out = [Reason.MISS] * len(keys)
+
+        def check(lo: int, hi: int) -> None:
+            for i in range(lo, hi):
+                if self.fs.exists(self._path(keys[i])):
+                    out[i] = Reason.OK
+
+        self._pool.map(check, len(keys))
+        return out
+
+    def _delete(self, keys: list[str]) -> list[Reason]:
+        out = []
+        for key in keys:
+            try:
+                self.fs.rm_file(self._path(key))
+                out.append(Reason.OK)
+            except FileNotFoundError:
+                out.append(Reason.MISS)
+        return out
+
+    def _clear(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(self.base, recursive=True)
+        self.fs.makedirs(self.base, exist_ok=True)
+
+    def _close(self) -> None:
+        self._pool.shutdown()
+
+    def _engine_stats(self) -> dict[str, Any]:
+        return {"root": self.config.root, "path": "fsspec (copying)"}

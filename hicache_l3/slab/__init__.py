@@ -1,0 +1,15 @@
+"""The slab store: pages packed into preallocated, reused slab files, with an index that
+every process of a namespace can read (file, nixl file mode and hf3fs connectors).
+
+Modules, one job each:
+
+* :mod:`~hicache_l3.slab.format`: on-disk slot geometry, header / marker / index record
+  encodings, ``namespace.json``;
+* :mod:`~hicache_l3.slab.files`: slab file paths and the cache of open descriptors;
+* :mod:`~hicache_l3.slab.index`: the index reader every process runs (log tails);
+* :mod:`~hicache_l3.slab.store`: the writer (own slots, LRU, eviction, compaction);
+* :mod:`~hicache_l3.slab.shared`: the multi-node store (claims, leases, fencing);
+* :mod:`~hicache_l3.slab.native`: the optional C batch library, loaded lazily;
+* :mod:`~hicache_l3.slab.io`: the slot-transport interface and its local transports;
+* :mod:`~hicache_l3.slab.engine`: set/get orchestration written once, for every connector.
+"""

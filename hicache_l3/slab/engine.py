@@ -1,0 +1,247 @@
+"""The slab connector helper: what every connector keeping pages in the slab store does,
+written once (file, nixl file mode, hf3fs). The connectors differ in their settings,
+their store (:meth:`SlabConnector._make_store`) and their :attr:`SlabConnector.transport`.
+
+* set: reserve slots for the keys not stored yet -> the transport writes end marker,
+  then header and data -> classify each page -> commit the written, abort the rest;
+* get: look the keys up -> size check -> the transport moves and verifies -> a page that
+  fails verification is dropped from the index (so ``exists`` stops reporting it and a
+  later set stores it again) -> own pages read are touched in the LRU;
+
+Integrity policy. A connector that checksums (``detects_corruption``) returns True only
+for pages whose checksum it verified: a page another writer stored without one is a
+miss counted ``unverified`` (and dropped from this process's index). A slot whose
+header or end marker does not match the index (torn, recycled, or evicted by a writer
+that crashed before logging it) is a miss counted ``corrupt`` and dropped likewise, so
+``exists`` may over-report after a crash only until the next get of that key. A slab
+file that cannot be read (missing, unopenable) makes only its own keys miss.
+* exists / delete / clear answered by the index.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from hicache_l3.common.errors import ConfigError, Reason
+from hicache_l3.common.keys import Namespace
+from hicache_l3.common.pages import Page
+from hicache_l3.common.safe_fs import private_root
+from hicache_l3.slab.format import Located, namespace_dir, read_namespace_file
+from hicache_l3.slab.io import (
+    CHECKSUM,
+    FAILED,
+    HEADER,
+    OK,
+    SHORT,
+    UNREGISTERED,
+    ReadBatch,
+    SlotTransport,
+    WriteBatch,
+    explain,
+)
+from hicache_l3.slab.store import SlabStore
+
+_CORRUPT = (SHORT, HEADER, CHECKSUM)
+
+
+class SlabConnector:
+    """Mixin placed before :class:`~hicache_l3.common.connector.Connector` in the bases:
+    the page hooks of a slab-backed connector.
+
+    The connector sets :attr:`transport` and :attr:`checksum_writes`, then calls
+    :meth:`_init_slab_root` from ``__init__`` after ``Connector.__init__``.
+    """
+
+    namespace: Namespace
+    page_bytes: int | None
+    name: ClassVar[str]
+    transport: SlotTransport
+    checksum_writes: bool = False  # write an XXH3 of each page into its start header
+    quarantined_slots = 0  # slots an abandoned transfer may still write: never reused
+    metrics: Any
+    _log: Any
+
+    if TYPE_CHECKING:
+        def _learn_page_bytes(self, nbytes: int) -> int: ...  # Connector's
+
+    def _init_slab_root(self, root: str, capacity_bytes: int) -> None:
+        """Create ``root`` private (0700) or check an existing one (ours, not a symlink, closed
+        to other users: :func:`~hicache_l3.common.safe_fs.private_root`); capacity 0 means
+        half the filesystem's free space."""
+        self.root = private_root(root, f"{self.name} connector: root")
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            raise ConfigError(f"{self.name} connector: root {self.root} is not writable")
+        self.capacity_bytes = capacity_bytes or shutil.disk_usage(self.root).free // 2
+        self._store: SlabStore | None = None
+        self._store_lock = threading.Lock()
+        if self.page_bytes is None:
+            self.page_bytes = read_namespace_file(self._ns_dir()).get("slot_bytes")
+        if self.page_bytes is not None:
+            self._open_store(self.page_bytes)
+
+    def _ns_dir(self) -> Path:
+        return namespace_dir(self.root, self.namespace)
+
+    def _make_store(self, slot_bytes: int) -> SlabStore:
+        """Build this connector's store (override to pass engine-specific options)."""
+        raise NotImplementedError
+
+    def _open_store(self, slot_bytes: int) -> SlabStore:
+        with self._store_lock:
+            if self._store is None:
+                self._store = self._make_store(slot_bytes)
+            return self._store
+
+    def _existing_store(self) -> SlabStore | None:
+        """The store, opened now if another process created the namespace meanwhile."""
+        if self._store is None:
+            slot_bytes = read_namespace_file(self._ns_dir()).get("slot_bytes")
+            if slot_bytes is None and self.page_bytes is not None and (
+                    self._ns_dir() / "writers").is_dir():
+                slot_bytes = self.page_bytes  # namespace.json lost or damaged: opening rebuilds it
+            if slot_bytes is None or self.page_bytes not in (None, slot_bytes):
+                return None
+            self._learn_page_bytes(slot_bytes)
+            return self._open_store(slot_bytes)
+        return self._store
+
+    def _store_for_io(self) -> SlabStore:
+        """The store for a transfer (the base class has learned the page size by now)."""
+        store = self._store
+        if store is None:
+            assert self.page_bytes is not None
+            store = self._open_store(self.page_bytes)
+        return store
+
+    # ---- the page hooks -----------------------------------------------------------------
+    def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
+        store = self._store_for_io()
+        reasons = [Reason.OK] * len(keys)
+        todo, slots, full = store.reserve_new(keys)
+        for i in full:
+            reasons[i] = Reason.NO_SPACE
+        if not todo:
+            return reasons
+        batch = WriteBatch([keys[i] for i in todo], [pages[i] for i in todo], slots,
+                           store.geometry, self.checksum_writes)
+        held = batch.held
+        try:
+            self.transport.write(store, batch)
+        except BaseException:  # interrupted: give back every slot no transfer may still write
+            self.quarantined_slots += len(held)
+            store.abort([s for j, s in enumerate(slots) if j not in held])
+            raise
+        status = batch.status
+        if status.count(OK) == len(todo):
+            store.commit(batch.keys, slots, batch.checksums)
+            return reasons
+        done, failed = [], []
+        for j, i in enumerate(todo):
+            code = status[j]
+            if code == OK:
+                done.append(j)
+                continue
+            reasons[i] = self._write_reason(code, batch, j)
+            if j in held:
+                self.quarantined_slots += 1
+            else:
+                failed.append(slots[j])
+            self._log.warning("set-io", "%s: write of %s failed: %s", self.name, keys[i],
+                              batch.reasons[j].value if code == FAILED else explain(code))
+        store.commit([batch.keys[j] for j in done], [slots[j] for j in done],
+                     [batch.checksums[j] for j in done])
+        store.abort(failed)
+        return reasons
+
+    @staticmethod
+    def _write_reason(code: int, batch: WriteBatch, j: int) -> Reason:
+        if code == -errno.ENOSPC:
+            return Reason.NO_SPACE
+        if code == UNREGISTERED:
+            return Reason.UNREGISTERED
+        if code == FAILED:
+            return batch.reasons[j]
+        return Reason.ENGINE_ERROR
+
+    def _get(self, keys: list[str], pages: list[Page]) -> list[Reason]:
+        store = self._existing_store()
+        if store is None:
+            return [Reason.MISS] * len(keys)
+        found = store.lookup(keys)
+        reasons = [Reason.MISS] * len(keys)
+        nbytes = store.geometry.slot_bytes  # == page_bytes: the base class checked every page
+        verified_only = self.checksum_writes  # detects_corruption: True only for checked pages
+        work: list[int] = []
+        located: list[Located] = []
+        for i, loc in enumerate(found):
+            if loc is None:
+                continue
+            if loc.entry.length != nbytes:
+                reasons[i] = Reason.SIZE_MISMATCH
+                continue
+            if verified_only and not loc.entry.checksum:
+                # stored by a writer without checksums: a miss here, dropped from this
+                # process's index so that a later set stores it again, checksummed
+                reasons[i] = Reason.UNVERIFIED
+                store.invalidate(keys[i], loc.entry)
+                continue
+            work.append(i)
+            located.append(loc)
+        if not work:
+            return reasons
+        batch = ReadBatch([keys[i] for i in work], [pages[i] for i in work], located, store.geometry)
+        self.transport.read(store, batch)
+        status, me, hits = batch.status, store.me, []
+        for j, i in enumerate(work):
+            code = status[j]
+            entry = located[j].entry
+            if code == OK:
+                reasons[i] = Reason.OK
+                if entry.writer == me:
+                    hits.append((entry.slab, entry.slot))
+            elif code in _CORRUPT:
+                reasons[i] = Reason.CORRUPT
+                store.invalidate(keys[i], entry)
+            elif code == UNREGISTERED:
+                reasons[i] = Reason.UNREGISTERED
+            else:
+                reasons[i] = batch.reasons[j] if code == FAILED else Reason.ENGINE_ERROR
+                self._log.warning("get-io", "%s: read of %s failed: %s", self.name, keys[i],
+                                  reasons[i].value if code == FAILED else explain(code))
+        store.touch(hits)
+        return reasons
+
+    def _exists(self, keys: list[str]) -> list[Reason]:
+        store = self._existing_store()
+        if store is None:
+            return [Reason.MISS] * len(keys)
+        return [Reason.OK if hit else Reason.MISS for hit in store.contains(keys)]
+
+    def _delete(self, keys: list[str]) -> list[Reason]:
+        store = self._existing_store()
+        if store is None:
+            return [Reason.MISS] * len(keys)
+        return [Reason.OK if hit else Reason.MISS for hit in store.delete(keys)]
+
+    def _clear(self) -> None:
+        store = self._existing_store()
+        if store is not None:
+            store.clear()
+
+    def _close(self) -> None:
+        self.transport.close()
+        if self._store is not None:
+            self._store.close()
+
+    def _slab_stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"root": str(self.root), "capacity_bytes": self.capacity_bytes,
+                               "io_path": self.transport.name,
+                               "quarantined_slots": self.quarantined_slots}
+        if self._store is not None:
+            out.update(self._store.stats())
+        return out

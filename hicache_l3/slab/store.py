@@ -1,0 +1,544 @@
+"""The slab store's writer: this process's own slots (allocation, LRU, eviction,
+reserve / commit / abort, delete, log compaction), composed with the index reader.
+
+Writers. Each process that stores pages owns one writer directory (it adopts a free one
+on open, so restarts reuse their slabs instead of growing the disk) and writes only into
+its own slots: writers never contend for a slot. It evicts its own least recently used
+slots when its capacity is reached.
+
+Publishing. A record is appended to the writer's ``index.log`` only after the data is
+written (and synced, under ``fsync="data"``), so an entry is never visible before its
+bytes. The owner frees its slot when it reads a DEL for it.
+
+What the writer relies on from the filesystem: ``write(2)`` with ``O_APPEND`` by a single
+owner per log; ``flock`` to adopt a writer directory; ``mkdir`` atomicity to create one.
+(Multi-node use over a network filesystem is :mod:`hicache_l3.slab.shared`'s concern.)
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import stat
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from hicache_l3.common.errors import ConfigError
+from hicache_l3.common.keys import Namespace
+from hicache_l3.slab.files import SlabFiles, is_real_dir, make_dir, open_file, parse_writer_name, writer_name
+from hicache_l3.slab.format import (
+    DEL,
+    GEN,
+    PUT,
+    RECORD,
+    Entry,
+    Geometry,
+    Located,
+    Slot,
+    encode_record,
+    namespace_dir,
+    write_namespace_file,
+)
+from hicache_l3.slab.index import SlabIndex
+
+log = logging.getLogger("hicache_l3.slab")
+
+PREALLOCATE_CHUNK = 32 << 20  # slab space is reserved as slots are first used: doubling, this at most
+COMPACT_MIN_BYTES = 4 << 20  # a writer's log is rewritten once larger than this and 3x its live part
+
+
+class WritePlan(NamedTuple):
+    """What a set must write: the indices of the keys to write, their reserved slots
+    (same order), and the indices of keys left without a slot because the store is full."""
+
+    todo: list[int]
+    slots: list[Slot]
+    full: list[int]
+
+
+class SlabStore:
+    """Slots in slab files plus the shared index, for one namespace under ``root``.
+
+    Thread-safe. The store owns metadata only; the caller moves the bytes with the
+    offsets it gets from :meth:`reserve_new` (set) and :meth:`lookup` (get), then calls
+    :meth:`commit` / :meth:`abort`, or :meth:`invalidate` on a failed check.
+
+    ``capacity_bytes`` bounds this writer's slabs (each writer process has its own);
+    when full, the least recently used own slot is reused. ``fsync`` is ``"none"``
+    (page cache only), ``"data"`` (slabs synced before index records are published) or
+    ``"always"`` (the index log synced too).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        namespace: Namespace,
+        slot_bytes: int,
+        *,
+        capacity_bytes: int | None = None,
+        slab_bytes: int = 256 << 20,
+        fsync: str = "none",
+        direct: bool = False,
+    ) -> None:
+        if fsync not in ("none", "data", "always"):
+            raise ConfigError(f"fsync must be 'none', 'data' or 'always', got {fsync!r}")
+        self.namespace = namespace
+        self.directory = namespace_dir(root, namespace)
+        self.writers_dir = self.directory / "writers"
+        self.geometry = Geometry(slot_bytes)
+        self.fsync = fsync
+        self.direct = direct
+        stride = self.geometry.stride
+        self.slots_per_slab = max(1, slab_bytes // stride)
+        self.max_slots = None if capacity_bytes is None else max(1, capacity_bytes // stride)
+        if self.max_slots is not None:
+            self.slots_per_slab = min(self.slots_per_slab, self.max_slots)
+        self.files = SlabFiles(self.writers_dir)
+        self.index = SlabIndex(self.writers_dir, self.files)
+        self.index.on_free = self._release
+        self._lock = self.index.lock
+        self._closed = False
+        # writer state, created on first write
+        self.me: int | None = None
+        self._lock_fd = -1
+        self._log_fd = -1
+        self._lru: collections.OrderedDict[tuple[int, int], str] = collections.OrderedDict()
+        self._free: list[tuple[int, int]] = []
+        self._n_slabs = 0
+        self._allocated: dict[int, int] = {}  # own slab -> bytes preallocated from its start
+        self._next_gen = 1
+        self._foreign_dels: list[tuple[str, Entry]] = []  # our DELs of other writers' slots
+        self.evictions = 0
+        self.compactions = 0
+        write_namespace_file(self.directory, namespace, slot_bytes)
+        make_dir(self.writers_dir, exist_ok=True)
+
+    # ---- reading ------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Pick up index records appended by every writer (new writers included)."""
+        with self._lock:
+            self._check_open()
+            self.index.refresh()
+
+    def contains(self, keys: Sequence[str]) -> list[bool]:
+        """One bool per key: is it in the index (after a refresh)?"""
+        self.refresh()
+        return self.index.contains(keys)
+
+    def lookup(self, keys: Sequence[str]) -> list[Located | None]:
+        """Per key: a descriptor and entry to read the slot from, or None for a miss."""
+        self.refresh()
+        with self._lock:
+            self._check_open()
+            return self.index.lookup(keys)
+
+    def touch(self, own: Sequence[tuple[int, int]]) -> None:
+        """Mark own ``(slab, slot)`` pairs as recently used (LRU order)."""
+        if not own:
+            return
+        with self._lock:
+            lru = self._lru
+            for where in own:
+                if where in lru:
+                    lru.move_to_end(where)
+
+    def invalidate(self, key: str, entry: Entry) -> None:
+        """Forget ``key`` if it still maps to ``entry`` (its slot failed a check)."""
+        with self._lock:
+            self.index.drop(key, entry)
+
+    def fd(self, writer: int, slab: int, direct: bool = False) -> int:
+        """A file descriptor on a slab (cached; O_DIRECT when ``direct``)."""
+        with self._lock:
+            return self.files.get(writer, slab, direct)
+
+    # ---- writing ------------------------------------------------------------------------
+    def reserve(self, count: int) -> list[Slot]:
+        """Up to ``count`` own slots; fewer when full.
+
+        Evicts least recently used own pages when the capacity is reached; their keys
+        are gone from the index at once.
+        """
+        with self._lock:
+            self._check_open()
+            me = self._become_writer()
+            taken = []
+            for _ in range(count):
+                where = self._take_slot(me)
+                if where is None:
+                    break
+                taken.append(where)
+            highest: dict[int, int] = {}
+            for slab, slot in taken:
+                if slot > highest.get(slab, -1):
+                    highest[slab] = slot
+            fds, usable = {}, {}  # per slab: its fd, and the slots below this bound have space
+            for slab, slot in highest.items():
+                fds[slab] = fd = self.files.get(me, slab)
+                try:
+                    self._preallocate(fd, slab, slot)  # space up to the batch's highest slot
+                    usable[slab] = slot + 1
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+                    usable[slab] = self._allocated.get(slab, 0) // self.geometry.stride
+            out = []
+            for i, (slab, slot) in enumerate(taken):
+                if slot >= usable[slab]:  # the disk is full: this and the rest get no slot
+                    self._free.extend(reversed(taken[i:]))
+                    break
+                out.append(Slot(fds[slab], slab, slot, self._next_gen))
+                self._next_gen += 1
+            return out
+
+    def reserve_new(self, keys: Sequence[str]) -> WritePlan:
+        """Slots for the keys that are not stored yet (each key once). Keys already stored
+        need no write (same key, same bytes). This process becomes a writer first: adopting
+        a directory may drop pages found gone, which must then be written again."""
+        ready = self._writer_ready()
+        present = self.contains(keys)
+        seen: set[str] = set()
+        todo = []
+        for i, key in enumerate(keys):
+            if not present[i] and key not in seen:
+                seen.add(key)
+                todo.append(i)
+        slots = self.reserve(len(todo)) if ready else []
+        return WritePlan(todo[: len(slots)], slots, todo[len(slots):])
+
+    def _writer_ready(self) -> bool:
+        """Own a writer directory (adopting or creating one); False if none can be owned."""
+        self._become_writer()
+        return True
+
+    def _preallocate(self, fd: int, slab: int, slot: int) -> None:
+        """Reserve disk space up to and past this slot, a chunk at a time, so that a full
+        disk shows as ``NO_SPACE`` here and a slab's space is allocated only once used."""
+        end = (slot + 1) * self.geometry.stride
+        done = self._allocated.get(slab, 0)
+        if end <= done:
+            return
+        size = os.fstat(fd).st_size
+        upto = min(size, max(end, min(2 * done, done + PREALLOCATE_CHUNK)))  # doubling, capped
+        try:
+            os.posix_fallocate(fd, done, upto - done)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+        self._allocated[slab] = upto
+
+    def _take_slot(self, me: int) -> tuple[int, int] | None:
+        if self._free:
+            return self._free.pop()
+        if self.max_slots is None or self._n_slabs * self.slots_per_slab < self.max_slots:
+            self._grow(me)
+            return self._free.pop()
+        entries, slot_key = self.index.entries, self.index.slot_key
+        while self._lru:
+            where, key = self._lru.popitem(last=False)
+            entry = entries.get(key)
+            if entry is not None and (entry.writer, entry.slab, entry.slot) == (me, *where):
+                del entries[key]
+            slot_key.pop((me, *where), None)
+            self.evictions += 1
+            return where
+        return None
+
+    def _grow(self, me: int) -> None:
+        slab = self._n_slabs
+        slots = self.slots_per_slab
+        if self.max_slots is not None:
+            slots = min(slots, self.max_slots - slab * self.slots_per_slab)
+        # sparse: space is reserved chunk by chunk as slots are first used
+        self.files.create(me, slab, slots * self.geometry.stride)
+        self._n_slabs += 1
+        self._free.extend((slab, s) for s in reversed(range(slots)))
+
+    def commit(self, keys: Sequence[str], slots: Sequence[Slot], checksums: Sequence[int]) -> None:
+        """Publish written pages: ``keys[j]`` is in ``slots[j]`` with ``checksums[j]``
+        (0: none), each of ``slot_bytes``. Call only after the bytes are written; syncs
+        slabs first under ``fsync="data"``."""
+        if not keys:
+            return
+        me = self.me
+        assert me is not None
+        length = self.geometry.slot_bytes
+        if self.fsync != "none":
+            for fd in {s.fd for s in slots}:
+                os.fdatasync(fd)
+        entries = [Entry(me, s.slab, s.slot, s.gen, length, c) for s, c in zip(slots, checksums)]
+        records = b"".join([encode_record(PUT, key, e) for key, e in zip(keys, entries)])
+        with self._lock:
+            self._check_open()
+            if self.index.dropped:
+                records = self._supersede(keys) + records
+            os.write(self._log_fd, records)
+            self.index.tails[me].offset += len(records)
+            apply, lru = self.index.apply_put, self._lru
+            for key, entry in zip(keys, entries):
+                apply(key, entry)
+                where = (entry.slab, entry.slot)
+                lru.pop(where, None)  # a reserved slot is not in the LRU; be sure it ends last
+                lru[where] = key
+            self._maybe_compact(me)
+        if self.fsync == "always":
+            os.fdatasync(self._log_fd)
+
+    def _supersede(self, keys: Sequence[str]) -> bytes:
+        """DEL records for the unreadable pages of other writers that ``keys`` replace
+        (see :attr:`SlabIndex.dropped`). Caller holds the lock."""
+        dropped, deleted, out = self.index.dropped, self.index.deleted, []
+        for key in keys:
+            old = dropped.pop(key, None)
+            if old is not None:
+                where = (old.writer, old.slab, old.slot)
+                deleted[where] = max(deleted.get(where, 0), old.gen)
+                self._foreign_dels.append((key, old))
+                out.append(encode_record(DEL, key, old))
+        return b"".join(out)
+
+    def abort(self, slots: Iterable[Slot]) -> None:
+        """Give back reserved slots that were not committed."""
+        with self._lock:
+            for s in slots:
+                self._free.append((s.slab, s.slot))
+
+    def _release(self, slab: int, slot: int) -> None:
+        if self._lru.pop((slab, slot), None) is not None:
+            self._free.append((slab, slot))
+
+    def delete(self, keys: Sequence[str]) -> list[bool]:
+        """Remove keys from the shared index (any writer's); True where a key was there."""
+        self.refresh()
+        with self._lock:
+            me = self._become_writer()
+            found, records = [], []
+            entries, slot_key, deleted = self.index.entries, self.index.slot_key, self.index.deleted
+            for key in keys:
+                entry = entries.pop(key, None)
+                found.append(entry is not None)
+                if entry is None:
+                    continue
+                slot_key.pop((entry.writer, entry.slab, entry.slot), None)
+                deleted[(entry.writer, entry.slab, entry.slot)] = entry.gen
+                records.append(encode_record(DEL, key, entry))
+                if entry.writer == me:
+                    self._release(entry.slab, entry.slot)
+                else:
+                    self._foreign_dels.append((key, entry))
+            if records:
+                data = b"".join(records)
+                os.write(self._log_fd, data)
+                self.index.tails[me].offset += len(data)
+                self._maybe_compact(me)
+            return found
+
+    def _maybe_compact(self, me: int) -> None:
+        size = self.index.tails[me].offset
+        live = (len(self._lru) + len(self._foreign_dels)) * (RECORD.size + 80)
+        if size > COMPACT_MIN_BYTES and size > 3 * live:
+            self.compact()
+
+    def compact(self) -> None:
+        """Rewrite this writer's log with only what is live: a GEN record, a PUT per own
+        page, and the DELs of other writers' slots that no newer PUT superseded. Readers
+        notice the new file (inode) and re-read it; the rename is atomic."""
+        with self._lock:
+            me = self.me
+            if me is None:
+                return
+            entries, slot_key = self.index.entries, self.index.slot_key
+            records = [encode_record(GEN, "", Entry(me, 0, 0, self._next_gen - 1, 0, 0))]
+            for where, key in self._lru.items():
+                e = entries.get(key)
+                if e is not None and e.writer == me and (e.slab, e.slot) == where:
+                    records.append(encode_record(PUT, key, e))
+            kept = []
+            for key, d in self._foreign_dels:
+                current = slot_key.get((d.writer, d.slab, d.slot))
+                newer = current is not None and entries[current].gen > d.gen
+                if not newer:
+                    kept.append((key, d))
+                    records.append(encode_record(DEL, key, d))
+            self._foreign_dels = kept
+            data = b"".join(records)
+            tail = self.index.tails[me]
+            tmp = tail.path.with_name(f"index.log.compact-{os.getpid()}")
+            fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            try:
+                os.write(fd, data)
+                if self.fsync != "none":
+                    os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, tail.path)
+            os.close(self._log_fd)
+            self._log_fd = open_file(tail.path, os.O_RDWR | os.O_APPEND)
+            tail.reopen()
+            tail.offset = len(data)
+            self.compactions += 1
+
+    def clear(self) -> int:
+        """Delete every key of this namespace known now; returns how many."""
+        self.refresh()
+        with self._lock:
+            keys = list(self.index.entries)
+        return sum(self.delete(keys))
+
+    # ---- owning a writer directory ------------------------------------------------------
+    def _become_writer(self) -> int:
+        """This process's writer number, adopting or creating a writer directory first."""
+        if self.me is not None:
+            return self.me
+        with self._lock:
+            if self.me is not None:
+                return self.me
+            self.refresh()
+            existing = sorted(w for w in map(parse_writer_name, os.listdir(self.writers_dir))
+                              if w is not None)
+            for writer in existing:
+                if self._try_own(writer):
+                    return writer
+            writer = (existing[-1] + 1) if existing else 0
+            while True:
+                try:
+                    make_dir(self.writers_dir / writer_name(writer))
+                except FileExistsError:
+                    writer += 1
+                    continue
+                if self._try_own(writer):
+                    return writer
+                writer += 1
+
+    def _try_own(self, writer: int) -> bool:
+        """Adopt writer directory ``writer`` if its lock is free: read its log from the
+        start (our own DELs included), drop a crashed writer's torn tail, and rebuild the
+        LRU and free lists from its entries and slab files."""
+        wdir = self.writers_dir / writer_name(writer)
+        if not is_real_dir(wdir):
+            return False  # junk or a planted link named like a writer directory
+        try:
+            fd = open_file(wdir / "lock", os.O_RDWR | os.O_CREAT)
+        except OSError as exc:
+            log.warning("%s: cannot take its lock (%s): skipped", wdir, exc.strerror)
+            return False
+        if not self._lock_writer(fd):
+            os.close(fd)
+            return False
+        log_path = wdir / "index.log"
+        try:
+            log_fd = open_file(log_path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+        except OSError as exc:  # a symlink planted at the log: refused, the writer skipped
+            log.warning("%s: cannot open (%s): writer directory skipped", log_path, exc.strerror)
+            os.close(fd)
+            return False
+        self._lock_fd, self._log_fd = fd, log_fd
+        index = self.index
+        if writer in index.tails:  # read our own log from the start, to collect our DELs
+            index.forget_writer(writer)
+            index.tails[writer].reopen()
+        tail = index.tail_of(writer)
+        size = os.fstat(tail.fd).st_size
+        if size > tail.offset:
+            index.read_tail(writer, tail, size, self._foreign_dels)
+        if os.fstat(self._log_fd).st_size > tail.offset:
+            self._set_aside_tail(tail.path, tail.offset)
+        self.me = index.own = self.files.owner = writer
+        # descriptors opened while we only read this writer's slabs are read-only; threads
+        # may still be reading through them, so retire them (closed at close) rather than close
+        self.files.retire_writer(writer)
+        self._next_gen = tail.max_gen + 1
+        owned = sorted((e.gen, (e.slab, e.slot), k) for k, e in index.entries.items()
+                       if e.writer == writer)
+        for _, where, key in owned:
+            self._lru[where] = key
+        while True:
+            path = self.files.path(writer, self._n_slabs)
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                break
+            if not stat.S_ISREG(st.st_mode):  # planted: removed from our own directory
+                log.warning("%s is not a regular file: removed, the slab is made anew", path)
+                os.unlink(path)
+                break
+            slab, size = self._n_slabs, st.st_size
+            self._n_slabs += 1
+            self._free.extend((slab, s) for s in reversed(range(size // self.geometry.stride))
+                              if (slab, s) not in self._lru)
+        # pages in slabs that are gone (missing, or a planted link removed) are gone too
+        gone = [(k, e) for k, e in index.entries.items() if e.writer == writer and e.slab >= self._n_slabs]
+        for key, entry in gone:
+            index.drop(key, entry)
+            self._lru.pop((entry.slab, entry.slot), None)
+        return True
+
+    def _set_aside_tail(self, path: Path, offset: int) -> None:
+        """Move the log's unparsable tail (a crashed writer's torn record, or damage) to
+        ``index.log.damaged-N`` beside it, then cut it off: appends must follow whole
+        records, and what cannot be parsed is kept for inspection, never destroyed."""
+        size = os.fstat(self._log_fd).st_size
+        data = os.pread(self._log_fd, size - offset, offset)
+        n = 0
+        while True:
+            aside = path.with_name(f"index.log.damaged-{n}")
+            try:
+                fd = open_file(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+                break
+            except FileExistsError:
+                n += 1
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.ftruncate(self._log_fd, offset)
+        log.warning("%s: %d unparsable bytes at its end moved to %s", path, len(data), aside)
+
+    def _lock_writer(self, fd: int) -> bool:
+        """Take the writer directory's lock on ``fd`` without blocking; False if held.
+        (``flock``: exclusive per node only on FUSE mounts; the shared store adds leases.)"""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        return True
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("slab store is closed")
+
+    def stats(self) -> dict[str, Any]:
+        """Counts of indexed pages, own slots, free slots and evictions."""
+        with self._lock:
+            return {
+                "indexed_pages": len(self.index.entries),
+                "writer": self.me,
+                "own_pages": len(self._lru),
+                "free_slots": len(self._free),
+                "slabs": self._n_slabs,
+                "max_slots": self.max_slots,
+                "evictions": self.evictions,
+                "log_compactions": self.compactions,
+                "writers_seen": len(self.index.tails),
+            }
+
+    def close(self) -> None:
+        """Close every file descriptor (each once) and release the writer directory."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            fds = [t.fd for t in self.index.tails.values()]
+            fds += [fd for fd in (self._log_fd, self._lock_fd) if fd >= 0]
+            self.index.tails.clear()
+            self.files.close()
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
