@@ -1,7 +1,9 @@
-"""SGLang's in-tree ``file`` backend vs hicache-l3's file connector, driven the way SGLang's
-HiCacheController drives them. Run with the SGLang venv::
+"""SGLang's in-tree ``file`` backend, hicache-l3's file connector and raw ``pwritev``/``preadv``
+of the same pages, driven the way SGLang's HiCacheController drives them. Run with the SGLang
+venv::
 
-    .venv-sglang/bin/python benchmarks/sglang_controller.py [--pages 1024] [--reps 5] [--json]
+    .venv-sglang/bin/python benchmarks/sglang_controller.py [--pages 1024] [--reps 5]
+        [--steady-state] [--no-stages] [--json]
 
 One real MHA host pool (CPU, ``page_first``, 64 KiB pages). SGLang's ``file`` backend
 (``HiCacheFile``, as ``--hicache-storage-backend file`` builds it) is called through
@@ -9,16 +11,38 @@ One real MHA host pool (CPU, ``page_first``, 64 KiB pages). SGLang's ``file`` ba
 backend with ``interface_v1``) through ``_page_set_zero_copy`` / ``_page_get_zero_copy``:
 the controller's own methods, called on a stand-in object holding the real host pool and
 backend, in batches of SGLang's STORAGE_BATCH_SIZE (128) pages as its backup and prefetch
-threads send them. Every repetition uses fresh keys and fresh random page bytes, runs the
-two backends one after the other (alternating which goes first), zeroes the pages between
-set and get, and verifies the bytes read back. One untimed warm-up repetition of both
-comes first (``--warmup``). Reported: per repetition the time and GB/s
-of each, the ratio SGLang-time / ours, and the median ratio for set and for get.
+threads send them.
+
+Raw contenders (``raw-1t``, ``raw-2t``): the exact page pointers SGLang's host pool gives
+(``get_page_buffer_meta``), one ``pwritev``/``preadv`` per 128-page batch (libc through
+ctypes, GIL released; iovecs built before the clock), batches dealt round-robin to 1 or 2
+threads. Sets are timed twice: ``overwrite`` into one preallocated, fully written file (what
+a store at capacity reusing its slots does), and ``fresh`` into a new file fallocated
+before the clock (what a store growing into new space does); gets read the overwrite file.
+
+``--steady-state`` adds ``hicache-l3-file-steady``: our connector with ``capacity_bytes``
+of exactly ``--pages`` slots, filled by the warm-up, so every timed set evicts and reuses
+slots. It is compared with raw overwrite; the default (fresh-store, unbounded) connector
+with raw fresh.
+
+Every repetition uses fresh keys and fresh random page bytes, runs the contenders one
+after the other (the order rotating every repetition), zeroes the pages between set and get,
+and verifies the bytes read back. One untimed warm-up repetition of all comes first
+(``--warmup``). Reported: per repetition each contender's GB/s; then medians, the median of
+per-repetition ratios ours/SGLang and ours/raw (speed over speed, > 1 = ours faster), and
+(unless ``--no-stages``) a per-stage breakdown of our path from one extra, untimed-for-the-
+table pass with timers wrapped around the stages (exclusive time, ms per 1024 pages):
+SGLang's controller method itself, its pointer lists (``get_page_buffer_meta``), our
+adapter, the connector's validation, planning (slot reservation / index lookup), the I/O,
+the index commit (set) or LRU touch (get), and metrics. The timers are installed on the
+objects by this script only and removed after the pass. The CPU model is printed and in
+the JSON (``cpu``).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import hashlib
 import json
 import os
@@ -28,6 +52,9 @@ import sys
 import tempfile
 import time
 import warnings
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 warnings.filterwarnings("ignore")
@@ -39,7 +66,9 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
 
+from hicache_l3.bench.runner import cpu_info, describe_cpu  # noqa: E402
 from hicache_l3.sglang.config import extra_config_for  # noqa: E402
+from hicache_l3.slab.format import Geometry  # noqa: E402
 
 PAGE_TOKENS = 16
 LAYERS, HEADS, HEAD_DIM = 4, 4, 64  # bf16: 2 * 4 * 16 * 4 * 64 * 2 B = 64 KiB per page
@@ -134,17 +163,223 @@ def run_one(name: str, standin: StandIn, zero_copy: bool, keys: list[str], indic
     return {"set_s": t_set, "get_s": t_get}
 
 
+# ---- raw pwritev / preadv of SGLang's own page pointers --------------------------------------
+class Iovec(ctypes.Structure):
+    """``struct iovec``."""
+
+    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)  # ctypes releases the GIL around every call
+for _name in ("pwritev", "preadv"):
+    getattr(_LIBC, _name).argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
+    getattr(_LIBC, _name).restype = ctypes.c_ssize_t
+
+
+class RawPosix:
+    """Raw vectored I/O of the pool pages SGLang's host pool describes, ``threads`` threads.
+
+    Before any clock: the pointer lists (``get_page_buffer_meta``), one iovec array per
+    128-page batch (split at IOV_MAX), the thread pool, and the overwrite file, fallocated and
+    fully written once. Page ``i`` lives at offset ``i * page_bytes`` of a file."""
+
+    def __init__(self, work: str, host: Any, indices: torch.Tensor, pages: int, page_bytes: int,
+                 threads: int) -> None:
+        self.name = f"raw-{threads}t"
+        self.threads = threads
+        self.total = pages * page_bytes
+        self.dir = work
+        ptrs, sizes = host.get_page_buffer_meta(indices)
+        per = len(ptrs) // pages
+        iov_max = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+        step = max(1, min(STORAGE_BATCH_SIZE, iov_max // per))
+        self.calls: list[tuple[Any, int, int, int]] = []  # (iovec array, count, offset, bytes)
+        for lo in range(0, pages, step):
+            hi = min(pages, lo + step)
+            segs = list(zip(ptrs[lo * per : hi * per], sizes[lo * per : hi * per]))
+            arr = (Iovec * len(segs))(*(Iovec(p, n) for p, n in segs))
+            self.calls.append((arr, len(segs), lo * page_bytes, sum(n for _, n in segs)))
+        self.pool = ThreadPoolExecutor(threads) if threads > 1 else None
+        self.path = os.path.join(work, f"{self.name}-overwrite")
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.posix_fallocate(self.fd, 0, self.total)
+        self._all(_LIBC.pwritev, self.fd)  # fully written: later sets overwrite, never allocate
+        os.fsync(self.fd)
+
+    def _share(self, fn: Any, fd: int, share: list[tuple[Any, int, int, int]]) -> None:
+        for arr, count, offset, nbytes in share:
+            done = fn(fd, ctypes.addressof(arr), count, offset)
+            if done != nbytes:
+                err = ctypes.get_errno()
+                raise OSError(err, f"{self.name}: {fn.__name__} moved {done} of {nbytes} bytes: "
+                                   f"{os.strerror(err) if done < 0 else 'short transfer'}")
+
+    def _all(self, fn: Any, fd: int) -> None:
+        if self.pool is None:
+            self._share(fn, fd, self.calls)
+            return
+        shares = [self.calls[t :: self.threads] for t in range(self.threads)]
+        for future in [self.pool.submit(self._share, fn, fd, sh) for sh in shares]:
+            future.result()
+
+    def run(self, pages: torch.Tensor, expected: torch.Tensor, rep: int) -> dict[str, float]:
+        """Time set into a fresh fallocated file, set over the overwrite file, then get."""
+        fresh = os.path.join(self.dir, f"{self.name}-fresh-{rep}")
+        fd = os.open(fresh, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, self.total)
+            t0 = time.perf_counter()
+            self._all(_LIBC.pwritev, fd)
+            t_fresh = time.perf_counter() - t0
+        finally:
+            os.close(fd)
+            os.unlink(fresh)
+        t0 = time.perf_counter()
+        self._all(_LIBC.pwritev, self.fd)
+        t_set = time.perf_counter() - t0
+        pages.zero_()
+        t0 = time.perf_counter()
+        self._all(_LIBC.preadv, self.fd)
+        t_get = time.perf_counter() - t0
+        if not torch.equal(as_bytes(pages), expected):
+            raise RuntimeError(f"{self.name}: bytes read back differ from the bytes written")
+        return {"set_s": t_set, "set_fresh_s": t_fresh, "get_s": t_get}
+
+    def close(self) -> None:
+        """Close the file and the threads."""
+        os.close(self.fd)
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
+# ---- per-stage breakdown (timers wrapped around our path's stages, by this script only) -------
+STAGES = ("controller", "sglang pointer lists", "adapter", "validation", "planning", "io",
+          "index commit", "metrics")
+
+
+class StageTimer:
+    """Exclusive nanoseconds per stage: a wrapped call's time minus its wrapped callees'.
+
+    Only calls made on the benchmark's thread are wrapped (the connector's I/O threads run
+    inside the ``io`` stage)."""
+
+    def __init__(self) -> None:
+        self.ns: dict[str, int] = defaultdict(int)
+        self._stack: list[list[int]] = []
+        self._undo: list[Callable[[], None]] = []
+
+    def timed(self, fn: Callable[..., Any], stage: str) -> Callable[..., Any]:
+        """``fn`` with its exclusive time added to ``stage``."""
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter_ns()
+            self._stack.append([0])
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                elapsed = time.perf_counter_ns() - t0
+                self.ns[stage] += elapsed - self._stack.pop()[0]
+                if self._stack:
+                    self._stack[-1][0] += elapsed
+        return wrapper
+
+    def wrap(self, obj: Any, name: str, stage: str) -> None:
+        """Replace ``obj.name`` (on the instance) by its timed version until :meth:`undo`."""
+        had = name in vars(obj)
+        old = vars(obj).get(name)
+        setattr(obj, name, self.timed(getattr(obj, name), stage))
+        self._undo.append(lambda: setattr(obj, name, old) if had else delattr(obj, name))
+
+    def undo(self) -> None:
+        """Remove every wrapper."""
+        while self._undo:
+            self._undo.pop()()
+
+
+def stage_breakdown(standin: StandIn, keys: list[str], indices: torch.Tensor) -> dict[str, dict[str, float]]:
+    """One set and one get pass of our path with stage timers: ms per 1024 pages per stage."""
+    backend = standin.storage_backend
+    connector = backend.connector
+    store = connector._store_for_io()
+    timer = StageTimer()
+    wraps = [(standin.storage_host_pool, "get_page_buffer_meta", "sglang pointer lists"),
+             (backend, "batch_set_v1", "adapter"), (backend, "batch_get_v1", "adapter"),
+             (backend, "_zero_copy", "adapter"), (backend, "_pages", "adapter"),
+             (backend, "_record", "metrics"),
+             (connector, "batch_set", "validation"), (connector, "batch_get", "validation"),
+             (connector, "_transfer", "validation"), (connector.metrics, "observe", "metrics"),
+             (connector, "_set", "planning"), (connector, "_get", "planning"),
+             (connector.transport, "write", "io"), (connector.transport, "read", "io"),
+             (store, "commit", "index commit"), (store, "touch", "index commit")]
+    out: dict[str, dict[str, float]] = {}
+    scale = 1024 / len(keys) / 1e6
+    try:
+        for obj, name, stage in wraps:
+            timer.wrap(obj, name, stage)
+        op = Operation()
+        set_fn = timer.timed(HiCacheController._page_set_zero_copy, "controller")
+        get_fn = timer.timed(HiCacheController._page_get_zero_copy, "controller")
+        work = batches(keys, indices)
+        t0 = time.perf_counter_ns()
+        for ks, idx in work:
+            if not set_fn(standin, ks, idx):
+                raise RuntimeError("stage pass: set of a batch failed")
+        wall = time.perf_counter_ns() - t0
+        out["set"] = {st: timer.ns.get(st, 0) * scale for st in STAGES} | {"total": wall * scale}
+        timer.ns.clear()
+        t0 = time.perf_counter_ns()
+        for ks, idx in work:
+            if get_fn(standin, op, ks, idx) != len(ks):
+                raise RuntimeError("stage pass: get missed pages")
+        wall = time.perf_counter_ns() - t0
+        out["get"] = {st: timer.ns.get(st, 0) * scale for st in STAGES} | {"total": wall * scale}
+    finally:
+        timer.undo()
+    return out
+
+
+def print_stages(name: str, stages: dict[str, dict[str, float]]) -> None:
+    """The breakdown as a small table (ms per 1024 pages, exclusive per stage)."""
+    print(f"stages of {name} (ms per 1024 pages, exclusive; one instrumented pass):", file=sys.stderr)
+    print(f"  {'stage':<22}{'set':>9}{'get':>9}", file=sys.stderr)
+    for st in (*STAGES, "total"):
+        print(f"  {st:<22}{stages['set'][st]:>9.2f}{stages['get'][st]:>9.2f}", file=sys.stderr)
+
+
+# ---- the run -----------------------------------------------------------------------------------
+def fresh_keys(tag: str, pages: int) -> list[str]:
+    """Keys no earlier repetition used."""
+    return [hashlib.sha256(f"{tag}-{i}-{time.time_ns()}".encode()).hexdigest() for i in range(pages)]
+
+
+def median_ratio(rows: list[dict[str, Any]], num: str, den: str) -> float | None:
+    """Median over repetitions of ``row[num] / row[den]``: with times, ``den``'s speed over
+    ``num``'s; None when a row lacks either."""
+    values = [r[num] / r[den] for r in rows if num in r and den in r]
+    return statistics.median(values) if values else None
+
+
 def main() -> int:
-    """Run the comparison; print a table (and a JSON line with --json)."""
+    """Run the comparison; print tables (and a JSON line with --json)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pages", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=1, help="untimed repetitions first (both backends)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed repetitions first (every contender)")
     ap.add_argument("--workdir", default=None,
-                    help="directory for both backends' files (default: a temp dir)")
+                    help="directory for every contender's files (default: a temp dir)")
+    ap.add_argument("--steady-state", action="store_true",
+                    help="also run our connector at capacity (capacity_bytes = --pages slots), "
+                         "so every set reuses an evicted slot")
+    ap.add_argument("--no-raw", action="store_true", help="skip the raw pwritev/preadv contenders")
+    ap.add_argument("--no-stages", action="store_true", help="skip the per-stage breakdown")
     ap.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     args = ap.parse_args()
+    if args.pages < 1 or args.reps < 1 or args.warmup < 0:
+        ap.error("--pages and --reps must be >= 1, --warmup >= 0")
+    if args.steady_state and args.warmup < 1:
+        ap.error("--steady-state needs --warmup >= 1 (the warm-up fills the store to capacity)")
 
+    cpu = cpu_info()
+    print(describe_cpu(cpu), file=sys.stderr)
     work = tempfile.mkdtemp(prefix="hicache-l3-sgbench-", dir=args.workdir)
     host = host_pool(args.pages)
     page_bytes = host.get_size_per_token() * PAGE_TOKENS
@@ -153,47 +388,108 @@ def main() -> int:
     sglang_file = StorageBackendFactory.create_backend(
         "file", storage_config({"file_storage_path": os.path.join(work, "sglang-file")}), host)
     sglang_file.register_mem_pool_host(host)
-    ours = StorageBackendFactory.create_backend(
-        "dynamic", storage_config(extra_config_for("file", {"root": os.path.join(work, "hicache-l3")})), host)
-    ours.register_mem_pool_host(host)
-    ours.on_host_pools_registered()
-    contenders = [("sglang-file", StandIn(host, sglang_file), False),
-                  ("hicache-l3-file", StandIn(host, ours), True)]
+    ours: dict[str, Any] = {}
+
+    def open_ours(name: str, **settings: Any) -> StandIn:
+        root = {"root": os.path.join(work, name), **settings}
+        backend = StorageBackendFactory.create_backend(
+            "dynamic", storage_config(extra_config_for("file", root)), host)
+        backend.register_mem_pool_host(host)
+        backend.on_host_pools_registered()
+        ours[name] = backend
+        return StandIn(host, backend)
+
+    contenders: list[tuple[str, Any]] = [("sglang-file", (StandIn(host, sglang_file), False)),
+                                         ("hicache-l3-file", (open_ours("hicache-l3-file"), True))]
+    if args.steady_state:
+        capacity = args.pages * Geometry(page_bytes).stride
+        contenders.append(("hicache-l3-file-steady",
+                           (open_ours("hicache-l3-file-steady", capacity_bytes=capacity), True)))
+    raws: list[RawPosix] = []
     rows: list[dict[str, Any]] = []
+    stages: dict[str, Any] = {}
+    evictions: dict[str, int] = {}
     try:
+        if not args.no_raw:
+            for threads in (1, 2):
+                raw = RawPosix(work, host, indices, args.pages, page_bytes, threads)
+                raws.append(raw)
+                contenders.append((raw.name, raw))
+        gb = args.pages * page_bytes / 1e9
         for rep in range(-args.warmup, args.reps):
-            times: dict[str, dict[str, float]] = {}
-            order = contenders if rep % 2 == 0 else contenders[::-1]
-            for name, standin, zero_copy in order:
-                keys = [hashlib.sha256(f"{name}-{rep}-{i}-{time.time_ns()}".encode()).hexdigest()
-                        for i in range(args.pages)]
+            row: dict[str, Any] = {"rep": rep}
+            shift = rep % len(contenders)
+            for name, what in contenders[shift:] + contenders[:shift]:
                 host.kv_buffer.view(-1).view(torch.uint8).random_(0, 256)
                 expected = as_bytes(page_view(host, args.pages))
-                times[name] = run_one(name, standin, zero_copy, keys, indices, expected)
+                if isinstance(what, RawPosix):
+                    times = what.run(page_view(host, args.pages), expected, rep)
+                else:
+                    standin, zero_copy = what
+                    times = run_one(name, standin, zero_copy, fresh_keys(f"{name}-{rep}", args.pages),
+                                    indices, expected)
+                for k, v in times.items():
+                    row[f"{name}:{k}"] = v
             if rep < 0:
-                continue  # warm-up: first files, slabs and directories of both backends
-            s, o = times["sglang-file"], times["hicache-l3-file"]
-            row = {"rep": rep, "sglang_set_s": s["set_s"], "ours_set_s": o["set_s"],
-                   "sglang_get_s": s["get_s"], "ours_get_s": o["get_s"],
-                   "set_ratio": s["set_s"] / o["set_s"], "get_ratio": s["get_s"] / o["get_s"]}
+                continue  # warm-up: first files, slabs and directories; fills the steady store
             rows.append(row)
-            gb = args.pages * page_bytes / 1e9
-            print(f"rep {rep}: set sglang {gb / s['set_s']:.2f} GB/s, ours {gb / o['set_s']:.2f} GB/s "
-                  f"(x{row['set_ratio']:.1f}); get sglang {gb / s['get_s']:.2f} GB/s, ours "
-                  f"{gb / o['get_s']:.2f} GB/s (x{row['get_ratio']:.1f})", file=sys.stderr)
+            print(f"rep {rep}: " + "; ".join(
+                f"{name} set {gb / row[name + ':set_s']:.2f}"
+                + (f" (fresh {gb / row[name + ':set_fresh_s']:.2f})" if name + ":set_fresh_s" in row else "")
+                + f" get {gb / row[name + ':get_s']:.2f}" for name, _ in contenders) + " GB/s",
+                file=sys.stderr)
+        if not args.no_stages:
+            for name, backend in ours.items():
+                keys = fresh_keys(f"{name}-stages", args.pages)
+                stages[name] = stage_breakdown(StandIn(host, backend), keys, indices)
+        evictions = {name: backend.connector._store_for_io().evictions for name, backend in ours.items()}
     finally:
-        ours.close()
+        for raw in raws:
+            raw.close()
+        for backend in ours.values():
+            backend.close()
         shutil.rmtree(work, ignore_errors=True)
+
+    medians = {f"{name}:{k}": statistics.median(r[f"{name}:{k}"] for r in rows)
+               for name, _ in contenders for k in ("set_s", "set_fresh_s", "get_s")
+               if f"{name}:{k}" in rows[0]}
+    # ratios: time of the other / time of ours = our speed / the other's speed (> 1: ours faster)
+    ratios: dict[str, float | None] = {
+        "set_vs_sglang": median_ratio(rows, "sglang-file:set_s", "hicache-l3-file:set_s"),
+        "get_vs_sglang": median_ratio(rows, "sglang-file:get_s", "hicache-l3-file:get_s"),
+    }
+    for raw in raws:
+        ratios[f"set_vs_{raw.name}_fresh"] = median_ratio(
+            rows, f"{raw.name}:set_fresh_s", "hicache-l3-file:set_s")
+        ratios[f"get_vs_{raw.name}"] = median_ratio(rows, f"{raw.name}:get_s", "hicache-l3-file:get_s")
+        if args.steady_state:
+            ratios[f"steady_set_vs_{raw.name}_overwrite"] = median_ratio(
+                rows, f"{raw.name}:set_s", "hicache-l3-file-steady:set_s")
+            ratios[f"steady_get_vs_{raw.name}"] = median_ratio(
+                rows, f"{raw.name}:get_s", "hicache-l3-file-steady:get_s")
+
+    print(f"\nmedians over {args.reps} reps of {args.pages} x {page_bytes // 1024} KiB pages, "
+          f"batches of {STORAGE_BATCH_SIZE}, {describe_cpu(cpu)}", file=sys.stderr)
+    print(f"  {'contender':<24}{'set GB/s':>10}{'fresh set':>11}{'get GB/s':>10}", file=sys.stderr)
+    for name, _ in contenders:
+        fresh = medians.get(f"{name}:set_fresh_s")
+        print(f"  {name:<24}{gb / medians[name + ':set_s']:>10.2f}"
+              f"{'' if fresh is None else f'{gb / fresh:.2f}':>11}{gb / medians[name + ':get_s']:>10.2f}",
+              file=sys.stderr)
+    print(f"slots reused by eviction: {evictions}", file=sys.stderr)
+    print("ratios (median of per-rep ratios, our speed / theirs):", file=sys.stderr)
+    for key, value in ratios.items():
+        print(f"  {key:<34}{'-' if value is None else f'{value:.2f}'}", file=sys.stderr)
+    for name, st in stages.items():
+        print_stages(name, st)
     summary = {
         "pages": args.pages, "page_bytes": page_bytes, "reps": args.reps, "layout": "page_first",
-        "warmup": args.warmup, "batch_pages": STORAGE_BATCH_SIZE, "verified": True,
-        "set_ratio_median": statistics.median(r["set_ratio"] for r in rows),
-        "get_ratio_median": statistics.median(r["get_ratio"] for r in rows),
-        "rows": rows,
+        "warmup": args.warmup, "batch_pages": STORAGE_BATCH_SIZE, "verified": True, "cpu": cpu,
+        "steady_state": args.steady_state,
+        "set_ratio_median": ratios["set_vs_sglang"], "get_ratio_median": ratios["get_vs_sglang"],
+        "ratios": ratios, "median_s": medians, "evictions": evictions,
+        "stages_ms_per_1024_pages": stages, "rows": rows,
     }
-    print(f"median ratio (SGLang file time / hicache-l3 file time): set x{summary['set_ratio_median']:.1f}, "
-          f"get x{summary['get_ratio_median']:.1f} over {args.reps} reps of {args.pages} x "
-          f"{page_bytes // 1024} KiB pages", file=sys.stderr)
     if args.json:
         print(json.dumps(summary))
     return 0

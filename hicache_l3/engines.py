@@ -23,6 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from hicache_l3.common import loopback
 from hicache_l3.common.errors import EngineUnavailableError
 from hicache_l3.common.loopback import preload_env
 
@@ -188,9 +189,12 @@ class MooncakeEngine(Engine):
     outlive every connector (as in a deployment where SGLang's side holds no segment).
 
     ``master_flags`` adds ``mooncake_master`` flags (e.g. ``{"default_kv_lease_ttl": "200"}``).
-    The transfer-engine metadata is served by :mod:`hicache_l3.metadata_server` on
-    127.0.0.1 (a process of its own), not by the master's embedded server, which binds
-    0.0.0.0 whatever host it is given. Clients are started with
+    Every process started here has the loopback shim preloaded
+    (:mod:`hicache_l3.common.loopback`): the master's embedded HTTP metadata server, which
+    binds 0.0.0.0 whatever host it is given, then binds 127.0.0.1. Without the shim (no C
+    compiler at install time) the metadata is served instead by
+    :mod:`hicache_l3.metadata_server` on 127.0.0.1 (the suite saw intermittent transfer
+    failures under heavy load with it, not with the embedded one). Clients are started with
     ``MC_TCP_BIND_ADDRESS=127.0.0.1``, so they advertise loopback. A client's transfer
     engine listens on all interfaces (its handshake port on 0.0.0.0, its TCP data port on
     ``[::]``) and Mooncake has no setting to change that: every process started here has
@@ -215,6 +219,7 @@ class MooncakeEngine(Engine):
         self.holder_port = free_port()
         self.master: ManagedProcess | None = None
         self.metadata_proc: ManagedProcess | None = None
+        self._own_metadata = loopback.SHIM is None  # the shim keeps the master's on loopback
         self.holder_proc: ManagedProcess | None = None
         self._env = {"MC_TCP_BIND_ADDRESS": "127.0.0.1"}
 
@@ -247,11 +252,12 @@ class MooncakeEngine(Engine):
 
     def start(self) -> MooncakeEngine:
         """Start the metadata server, the master (and the holder); wait for each to answer."""
-        self.metadata_proc = self.spawn([
-            sys.executable, "-m", "hicache_l3.metadata_server",
-            "--host=127.0.0.1", f"--port={self.http_port}",
-        ], "metadata_server")
-        wait_http(f"http://127.0.0.1:{self.http_port}/health", 20.0, self.metadata_proc.proc)
+        if self._own_metadata:
+            self.metadata_proc = self.spawn([
+                sys.executable, "-m", "hicache_l3.metadata_server",
+                "--host=127.0.0.1", f"--port={self.http_port}",
+            ], "metadata_server")
+            wait_http(f"http://127.0.0.1:{self.http_port}/health", 20.0, self.metadata_proc.proc)
         self.start_master()
         if self.holder:
             self.holder_proc = self.spawn([
@@ -269,7 +275,9 @@ class MooncakeEngine(Engine):
         argv = [
             find_executable("mooncake_master"),
             f"--rpc_port={self.rpc_port}", "--rpc_address=127.0.0.1",
-            "--enable_http_metadata_server=false",
+            *(["--enable_http_metadata_server=false"] if self._own_metadata else [
+                "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
+                f"--http_metadata_server_port={self.http_port}"]),
             "--metrics_host=127.0.0.1", f"--metrics_port={self.metrics_port}",
             *(f"--{k}={v}" for k, v in self.master_flags.items()),
         ]

@@ -4,7 +4,8 @@
 whatever ``--http_metadata_server_host`` says (Mooncake 0.3.13 and its main branch build
 the server from the port alone). Anyone who reaches that port can rewrite where clients
 send and fetch pages. The launcher (:class:`~hicache_l3.engines.MooncakeEngine`)
-runs this server instead, on 127.0.0.1, with the same protocol as Mooncake's own::
+runs this server, on 127.0.0.1, when the loopback shim was not built (with the shim the
+master's own server binds loopback); same protocol as Mooncake's own::
 
     GET    /metadata?key=K   200 + the value, 404 when absent, 400 without a key
     PUT    /metadata?key=K   200; a second, different value for an ``rpc_meta`` key is 400
@@ -109,12 +110,17 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(404, b"metadata not found")
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # http.server's default listen backlog is 5: a burst of transfer-engine lookups from a
+    # loaded machine's clients would see dropped SYNs and one-second retries
+    request_queue_size = 1024
+
+
 def make_server(host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
     """A metadata server bound to ``host:port`` (not yet serving: call ``serve_forever``)."""
     handler = type("MetadataHandler", (_Handler,), {"store": MetadataStore()})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    return server
+    return _Server((host, port), handler)
 
 
 def main(argv: list[str] | None = None) -> int:

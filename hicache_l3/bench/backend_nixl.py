@@ -27,7 +27,7 @@ from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.pages import Page
 from hicache_l3.common.registry import open_connector
-from hicache_l3.connectors.nixl import Agent, NixlConfig
+from hicache_l3.connectors.nixl.base import Agent, NixlConfig
 from hicache_l3.slab.format import Geometry
 
 
@@ -55,7 +55,7 @@ class RawNixl(BenchTarget):
 
     def prepare(self, buffers: list[HostBuffer], page_bytes: int) -> None:
         """Create the agent, register the buffers and the fully written file once."""
-        from hicache_l3.connectors.nixl_file import posix_params
+        from hicache_l3.connectors.nixl.file import posix_params
 
         self.agent = Agent("POSIX", posix_params(self.engine))
         self.buffers = list(buffers)
@@ -127,7 +127,7 @@ class RawNixlObj(BenchTarget):
 
     def prepare(self, buffers: list[HostBuffer], page_bytes: int) -> None:
         """Create the agent and register the buffers once."""
-        from hicache_l3.connectors.nixl_obj import obj_params
+        from hicache_l3.connectors.nixl.obj import obj_params
 
         self.agent = Agent("OBJ", obj_params(self.config))
         for b in buffers:

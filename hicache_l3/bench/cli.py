@@ -11,6 +11,7 @@ Examples:
   hicache-l3 bench                                   # file connector in a temp dir
   hicache-l3 bench --page-size 64KiB,1MiB --batch 32,128 --json out.json --plot out.png
   hicache-l3 bench --backend file --set file.root=/mnt/nvme/kv --set file.o_direct=true
+  hicache-l3 bench --scale --scale-sizes 1e4,1e5 --json scale.json --plot scale.png
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hicache_l3.bench.runner import BenchError, load_backend, run_pairs
+from hicache_l3.bench.runner import BenchError, cpu_info, describe_cpu, load_backend, run_pairs
 from hicache_l3.bench.targets import DEFAULT_OPS, OPS, BenchOptions
 from hicache_l3.common.config import parse_size
 from hicache_l3.common.errors import HiCacheL3Error
@@ -82,6 +83,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", type=Path, default=None,
                         help="PNG of throughput vs page size and batch (needs matplotlib)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--scale", action="store_true",
+                        help="instead: sweep file-connector store sizes (index memory, open time, "
+                             "exists/get/set rates, eviction; see docs/benchmarks.md)")
+    parser.add_argument("--scale-sizes", default="1e4,1e5,1e6,1e7", metavar="N[,N]",
+                        help="--scale: pages per store (default 1e4,1e5,1e6,1e7)")
+    parser.add_argument("--scale-page-bytes", type=_sizes, default=[4096], metavar="SIZE",
+                        help="--scale: page size (default 4KiB, so the disk stays small)")
 
 
 def _settings(overrides: list[str]) -> dict[str, dict[str, Any]]:
@@ -98,6 +106,8 @@ def _settings(overrides: list[str]) -> dict[str, dict[str, Any]]:
 def run(args: argparse.Namespace) -> int:
     """Run the bench; print the table; write JSON/CSV/plot. Exit code 1 on failure."""
     quiet_credential_loggers()
+    if args.scale:
+        return _run_scale(args)
     if args.reps < 1 or args.pages < 1:
         print("bench: --reps and --pages must be >= 1", file=sys.stderr)
         return 2
@@ -137,10 +147,12 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
+    cpu = cpu_info()
+    print(describe_cpu(cpu))
     print(format_table(rows))
     print(f"({time.monotonic() - started:.1f} s; medians over {args.reps} repetitions; "
           "ratio = connector / raw, per repetition, median)")
-    meta = {"pages": args.pages, "reps": args.reps, "backends": backends}
+    meta = {"pages": args.pages, "reps": args.reps, "backends": backends, "cpu": cpu}
     if args.json:
         args.json.write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
     if args.csv:
@@ -150,6 +162,22 @@ def run(args: argparse.Namespace) -> int:
 
         plot_results(rows, args.plot)
     return 0
+
+
+def _run_scale(args: argparse.Namespace) -> int:
+    from hicache_l3.bench.scale import parse_counts, run_scale
+
+    try:
+        sizes = parse_counts(args.scale_sizes)
+        settings = _settings(args.overrides)
+    except HiCacheL3Error as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    if len(args.scale_page_bytes) != 1 or set(settings) - {"file"}:
+        print("bench: --scale takes one --scale-page-bytes and only file.* settings", file=sys.stderr)
+        return 2
+    return run_scale(sizes, args.scale_page_bytes[0], args.workdir, settings.get("file", {}),
+                     args.json, args.plot, args.quiet)
 
 
 @contextlib.contextmanager

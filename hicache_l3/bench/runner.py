@@ -31,6 +31,41 @@ class BenchError(HiCacheL3Error):
     """A bench run could not produce valid figures (failed ops, wrong bytes)."""
 
 
+CPU_FLAGS = ("avx2", "avx512f")  # the SIMD levels checksums and copies depend on
+
+
+def cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
+    """The machine's CPU, so a reader knows where figures come from: ``{"model": str,
+    "avx2": bool, "avx512f": bool, "cores": int}`` ("model name" and flags of the first
+    processor in ``cpuinfo``; the platform's processor string and no flags without it)."""
+    import platform
+
+    model, flags = "", set[str]()
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        name = name.strip()
+        if name == "model name" and not model:
+            model = value.strip()
+        elif name == "flags" and not flags:
+            flags = set(value.split())
+        if model and flags:
+            break
+    info: dict[str, Any] = {"model": model or platform.processor() or platform.machine() or "unknown"}
+    info.update({flag: flag in flags for flag in CPU_FLAGS})
+    info["cores"] = os.cpu_count() or 0
+    return info
+
+
+def describe_cpu(info: dict[str, Any]) -> str:
+    """One line for a table header: ``cpu: MODEL (N cores; avx2, no avx512f)``."""
+    flags = ", ".join(f if info.get(f) else f"no {f}" for f in CPU_FLAGS)
+    return f"cpu: {info['model']} ({info.get('cores', 0)} cores; {flags})"
+
+
 def load_backend(name: str) -> Callable[[BenchOptions, contextlib.ExitStack], list[Pair]]:
     """The ``make_pairs`` of bench backend ``name``."""
     from hicache_l3.common.registry import resolve_name

@@ -14,8 +14,8 @@ read by the mooncake connector itself, with ``global_segment_size`` split across
 TP x PP ranks as SGLang's MooncakeStore does; the 3FS JSON file named by
 ``SGLANG_HICACHE_HF3FS_CONFIG_PATH``: ``file_path_prefix`` becomes the root directory,
 ``file_size`` the capacity, ``numjobs`` the I/O threads, ``entries`` the USRBIO ring
-entries, default root ``/data/hicache`` as in SGLang); ``HICACHE_L3_<CONNECTOR>_<FIELD>``
-variables; a
+entries; without that file the hf3fs table or ``HICACHE_L3_HF3FS_ROOT`` must name the
+root); ``HICACHE_L3_<CONNECTOR>_<FIELD>`` variables; a
 table named after the connector in ``--hicache-storage-backend-extra-config`` (our format,
 see :mod:`hicache_l3.sglang.config`). Other SGLang keys in the extra config are ignored and
 named in a log line.
@@ -45,7 +45,6 @@ TAKEOVER_CLASSES = {
 }
 SGLANG_MOONCAKE_DEFAULT_SEGMENT = "4gb"  # MOONCAKE_GLOBAL_SEGMENT_SIZE's default in SGLang 0.5.23
 SGLANG_HF3FS_ENV = "SGLANG_HICACHE_HF3FS_CONFIG_PATH"
-SGLANG_HF3FS_DEFAULT_PREFIX = "/data/hicache"  # HiCacheHF3FS's files are /data/hicache.<rank>.bin
 # SGLang's 3FS JSON keys -> our hf3fs settings; the other keys have no meaning here.
 SGLANG_HF3FS_JSON = {"file_path_prefix": "root", "file_size": "capacity_bytes", "numjobs": "io_threads",
                      "entries": "usrbio_entries"}
@@ -75,11 +74,11 @@ def takeover_names(value: str | None) -> list[str]:
 
 def hf3fs_settings(env: Mapping[str, str]) -> dict[str, Any]:
     """Our hf3fs settings from SGLang's 3FS configuration (the JSON file named by
-    ``SGLANG_HICACHE_HF3FS_CONFIG_PATH``, else SGLang's default location); ConfigError
-    naming the file when it cannot be read."""
+    ``SGLANG_HICACHE_HF3FS_CONFIG_PATH``; none without it, so ``root`` must then be set);
+    ConfigError naming the file when it cannot be read."""
     path = env.get(SGLANG_HF3FS_ENV)
-    if not path:
-        return {"root": SGLANG_HF3FS_DEFAULT_PREFIX}
+    if not path:  # SGLang's own fallback, /data/hicache.<rank>.bin, is a shared local path: not used
+        return {}
     try:
         with open(path) as f:
             data = json.load(f)

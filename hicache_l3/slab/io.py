@@ -19,7 +19,7 @@ marker last, and verifies both (and the checksum where the entry has one).
 Transports here: :class:`PythonTransport` (``preadv``/``pwritev``, the reference) and
 :class:`NativeTransport` (the C batch library). :func:`select_transport` is the one
 selection point; a connector's ``transport.name`` says which one it uses. The NIXL
-(:mod:`hicache_l3.connectors.nixl_file`) and 3FS USRBIO (:mod:`hicache_l3.connectors.hf3fs`)
+(:mod:`hicache_l3.connectors.nixl.file`) and 3FS USRBIO (:mod:`hicache_l3.connectors.hf3fs`)
 transports live with their engines.
 """
 

@@ -4,11 +4,13 @@ sglang_roundtrip.py, which runs it once per connector in the SGLang venv.
 Real SGLang host pools built on CPU (unpinned): an MHA KV pool as the anchor, a
 ``MambaPoolHost`` (temporal state float32, two conv states bfloat16: pages of several
 segments of different sizes) and a second ``MHATokenToKVPoolHost`` as the sliding-window
-(SWA) pool. The backend is built by SGLang's factory and attached exactly as SGLang's
-``HybridCacheController`` does (``register_mem_pool_host``, ``register_mem_host_pool_v2``
-for every entry, ``on_host_pools_registered``). Pages go out of pools A with
+(SWA) pool; and a real DSA device pool's MLA host pool with its ``DSAIndexerPoolHost``
+(the indexer sidecar, 64-token pages). The backend is built by SGLang's factory and
+attached exactly as SGLang's ``HybridCacheController`` does (``register_mem_pool_host``,
+``register_mem_host_pool_v2`` for every entry, ``on_host_pools_registered``). Pages go out of pools A with
 ``batch_set_v1``/``batch_set_v2`` and into pools B with ``batch_get_v1``/``batch_get_v2``;
-bytes are compared with SGLang's own ``get_data_page`` as the oracle.
+bytes are compared with SGLang's own ``get_data_page`` (the indexer buffer's page for DSA)
+as the oracle.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from hicache_l3.common.errors import ConfigError
 from hicache_l3.sglang.config import extra_config_for
 
 SLOTS = 16  # Mamba state slots on the device
+DSA_PAGE = 64  # DSA requires 64-token pages
 
 
 def make_mamba(layout: str = "page_first", conv_width: int = 3) -> Any:
@@ -56,6 +59,62 @@ def attach(extra: dict[str, Any], kv: Any, sidecars: dict[Any, Any], storage_con
         b.register_mem_host_pool_v2(pool, name)
     b.on_host_pools_registered()
     return b
+
+
+def make_dsa(n: int) -> list[tuple[Any, Any]]:
+    """``n`` pairs (MLA host pool, DSA indexer host pool) of a real DeepSeek-V3.2-style (DSA)
+    device pool on CPU: the indexer pool's pages ride on the KV pages (64-token pages, the
+    host indices of the KV pool), one segment per page; random bytes in the indexer."""
+    from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
+    from sglang.srt.mem_cache.pool_host.dsa import DSAIndexerPoolHost, make_dsa_indexer_pool_decl
+    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+
+    out = []
+    for _ in range(n):
+        # index_buf_size given: SGLang would read the DCP width from its parallel state
+        dev = DSATokenToKVPool(size=512, page_size=DSA_PAGE, kv_lora_rank=96, dtype=torch.bfloat16,
+                               qk_rope_head_dim=32, layer_num=2, device="cpu", index_head_dim=128,
+                               enable_memory_saver=False, kv_cache_dim=128, start_layer=0, end_layer=1,
+                               index_buf_size=512 + DSA_PAGE)
+        info = dev.get_device_pool_infos()[0].buffer_info
+        kv = MLATokenToKVPoolHost(info, host_to_device_ratio=2.0, host_size=0, page_size=DSA_PAGE,
+                                  layout="page_first", pin_memory=False, device="cpu",
+                                  device_capacity_tokens=512, start_layer=0, end_layer=1, target_layer_num=2)
+        indexer = DSAIndexerPoolHost(make_dsa_indexer_pool_decl(dev), kv, pin_memory=False)
+        indexer.index_k_with_scale_buffer.view(torch.uint8).random_(0, 256)
+        kv.kv_buffer.view(torch.uint8).random_(0, 256)
+        out.append((kv, indexer))
+    return out
+
+
+def dsa_roundtrip(extra: dict[str, Any], case: str, run_id: str, check: Callable[[bool, str], None],
+                  storage_config: Callable[..., Any]) -> None:
+    """The DSA indexer sidecar (real ``DSAIndexerPoolHost``): v2 set from one pool set, get into
+    another at other pages, bytes compared page by page; pages hit only where both exist."""
+    (kv_a, ix_a), (kv_b, ix_b) = make_dsa(2)
+    a = attach(extra, kv_a, {PoolName.INDEXER: ix_a}, storage_config, mla=True)
+    b = attach(extra, kv_b, {PoolName.INDEXER: ix_b}, storage_config, mla=True)
+
+    def pages(ps: list[int]) -> torch.Tensor:
+        return torch.cat([torch.arange(p * DSA_PAGE, (p + 1) * DSA_PAGE, dtype=torch.int64) for p in ps])
+
+    try:
+        keys = [f"{run_id}-dsa{i}" for i in range(3)]
+        src, dst = [1, 3, 5], [2, 4, 6]
+        want = [ix_a.index_k_with_scale_buffer[p].clone() for p in src]
+        check(a.batch_set_v1(keys, pages(src)) == [True] * 3, f"{case}: DSA KV set")
+        res = a.batch_set_v2([PoolTransfer(PoolName.INDEXER, host_indices=pages(src[:2]), keys=keys[:2])])
+        check(res == {PoolName.INDEXER: [True, True]}, f"{case}: DSA indexer set {res}")
+        got = b.batch_exists_v2(keys, [PoolTransfer(PoolName.INDEXER, keys=keys)])
+        check((got.kv_hit_pages, got.restorable_prefix_pages) == (2, [1, 2]), f"{case}: DSA exists {got}")
+        res = b.batch_get_v2([PoolTransfer(PoolName.INDEXER, host_indices=pages(dst), keys=keys)])
+        check(res == {PoolName.INDEXER: [True, True, False]}, f"{case}: DSA indexer get {res}")
+        check(all(torch.equal(ix_b.index_k_with_scale_buffer[d], w) for d, w in zip(dst[:2], want[:2])),
+              f"{case}: DSA indexer bytes differ")
+        a.clear()
+    finally:
+        a.close()
+        b.close()
 
 
 def hybrid_roundtrip(connector: str, settings: dict[str, Any], check: Callable[[bool, str], None],
@@ -155,6 +214,7 @@ def hybrid_roundtrip(connector: str, settings: dict[str, Any], check: Callable[[
         for m in (m0, m1):
             m.clear()
             m.close()
+        dsa_roundtrip({**extra, "extra_backend_tag": f"hy-dsa-{run_id}"}, case, run_id, check, storage_config)
         # clear() removes the extra pools' pages too
         a.clear()
         left = b.extra_pools["mamba"].connector.batch_exists([keys[2]])

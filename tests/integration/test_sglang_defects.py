@@ -100,11 +100,13 @@ def test_plugin_maps_sglang_hf3fs_config(tmp_path: Path) -> None:
                             "usrbio_entries": 8}
     cfg = AdapterConfig.from_extra_config(got)
     cfg.validate_settings()  # every mapped value is a valid hf3fs setting
-    # the table still wins; without SGLang's file, SGLang's default location
+    # the table still wins; without SGLang's file, no root (never a shared default path)
     env = {"SGLANG_HICACHE_HF3FS_CONFIG_PATH": str(js)}
     got = takeover_extra_config("hf3fs", {"hf3fs": {"root": "/mine"}}, env)
     assert got["hf3fs"]["root"] == "/mine" and got["hf3fs"]["io_threads"] == 4
-    assert takeover_extra_config("hf3fs", {}, {})["hf3fs"]["root"] == "/data/hicache"
+    assert "root" not in takeover_extra_config("hf3fs", {}, {})["hf3fs"]  # no shared default path
+    with pytest.raises(ConfigError, match="root"):
+        AdapterConfig.from_extra_config(takeover_extra_config("hf3fs", {}, {})).validate_settings()
     js.write_text(json.dumps({"file_size": 1}))
     with pytest.raises(ConfigError, match="file_path_prefix"):
         takeover_extra_config("hf3fs", {}, {"SGLANG_HICACHE_HF3FS_CONFIG_PATH": str(js)})

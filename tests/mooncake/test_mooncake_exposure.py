@@ -1,5 +1,5 @@
 """What a local Mooncake deployment started by the launcher exposes: every listening TCP
-socket of the metadata server, the master, the segment holder, a connector in a process
+socket of the master (with its metadata server), the segment holder, a connector in a process
 started with the loopback shim, and this test's own process, from ``ss -ltnp`` (issue 13).
 
 Everything binds loopback. The one allowance: when this test's own process runs without
@@ -44,13 +44,12 @@ def test_listening_sockets_are_loopback(namespace: Namespace, spawn_worker: Any,
         assert worker.request("set", ["exposure-0"]) == [True]
         assert worker.request("get", ["exposure-0"]) == [True]
         assert engine.master is not None and engine.holder_proc is not None
-        assert engine.metadata_proc is not None
-        master, holder, meta, shimmed, me = (engine.master.pid, engine.holder_proc.pid,
-                                             engine.metadata_proc.pid, worker.proc.pid, os.getpid())
-        rows = listening({master, holder, meta, shimmed, me})
+        master, holder, shimmed, me = (engine.master.pid, engine.holder_proc.pid,
+                                       worker.proc.pid, os.getpid())
+        rows = listening({master, holder, shimmed, me})
         print("\n".join(f"{h}:{p} {n} pid={pid}" for h, p, n, pid in rows))
         by_port = {(pid, p): h for h, p, _, pid in rows}
-        assert by_port[(meta, engine.http_port)] in LOOPBACK
+        assert by_port[(master, engine.http_port)] in LOOPBACK  # its metadata server, shimmed
         assert by_port[(master, engine.rpc_port)] in LOOPBACK
         assert by_port[(master, engine.metrics_port)] in LOOPBACK
         assert by_port[(holder, engine.holder_port)] in LOOPBACK

@@ -213,6 +213,10 @@ def test_obj_unreachable_endpoint_fails_fast_at_open(namespace: Namespace) -> No
 
 def test_obj_silent_endpoint_fails_within_connect_timeout(namespace: Namespace) -> None:
     """A server that accepts connections and never answers: open gives up in time."""
+    import boto3  # noqa: F401  (imports are not what is timed: a loaded machine takes seconds)
+
+    import hicache_l3.connectors.nixl.obj  # noqa: F401
+
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)

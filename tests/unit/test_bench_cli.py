@@ -32,6 +32,23 @@ def test_bench_json_and_csv(tmp_path: Path, capsys) -> None:
         assert len(list(csv.DictReader(f))) == len(rows)
     printed = capsys.readouterr().out
     assert "raw-posix" in printed and "ratio_to_raw" in printed
+    cpu = json.loads(out.read_text())["meta"]["cpu"]
+    assert cpu["model"] and isinstance(cpu["avx2"], bool) and isinstance(cpu["avx512f"], bool)
+    assert f"cpu: {cpu['model']}" in printed.splitlines()[0]
+
+
+def test_cpu_info_reads_model_and_flags(tmp_path: Path) -> None:
+    """The first processor's model name and whether avx2 / avx512f are among its flags."""
+    from hicache_l3.bench.runner import cpu_info, describe_cpu
+
+    fake = tmp_path / "cpuinfo"
+    fake.write_text("processor\t: 0\nmodel name\t: Test CPU @ 2.0GHz\nflags\t\t: fpu sse avx2 bmi2\n\n"
+                    "processor\t: 1\nmodel name\t: Other\nflags\t\t: avx512f\n")
+    info = cpu_info(fake)
+    assert info["model"] == "Test CPU @ 2.0GHz" and info["avx2"] is True and info["avx512f"] is False
+    line = describe_cpu(info)
+    assert line.startswith("cpu: Test CPU @ 2.0GHz (") and line.endswith("avx2, no avx512f)")
+    assert cpu_info(tmp_path / "missing")["model"]  # no /proc: the platform's name, never empty
 
 
 def test_bench_help_and_bad_arguments() -> None:

@@ -2,11 +2,11 @@
 
 Two storage modes, chosen by ``mode``:
 
-* ``file`` (default, :mod:`hicache_l3.connectors.nixl_file`): the POSIX plugin moves
+* ``file`` (default, :mod:`hicache_l3.connectors.nixl.file`): the POSIX plugin moves
   page bytes between registered host memory and the shared slab store
   (:mod:`hicache_l3.slab`), the same on-disk layout as the file connector.
   The kernel engine is ``posix_engine`` (``aio``, ``uring`` or ``posix_aio``).
-* ``obj`` (:mod:`hicache_l3.connectors.nixl_obj`): the OBJ plugin stores one S3 object
+* ``obj`` (:mod:`hicache_l3.connectors.nixl.obj`): the OBJ plugin stores one S3 object
   per page (plus a 64-byte header object that commits it) in a bucket.
 
 What every mode shares (this module):
@@ -42,7 +42,6 @@ from typing import Any, Literal
 from hicache_l3.common.config import ConnectorConfig, setting
 from hicache_l3.common.connector import Connector
 from hicache_l3.common.errors import ConfigError, EngineUnavailableError, Reason
-from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import MemoryRegion
 from hicache_l3.slab.format import ALIGN
 
@@ -417,7 +416,8 @@ def run_units(
 
 
 class NixlConnector(Connector[NixlConfig]):
-    """The nixl connector; :meth:`open` returns the file-mode or obj-mode connector.
+    """What the nixl connector's modes share (``open_nixl_connector`` in the package picks
+    the mode).
 
     Subclasses create :attr:`agent` and implement the page hooks; host regions are
     registered with the agent as DRAM here.
@@ -429,18 +429,6 @@ class NixlConnector(Connector[NixlConfig]):
     agent_renewals = 0
     _agent_params: dict[str, str] = {}
     _renew_lock: threading.Lock
-
-    @classmethod
-    def open(cls, settings: dict[str, Any], namespace: Namespace) -> Connector[Any]:
-        """Build the config and open the connector of its ``mode``."""
-        config = NixlConfig.load(cls.name, settings)
-        if config.mode == "obj":
-            from hicache_l3.connectors.nixl_obj import NixlObjConnector
-
-            return NixlObjConnector(config, namespace)
-        from hicache_l3.connectors.nixl_file import NixlFileConnector
-
-        return NixlFileConnector(config, namespace)
 
     def _register(self, region: MemoryRegion) -> None:
         self.agent.register_dram(region)

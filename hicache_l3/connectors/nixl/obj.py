@@ -55,7 +55,7 @@ from hicache_l3.common.integrity import key_fingerprint, page_checksum
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.pages import Page
-from hicache_l3.connectors.nixl import Agent, NixlConfig, NixlConnector, TransferError, Unit, run_units
+from hicache_l3.connectors.nixl.base import Agent, NixlConfig, NixlConnector, TransferError, Unit, run_units
 from hicache_l3.slab.format import MARKER, START, START_MAGIC, encode_start
 
 CHUNK = 256  # pages per transfer round (one scratch buffer of commit records)

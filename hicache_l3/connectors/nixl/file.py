@@ -38,7 +38,7 @@ from hicache_l3.common.integrity import key_fingerprint, page_checksum
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.pages import Page
 from hicache_l3.common.parallel import BatchPool
-from hicache_l3.connectors.nixl import Agent, NixlConfig, NixlConnector, Unit, run_units
+from hicache_l3.connectors.nixl.base import Agent, NixlConfig, NixlConnector, Unit, run_units
 from hicache_l3.slab.engine import SlabConnector
 from hicache_l3.slab.format import MARKER, encode_end, encode_start
 from hicache_l3.slab.io import CHECKSUM, HEADER, OK, ReadBatch, SlotTransport, WriteBatch, verify

@@ -1,0 +1,318 @@
+"""``hicache-l3 bench --scale``: how the file connector's costs grow with the store size.
+
+For each store size N (``--scale-sizes``), one process fills a fresh file-connector store
+with N tiny pages (``--scale-page-bytes``, 4 KiB by default so the disk stays small) in big
+batches, with a capacity of exactly ``N + S`` slots (``S = min(N, 16384)`` rounded up to
+whole batches of 128). Then, per size:
+
+* three fresh processes each open the store (subprocesses, so nothing is warm) and report
+  the growth of their resident memory (``/proc/self/statm``) and of their ``MAP_SHARED``
+  mappings (``/proc/self/maps``) across the open and the first ``exists`` answer, and the
+  time that took; reported: the medians, divided by N for the memory;
+* in the filling process: ``exists`` and ``get`` of S random stored keys, then ``set`` of S
+  new keys (the store reaches its capacity), then ``set`` of S more new keys, each of
+  which evicts one page (the eviction cost at capacity); all in batches of 128.
+
+Every op must succeed for every key (a miss or a failed set is a :class:`BenchError`).
+Speeds are only meaningful on a quiet machine; the figures are medians of one pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from hicache_l3.bench.runner import BenchError
+from hicache_l3.common.errors import ConfigError, HiCacheL3Error
+from hicache_l3.common.keys import Namespace
+from hicache_l3.common.memory import HostBuffer
+from hicache_l3.common.pages import contiguous_pages
+from hicache_l3.common.registry import open_connector
+from hicache_l3.slab.format import RECORD, Geometry
+
+DEFAULT_SIZES = (10_000, 100_000, 1_000_000, 10_000_000)
+BATCH = 128  # pages per timed batch call (SGLang's prefetch batch)
+FILL_BATCH = 4096  # pages per batch call while filling
+MAX_SAMPLE = 16384  # keys per timed measure, at most
+OPENS = 3  # fresh processes that open each store
+LOG_SLACK = 2 * RECORD.size + 64  # disk per page for its index log record(s), generously
+MEASURES = ("index_rss_bytes_per_page", "index_shared_bytes_per_page", "open_s",
+            "exists_keys_per_s", "get_pages_per_s", "set_pages_per_s", "evict_set_pages_per_s")
+
+
+def parse_counts(text: str) -> list[int]:
+    """Store sizes from ``"1e4,1e5"`` or ``"10000,100000"``: positive whole numbers."""
+    out = []
+    for item in (v.strip() for v in text.split(",")):
+        if not item:
+            continue
+        try:
+            value = float(item)
+        except ValueError:
+            raise ConfigError(f"--scale-sizes: {item!r} is not a number (e.g. 1e4,1e5)") from None
+        if value != int(value) or value < 1:
+            raise ConfigError(f"--scale-sizes: {item!r} is not a positive whole number of pages")
+        out.append(int(value))
+    if not out:
+        raise ConfigError("--scale-sizes: give at least one store size, e.g. 1e4,1e5")
+    return out
+
+
+def scale_namespace(page_bytes: int) -> Namespace:
+    """The namespace the sweep's pages are stored in."""
+    return Namespace(model="hicache-l3-bench", kv_dtype="uint8", layout="page_first",
+                     page_size=page_bytes, tag="bench-scale")
+
+
+def sample_size(pages: int) -> int:
+    """S: keys per timed measure for a store of ``pages`` (whole batches of :data:`BATCH`)."""
+    return -(-min(pages, MAX_SAMPLE) // BATCH) * BATCH
+
+
+def disk_needed(pages: int, page_bytes: int) -> int:
+    """Bytes of disk a store of ``pages`` needs, the sweep's extra sets included."""
+    slots = pages + sample_size(pages)
+    return slots * (Geometry(page_bytes).stride + LOG_SLACK)
+
+
+def check_disk(workdir: Path, sizes: list[int], page_bytes: int) -> None:
+    """Refuse (ConfigError) when ``workdir``'s filesystem cannot hold the largest store."""
+    need = disk_needed(max(sizes), page_bytes)
+    free = shutil.disk_usage(workdir).free
+    if free < need:
+        raise ConfigError(
+            f"--scale-sizes {max(sizes):,} pages of {page_bytes} bytes need {need / 2**30:.1f} GiB "
+            f"free in {workdir}, only {free / 2**30:.1f} GiB is: lower --scale-sizes or "
+            "--scale-page-bytes, or point --workdir at a bigger disk")
+
+
+def key(i: int) -> str:
+    """The key of page ``i`` of the sweep."""
+    return f"scale{i:011d}"
+
+
+def run_sweep(sizes: list[int], page_bytes: int, workdir: Path, settings: dict[str, Any],
+              progress: bool = True) -> list[dict[str, Any]]:
+    """One result row per store size (see the module docstring); stores are removed after."""
+    if "root" in settings or "capacity_bytes" in settings:
+        raise ConfigError("--scale: file.root and file.capacity_bytes are set by the sweep; "
+                          "use --workdir to choose the disk")
+    check_disk(workdir, sizes, page_bytes)
+    rows = []
+    for n in sizes:
+        root = Path(tempfile.mkdtemp(prefix=f"scale-{n}-", dir=workdir))
+        try:
+            rows.append(_measure_size(n, page_bytes, root, settings, progress))
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
+def _measure_size(n: int, page_bytes: int, root: Path, settings: dict[str, Any],
+                  progress: bool) -> dict[str, Any]:
+    s = sample_size(n)
+    store_settings = {**settings, "root": str(root / "store"),
+                      "capacity_bytes": (n + s) * Geometry(page_bytes).stride}
+    buffer = HostBuffer(FILL_BATCH * page_bytes)
+    buffer.view()[:] = random.Random(n).randbytes(buffer.size)
+    rng = random.Random(0x5CA1E)
+    row: dict[str, Any] = {"pages": n, "page_bytes": page_bytes, "sample": s, "batch": BATCH}
+    with contextlib.closing(open_connector("file", scale_namespace(page_bytes), store_settings)) as conn:
+        conn.register(buffer)
+        started = time.perf_counter()
+        with _bar(n, f"fill {n:,}", progress) as tick:
+            for lo in range(0, n, FILL_BATCH):
+                count = min(FILL_BATCH, n - lo)
+                ok = conn.batch_set([key(i) for i in range(lo, lo + count)],
+                                    contiguous_pages(buffer.address, page_bytes, range(count)))
+                _all_ok(ok, f"fill of {n:,} pages")
+                tick(count)
+        row["fill_s"] = time.perf_counter() - started
+        probes = [_probe(root / "store", page_bytes, settings, key(n - 1)) for _ in range(OPENS)]
+        row["open_s"] = statistics.median(p["open_s"] for p in probes)
+        row["index_rss_bytes_per_page"] = statistics.median(p["rss_bytes"] for p in probes) / n
+        row["index_shared_bytes_per_page"] = statistics.median(p["shared_bytes"] for p in probes) / n
+        row["open_s_all"] = [p["open_s"] for p in probes]
+        pages = contiguous_pages(buffer.address, page_bytes, range(BATCH))
+        stored = [key(rng.randrange(n)) for _ in range(s)]
+        row["exists_keys_per_s"] = _rate(stored, lambda ks: conn.batch_exists(ks), "exists")
+        row["get_pages_per_s"] = _rate(stored, lambda ks: conn.batch_get(ks, pages), "get")
+        fresh = [key(i) for i in range(n, n + 2 * s)]
+        row["set_pages_per_s"] = _rate(fresh[:s], lambda ks: conn.batch_set(ks, pages), "set")
+        before = conn.stats()["engine"].get("evictions", 0)
+        row["evict_set_pages_per_s"] = _rate(fresh[s:], lambda ks: conn.batch_set(ks, pages),
+                                             "set at capacity")
+        row["evictions"] = conn.stats()["engine"].get("evictions", 0) - before
+    if row["evictions"] != s:
+        raise BenchError(f"store of {n:,} pages: {row['evictions']} evictions while setting {s} "
+                         "new pages at capacity (expected one per page)")
+    return row
+
+
+def _all_ok(results: list[bool], what: str) -> None:
+    if not all(results):
+        raise BenchError(f"{what}: {results.count(False)} of {len(results)} keys failed")
+
+
+def _rate(keys: list[str], call: Callable[[list[str]], list[bool]], what: str) -> float:
+    """Keys per second of ``call`` over ``keys`` in batches of :data:`BATCH`; every key must succeed."""
+    results: list[bool] = []
+    started = time.perf_counter()
+    for lo in range(0, len(keys), BATCH):
+        results += call(keys[lo : lo + BATCH])
+    elapsed = time.perf_counter() - started
+    _all_ok(results, what)
+    return len(keys) / elapsed
+
+
+@contextlib.contextmanager
+def _bar(total: int, desc: str, enabled: bool) -> Iterator[Callable[[int], None]]:
+    if not enabled:
+        yield lambda k: None
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=desc, unit="page", unit_scale=True, file=sys.stderr, leave=False)
+    try:
+        yield bar.update
+    finally:
+        bar.close()
+
+
+def _probe(store: Path, page_bytes: int, settings: dict[str, Any], last_key: str) -> dict[str, Any]:
+    """Open the store in a fresh process (see :func:`probe_main`); its JSON answer."""
+    args = [sys.executable, "-m", "hicache_l3.bench.scale", str(store), str(page_bytes),
+            json.dumps(settings), last_key]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise BenchError(f"opening {store} in a fresh process failed: {done.stderr.strip()[-2000:]}")
+    answer: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return answer
+
+
+def _statm() -> tuple[int, int]:
+    """(resident, resident shared) bytes of this process."""
+    import os
+
+    fields = Path("/proc/self/statm").read_text().split()
+    size = os.sysconf("SC_PAGE_SIZE")
+    return int(fields[1]) * size, int(fields[2]) * size
+
+
+def _shared_mappings() -> int:
+    """Total size of this process's ``MAP_SHARED`` mappings (``/proc/self/maps``)."""
+    total = 0
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, perms = line.split()[:2]
+        if perms.endswith("s"):
+            lo, hi = span.split("-")
+            total += int(hi, 16) - int(lo, 16)
+    return total
+
+
+def probe_main(argv: list[str]) -> int:
+    """Fresh-process side of a probe: ``STORE PAGE_BYTES SETTINGS_JSON KEY``.
+
+    Opens a throw-away store first (so that code, libraries and threads the open needs are
+    loaded before measuring), then measures opening ``STORE`` and answering whether KEY
+    exists (it must); prints ``{"open_s", "rss_bytes", "shared_bytes"}`` as one JSON line.
+    """
+    import gc
+
+    store, page_bytes, settings = Path(argv[0]), int(argv[1]), json.loads(argv[2])
+    namespace = scale_namespace(page_bytes)
+    with tempfile.TemporaryDirectory(dir=store.parent) as warm, \
+            contextlib.closing(open_connector("file", namespace, {**settings, "root": warm})) as conn:
+        conn.batch_exists([argv[3]])
+    gc.collect()
+    rss0, shared_maps0 = _statm()[0], _shared_mappings()
+    started = time.perf_counter()
+    conn = open_connector("file", namespace, {**settings, "root": str(store)})
+    found = conn.batch_exists([argv[3]])
+    open_s = time.perf_counter() - started
+    rss1, shared_maps1 = _statm()[0], _shared_mappings()
+    conn.close()
+    if found != [True]:
+        print(f"key {argv[3]} not found after opening {store}", file=sys.stderr)
+        return 1
+    print(json.dumps({"open_s": open_s, "rss_bytes": rss1 - rss0,
+                      "shared_bytes": shared_maps1 - shared_maps0}))
+    return 0
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    """A fixed-width text table of sweep rows."""
+    cols = [("pages", "{:,}"), ("index_rss_bytes_per_page", "{:.1f}"),
+            ("index_shared_bytes_per_page", "{:.1f}"), ("open_s", "{:.3f}"),
+            ("exists_keys_per_s", "{:,.0f}"), ("get_pages_per_s", "{:,.0f}"),
+            ("set_pages_per_s", "{:,.0f}"), ("evict_set_pages_per_s", "{:,.0f}")]
+    lines = [[name for name, _ in cols]]
+    lines += [[fmt.format(row[name]) for name, fmt in cols] for row in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(cols))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines)
+
+
+def plot_scale(rows: list[dict[str, Any]], path: Path) -> None:
+    """PNG: one panel per measure against the store size (log x, log y)."""
+    from hicache_l3.common.errors import EngineUnavailableError
+
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise EngineUnavailableError("--plot needs matplotlib: pip install 'hicache-l3[plot]'") from exc
+    fig, axes = plt.subplots(2, 4, figsize=(16, 7), squeeze=False)
+    xs = [r["pages"] for r in rows]
+    for ax, measure in zip(axes.flat, MEASURES):
+        ax.plot(xs, [r[measure] for r in rows], marker="o")
+        ax.set_xscale("log")
+        if all(r[measure] > 0 for r in rows):
+            ax.set_yscale("log")
+        ax.set_xlabel("pages in the store")
+        ax.set_title(measure.replace("_", " "), fontsize=10)
+        ax.grid(True, alpha=0.3)
+    axes.flat[-1].set_axis_off()
+    fig.suptitle(f"hicache-l3 bench --scale: file connector, {rows[0]['page_bytes']} B pages")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_scale(sizes: list[int], page_bytes: int, workdir: Path | None, settings: dict[str, Any],
+              json_path: Path | None, plot_path: Path | None, quiet: bool) -> int:
+    """The ``--scale`` command: sweep, print the table, write JSON/plot. Exit 1 on failure."""
+    own = workdir is None
+    root = workdir or Path(tempfile.mkdtemp(prefix="hicache-l3-scale-"))
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        rows = run_sweep(sizes, page_bytes, root, settings, progress=not quiet)
+    except (HiCacheL3Error, OSError, subprocess.TimeoutExpired) as exc:
+        print(f"bench --scale failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if own:
+            shutil.rmtree(root, ignore_errors=True)
+    print(format_rows(rows))
+    if json_path:
+        meta = {"mode": "scale", "page_bytes": page_bytes, "sizes": sizes, "batch": BATCH,
+                "opens": OPENS}
+        json_path.write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
+    if plot_path:
+        plot_scale(rows, plot_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(probe_main(sys.argv[1:]))

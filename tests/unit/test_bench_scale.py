@@ -1,0 +1,58 @@
+"""``hicache-l3 bench --scale`` produces the documented JSON shape at tiny sizes (speed is
+never asserted here), evicts one page per set at capacity, and refuses bad input clearly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hicache_l3.bench.scale import MEASURES, check_disk, disk_needed, parse_counts
+from hicache_l3.cli import main
+from hicache_l3.common.errors import ConfigError
+
+
+def test_scale_sweep_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, png = tmp_path / "scale.json", tmp_path / "scale.png"
+    code = main(["bench", "--scale", "--scale-sizes", "1e3,3e3", "--quiet", "--json", str(out),
+                 "--plot", str(png), "--workdir", str(tmp_path / "w")])
+    assert code == 0
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["mode"] == "scale" and doc["meta"]["page_bytes"] == 4096
+    rows = doc["results"]
+    assert [r["pages"] for r in rows] == [1000, 3000]
+    for row in rows:
+        assert set(row) >= set(MEASURES) | {"pages", "page_bytes", "evictions", "open_s_all"}
+        for measure in MEASURES:
+            if measure == "index_shared_bytes_per_page":
+                assert row[measure] >= 0, row  # the current index has no shared mapping
+            else:
+                assert row[measure] > 0, (measure, row)
+        assert row["evictions"] == row["sample"] and len(row["open_s_all"]) == 3
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "index_rss_bytes_per_page" in capsys.readouterr().out
+    assert list((tmp_path / "w").iterdir()) == []  # the stores are removed after measuring
+
+
+def test_scale_refuses_bad_sizes_and_settings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_counts("1e4, 100000") == [10_000, 100_000]
+    for bad in ("", "ten", "1.5", "0", "-1e3"):
+        with pytest.raises(ConfigError, match="--scale-sizes"):
+            parse_counts(bad)
+    assert main(["bench", "--scale", "--scale-sizes", "lots", "--quiet"]) == 2
+    assert "'lots' is not a number" in capsys.readouterr().err
+    assert main(["bench", "--scale", "--scale-sizes", "1e3", "--quiet",
+                 "--set", "file.root=/tmp/x", "--workdir", str(tmp_path)]) == 1
+    assert "use --workdir" in capsys.readouterr().err
+
+
+def test_scale_refuses_when_the_disk_is_too_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    huge = 10**15  # pages: more disk than any test machine has
+    with pytest.raises(ConfigError, match=r"need .* GiB free"):
+        check_disk(tmp_path, [1000, huge], 4096)
+    assert disk_needed(huge, 4096) > disk_needed(1000, 4096) > 1000 * 4096
+    assert main(["bench", "--scale", "--scale-sizes", "1e15", "--quiet", "--workdir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "--scale-sizes" in err and "GiB free" in err
+    assert list(tmp_path.iterdir()) == []  # refused before writing anything
