@@ -221,7 +221,7 @@ def _patch_pool_host_mha(module: types.ModuleType) -> None:
 
 def _patch_hicache_l3_backend(module: types.ModuleType) -> None:
     path = os.environ.get("HICACHE_L3_E2E_STATS")
-    cls = getattr(module, "HiCacheL3Storage", None)
+    cls = vars(module).get("HiCacheL3Storage")  # not getattr: never trigger a lazy import
     if not path or cls is None or getattr(cls, "_e2e_stats", False):
         return
     cls._e2e_stats = True
