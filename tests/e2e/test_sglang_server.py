@@ -6,7 +6,8 @@ torch_native attention, --skip-tokenizer-init so requests carry input_ids, float
 64 tokens, HiCache writing through) and the L3 flags that `hicache-l3 sglang-args` prints.
 The model is a tiny Llama with random weights written here (make_model.py).
 
-Each scenario checks, for one connector or route (here: the file connector, page_first):
+Each scenario checks, for one connector or route (here: the file connector in page_first and
+layer_first, and the opt-in plugin's `--hicache-storage-backend file`):
 1. a ~1600-token prompt is answered; after `POST /flush_cache` (SGLang empties the device and
    host tiers, L3 is kept) the same prompt reports `meta_info.cached_tokens_details.storage`
    > 0: its prefix came back from L3;
@@ -177,3 +178,24 @@ def test_file_page_first(scenario: Any, workdir: Path) -> None:
     scenario("file-page-first", flags)
     assert any(root.rglob("*")), "the file connector left nothing in its root"
 
+
+def with_layout(flags: list[str], layout: str) -> list[str]:
+    """``flags`` with ``--hicache-mem-layout`` set to ``layout``."""
+    out = list(flags)
+    out[out.index("--hicache-mem-layout") + 1] = layout
+    return out
+
+
+def test_file_layer_first(scenario: Any, workdir: Path) -> None:
+    flags = sglang_args("file", workdir / "file-layer-first.toml", {"root": str(workdir / "file-lf")})
+    scenario("file-layer-first", with_layout(flags, "layer_first"))
+
+
+def test_plugin_file(scenario: Any, workdir: Path) -> None:
+    """The opt-in plugin: SGLang's own `--hicache-storage-backend file`, served by our file
+    connector (HICACHE_L3_SGLANG_BACKENDS=file), root from SGLang's own variable."""
+    root = workdir / "plugin-file"
+    scenario("plugin-file", ["--enable-hierarchical-cache", "--hicache-mem-layout", "page_first",
+                             "--hicache-storage-backend", "file"],
+             {"HICACHE_L3_SGLANG_BACKENDS": "file", "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": str(root)})
+    assert any(root.rglob("*")), "the plugin's file connector left nothing in its root"
