@@ -53,15 +53,38 @@ sglang_imports=(
   multidict==7.2.1 propcache==0.5.4 yarl==1.25.1 dill==0.4.1 gguf==0.19.0 loguru==0.7.3
   setproctitle==1.3.8 xxhash==4.1.0
 )
+# What `python -m sglang.launch_server` imports beyond the HiCache classes (tests/e2e runs a real
+# server on CPU): the HTTP stack, OpenAI protocol types, grammar and function-call parsing,
+# metrics; versions SGLang pins are kept as it pins them. ninja: SGLang compiles its page-hash
+# C++ extension with torch's cpp_extension at the first L3 query (also needs g++, libssl-dev).
+server_imports=(
+  fastapi==0.165.0 annotated-doc==0.0.7 uvicorn==0.54.0 click==8.5.1 uvloop==0.23.0
+  python-multipart==0.0.34 opentelemetry-api==1.45.2 prometheus-client==0.26.0
+  openai==2.8.0 httpx==0.28.1 httpcore==1.0.9 distro==1.9.0 jiter==0.19.0
+  partial-json-parser==0.2.1.1.post7 einops==0.8.2 xgrammar==0.2.7
+  jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1
+  soundfile==0.13.1 cffi==2.1.1 pycparser==3.12 ninja==1.13.2
+)
 # Our package and the engine clients our connectors load inside SGLang's process (boto3: nixl obj mode).
 ours=(mooncake-transfer-engine-non-cuda==0.3.13.post1 msgpack==1.2.4 nixl-cu12==1.5.1
       boto3==1.44.8 botocore==1.44.8 jmespath==1.1.0 s3transfer==0.19.3 python-dateutil==2.9.0.post0
       six==1.17.0)
 
+# SGLang compiles its page-hash extension (C++, -lcrypto) when a server first queries L3.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  missing=()
+  for p in g++ libssl-dev; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  if [ ${#missing[@]} -gt 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+fi
+
 echo "setup-sglang: installing into $VENV (torch stack, sglang 0.5.23, imports, engines)"
 "${pip[@]}" "${torch_stack[@]}"
 "${pip[@]}" sglang==0.5.23
 "${pip[@]}" "${sglang_imports[@]}"
+"${pip[@]}" "${server_imports[@]}"
 "${pip[@]}" "${ours[@]}"
 "${pip[@]}" -e .
 
@@ -76,7 +99,8 @@ from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: F40
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: F401
 from sglang.srt.managers.cache_controller import HiCacheController  # noqa: F401
 import hicache_l3.sglang  # noqa: F401
-print("setup-sglang: SGLang HiCache classes and hicache_l3.sglang import")
+import sglang.srt.entrypoints.http_server  # noqa: F401  (the server, for tests/e2e)
+print("setup-sglang: SGLang HiCache classes, its HTTP server and hicache_l3.sglang import")
 EOF
 echo "$want" > "$STAMP"
 echo "setup-sglang: $VENV ready"

@@ -1,0 +1,187 @@
+"""A real ``python -m sglang.launch_server`` on CPU for the e2e tests, and how to talk to it.
+
+:class:`SGLangServer` starts SGLang 0.5.23 from .venv-sglang on 127.0.0.1 and a free port,
+in its own process group with its output in a log file, with the test-only stand-ins of
+``standins/sitecustomize.py`` on its PYTHONPATH (the server's only), waits a bounded time
+for ``/health_generate`` (failing with the log's tail), and stops the whole group by PID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+try:  # the engine launchers move from conformance/ to the package top (DESIGN.md)
+    from hicache_l3.engines import ManagedProcess, free_port  # type: ignore[import-not-found]
+except ImportError:
+    from hicache_l3.conformance.engines import ManagedProcess, free_port
+
+REPO = Path(__file__).resolve().parents[2]
+SGLANG_PY = REPO / ".venv-sglang" / "bin" / "python"
+STANDINS = Path(__file__).resolve().parent / "standins"
+START_TIMEOUT = 420.0  # imports, model load, warm-up: ~1 min alone, several under a loaded 2-core machine
+REQUEST_TIMEOUT = 120.0
+
+# The CPU recipe (issue 15): SGLang's CPU engine, torch attention, requests carry input_ids,
+# float32, a KV pool a few prompts large, pages of 64 tokens, HiCache writing through to L3.
+CPU_FLAGS = [
+    "--device", "cpu", "--attention-backend", "torch_native", "--skip-tokenizer-init",
+    "--dtype", "float32", "--max-total-tokens", "8192", "--page-size", "64",
+    "--disable-cuda-graph",
+    "--max-running-requests", "2", "--chunked-prefill-size", "2048",
+    "--enable-metrics", "--log-level", "info",
+]
+# wait_complete: a request waits for its whole L3 prefetch, so the hit length (and with it the
+# compute path compared bit for bit) does not depend on the machine's load.
+HICACHE_FLAGS = ["--hicache-write-policy", "write_through", "--hicache-ratio", "2",
+                 "--hicache-storage-prefetch-policy", "wait_complete"]
+
+
+def sglang_args(backend: str, config: Path, sets: dict[str, str]) -> list[str]:
+    """The L3 flags the project itself prints (``hicache-l3 sglang-args``), minus the
+    ``python -m sglang.launch_server --model-path MODEL`` head."""
+    argv = [sys.executable, "-m", "hicache_l3.cli", "sglang-args", "--backend", backend,
+            "--config", str(config)]
+    for key, value in sets.items():
+        argv += ["--set", f"{key}={value}"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": _pythonpath()})
+    assert out.returncode == 0, f"hicache-l3 sglang-args failed: {out.stderr}"
+    words = shlex.split(out.stdout.strip().splitlines()[-1])
+    head = words.index("--model-path")
+    return words[head + 2:]
+
+
+def _pythonpath(*first: str) -> str:
+    parts = [*first, str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return os.pathsep.join(parts)
+
+
+class SGLangServer:
+    """One SGLang server process group; a context manager (always stopped on exit)."""
+
+    def __init__(self, name: str, model: Path, flags: list[str], workdir: Path,
+                 env: dict[str, str] | None = None) -> None:
+        assert SGLANG_PY.exists(), (
+            f"{SGLANG_PY} is missing: run `make setup-sglang` (scripts/setup-sglang.sh)")
+        self.name = name
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.stats_path = workdir / f"{name}.stats.json"
+        argv = [str(SGLANG_PY), "-m", "sglang.launch_server", "--model-path", str(model),
+                "--host", "127.0.0.1", "--port", str(self.port), *CPU_FLAGS, *flags]
+        self.argv = argv
+        self.proc = ManagedProcess(argv, workdir, name, env={
+            "SGLANG_USE_CPU_ENGINE": "1",
+            "PYTHONPATH": _pythonpath(str(STANDINS)),
+            "HICACHE_L3_E2E_STATS": str(self.stats_path),
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        })
+
+    def __enter__(self) -> SGLangServer:
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop the server's process group (SIGTERM, then SIGKILL)."""
+        self.proc.stop(grace=10.0)
+
+    def log(self) -> str:
+        """The server's whole output so far."""
+        return self.proc.log_path.read_text(errors="replace")
+
+    def fail(self, what: str) -> AssertionError:
+        """An AssertionError saying ``what``, with the server's log tail."""
+        return AssertionError(f"{self.name}: {what}\n--- server log tail ---\n{self.proc.tail(60)}")
+
+    def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
+        """Wait until the server answers ``/health_generate``; fail with the log tail."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.proc.alive():
+                raise self.fail(f"exited with code {self.proc.proc.returncode} while starting")
+            try:
+                with urllib.request.urlopen(self.url + "/health_generate", timeout=30) as resp:
+                    if resp.status == 200:
+                        return
+            except (OSError, urllib.error.URLError):
+                pass
+            time.sleep(0.5)
+        raise self.fail(f"not ready within {timeout:.0f}s")
+
+    def request(self, path: str, body: Any = None, method: str = "POST") -> Any:
+        """JSON request to the server; the decoded JSON answer (or text)."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT) as resp:
+                text = resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            raise self.fail(f"{method} {path} -> {exc.code}: {exc.read().decode(errors='replace')}"
+                            ) from None
+        except OSError as exc:
+            raise self.fail(f"{method} {path} failed: {exc!r}") from None
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+
+    def generate(self, input_ids: list[int], max_new_tokens: int = 8) -> dict[str, Any]:
+        """Greedy generation with logprobs; the answer's JSON."""
+        out: dict[str, Any] = self.request("/generate", {
+            "input_ids": input_ids,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0,
+                                "ignore_eos": True},
+            "return_logprob": True,
+        })
+        return out
+
+    def flush_cache(self) -> None:
+        """POST /flush_cache: SGLang empties the device and host tiers (L3 is kept)."""
+        self.request("/flush_cache")
+
+    def metrics(self) -> dict[str, float]:
+        """SGLang's Prometheus /metrics, summed per metric name (labels dropped)."""
+        text = self.request("/metrics", method="GET")
+        values: dict[str, float] = {}
+        for line in str(text).splitlines():
+            if not line or line.startswith("#"):
+                continue
+            name_labels, _, value = line.rpartition(" ")
+            name = name_labels.split("{", 1)[0]
+            try:
+                values[name] = values.get(name, 0.0) + float(value)
+            except ValueError:
+                continue
+        return values
+
+    def our_stats(self, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """The ``stats()`` of each hicache-l3 backend in the server (written by the stand-in
+        module every 0.5 s); waits up to ``timeout`` for a fresh copy."""
+        deadline = time.monotonic() + timeout
+        before = self.stats_path.stat().st_mtime if self.stats_path.exists() else 0.0
+        while time.monotonic() < deadline:
+            if self.stats_path.exists() and self.stats_path.stat().st_mtime > before:
+                break
+            time.sleep(0.1)
+        if not self.stats_path.exists():
+            raise self.fail(f"no hicache-l3 stats written to {self.stats_path}")
+        stats: list[dict[str, Any]] = json.loads(self.stats_path.read_text())
+        return stats
