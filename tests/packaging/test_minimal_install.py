@@ -74,8 +74,8 @@ def test_every_config_class_loads(venv: tuple[Path, dict[str, str]]) -> None:
     out = _run(["python", "-c", code], env)
     assert out.returncode == 0, out.stderr
     names = {line.split()[0]: line.split()[1] for line in out.stdout.splitlines()}
-    assert names == {"file": "FileConfig", "hf3fs": "Hf3fsConfig", "memory": "MemoryConfig",
-                     "mooncake": "MooncakeConfig", "nixl": "NixlConfig"}
+    assert names == {"faulty": "FaultConfig", "file": "FileConfig", "hf3fs": "Hf3fsConfig",
+                     "memory": "MemoryConfig", "mooncake": "MooncakeConfig", "nixl": "NixlConfig"}
 
 
 @pytest.mark.parametrize("connector", CONNECTORS)

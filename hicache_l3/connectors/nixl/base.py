@@ -306,6 +306,8 @@ class Agent:
             raise TransferError(f"NIXL {op} failed: {type(exc).__name__}: {exc}") from None
         except BaseException:  # interrupted while the transfer may still be in flight
             abandoned = self.abandon_on_timeout
+            if not abandoned:  # OBJ: the SDK's threads go on writing; wait for them first
+                self._drain(handle, time.monotonic() + timeout_s)
             raise
         finally:
             if abandoned:
@@ -313,6 +315,19 @@ class Agent:
                 self._abandoned_handles.append(handle)  # never released: releasing resumes it
             else:
                 self._release(handle, done)
+
+    def _drain(self, handle: Any, deadline: float) -> None:
+        """Poll an interrupted transfer until it ends (or ``deadline``), through further
+        interruptions, so that nothing writes into the caller's pages after the raise."""
+        while time.monotonic() < deadline:
+            try:
+                if self.agent.check_xfer_state(handle) != "PROC":
+                    return
+                time.sleep(1e-3)
+            except Exception:
+                return
+            except BaseException:  # interrupted again: keep draining
+                continue
 
     def _release(self, handle: Any, done: bool) -> None:
         """Release a finished transfer's handle (a failure is raised only for a done one)."""
