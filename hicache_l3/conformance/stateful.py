@@ -153,7 +153,7 @@ def run_model(tests: Any, open_conn: Callable[..., Connector[Any]], conn_setting
                 else:
                     assert not self._required(key), f"second process missed stored {key}"
 
-        @precondition(lambda self: self.caps.shared_across_processes
+        @precondition(lambda self: self.caps.shared_across_processes and tests.stateful_kills
                       and self.spawns < SPAWNS_PER_SEQUENCE)
         @rule(keys=batches, after_ms=strategies.integers(min_value=0, max_value=40))
         def kill_writer_process(self, keys: list[str], after_ms: int) -> None:

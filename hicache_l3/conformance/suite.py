@@ -67,6 +67,7 @@ class ConnectorTests:
 
     connector_name: ClassVar[str]
     page_bytes: ClassVar[int] = 16 << 10
+    stateful_kills: ClassVar[bool] = True  # the stateful model kills a second process mid-set
 
     # ---- what a subclass provides ----------------------------------------------------
     @pytest.fixture
