@@ -56,6 +56,8 @@ import importlib
 import mmap
 import threading
 import weakref
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from multiprocessing import shared_memory
 from typing import Any, Literal
 
@@ -182,6 +184,7 @@ class _Usrbio:
         self._scratch: dict[bool, _Scratch] = {}
         self._fds: set[int] = set()
         self._fd_lock = threading.Lock()
+        self._helper: ThreadPoolExecutor | None = None
 
     def register_fd(self, fd: int) -> None:
         """Register a slab fd once (3FS refuses a second registration)."""
@@ -206,9 +209,30 @@ class _Usrbio:
 
     def run(self, read: bool, ios: list[tuple[Any, int, int]]) -> list[int]:
         """One ring round: ``(iov slice, fd, offset)`` each; results per I/O (bytes or
-        ``-errno``). Caller holds ``locks[read]``."""
+        ``-errno``). Caller holds ``locks[read]``.
+
+        On the main thread the round runs on a helper thread: an interrupt (which only the
+        main thread receives) then cannot split prepare/submit/wait, and the round is let
+        finish (within the ring timeout) before the interrupt reaches the caller, so no
+        submitted I/O writes into the caller's pages after the raise.
+        """
         if not ios:
             return []
+        if threading.current_thread() is not threading.main_thread():
+            return self._round(read, ios)
+        if self._helper is None:
+            self._helper = ThreadPoolExecutor(1, thread_name_prefix="hicache-usrbio")
+        future = self._helper.submit(self._round, read, ios)
+        try:
+            return future.result()
+        except BaseException:
+            if not future.done():  # interrupted while the round runs: let it finish first
+                futures_wait([future], timeout=self.timeout.total_seconds() + 1)
+                if not future.done():
+                    self._abandon(read)
+            raise
+
+    def _round(self, read: bool, ios: list[tuple[Any, int, int]]) -> list[int]:
         ring = self._rings.get(read)
         if ring is None:
             ring = self._rings[read] = self.io.make_ioring(
@@ -227,8 +251,8 @@ class _Usrbio:
             if prepared == 0:
                 raise
             return [-errno.EIO] * len(ios)
-        except BaseException:  # interrupted: this ring's late completions must not be reaped
-            self._abandon(read)  # by a later round (nor land in reused staging memory)
+        except BaseException:  # late completions must not be reaped by a later round
+            self._abandon(read)
             raise
         for cqe in done:
             if 0 <= cqe.userdata < len(ios):
@@ -245,6 +269,8 @@ class _Usrbio:
 
     def close(self) -> None:
         """Deregister fds (before they are closed) and free rings and staging memory."""
+        if self._helper is not None:
+            self._helper.shutdown(wait=True)
         with self._fd_lock:
             for fd in self._fds:
                 with contextlib.suppress(OSError):

@@ -65,13 +65,6 @@ class TestHf3fsPosix(Hf3fsBackdoor, ConnectorTests):
 class TestHf3fsUsrbioStaged(TestHf3fsPosix):
     """USRBIO mode through the test double, pages in ordinary memory: one copy each."""
 
-    @pytest.mark.xfail(reason="known gap (issue 12 item 3, USRBIO only): an interrupted ring round "
-                              "is abandoned, not drained, so I/O already submitted may still "
-                              "land in the caller's pages after the raise; draining it hung "
-                              "against the double and is left for the next session", strict=False)
-    def test_fault_interrupted_get_leaves_no_thread_writing(self, conn: Any) -> None:
-        super().test_fault_interrupted_get_leaves_no_thread_writing(conn)
-
     @pytest.fixture
     def settings(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         from tests.doubles.hf3fs_usrbio_double import make_test_mount

@@ -184,9 +184,12 @@ class ioring:
         with self._lock:
             batch, self._prepared = self._prepared, []
             self._outstanding += len(batch)
+        _pool.submit(self._start, batch)  # one call, as the real submit is one C call
+        return self
+
+    def _start(self, batch: list[tuple[iovec, int, int, Any]]) -> None:
         for io in batch:
             _pool.submit(self._run, *io)
-        return self
 
     def _run(self, iov: iovec, fd: int, off: int, userdata: Any) -> None:
         view = iov.memory()
