@@ -6,8 +6,10 @@ torch_native attention, --skip-tokenizer-init so requests carry input_ids, float
 64 tokens, HiCache writing through) and the L3 flags that `hicache-l3 sglang-args` prints.
 The model is a tiny Llama with random weights written here (make_model.py).
 
-Each scenario checks, for one connector or route (here: the file connector in page_first and
-layer_first, and the opt-in plugin's `--hicache-storage-backend file`):
+Each scenario checks, for one connector or route (the file connector in page_first,
+layer_first and with `--hicache-io-backend direct`; Mooncake Store from the project's
+launcher; NIXL file mode; hf3fs in POSIX mode; and the opt-in plugin's
+`--hicache-storage-backend file`):
 1. a ~1600-token prompt is answered; after `POST /flush_cache` (SGLang empties the device and
    host tiers, L3 is kept) the same prompt reports `meta_info.cached_tokens_details.storage`
    > 0: its prefix came back from L3;
@@ -199,3 +201,45 @@ def test_plugin_file(scenario: Any, workdir: Path) -> None:
                              "--hicache-storage-backend", "file"],
              {"HICACHE_L3_SGLANG_BACKENDS": "file", "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": str(root)})
     assert any(root.rglob("*")), "the plugin's file connector left nothing in its root"
+
+
+def test_file_direct_io(scenario: Any, workdir: Path) -> None:
+    """``--hicache-io-backend direct`` with SGLang's direct host layout (page_first_direct:
+    direct io takes page_first_direct or layer_first), our backend handed that pool's pages."""
+    flags = sglang_args("file", workdir / "file-direct.toml", {"root": str(workdir / "file-direct")})
+    scenario("file-direct", [*with_layout(flags, "page_first_direct"), "--hicache-io-backend", "direct"])
+
+
+def test_mooncake(scenario: Any, workdir: Path) -> None:
+    """Mooncake Store from the project's launcher (master + a segment holder on loopback):
+    the servers hold no segment, so the pages written by the first live in the holder and
+    the second server reads them. The servers run with the loopback shim preloaded, so their
+    transfer engines listen on 127.0.0.1 only."""
+    from hicache_l3.common import loopback
+    from hicache_l3.engines import MooncakeEngine
+
+    with MooncakeEngine(holder=True, segment_size="512 MB") as engine:
+        sets = {key: str(value) for key, value in engine.settings.items()}
+        flags = sglang_args("mooncake", workdir / "mooncake.toml", sets)
+        env = {"MC_TCP_BIND_ADDRESS": "127.0.0.1"}
+        if loopback.SHIM:
+            env["LD_PRELOAD"] = loopback.SHIM
+        scenario("mooncake", flags, env)
+
+
+def test_nixl_file_mode(scenario: Any, workdir: Path) -> None:
+    """NIXL in file mode (its POSIX backend moving the pages between SGLang's host pool and
+    our slab files)."""
+    root = workdir / "nixl-file"
+    flags = sglang_args("nixl", workdir / "nixl-file.toml", {"root": str(root), "mode": "file"})
+    scenario("nixl-file", flags)
+    assert any(root.rglob("*")), "the nixl connector left nothing in its root"
+
+
+def test_hf3fs_posix(scenario: Any, workdir: Path) -> None:
+    """The hf3fs connector in POSIX mode on a directory (no 3FS here: the mount is a plain
+    directory and USRBIO is off)."""
+    root = workdir / "hf3fs"
+    flags = sglang_args("hf3fs", workdir / "hf3fs.toml", {"root": str(root), "usrbio": "off"})
+    scenario("hf3fs", flags)
+    assert any(root.rglob("*")), "the hf3fs connector left nothing in its root"
