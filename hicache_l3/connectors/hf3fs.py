@@ -222,14 +222,16 @@ class _Usrbio:
             return self._round(read, ios)
         if self._helper is None:
             self._helper = ThreadPoolExecutor(1, thread_name_prefix="hicache-usrbio")
-        future = self._helper.submit(self._round, read, ios)
+        helper = self._helper
         try:
-            return future.result()
+            return helper.submit(self._round, read, ios).result()
         except BaseException:
-            if not future.done():  # interrupted while the round runs: let it finish first
-                futures_wait([future], timeout=self.timeout.total_seconds() + 1)
-                if not future.done():
-                    self._abandon(read)
+            # Interrupted (possibly inside submit, the round queued or not): the one helper
+            # runs its work in order, so once a no-op queued now has run, so has the round.
+            barrier = helper.submit(int)
+            futures_wait([barrier], timeout=self.timeout.total_seconds() + 1)
+            if not barrier.done():
+                self._abandon(read)
             raise
 
     def _round(self, read: bool, ios: list[tuple[Any, int, int]]) -> list[int]:
