@@ -565,6 +565,35 @@ class ConnectorTests:
         assert conn.batch_get(theirs, pages.pages) == [True] * 5
         assert all(pages.matches(i, k) for i, k in enumerate(theirs))
 
+    def test_fault_set_after_a_writer_killed_mid_set_is_true_only_when_stored(
+            self, conn: Connector[Any], settings: dict[str, Any], namespace: Namespace) -> None:
+        """A second process setting the same keys is killed (SIGKILL) mid-set; this process
+        then sets them: each ``True`` must mean stored (``exists`` says so, ``get`` returns
+        exactly these bytes), whatever the dead writer left behind. (Mooncake refused such a
+        put as "already exists" while the dead writer's object never became readable.)"""
+        if not conn.capabilities.shared_across_processes:
+            pytest.skip("optional capability shared_across_processes: not declared")
+        for attempt, after_ms in enumerate((5, 15, 30, 60)):
+            keys = _keys(f"kw{attempt}", 16)
+            fillers = _keys(f"kw{attempt}-filler", 256)
+            proc = self._spawn_ready(settings, namespace, "set", fillers + keys)
+            try:
+                proc.wait(timeout=after_ms / 1000)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            proc.wait(timeout=60)
+            pages = Pages(conn, self.page_bytes, len(keys))
+            pages.fill(keys)
+            stored = conn.batch_set(keys, pages.pages)
+            exists = conn.batch_exists(keys)
+            pages.wipe()
+            got = conn.batch_get(keys, pages.pages)
+            for i, key in enumerate(keys):
+                if stored[i]:
+                    assert exists[i], f"set({key}) was True after a killed writer, exists is False"
+                    assert got[i] and pages.matches(i, key), (
+                        f"set({key}) was True after a killed writer, get gave {got[i]} / other bytes")
+
     # ---- concurrency --------------------------------------------------------------------------
     def test_three_threads_query_get_set(self, conn: Connector[Any]) -> None:
         stored = _keys("thr", 64)

@@ -9,7 +9,9 @@ page set by one SGLang instance is read by every other. The connector is a clien
   addresses (``..._multi_buffers`` for scattered ``layer_first`` pages); no staging copy;
 * one object per page, stored under ``namespace.storage_key(key)``
   (``<namespace digest>:<key>``); a set needs no exists round trip first (Mooncake
-  answers 0 for a key it has already and keeps the stored bytes);
+  answers 0 for a key it has already and keeps the stored bytes), but one after: that 0
+  also comes for an object another client is still putting or died putting, so a set is
+  ``True`` only for keys ``batch_is_exist`` then finds complete;
 * per-key results mapped from Mooncake's codes (:data:`CODE_REASONS`); each raw code is
   also counted as ``mooncake_<code>`` in ``stats()["ops"]["counters"]``;
 * ``checksum="xxh3"`` appends a 32-byte trailer (magic, length, XXH3-64 of the page,
@@ -454,13 +456,32 @@ class MooncakeConnector(Connector[MooncakeConfig]):
                 codes += [RPC_FAIL] * (len(skeys) - lo)
                 break
             codes += self._put(skeys[lo : lo + step], pages[lo : lo + step])
-        if todo is None and not any(codes):  # all 0: the common case, checked in C
-            return [Reason.OK] * n
         done = [Reason.OK if c in (0, OBJECT_ALREADY_EXISTS) else _reason(c) for c in codes]
+        self._confirm_stored(skeys, done)
         if todo is None:
             return done
         where = {i: j for j, i in enumerate(todo)}
         return [done[where[first[self._prefix + key]]] for key in keys]
+
+    def _confirm_stored(self, skeys: list[str], done: list[Reason]) -> None:
+        """A put is a success only once the object is complete and readable. Mooncake's
+        client answers 0 for a put of a key whose object already exists, also when that
+        object is still being put by another client, or was left half-put by a client that
+        was killed (never readable; the master discards it after
+        ``put_start_discard_timeout_sec``, 30 s by default). One ``batch_is_exist`` per
+        batch (one RPC; its cost in docs/benchmarks.md) tells them apart: such keys get
+        ``engine_error``, counted as ``mooncake_put_pending_elsewhere``; a later set stores
+        them once the master has discarded the dead writer's object."""
+        put = [i for i, r in enumerate(done) if r is Reason.OK]
+        if not put:
+            return
+        present = self._chunked(self._store.batch_is_exist, [skeys[i] for i in put])
+        if present and min(present) == 1:
+            return
+        for i, c in zip(put, present):
+            if c != 1:
+                done[i] = Reason.ENGINE_ERROR
+                self.metrics.count("mooncake_put_pending_elsewhere")
 
     def _put(self, skeys: list[str], pages: list[Page]) -> list[int]:
         if self._checksum:

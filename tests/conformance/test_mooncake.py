@@ -47,7 +47,7 @@ def raw(engine: MooncakeEngine) -> Iterator[Any]:
 
 
 class TestMooncakeConnector(ConnectorTests):
-    stateful_kills = False  # not yet run against this engine (see the closing note of 2026-12-01)
+    stateful_kills = True
     connector_name = "mooncake"
     trailer = 0
 

@@ -30,7 +30,7 @@ def object_key(settings: dict[str, Any], namespace: Namespace, key: str) -> str:
 
 
 class TestNixlObj(ConnectorTests):
-    stateful_kills = False  # not yet run against this engine (see the closing note of 2026-12-01)
+    stateful_kills = True
     connector_name = "nixl"
 
     @pytest.fixture
