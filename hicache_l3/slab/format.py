@@ -22,6 +22,12 @@ finished reading the data before the rewrite began. A torn write, a recycled slo
 crash mid-write therefore reads as a miss, never as somebody else's bytes; checksums add
 detection of bytes altered at rest.
 
+A checksummed page may be written in one step instead: header, data and end marker in
+one vectored write, in file order. Every reader verifies the checksum of an entry that
+has one, so a reader overlapping that rewrite reads a new header (miss) or data that
+fail the checksum (miss); a write cut short leaves a new header before an old end
+marker, and its page was never published.
+
 Records. An index record is a CRC32 over its body, then kind, key length, (writer, slab,
 slot, generation, length, checksum) and the key: PUT (a page is in that slot), DEL (that
 exact page is gone) or GEN (generations up to this one were used; kept by compaction).

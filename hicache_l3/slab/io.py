@@ -14,7 +14,11 @@ page in the batch's ``status`` array:
 
 A write puts the end marker first, then the start header and data, so that a reader
 overlapping it sees a new end marker; a read takes header and data first and the end
-marker last, and verifies both (and the checksum where the entry has one).
+marker last, and verifies both (and the checksum where the entry has one). A checksummed
+write may instead put header, data and end marker in one vectored call (the local
+transports do: one syscall per page instead of two): every reader verifies the checksum
+of a checksummed entry, so an overlapped read of a slot being rewritten is a miss
+either way, and a write cut short leaves the old end marker after a new header.
 
 Transports here: :class:`PythonTransport` (``preadv``/``pwritev``, the reference) and
 :class:`NativeTransport` (the C batch library). :func:`select_transport` is the one
@@ -58,6 +62,7 @@ if TYPE_CHECKING:
     from hicache_l3.slab.store import SlabStore
 
 UNREGISTERED, FAILED, PENDING = 5, 6, 7  # PENDING: not (yet) known to have moved
+_MAX_IOV = 1024  # IOV_MAX on Linux: iovecs one preadv/pwritev takes
 __all__ = ["CHECKSUM", "FAILED", "HEADER", "NOMEM", "OK", "PENDING", "SHORT", "UNREGISTERED", "ReadBatch",
            "SlotTransport", "WriteBatch", "explain", "select_transport", "verify"]
 
@@ -158,10 +163,12 @@ class PythonTransport(SlotTransport):
         self._write_pool = BatchPool(1, "hicache-file-w")
 
     def write(self, store: SlabStore, batch: WriteBatch) -> None:
-        """Each page: end marker (``pwrite``), then header and data (one ``pwritev``)."""
+        """Each page: end marker (``pwrite``), then header and data (one ``pwritev``); when
+        checksumming, header, data and end marker in one ``pwritev`` (module docstring)."""
         geometry = batch.geometry
         nbytes, stride = geometry.slot_bytes, geometry.stride
         head, tail = HEADER_BLOCK - MARKER, HEADER_BLOCK + nbytes
+        whole = 2 * MARKER + nbytes
         keys, pages, slots = batch.keys, batch.pages, batch.slots
         status, checksums, checksum, direct = batch.status, batch.checksums, batch.checksum, self.direct
         views_of, pwrite, pwritev = self.regions.views, os.pwrite, os.pwritev
@@ -181,14 +188,19 @@ class PythonTransport(SlotTransport):
                 start = encode_start(gen, nbytes, csum, fp)
                 base = slot * stride
                 try:
-                    pwrite(fd, encode_end(gen, fp), base + tail)
                     if direct and _aligned(page):
+                        pwrite(fd, encode_end(gen, fp), base + tail)
                         dfd = store.fd(me, slab, direct=True)
                         ok = pwritev(dfd, views, base + HEADER_BLOCK) == nbytes
                         ok = ok and pwrite(fd, start, base + head) == MARKER
+                    elif checksum and len(views) < _MAX_IOV - 1:  # one call: the checksum covers it
+                        if direct:
+                            self.metrics.count("direct_fallback")
+                        ok = pwritev(fd, [start, *views, encode_end(gen, fp)], base + head) == whole
                     else:
                         if direct:
                             self.metrics.count("direct_fallback")
+                        pwrite(fd, encode_end(gen, fp), base + tail)
                         ok = pwritev(fd, [start, *views], base + head) == MARKER + nbytes
                 except OSError as exc:
                     status[j] = -(exc.errno or errno.EIO)
