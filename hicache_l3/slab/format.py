@@ -43,6 +43,7 @@ import os
 import struct
 import threading
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -160,6 +161,20 @@ def encode_record(kind: int, key: str, entry: Entry) -> bytes:
     body = _RECORD_BODY.pack(kind, 0, len(kb), entry.writer, entry.slab, entry.slot, 0, entry.gen,
                              entry.length, entry.checksum) + kb
     return _CRC.pack(zlib.crc32(body)) + body
+
+
+def encode_puts(keys: Sequence[str], entries: Sequence[Entry]) -> bytes:
+    """The PUT records of ``keys[j]`` in ``entries[j]``, concatenated: what
+    ``b"".join(encode_record(PUT, k, e) ...)`` gives, without a call per record."""
+    pack_body, pack_crc, crc32 = _RECORD_BODY.pack, _CRC.pack, zlib.crc32
+    out: list[bytes] = []
+    append = out.append
+    for key, (writer, slab, slot, gen, length, checksum) in zip(keys, entries):
+        kb = key.encode()
+        body = pack_body(PUT, 0, len(kb), writer, slab, slot, 0, gen, length, checksum) + kb
+        append(pack_crc(crc32(body)))
+        append(body)
+    return b"".join(out)
 
 
 def _record_at(data: bytes, pos: int) -> Record | None:

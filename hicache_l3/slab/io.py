@@ -43,6 +43,8 @@ from hicache_l3.common.parallel import BatchPool
 from hicache_l3.slab import native
 from hicache_l3.slab.format import (
     ALIGN,
+    END,
+    END_MAGIC,
     FORMAT_VERSION,
     HEADER_BLOCK,
     MARKER,
@@ -288,12 +290,15 @@ class NativeTransport(SlotTransport):
         geometry, slots, lib = batch.geometry, batch.slots, self.lib
         nbytes, stride = geometry.slot_bytes, geometry.stride
         head, tail = HEADER_BLOCK - MARKER, HEADER_BLOCK + nbytes
-        fps = [key_fingerprint(k) for k in batch.keys]
+        fps = list(map(key_fingerprint, batch.keys))
+        gens = [s[3] for s in slots]
+        heads = [s[2] * stride + head for s in slots]
+        pack_start, pack_end = START.pack, END.pack
         pb = native.PageBatch(
-            MARKER, [s.fd for s in slots], [s.slot * stride + head for s in slots], batch.pages,
-            [encode_start(s.gen, nbytes, 0, fp) for s, fp in zip(slots, fps)],
-            ends=[encode_end(s.gen, fp) for s, fp in zip(slots, fps)],
-            end_offsets=[s.slot * stride + tail for s in slots],
+            MARKER, [s[0] for s in slots], heads, batch.pages,
+            [pack_start(START_MAGIC, FORMAT_VERSION, 0, g, nbytes, 0, fp) for g, fp in zip(gens, fps)],
+            ends=[pack_end(END_MAGIC, g, fp) for g, fp in zip(gens, fps)],
+            end_offsets=[h + (tail - head) for h in heads],
         )
         checksum = batch.checksum
         self._write_pool.map(lambda lo, hi: lib.write(pb, lo, hi, checksum), len(pb))
@@ -302,27 +307,31 @@ class NativeTransport(SlotTransport):
     def read(self, store: SlabStore, batch: ReadBatch) -> None:
         """Checksummed pages through the library; the others through the Python path."""
         located = batch.located
-        plain = [j for j, loc in enumerate(located) if not loc.entry.checksum]
-        if plain:
+        entries = [loc[1] for loc in located]
+        sums = [e[5] for e in entries]
+        if all(sums):  # the common batch: every page checksummed, all through the library
+            work: Sequence[int] = range(len(located))
+            fds, keys, pages = [loc[0] for loc in located], batch.keys, batch.pages
+        else:
+            plain = [j for j, c in enumerate(sums) if not c]
             self.python.read_some(store, batch, plain)
             if len(plain) == len(located):
                 return
-            work = [j for j, loc in enumerate(located) if loc.entry.checksum]
-        else:
-            work = list(range(len(located)))
+            work = [j for j, c in enumerate(sums) if c]
+            entries, sums = [entries[j] for j in work], [sums[j] for j in work]
+            fds = [located[j][0] for j in work]
+            keys, pages = [batch.keys[j] for j in work], [batch.pages[j] for j in work]
         nbytes, stride = batch.geometry.slot_bytes, batch.geometry.stride
         head = HEADER_BLOCK - MARKER
-        keys, pack_start, lib = batch.keys, START.pack, self.lib
-        entries = [located[j].entry for j in work]
+        pack_start, lib = START.pack, self.lib
         pb = native.PageBatch(
-            MARKER, [located[j].fd for j in work], [e.slot * stride + head for e in entries],
-            [batch.pages[j] for j in work],
-            [pack_start(START_MAGIC, FORMAT_VERSION, 0, e.gen, nbytes, e.checksum, key_fingerprint(keys[j]))
-             for j, e in zip(work, entries)],
-            [e.checksum for e in entries],
+            MARKER, fds, [e[2] * stride + head for e in entries], pages,
+            [pack_start(START_MAGIC, FORMAT_VERSION, 0, e[3], nbytes, e[5], fp)
+             for e, fp in zip(entries, map(key_fingerprint, keys))],
+            sums,
         )
         self._pool.map(lambda lo, hi: lib.read(pb, lo, hi), len(pb))
-        if not plain:
+        if isinstance(work, range):
             batch.status = pb.status
             return
         status = batch.status
