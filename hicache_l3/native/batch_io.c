@@ -189,3 +189,29 @@ int hl3_write_pages(int lo, int hi, const int32_t *fds, const int64_t *offs,
         x->free_state(state);
     return bad;
 }
+
+/* Slot markers lo..hi-1 of a batch, each len bytes: marker j is at offs[j] of fds[j] and
+ * in bufs[j * len ..]. writing: pwrite each. Reading: pread each into bufs and, where
+ * expect is not NULL, compare it with expect[j * len ..] (HL3_HEADER when it differs).
+ * status[j]: HL3_OK, HL3_SHORT, HL3_HEADER or -errno; returns the number not OK. For
+ * the NIXL file transport, whose page data move in one NIXL transfer per batch while
+ * the markers around it move here, with the GIL released once per batch. */
+int hl3_markers(int writing, int lo, int hi, const int32_t *fds, const int64_t *offs,
+                unsigned char *bufs, const unsigned char *expect, int64_t len, int32_t *status)
+{
+    int bad = 0;
+    for (int j = lo; j < hi; j++) {
+        struct iovec v = {bufs + (size_t)j * len, (size_t)len};
+        ssize_t r = transfer(writing, fds[j], &v, 1, offs[j]);
+        if (r < 0)
+            status[j] = (int32_t)r;
+        else if (r != len)
+            status[j] = HL3_SHORT;
+        else if (!writing && expect != NULL && memcmp(v.iov_base, expect + (size_t)j * len, (size_t)len) != 0)
+            status[j] = HL3_HEADER;
+        else
+            status[j] = HL3_OK;
+        bad += status[j] != HL3_OK;
+    }
+    return bad;
+}

@@ -212,3 +212,21 @@ def test_a_checksummed_write_is_one_call_in_file_order(tmp_path: Path, checksum:
         assert (status, size) == (batch_io.SHORT, 64 + 4096)
     else:
         assert (status, size) == (-errno.EFBIG, 0)
+
+
+def test_marker_calls_report_each_marker(native: batch_io.BatchIO, tmp_path: Path) -> None:
+    """write_markers / read_markers (the NIXL file transport's): one status per marker, a
+    differing or cut-short marker and a bad descriptor reported for that marker only."""
+    with open(tmp_path / "slab", "w+b") as f:
+        fd = f.fileno()
+        markers = [bytes([j + 1]) * HL for j in range(3)]
+        assert list(native.write_markers([fd] * 3, [0, 1000, 5000], b"".join(markers), HL)) == [0, 0, 0]
+        assert os.pread(fd, HL, 1000) == markers[1]
+        expect = [markers[0], b"x" * HL, markers[2]]
+        got = native.read_markers([fd] * 4, [0, 1000, 5000, 5000 + 10], b"".join([*expect, markers[2]]), HL)
+        assert list(got) == [batch_io.OK, batch_io.HEADER, batch_io.OK, batch_io.SHORT]
+    closed = os.open(tmp_path / "slab", os.O_RDONLY)
+    os.close(closed)
+    assert list(native.read_markers([closed], [0], markers[0], HL)) == [-errno.EBADF]
+    with pytest.raises(ValueError, match="markers"):
+        native.write_markers([0, 0], [0], bytes(2 * HL), HL)
