@@ -274,9 +274,10 @@ class PythonTransport(SlotTransport):
 
 
 class NativeTransport(SlotTransport):
-    """The C batch library (:mod:`hicache_l3.slab.native`): each share of a batch in one
-    call with the GIL released. Pages without a checksum need their end marker checked
-    after the data: those go through ``python``, the same bytes either way."""
+    """The C batch library (:mod:`hicache_l3.slab.native`): a batch in chunks of pages, one
+    call with the GIL released each, claimed by whichever I/O thread is free. Pages without
+    a checksum need their end marker checked after the data: those go through ``python``,
+    the same bytes either way."""
 
     name = "native batch I/O (C)"
 
@@ -301,7 +302,8 @@ class NativeTransport(SlotTransport):
             end_offsets=[h + (tail - head) for h in heads],
         )
         checksum = batch.checksum
-        self._write_pool.map(lambda lo, hi: lib.write(pb, lo, hi, checksum), len(pb))
+        n = len(pb)
+        self._write_pool.run_chunks(lambda lo, hi: lib.write(pb, lo, hi, checksum), n, _chunk(n))
         batch.status, batch.checksums = pb.status, pb.checksums
 
     def read(self, store: SlabStore, batch: ReadBatch) -> None:
@@ -330,7 +332,7 @@ class NativeTransport(SlotTransport):
              for e, fp in zip(entries, map(key_fingerprint, keys))],
             sums,
         )
-        self._pool.map(lambda lo, hi: lib.read(pb, lo, hi), len(pb))
+        self._pool.run_chunks(lambda lo, hi: lib.read(pb, lo, hi), len(pb), _chunk(len(pb)))
         if isinstance(work, range):
             batch.status = pb.status
             return
@@ -360,6 +362,13 @@ def select_transport(regions: Any, metrics: Any, log: Any, *, native_io: bool, d
                     "fast on 64 KiB pages)", label, native.describe())
         return PythonTransport(regions, metrics, io_threads, name=native.describe())
     return NativeTransport(lib, PythonTransport(regions, metrics, io_threads), write_threads)
+
+
+def _chunk(n: int) -> int:
+    """Pages per native call of an ``n``-page batch: about eight chunks, so that an I/O thread
+    the scheduler starts late takes fewer of them (:meth:`BatchPool.run_chunks`), at least
+    four pages so the call's own cost stays small."""
+    return max(4, -(-n // 8))
 
 
 def _aligned(page: Page) -> bool:
