@@ -109,9 +109,12 @@ class BatchIO:
         self._write = lib.hl3_write_pages
         self._write.restype = ctypes.c_int
         self._write.argtypes = [_i32, _i32, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _i32, _vp, _vp, _vp]
-        self._markers = lib.hl3_markers
-        self._markers.restype = ctypes.c_int
-        self._markers.argtypes = [_i32, _i32, _i32, _vp, _vp, _vp, _vp, _i64, _vp]
+        # hl3_markers came later than the page calls: a library built before it still serves
+        # the slab transports, and the NIXL transport moves its markers in Python with it
+        self._markers = getattr(lib, "hl3_markers", None)
+        if self._markers is not None:
+            self._markers.restype = ctypes.c_int
+            self._markers.argtypes = [_i32, _i32, _i32, _vp, _vp, _vp, _vp, _i64, _vp]
         x = ctypes.CDLL(xxhash._xxhash.__file__)  # type: ignore[attr-defined]
 
         def entry(*names: str) -> int | None:
@@ -145,6 +148,11 @@ class BatchIO:
                                batch.status_at))
 
 
+    @property
+    def has_markers(self) -> bool:
+        """Whether this build has the marker calls (:meth:`write_markers`, :meth:`read_markers`)."""
+        return self._markers is not None
+
     def write_markers(self, fds: Sequence[int], offsets: Sequence[int], markers: bytes,
                       length: int) -> array.array[int]:
         """``pwrite`` marker ``j`` (``markers[j * length : (j + 1) * length]``) at
@@ -162,6 +170,8 @@ class BatchIO:
 
     def _marker_call(self, writing: int, fds: Sequence[int], offsets: Sequence[int], bufs: bytearray,
                      expect: bytearray | None, length: int) -> array.array[int]:
+        if self._markers is None:
+            raise RuntimeError("this build of hicache_l3._batch_io has no hl3_markers: rebuild it")
         n = len(fds)
         if len(offsets) != n or len(bufs) != n * length or length <= 0:
             raise ValueError(f"markers: {n} fds, {len(offsets)} offsets, {len(bufs)} bytes of "

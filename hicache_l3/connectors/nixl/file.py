@@ -205,9 +205,10 @@ class NixlFileConnector(SlabConnector, NixlConnector):
         self._agent_params = posix_params(config.posix_engine)
         self._renew_lock = threading.Lock()
         self.agent = Agent("POSIX", self._agent_params, abandon_on_timeout=True)
+        lib = native.library() if config.native_io else None
         self.transport = NixlTransport(lambda op: self._xfer(op, "FILE"), config.max_descs,
                                        config.checksum_threads,
-                                       native.library() if config.native_io else None)
+                                       lib if lib is not None and lib.has_markers else None)
         self._init_slab_root(config.root, config.capacity_bytes)
 
     @property
