@@ -1,4 +1,6 @@
-"""Split a batch across a small thread pool; the calling thread takes the first share.
+"""Split a batch across a small thread pool; the calling thread takes the first share
+(:meth:`BatchPool.map`), or claims chunks alongside the pool threads
+(:meth:`BatchPool.run_chunks`, for work whose results land in place).
 
 ``os.preadv``/``os.pwritev``, XXH3 and most engine calls release the GIL, so pages of
 one batch move in parallel.
@@ -6,6 +8,7 @@ one batch move in parallel.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
@@ -51,6 +54,45 @@ class BatchPool:
             guard.settle()
             raise
 
+    def run_chunks(self, fn: Callable[[int, int], object], n: int, chunk: int) -> None:
+        """``fn(lo, hi)`` over ``[0, n)`` in chunks of ``chunk`` items, each chunk claimed by
+        whichever thread is free: the calling thread and up to ``threads - 1`` pool threads.
+        A pool thread that the scheduler starts late (the other cores busy) just takes fewer
+        chunks, instead of holding up the call with a fixed share as :meth:`map` would.
+
+        Returns once every chunk ran, or raises the first exception of a chunk (no chunk
+        is claimed after it). Either way, as with :meth:`map`, it returns or raises only
+        once no chunk is running: a pool thread not started by then runs nothing."""
+        if n <= 0:
+            return
+        if self._pool is None or n <= chunk:
+            for lo in range(0, n, chunk):
+                fn(lo, min(n, lo + chunk))
+            return
+        claims = itertools.count()  # next() is atomic under the GIL: each chunk claimed once
+        failed: list[BaseException] = []
+
+        def drain(_lo: int = 0, _hi: int = 0) -> None:
+            for i in claims:
+                lo = i * chunk
+                if lo >= n or failed or guard.stopped:
+                    return
+                try:
+                    fn(lo, min(n, lo + chunk))
+                except BaseException as exc:
+                    failed.append(exc)
+                    return
+
+        guard = _Guard()
+        try:
+            for _ in range(min(self.threads - 1, (n - 1) // chunk)):
+                self._pool.submit(guard.run, drain, 0, 0)
+            drain()
+        finally:
+            guard.settle()  # pool threads not started yet run nothing; running ones end
+        if failed:
+            raise failed[0]
+
     def shutdown(self) -> None:
         """Stop the worker threads."""
         if self._pool is not None:
@@ -67,6 +109,11 @@ class _Guard:
         self._cond = threading.Condition()
         self._running = 0
         self._stopped = False
+
+    @property
+    def stopped(self) -> bool:
+        """True once :meth:`settle` began: no further work should start."""
+        return self._stopped
 
     def run(self, fn: Callable[[int, int], T], lo: int, hi: int) -> T:
         """Run one share unless the call was given up (then raise CancelledError)."""

@@ -100,9 +100,14 @@ static int32_t read_one(int fd, off_t off, const struct iovec *v, int n, const u
     return c == 0 ? HL3_NOMEM : (c == csum ? HL3_OK : HL3_CHECKSUM);
 }
 
-/* Write one page (its n iovecs v, header first): checksum it into csum and its header
- * when with_csum, write the end marker, then header + segments; HL3_* or -errno. */
-static int32_t write_one(int fd, off_t off, const struct iovec *v, int n, const unsigned char *end_marker,
+/* Write one page (its n iovecs v, header first, with room for one more): checksum it into
+ * csum and its header when with_csum, then write it. Without a checksum the end marker goes
+ * first, in its own pwrite, then header + segments: a reader that overlaps the rewrite and
+ * saw any new byte then reads the new end marker (it reads the marker last). With a
+ * checksum, and the marker right after the data, header + segments + end marker go in one
+ * pwritev: every reader of a checksummed entry verifies the checksum, which catches an
+ * overlapped (torn) read without the marker's ordering. HL3_* or -errno. */
+static int32_t write_one(int fd, off_t off, struct iovec *v, int n, const unsigned char *end_marker,
                          off_t end_off, int64_t hdr_len, int with_csum, uint64_t *csum,
                          const struct hl3_xxh3 *x, void **state)
 {
@@ -115,8 +120,18 @@ static int32_t write_one(int fd, off_t off, const struct iovec *v, int n, const 
         for (int b = 0; b < 8; b++)
             h[HL3_CSUM_AT + b] = (unsigned char)(c >> (8 * b));
     }
+    size_t body = total(v, n);
+    ssize_t put;
+    if (with_csum && n < HL3_MAX_IOV && end_off == off + (off_t)body) {
+        v[n].iov_base = (void *)end_marker;
+        v[n].iov_len = (size_t)hdr_len;
+        put = transfer(1, fd, v, n + 1, off);
+        if (put < 0)
+            return (int32_t)put;
+        return (size_t)put == body + (size_t)hdr_len ? HL3_OK : HL3_SHORT;
+    }
     struct iovec end = {(void *)end_marker, (size_t)hdr_len};
-    ssize_t put = transfer(1, fd, &end, 1, end_off);
+    put = transfer(1, fd, &end, 1, end_off);
     if (put < 0)
         return (int32_t)put;
     if (put != hdr_len)
@@ -124,7 +139,7 @@ static int32_t write_one(int fd, off_t off, const struct iovec *v, int n, const 
     put = transfer(1, fd, v, n, off);
     if (put < 0)
         return (int32_t)put;
-    return (size_t)put == total(v, n) ? HL3_OK : HL3_SHORT;
+    return (size_t)put == body ? HL3_OK : HL3_SHORT;
 }
 
 /* Pages lo..hi-1 of a batch. Page j reads its start header into headers[j * hdr_len ..]
@@ -153,14 +168,15 @@ int hl3_read_pages(int lo, int hi, const int32_t *fds, const int64_t *offs,
 /* Pages lo..hi-1: where with_csum, the XXH3 of page j's segments segs[at[j] .. at[j+1])
  * goes into csums[j] and into its start header headers[j * hdr_len ..] (little-endian at
  * HL3_CSUM_AT); then the end marker ends[j * hdr_len ..] is written at end_offs[j] and
- * the header + segments at offs[j] (end marker first: see slabs.py "Slots").
+ * the header + segments at offs[j]: end marker first, or all three in one pwritev when
+ * checksummed and the marker follows the data (write_one; slab/format.py "Slots").
  * status[j]: HL3_OK, HL3_SHORT, HL3_NOMEM or -errno; returns the number not OK. */
 int hl3_write_pages(int lo, int hi, const int32_t *fds, const int64_t *offs,
                     const struct iovec *segs, const int32_t *at, unsigned char *headers,
                     const unsigned char *ends, const int64_t *end_offs, int64_t hdr_len,
                     int with_csum, uint64_t *csums, const struct hl3_xxh3 *x, int32_t *status)
 {
-    struct iovec v[HL3_MAX_IOV];
+    struct iovec v[HL3_MAX_IOV + 1]; /* + 1: the end marker (write_one) */
     void *state = NULL;
     int bad = 0;
     for (int j = lo; j < hi; j++) {
@@ -171,5 +187,31 @@ int hl3_write_pages(int lo, int hi, const int32_t *fds, const int64_t *offs,
     }
     if (state != NULL)
         x->free_state(state);
+    return bad;
+}
+
+/* Slot markers lo..hi-1 of a batch, each len bytes: marker j is at offs[j] of fds[j] and
+ * in bufs[j * len ..]. writing: pwrite each. Reading: pread each into bufs and, where
+ * expect is not NULL, compare it with expect[j * len ..] (HL3_HEADER when it differs).
+ * status[j]: HL3_OK, HL3_SHORT, HL3_HEADER or -errno; returns the number not OK. For
+ * the NIXL file transport, whose page data move in one NIXL transfer per batch while
+ * the markers around it move here, with the GIL released once per batch. */
+int hl3_markers(int writing, int lo, int hi, const int32_t *fds, const int64_t *offs,
+                unsigned char *bufs, const unsigned char *expect, int64_t len, int32_t *status)
+{
+    int bad = 0;
+    for (int j = lo; j < hi; j++) {
+        struct iovec v = {bufs + (size_t)j * len, (size_t)len};
+        ssize_t r = transfer(writing, fds[j], &v, 1, offs[j]);
+        if (r < 0)
+            status[j] = (int32_t)r;
+        else if (r != len)
+            status[j] = HL3_SHORT;
+        else if (!writing && expect != NULL && memcmp(v.iov_base, expect + (size_t)j * len, (size_t)len) != 0)
+            status[j] = HL3_HEADER;
+        else
+            status[j] = HL3_OK;
+        bad += status[j] != HL3_OK;
+    }
     return bad;
 }

@@ -22,6 +22,12 @@ finished reading the data before the rewrite began. A torn write, a recycled slo
 crash mid-write therefore reads as a miss, never as somebody else's bytes; checksums add
 detection of bytes altered at rest.
 
+A checksummed page may be written in one step instead: header, data and end marker in
+one vectored write, in file order. Every reader verifies the checksum of an entry that
+has one, so a reader overlapping that rewrite reads a new header (miss) or data that
+fail the checksum (miss); a write cut short leaves a new header before an old end
+marker, and its page was never published.
+
 Records. An index record is a CRC32 over its body, then kind, key length, (writer, slab,
 slot, generation, length, checksum) and the key: PUT (a page is in that slot), DEL (that
 exact page is gone) or GEN (generations up to this one were used; kept by compaction).
@@ -37,6 +43,7 @@ import os
 import struct
 import threading
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -154,6 +161,20 @@ def encode_record(kind: int, key: str, entry: Entry) -> bytes:
     body = _RECORD_BODY.pack(kind, 0, len(kb), entry.writer, entry.slab, entry.slot, 0, entry.gen,
                              entry.length, entry.checksum) + kb
     return _CRC.pack(zlib.crc32(body)) + body
+
+
+def encode_puts(keys: Sequence[str], entries: Sequence[Entry]) -> bytes:
+    """The PUT records of ``keys[j]`` in ``entries[j]``, concatenated: what
+    ``b"".join(encode_record(PUT, k, e) ...)`` gives, without a call per record."""
+    pack_body, pack_crc, crc32 = _RECORD_BODY.pack, _CRC.pack, zlib.crc32
+    out: list[bytes] = []
+    append = out.append
+    for key, (writer, slab, slot, gen, length, checksum) in zip(keys, entries):
+        kb = key.encode()
+        body = pack_body(PUT, 0, len(kb), writer, slab, slot, 0, gen, length, checksum) + kb
+        append(pack_crc(crc32(body)))
+        append(body)
+    return b"".join(out)
 
 
 def _record_at(data: bytes, pos: int) -> Record | None:

@@ -176,6 +176,19 @@ class SlabIndex:
         self.entries[key] = entry
         self.slot_key[where] = key
 
+    def apply_own_puts(self, keys: Sequence[str], entries: Sequence[Entry]) -> None:
+        """:meth:`apply_put` of each ``keys[j]``/``entries[j]``, entries this process just
+        wrote into its own reserved slots: the common case (a new key in a slot no key
+        holds) costs two dict stores, the others take :meth:`apply_put`."""
+        index, slot_key, deleted, apply = self.entries, self.slot_key, self.deleted, self.apply_put
+        for key, entry in zip(keys, entries):
+            where = entry[:3]
+            if key in index or where in slot_key or where in deleted:
+                apply(key, entry)
+            else:
+                index[key] = entry
+                slot_key[where] = key
+
     def apply_del(self, key: str, entry: Entry) -> None:
         """The exact page ``entry`` of ``key`` is gone (a newer page of the slot stays)."""
         where = (entry.writer, entry.slab, entry.slot)

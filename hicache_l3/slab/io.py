@@ -14,7 +14,11 @@ page in the batch's ``status`` array:
 
 A write puts the end marker first, then the start header and data, so that a reader
 overlapping it sees a new end marker; a read takes header and data first and the end
-marker last, and verifies both (and the checksum where the entry has one).
+marker last, and verifies both (and the checksum where the entry has one). A checksummed
+write may instead put header, data and end marker in one vectored call (the local
+transports do: one syscall per page instead of two): every reader verifies the checksum
+of a checksummed entry, so an overlapped read of a slot being rewritten is a miss
+either way, and a write cut short leaves the old end marker after a new header.
 
 Transports here: :class:`PythonTransport` (``preadv``/``pwritev``, the reference) and
 :class:`NativeTransport` (the C batch library). :func:`select_transport` is the one
@@ -39,6 +43,8 @@ from hicache_l3.common.parallel import BatchPool
 from hicache_l3.slab import native
 from hicache_l3.slab.format import (
     ALIGN,
+    END,
+    END_MAGIC,
     FORMAT_VERSION,
     HEADER_BLOCK,
     MARKER,
@@ -58,6 +64,7 @@ if TYPE_CHECKING:
     from hicache_l3.slab.store import SlabStore
 
 UNREGISTERED, FAILED, PENDING = 5, 6, 7  # PENDING: not (yet) known to have moved
+_MAX_IOV = 1024  # IOV_MAX on Linux: iovecs one preadv/pwritev takes
 __all__ = ["CHECKSUM", "FAILED", "HEADER", "NOMEM", "OK", "PENDING", "SHORT", "UNREGISTERED", "ReadBatch",
            "SlotTransport", "WriteBatch", "explain", "select_transport", "verify"]
 
@@ -158,10 +165,12 @@ class PythonTransport(SlotTransport):
         self._write_pool = BatchPool(1, "hicache-file-w")
 
     def write(self, store: SlabStore, batch: WriteBatch) -> None:
-        """Each page: end marker (``pwrite``), then header and data (one ``pwritev``)."""
+        """Each page: end marker (``pwrite``), then header and data (one ``pwritev``); when
+        checksumming, header, data and end marker in one ``pwritev`` (module docstring)."""
         geometry = batch.geometry
         nbytes, stride = geometry.slot_bytes, geometry.stride
         head, tail = HEADER_BLOCK - MARKER, HEADER_BLOCK + nbytes
+        whole = 2 * MARKER + nbytes
         keys, pages, slots = batch.keys, batch.pages, batch.slots
         status, checksums, checksum, direct = batch.status, batch.checksums, batch.checksum, self.direct
         views_of, pwrite, pwritev = self.regions.views, os.pwrite, os.pwritev
@@ -181,14 +190,19 @@ class PythonTransport(SlotTransport):
                 start = encode_start(gen, nbytes, csum, fp)
                 base = slot * stride
                 try:
-                    pwrite(fd, encode_end(gen, fp), base + tail)
                     if direct and _aligned(page):
+                        pwrite(fd, encode_end(gen, fp), base + tail)
                         dfd = store.fd(me, slab, direct=True)
                         ok = pwritev(dfd, views, base + HEADER_BLOCK) == nbytes
                         ok = ok and pwrite(fd, start, base + head) == MARKER
+                    elif checksum and len(views) < _MAX_IOV - 1:  # one call: the checksum covers it
+                        if direct:
+                            self.metrics.count("direct_fallback")
+                        ok = pwritev(fd, [start, *views, encode_end(gen, fp)], base + head) == whole
                     else:
                         if direct:
                             self.metrics.count("direct_fallback")
+                        pwrite(fd, encode_end(gen, fp), base + tail)
                         ok = pwritev(fd, [start, *views], base + head) == MARKER + nbytes
                 except OSError as exc:
                     status[j] = -(exc.errno or errno.EIO)
@@ -260,9 +274,10 @@ class PythonTransport(SlotTransport):
 
 
 class NativeTransport(SlotTransport):
-    """The C batch library (:mod:`hicache_l3.slab.native`): each share of a batch in one
-    call with the GIL released. Pages without a checksum need their end marker checked
-    after the data: those go through ``python``, the same bytes either way."""
+    """The C batch library (:mod:`hicache_l3.slab.native`): a batch in chunks of pages, one
+    call with the GIL released each, claimed by whichever I/O thread is free. Pages without
+    a checksum need their end marker checked after the data: those go through ``python``,
+    the same bytes either way."""
 
     name = "native batch I/O (C)"
 
@@ -276,41 +291,49 @@ class NativeTransport(SlotTransport):
         geometry, slots, lib = batch.geometry, batch.slots, self.lib
         nbytes, stride = geometry.slot_bytes, geometry.stride
         head, tail = HEADER_BLOCK - MARKER, HEADER_BLOCK + nbytes
-        fps = [key_fingerprint(k) for k in batch.keys]
+        fps = list(map(key_fingerprint, batch.keys))
+        gens = [s[3] for s in slots]
+        heads = [s[2] * stride + head for s in slots]
+        pack_start, pack_end = START.pack, END.pack
         pb = native.PageBatch(
-            MARKER, [s.fd for s in slots], [s.slot * stride + head for s in slots], batch.pages,
-            [encode_start(s.gen, nbytes, 0, fp) for s, fp in zip(slots, fps)],
-            ends=[encode_end(s.gen, fp) for s, fp in zip(slots, fps)],
-            end_offsets=[s.slot * stride + tail for s in slots],
+            MARKER, [s[0] for s in slots], heads, batch.pages,
+            [pack_start(START_MAGIC, FORMAT_VERSION, 0, g, nbytes, 0, fp) for g, fp in zip(gens, fps)],
+            ends=[pack_end(END_MAGIC, g, fp) for g, fp in zip(gens, fps)],
+            end_offsets=[h + (tail - head) for h in heads],
         )
         checksum = batch.checksum
-        self._write_pool.map(lambda lo, hi: lib.write(pb, lo, hi, checksum), len(pb))
+        n = len(pb)
+        self._write_pool.run_chunks(lambda lo, hi: lib.write(pb, lo, hi, checksum), n, _chunk(n))
         batch.status, batch.checksums = pb.status, pb.checksums
 
     def read(self, store: SlabStore, batch: ReadBatch) -> None:
         """Checksummed pages through the library; the others through the Python path."""
         located = batch.located
-        plain = [j for j, loc in enumerate(located) if not loc.entry.checksum]
-        if plain:
+        entries = [loc[1] for loc in located]
+        sums = [e[5] for e in entries]
+        if all(sums):  # the common batch: every page checksummed, all through the library
+            work: Sequence[int] = range(len(located))
+            fds, keys, pages = [loc[0] for loc in located], batch.keys, batch.pages
+        else:
+            plain = [j for j, c in enumerate(sums) if not c]
             self.python.read_some(store, batch, plain)
             if len(plain) == len(located):
                 return
-            work = [j for j, loc in enumerate(located) if loc.entry.checksum]
-        else:
-            work = list(range(len(located)))
+            work = [j for j, c in enumerate(sums) if c]
+            entries, sums = [entries[j] for j in work], [sums[j] for j in work]
+            fds = [located[j][0] for j in work]
+            keys, pages = [batch.keys[j] for j in work], [batch.pages[j] for j in work]
         nbytes, stride = batch.geometry.slot_bytes, batch.geometry.stride
         head = HEADER_BLOCK - MARKER
-        keys, pack_start, lib = batch.keys, START.pack, self.lib
-        entries = [located[j].entry for j in work]
+        pack_start, lib = START.pack, self.lib
         pb = native.PageBatch(
-            MARKER, [located[j].fd for j in work], [e.slot * stride + head for e in entries],
-            [batch.pages[j] for j in work],
-            [pack_start(START_MAGIC, FORMAT_VERSION, 0, e.gen, nbytes, e.checksum, key_fingerprint(keys[j]))
-             for j, e in zip(work, entries)],
-            [e.checksum for e in entries],
+            MARKER, fds, [e[2] * stride + head for e in entries], pages,
+            [pack_start(START_MAGIC, FORMAT_VERSION, 0, e[3], nbytes, e[5], fp)
+             for e, fp in zip(entries, map(key_fingerprint, keys))],
+            sums,
         )
-        self._pool.map(lambda lo, hi: lib.read(pb, lo, hi), len(pb))
-        if not plain:
+        self._pool.run_chunks(lambda lo, hi: lib.read(pb, lo, hi), len(pb), _chunk(len(pb)))
+        if isinstance(work, range):
             batch.status = pb.status
             return
         status = batch.status
@@ -339,6 +362,13 @@ def select_transport(regions: Any, metrics: Any, log: Any, *, native_io: bool, d
                     "fast on 64 KiB pages)", label, native.describe())
         return PythonTransport(regions, metrics, io_threads, name=native.describe())
     return NativeTransport(lib, PythonTransport(regions, metrics, io_threads), write_threads)
+
+
+def _chunk(n: int) -> int:
+    """Pages per native call of an ``n``-page batch: about eight chunks, so that an I/O thread
+    the scheduler starts late takes fewer of them (:meth:`BatchPool.run_chunks`), at least
+    four pages so the call's own cost stays small."""
+    return max(4, -(-n // 8))
 
 
 def _aligned(page: Page) -> bool:

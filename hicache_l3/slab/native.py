@@ -109,6 +109,12 @@ class BatchIO:
         self._write = lib.hl3_write_pages
         self._write.restype = ctypes.c_int
         self._write.argtypes = [_i32, _i32, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _i32, _vp, _vp, _vp]
+        # hl3_markers came later than the page calls: a library built before it still serves
+        # the slab transports, and the NIXL transport moves its markers in Python with it
+        self._markers = getattr(lib, "hl3_markers", None)
+        if self._markers is not None:
+            self._markers.restype = ctypes.c_int
+            self._markers.argtypes = [_i32, _i32, _i32, _vp, _vp, _vp, _vp, _i64, _vp]
         x = ctypes.CDLL(xxhash._xxhash.__file__)  # type: ignore[attr-defined]
 
         def entry(*names: str) -> int | None:
@@ -140,6 +146,42 @@ class BatchIO:
         return int(self._write(lo, hi, *batch.addresses, batch.ends_at, batch.end_offsets_at,
                                batch.header_len, int(checksum), batch.checksums_at, self._xxh3_at,
                                batch.status_at))
+
+
+    @property
+    def has_markers(self) -> bool:
+        """Whether this build has the marker calls (:meth:`write_markers`, :meth:`read_markers`)."""
+        return self._markers is not None
+
+    def write_markers(self, fds: Sequence[int], offsets: Sequence[int], markers: bytes,
+                      length: int) -> array.array[int]:
+        """``pwrite`` marker ``j`` (``markers[j * length : (j + 1) * length]``) at
+        ``offsets[j]`` of ``fds[j]``, for every ``j``, in one call with the GIL released;
+        one status per marker (:data:`OK`, :data:`SHORT` or ``-errno``)."""
+        return self._marker_call(1, fds, offsets, bytearray(markers), None, length)
+
+    def read_markers(self, fds: Sequence[int], offsets: Sequence[int], expect: bytes,
+                     length: int) -> array.array[int]:
+        """``pread`` marker ``j`` (``length`` bytes at ``offsets[j]`` of ``fds[j]``) for every
+        ``j`` in one call with the GIL released, each compared with
+        ``expect[j * length : (j + 1) * length]``; one status per marker (:data:`OK`,
+        :data:`SHORT`, :data:`HEADER` when the bytes differ, or ``-errno``)."""
+        return self._marker_call(0, fds, offsets, bytearray(len(expect)), bytearray(expect), length)
+
+    def _marker_call(self, writing: int, fds: Sequence[int], offsets: Sequence[int], bufs: bytearray,
+                     expect: bytearray | None, length: int) -> array.array[int]:
+        if self._markers is None:
+            raise RuntimeError("this build of hicache_l3._batch_io has no hl3_markers: rebuild it")
+        n = len(fds)
+        if len(offsets) != n or len(bufs) != n * length or length <= 0:
+            raise ValueError(f"markers: {n} fds, {len(offsets)} offsets, {len(bufs)} bytes of "
+                             f"{length}-byte markers")
+        status = array.array("i", bytes(4 * n))
+        if n:
+            fd_arr, off_arr = array.array("i", fds), array.array("q", offsets)
+            self._markers(writing, 0, n, _address(fd_arr), _address(off_arr), _address(bufs),
+                          _address(expect) if expect is not None else None, length, _address(status))
+        return status
 
 
 def _share(batch: PageBatch, lo: int, hi: int, op: str, fits: bool) -> bool:

@@ -40,6 +40,7 @@ from hicache_l3.slab.format import (
     Geometry,
     Located,
     Slot,
+    encode_puts,
     encode_record,
     namespace_dir,
     write_namespace_file,
@@ -167,12 +168,7 @@ class SlabStore:
         with self._lock:
             self._check_open()
             me = self._become_writer()
-            taken = []
-            for _ in range(count):
-                where = self._take_slot(me)
-                if where is None:
-                    break
-                taken.append(where)
+            taken = self._take_slots(me, count)
             highest: dict[int, int] = {}
             for slab, slot in taken:
                 if slot > highest.get(slab, -1):
@@ -187,13 +183,14 @@ class SlabStore:
                     if exc.errno != errno.ENOSPC:
                         raise
                     usable[slab] = self._allocated.get(slab, 0) // self.geometry.stride
-            out = []
+            out, gen, make = [], self._next_gen, Slot._make
             for i, (slab, slot) in enumerate(taken):
                 if slot >= usable[slab]:  # the disk is full: this and the rest get no slot
                     self._free.extend(reversed(taken[i:]))
                     break
-                out.append(Slot(fds[slab], slab, slot, self._next_gen))
-                self._next_gen += 1
+                out.append(make((fds[slab], slab, slot, gen)))
+                gen += 1
+            self._next_gen = gen
             return out
 
     def reserve_new(self, keys: Sequence[str]) -> WritePlan:
@@ -202,12 +199,15 @@ class SlabStore:
         a directory may drop pages found gone, which must then be written again."""
         ready = self._writer_ready()
         present = self.contains(keys)
-        seen: set[str] = set()
-        todo = []
-        for i, key in enumerate(keys):
-            if not present[i] and key not in seen:
-                seen.add(key)
-                todo.append(i)
+        if not any(present) and len(set(keys)) == len(keys):  # the common batch: all new, once each
+            todo = list(range(len(keys)))
+        else:
+            seen: set[str] = set()
+            todo = []
+            for i, key in enumerate(keys):
+                if not present[i] and key not in seen:
+                    seen.add(key)
+                    todo.append(i)
         slots = self.reserve(len(todo)) if ready else []
         return WritePlan(todo[: len(slots)], slots, todo[len(slots):])
 
@@ -232,22 +232,38 @@ class SlabStore:
                 raise
         self._allocated[slab] = upto
 
-    def _take_slot(self, me: int) -> tuple[int, int] | None:
-        if self._free:
-            return self._free.pop()
-        if self.max_slots is None or self._n_slabs * self.slots_per_slab < self.max_slots:
-            self._grow(me)
-            return self._free.pop()
-        entries, slot_key = self.index.entries, self.index.slot_key
-        while self._lru:
-            where, key = self._lru.popitem(last=False)
-            entry = entries.get(key)
-            if entry is not None and (entry.writer, entry.slab, entry.slot) == (me, *where):
+    def _take_slots(self, me: int, count: int) -> list[tuple[int, int]]:
+        """Up to ``count`` own ``(slab, slot)`` pairs: free slots first (last freed first),
+        then a new slab while the capacity allows, then the least recently used pages,
+        evicted (gone from the index at once). Caller holds the lock."""
+        taken: list[tuple[int, int]] = []
+        free = self._free
+        while len(taken) < count:
+            if free:
+                k = min(count - len(taken), len(free))
+                taken.extend(reversed(free[len(free) - k :]))  # the order pop() would give
+                del free[len(free) - k :]
+            elif self.max_slots is None or self._n_slabs * self.slots_per_slab < self.max_slots:
+                self._grow(me)
+            elif not self._evict(me, count - len(taken), taken):
+                break
+        return taken
+
+    def _evict(self, me: int, count: int, into: list[tuple[int, int]]) -> int:
+        """Evict up to ``count`` least recently used own pages, appending their slots to
+        ``into``; how many."""
+        entries, slot_key, lru = self.index.entries, self.index.slot_key, self._lru
+        n = min(count, len(lru))
+        popitem, get, drop = lru.popitem, entries.get, slot_key.pop
+        for _ in range(n):
+            where, key = popitem(last=False)
+            entry = get(key)
+            if entry is not None and entry[0] == me and entry[1:3] == where:
                 del entries[key]
-            slot_key.pop((me, *where), None)
-            self.evictions += 1
-            return where
-        return None
+            drop((me, *where), None)
+            into.append(where)
+        self.evictions += n
+        return n
 
     def _grow(self, me: int) -> None:
         slab = self._n_slabs
@@ -271,18 +287,19 @@ class SlabStore:
         if self.fsync != "none":
             for fd in {s.fd for s in slots}:
                 os.fdatasync(fd)
-        entries = [Entry(me, s.slab, s.slot, s.gen, length, c) for s, c in zip(slots, checksums)]
-        records = b"".join([encode_record(PUT, key, e) for key, e in zip(keys, entries)])
+        make = Entry._make  # tuple.__new__: no Python-level call per page
+        entries = [make((me, s[1], s[2], s[3], length, c)) for s, c in zip(slots, checksums)]
+        records = encode_puts(keys, entries)
         with self._lock:
             self._check_open()
             if self.index.dropped:
                 records = self._supersede(keys) + records
             os.write(self._log_fd, records)
             self.index.tails[me].offset += len(records)
-            apply, lru = self.index.apply_put, self._lru
+            self.index.apply_own_puts(keys, entries)
+            lru = self._lru
             for key, entry in zip(keys, entries):
-                apply(key, entry)
-                where = (entry.slab, entry.slot)
+                where = (entry[1], entry[2])
                 lru.pop(where, None)  # a reserved slot is not in the LRU; be sure it ends last
                 lru[where] = key
             self._maybe_compact(me)

@@ -177,3 +177,56 @@ def test_stats_name_the_io_path(tmp_path: Path) -> None:
         assert conn.stats()["engine"]["io_path"] == batch_io.describe()
     with open_connector("file", ns, root=str(tmp_path), native_io=False) as conn:
         assert conn.stats()["engine"]["io_path"] == "Python I/O"
+
+
+_ONE_CALL_SCRIPT = r"""
+import os, resource, signal, sys
+from hicache_l3.common.memory import HostBuffer
+from hicache_l3.slab import native as batch_io
+from hicache_l3.slab.native import PageBatch
+lib = batch_io.library()
+buf = HostBuffer(4096)
+buf.view()[:] = b"D" * 4096
+page = ((buf.address, 4096),)
+path, checksum = sys.argv[1], sys.argv[2] == "1"
+fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (64 + 4096, 64 + 4096))  # room for header + data only
+w = PageBatch(64, [fd], [0], [page], [bytes(64)], ends=[b"E" * 64], end_offsets=[64 + 4096])
+lib.write(w, 0, 1, checksum)
+print(w.status[0], os.fstat(fd).st_size)
+"""
+
+
+@pytest.mark.parametrize("checksum", [True, False])
+def test_a_checksummed_write_is_one_call_in_file_order(tmp_path: Path, checksum: bool) -> None:
+    """With a checksum and the end marker right after the data, header, data and marker go
+    in one pwritev, in file order: a write cut short (here by RLIMIT_FSIZE) leaves header
+    and data without the marker. Without a checksum the marker goes first, alone: cut
+    short, nothing else is written."""
+    out = subprocess.run([sys.executable, "-c", _ONE_CALL_SCRIPT, str(tmp_path / "slab"),
+                          "1" if checksum else "0"], check=True, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    status, size = map(int, out.stdout.split())
+    if checksum:
+        assert (status, size) == (batch_io.SHORT, 64 + 4096)
+    else:
+        assert (status, size) == (-errno.EFBIG, 0)
+
+
+def test_marker_calls_report_each_marker(native: batch_io.BatchIO, tmp_path: Path) -> None:
+    """write_markers / read_markers (the NIXL file transport's): one status per marker, a
+    differing or cut-short marker and a bad descriptor reported for that marker only."""
+    with open(tmp_path / "slab", "w+b") as f:
+        fd = f.fileno()
+        markers = [bytes([j + 1]) * HL for j in range(3)]
+        assert list(native.write_markers([fd] * 3, [0, 1000, 5000], b"".join(markers), HL)) == [0, 0, 0]
+        assert os.pread(fd, HL, 1000) == markers[1]
+        expect = [markers[0], b"x" * HL, markers[2]]
+        got = native.read_markers([fd] * 4, [0, 1000, 5000, 5000 + 10], b"".join([*expect, markers[2]]), HL)
+        assert list(got) == [batch_io.OK, batch_io.HEADER, batch_io.OK, batch_io.SHORT]
+    closed = os.open(tmp_path / "slab", os.O_RDONLY)
+    os.close(closed)
+    assert list(native.read_markers([closed], [0], markers[0], HL)) == [-errno.EBADF]
+    with pytest.raises(ValueError, match="markers"):
+        native.write_markers([0, 0], [0], bytes(2 * HL), HL)

@@ -114,6 +114,10 @@ class NixlConfig(ConnectorConfig):
     )
     fsync: Literal["none", "data", "always"] = setting("none", "file mode: durability policy")
     checksum_threads: int = setting(2, "file mode: threads computing page checksums of a batch")
+    native_io: bool = setting(
+        True, "file mode: the slot markers of a batch (start headers, end markers) in one call of "
+        "the C batch library (hicache_l3._batch_io) when it is built; false: an os.pwrite / "
+        "os.pread per marker (the reference)")
     # ---- obj mode
     endpoint: str = setting("", "obj mode: S3 endpoint (http://host:port); empty = AWS for the region")
     bucket: str = setting("", "obj mode: bucket holding the pages (must exist)")

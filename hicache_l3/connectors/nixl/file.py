@@ -8,7 +8,10 @@ bytes move:
   regions) and slab files registered once per agent as ``FILE`` (a slab's descriptor is
   registered the first time a page touches it and kept until close: no per-batch
   registration);
-* slot markers (64-byte start header and end marker): ``os.pwrite``/``os.pread``.
+* slot markers (64-byte start header and end marker): all markers of a batch in one call
+  of the C batch library (:meth:`~hicache_l3.slab.native.BatchIO.write_markers`,
+  :meth:`~hicache_l3.slab.native.BatchIO.read_markers`; GIL released once), or with
+  ``native_io=false`` or no library built, an ``os.pwrite``/``os.pread`` per marker.
   They are tiny, and the slot protocol needs an order that one NIXL transfer does not
   give (its descriptors complete in any order): a set writes the end marker, then the
   data (NIXL), then the start header; a get reads the data (NIXL), then header and end
@@ -39,9 +42,10 @@ from hicache_l3.common.keys import Namespace
 from hicache_l3.common.pages import Page
 from hicache_l3.common.parallel import BatchPool
 from hicache_l3.connectors.nixl.base import Agent, NixlConfig, NixlConnector, Unit, run_units
+from hicache_l3.slab import native
 from hicache_l3.slab.engine import SlabConnector
 from hicache_l3.slab.format import MARKER, encode_end, encode_start
-from hicache_l3.slab.io import CHECKSUM, HEADER, OK, ReadBatch, SlotTransport, WriteBatch, verify
+from hicache_l3.slab.io import CHECKSUM, HEADER, OK, SHORT, ReadBatch, SlotTransport, WriteBatch, verify
 from hicache_l3.slab.store import SlabStore
 
 ENGINE_PARAMS = {"aio": "use_aio", "uring": "use_uring", "posix_aio": "use_posix_aio"}
@@ -64,9 +68,11 @@ class NixlTransport(SlotTransport):
     name = "NIXL POSIX transfers"
 
     def __init__(self, transfer: Callable[[str], Callable[[list[Any], list[Any]], None]],
-                 max_descs: int, checksum_threads: int) -> None:
-        self._transfer, self.max_descs = transfer, max_descs
+                 max_descs: int, checksum_threads: int, lib: native.BatchIO | None = None) -> None:
+        self._transfer, self.max_descs, self.lib = transfer, max_descs, lib
         self._pool = BatchPool(checksum_threads, "hicache-nixl-csum", min_share=4)
+        if lib is not None:
+            self.name = f"{self.name}, markers by the C batch library"
 
     def _checksums(self, pages: list[Page]) -> list[int]:
         """XXH3 of each page, over ``checksum_threads`` threads (the hash releases the GIL)."""
@@ -88,33 +94,35 @@ class NixlTransport(SlotTransport):
         geometry, slots, status = batch.geometry, batch.slots, batch.status
         nbytes = geometry.slot_bytes
         sums = self._checksums(batch.pages) if batch.checksum else [0] * len(slots)
+        fps = list(map(key_fingerprint, batch.keys))
+        ends = self._put_markers([s[0] for s in slots], [geometry.end_offset(s[2]) for s in slots],
+                                 [encode_end(s[3], fp) for s, fp in zip(slots, fps)])
         units, staged = [], []
-        for j, (fd, _, slot, gen) in enumerate(slots):
-            try:
-                os.pwrite(fd, encode_end(gen, key_fingerprint(batch.keys[j])), geometry.end_offset(slot))
-            except OSError as exc:
-                status[j] = -(exc.errno or errno.EIO)
+        for j, (fd, _, slot, _gen) in enumerate(slots):
+            if ends[j] != OK:
+                status[j] = ends[j] if ends[j] < 0 else SHORT
                 continue
             units.append(self._unit(batch.pages[j], fd, geometry.data_offset(slot)))
             staged.append(j)
         batch.held.update(staged)  # until the transfer is known to have ended
         results = run_units(self._transfer("WRITE"), units, self.max_descs)
+        moved = []
         for j, result in zip(staged, results):
-            fd, _, slot, gen = slots[j]
             if result is not Reason.TIMEOUT:
                 batch.held.discard(j)
             if result is not Reason.OK:
                 batch.fail(j, result)
                 continue
-            head = encode_start(gen, nbytes, sums[j], key_fingerprint(batch.keys[j]))
-            try:
-                ok = os.pwrite(fd, head, geometry.header_offset(slot)) == MARKER
-            except OSError as exc:
-                status[j] = -(exc.errno or errno.EIO)
-                continue
-            if ok:
+            moved.append(j)
+        heads = self._put_markers([slots[j][0] for j in moved],
+                                  [geometry.header_offset(slots[j][2]) for j in moved],
+                                  [encode_start(slots[j][3], nbytes, sums[j], fps[j]) for j in moved])
+        for j, code in zip(moved, heads):
+            if code == OK:
                 batch.checksums[j] = sums[j]
                 status[j] = OK
+            elif code < 0:
+                status[j] = code
             else:
                 batch.fail(j, Reason.ENGINE_ERROR)
 
@@ -126,25 +134,62 @@ class NixlTransport(SlotTransport):
         units = [self._unit(batch.pages[j], fd, geometry.data_offset(entry.slot))
                  for j, (fd, entry) in enumerate(located)]
         results = run_units(self._transfer("READ"), units, self.max_descs, reread=True)
-        start, end = memoryview(bytearray(MARKER)), memoryview(bytearray(MARKER))
         moved = [j for j, r in zip(work, results) if r is Reason.OK]
         check = [j for j in moved if located[j].entry.checksum]
         sums = dict(zip(check, self._checksums([batch.pages[j] for j in check])))
         for j, result in zip(work, results):
             if result is not Reason.OK:
                 batch.fail(j, result)
-                continue
-            fd, entry = located[j]
-            try:
-                ok = os.preadv(fd, [start], geometry.header_offset(entry.slot)) == MARKER
-                ok = ok and os.preadv(fd, [end], geometry.end_offset(entry.slot)) == MARKER
-            except OSError as exc:
-                status[j] = -(exc.errno or errno.EIO)
-                continue
-            code = verify(start, end, entry, batch.keys[j], None) if ok else HEADER
+        for j, code in zip(moved, self._check_markers(batch, moved)):
+            entry = located[j].entry
             if code == OK and entry.checksum and sums[j] != entry.checksum:
                 code = CHECKSUM
             status[j] = code
+
+    def _put_markers(self, fds: list[int], offsets: list[int], markers: list[bytes]) -> list[int]:
+        """Write each marker at its offset; one status per marker (OK, SHORT or -errno)."""
+        if self.lib is not None:
+            return list(self.lib.write_markers(fds, offsets, b"".join(markers), MARKER))
+        out = []
+        for fd, offset, marker in zip(fds, offsets, markers):
+            try:
+                out.append(OK if os.pwrite(fd, marker, offset) == MARKER else SHORT)
+            except OSError as exc:
+                out.append(-(exc.errno or errno.EIO))
+        return out
+
+    def _check_markers(self, batch: ReadBatch, moved: list[int]) -> list[int]:
+        """Per page ``moved[k]``: OK when its start header and end marker carry its entry
+        and key (:func:`~hicache_l3.slab.io.verify`), HEADER when not or cut short, -errno."""
+        geometry, located, keys = batch.geometry, batch.located, batch.keys
+        if self.lib is None:
+            start, end = memoryview(bytearray(MARKER)), memoryview(bytearray(MARKER))
+            out = []
+            for j in moved:
+                fd, entry = located[j]
+                try:
+                    ok = os.preadv(fd, [start], geometry.header_offset(entry.slot)) == MARKER
+                    ok = ok and os.preadv(fd, [end], geometry.end_offset(entry.slot)) == MARKER
+                except OSError as exc:
+                    out.append(-(exc.errno or errno.EIO))
+                    continue
+                out.append(verify(start, end, entry, keys[j], None) if ok else HEADER)
+            return out
+        fds: list[int] = []
+        offsets: list[int] = []
+        expect: list[bytes] = []
+        for j in moved:  # header then end marker of each page: the same checks as verify()
+            fd, e = located[j]
+            fp = key_fingerprint(keys[j])
+            fds += (fd, fd)
+            offsets += (geometry.header_offset(e.slot), geometry.end_offset(e.slot))
+            expect += (encode_start(e.gen, e.length, e.checksum, fp), encode_end(e.gen, fp))
+        got = self.lib.read_markers(fds, offsets, b"".join(expect), MARKER)
+        out = []
+        for k in range(len(moved)):
+            head, tail = got[2 * k], got[2 * k + 1]
+            out.append(head if head < 0 else tail if tail < 0 else OK if head == tail == OK else HEADER)
+        return out
 
     def close(self) -> None:
         """Stop the checksum threads (the agent deregisters the slab files it registered)."""
@@ -160,8 +205,10 @@ class NixlFileConnector(SlabConnector, NixlConnector):
         self._agent_params = posix_params(config.posix_engine)
         self._renew_lock = threading.Lock()
         self.agent = Agent("POSIX", self._agent_params, abandon_on_timeout=True)
+        lib = native.library() if config.native_io else None
         self.transport = NixlTransport(lambda op: self._xfer(op, "FILE"), config.max_descs,
-                                       config.checksum_threads)
+                                       config.checksum_threads,
+                                       lib if lib is not None and lib.has_markers else None)
         self._init_slab_root(config.root, config.capacity_bytes)
 
     @property
