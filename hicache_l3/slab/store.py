@@ -112,7 +112,6 @@ class SlabStore:
         self._n_slabs = 0
         self._allocated: dict[int, int] = {}  # own slab -> bytes preallocated from its start
         self._next_gen = 1
-        self._foreign_dels: list[tuple[str, Entry]] = []  # our DELs of other writers' slots
         self.evictions = 0
         self.compactions = 0
         write_namespace_file(self.directory, namespace, slot_bytes)
@@ -238,13 +237,14 @@ class SlabStore:
         if self.max_slots is None or self._n_slabs * self.slots_per_slab < self.max_slots:
             self._grow(me)
             return self._free.pop()
-        entries, slot_key = self.index.entries, self.index.slot_key
+        index = self.index
         while self._lru:
             where, key = self._lru.popitem(last=False)
-            entry = entries.get(key)
+            entry = index.entries.get(key)
             if entry is not None and (entry.writer, entry.slab, entry.slot) == (me, *where):
-                del entries[key]
-            slot_key.pop((me, *where), None)
+                index.remove_unlogged(key, entry)  # no DEL: the slot's next PUT supersedes it
+            else:
+                index.slot_key.pop((me, *where), None)
             self.evictions += 1
             return where
         return None
@@ -278,13 +278,16 @@ class SlabStore:
             if self.index.dropped:
                 records = self._supersede(keys) + records
             os.write(self._log_fd, records)
-            self.index.tails[me].offset += len(records)
+            tail = self.index.tails[me]
+            tail.offset += len(records)
+            tail.max_gen = max(tail.max_gen, *(s.gen for s in slots))
             apply, lru = self.index.apply_put, self._lru
             for key, entry in zip(keys, entries):
                 apply(key, entry)
                 where = (entry.slab, entry.slot)
                 lru.pop(where, None)  # a reserved slot is not in the LRU; be sure it ends last
                 lru[where] = key
+            self.index.applied += len(keys)
             self._maybe_compact(me)
         if self.fsync == "always":
             os.fdatasync(self._log_fd)
@@ -298,7 +301,7 @@ class SlabStore:
             if old is not None:
                 where = (old.writer, old.slab, old.slot)
                 deleted[where] = max(deleted.get(where, 0), old.gen)
-                self._foreign_dels.append((key, old))
+                self.index.tails[self.me].foreign_dels.append((key, old))  # type: ignore[index]
                 out.append(encode_record(DEL, key, old))
         return b"".join(out)
 
@@ -330,24 +333,30 @@ class SlabStore:
                 if entry.writer == me:
                     self._release(entry.slab, entry.slot)
                 else:
-                    self._foreign_dels.append((key, entry))
+                    self.index.tails[me].foreign_dels.append((key, entry))
             if records:
                 data = b"".join(records)
                 os.write(self._log_fd, data)
                 self.index.tails[me].offset += len(data)
+                self.index.applied += len(records)
                 self._maybe_compact(me)
             return found
 
     def _maybe_compact(self, me: int) -> None:
-        size = self.index.tails[me].offset
-        live = (len(self._lru) + len(self._foreign_dels)) * (RECORD.size + 80)
-        if size > COMPACT_MIN_BYTES and size > 3 * live:
+        """Compact the own log when mostly dead; else write an index checkpoint when
+        enough records were applied since the last one (compaction writes one too)."""
+        tail = self.index.tails[me]
+        live = (len(self._lru) + len(tail.foreign_dels)) * (RECORD.size + 80)
+        if tail.offset > COMPACT_MIN_BYTES and tail.offset > 3 * live:
             self.compact()
+        elif self.index.checkpoint_due():
+            self.index.save_checkpoint()
 
     def compact(self) -> None:
         """Rewrite this writer's log with only what is live: a GEN record, a PUT per own
         page, and the DELs of other writers' slots that no newer PUT superseded. Readers
-        notice the new file (inode) and re-read it; the rename is atomic."""
+        notice the new file (inode) and re-read it; the rename is atomic. Then writes an
+        index checkpoint (the old one names the replaced log: openers would re-read it)."""
         with self._lock:
             me = self.me
             if me is None:
@@ -359,13 +368,12 @@ class SlabStore:
                 if e is not None and e.writer == me and (e.slab, e.slot) == where:
                     records.append(encode_record(PUT, key, e))
             kept = []
-            for key, d in self._foreign_dels:
+            for key, d in self.index.tails[me].foreign_dels:
                 current = slot_key.get((d.writer, d.slab, d.slot))
                 newer = current is not None and entries[current].gen > d.gen
                 if not newer:
                     kept.append((key, d))
                     records.append(encode_record(DEL, key, d))
-            self._foreign_dels = kept
             data = b"".join(records)
             tail = self.index.tails[me]
             tmp = tail.path.with_name(f"index.log.compact-{os.getpid()}")
@@ -381,7 +389,11 @@ class SlabStore:
             self._log_fd = open_file(tail.path, os.O_RDWR | os.O_APPEND)
             tail.reopen()
             tail.offset = len(data)
+            tail.foreign_dels = kept
+            tail.max_gen = max(tail.max_gen, self._next_gen - 1)  # its GEN record
+            self.index.forget_unlogged(me)  # pages the new log no longer holds
             self.compactions += 1
+            self.index.save_checkpoint()
 
     def clear(self) -> int:
         """Delete every key of this namespace known now; returns how many."""
@@ -439,13 +451,13 @@ class SlabStore:
             return False
         self._lock_fd, self._log_fd = fd, log_fd
         index = self.index
-        if writer in index.tails:  # read our own log from the start, to collect our DELs
+        tail = index.tail_of(writer)  # read up to now, as any writer's (our DELs included)
+        if os.stat(tail.path).st_ino != tail.ino:  # replaced since we last looked
             index.forget_writer(writer)
-            index.tails[writer].reopen()
-        tail = index.tail_of(writer)
+            tail.reopen()
         size = os.fstat(tail.fd).st_size
         if size > tail.offset:
-            index.read_tail(writer, tail, size, self._foreign_dels)
+            index.read_tail(writer, tail, size)
         if os.fstat(self._log_fd).st_size > tail.offset:
             self._set_aside_tail(tail.path, tail.offset)
         self.me = index.own = self.files.owner = writer
@@ -530,11 +542,16 @@ class SlabStore:
             }
 
     def close(self) -> None:
-        """Close every file descriptor (each once) and release the writer directory."""
+        """Write an index checkpoint (a writer whose index changed since its last one, or
+        any process that read many records), close every file descriptor (each once) and
+        release the writer directory."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            index = self.index
+            if (self.me is not None and index.applied) or index.checkpoint_due():
+                index.save_checkpoint()
             fds = [t.fd for t in self.index.tails.values()]
             fds += [fd for fd in (self._log_fd, self._lock_fd) if fd >= 0]
             self.index.tails.clear()

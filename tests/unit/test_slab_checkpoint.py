@@ -1,0 +1,289 @@
+"""The index checkpoint (hicache_l3/slab/checkpoint.py): a fresh index that loads it and
+reads only the log tails since must equal a fresh index that replays every log from its
+start (the oracle), for any history of sets, aborted sets (evictions without a rewrite),
+deletes across writers, pages found unreadable, compactions, checkpoints, restarts and
+crashed writers; a torn, damaged or planted checkpoint is ignored (full replay)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hicache_l3.common.keys import Namespace
+from hicache_l3.slab import checkpoint
+from hicache_l3.slab.files import SlabFiles
+from hicache_l3.slab.format import RECORD, Entry
+from hicache_l3.slab.index import SlabIndex
+from hicache_l3.slab.store import SlabStore
+
+NS = Namespace(model="ckpt-test", kv_dtype="uint8", layout="page_first", page_size=64, tag="t")
+SLOT = 64
+WRITERS = 3
+KEYS = 12  # per writer: keys of different writers never overlap (see fresh_indexes)
+
+
+def open_store(root: Path, slots: int = 6) -> SlabStore:
+    """A store whose writer holds ``slots`` pages (evicting beyond)."""
+    stride = 4096 + 4096
+    return SlabStore(root, NS, SLOT, capacity_bytes=slots * stride, slab_bytes=3 * stride)
+
+
+def fresh_indexes(store: SlabStore) -> tuple[SlabIndex, SlabIndex]:
+    """(oracle, candidate): the first replays every log from its start (no checkpoint),
+    the second loads the checkpoint and reads the tails."""
+    wdir = store.writers_dir
+    oracle = SlabIndex(wdir, SlabFiles(wdir))
+    oracle.loaded = True  # never look for the checkpoint
+    candidate = SlabIndex(wdir, SlabFiles(wdir))
+    with oracle.lock:
+        oracle.refresh()
+    with candidate.lock:
+        candidate.refresh()
+    return oracle, candidate
+
+
+def view(index: SlabIndex) -> dict[str, Any]:
+    """What must agree: entries, the slot inverse, each log's generation and foreign DELs."""
+    return {
+        "entries": dict(index.entries),
+        "slot_key": dict(index.slot_key),
+        "max_gen": {w: t.max_gen for w, t in index.tails.items()},
+        "foreign": {w: list(t.foreign_dels) for w, t in index.tails.items() if t.foreign_dels},
+    }
+
+
+def close_index(index: SlabIndex) -> None:
+    for tail in index.tails.values():
+        os.close(tail.fd)
+    index.files.close()
+
+
+@contextlib.contextmanager
+def indexes(store: SlabStore) -> Iterator[tuple[SlabIndex, SlabIndex]]:
+    oracle, candidate = fresh_indexes(store)
+    try:
+        yield oracle, candidate
+    finally:
+        close_index(oracle)
+        close_index(candidate)
+
+
+def crash(store: SlabStore, torn: bytes) -> None:
+    """Die like kill -9 mid-append: ``torn`` bytes of a record at the log's end, every
+    descriptor closed (the flock goes with them), no checkpoint written."""
+    if store.me is not None and torn:
+        os.write(store._log_fd, torn)
+    store._closed = True
+    fds = [t.fd for t in store.index.tails.values()] + [store._log_fd, store._lock_fd]
+    store.files.close()
+    for fd in fds:
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+OPS = st.one_of(
+    st.tuples(st.just("set"), st.integers(0, WRITERS - 1), st.lists(st.integers(0, KEYS - 1), max_size=5)),
+    st.tuples(st.just("abort"), st.integers(0, WRITERS - 1), st.lists(st.integers(0, KEYS - 1), max_size=3)),
+    st.tuples(st.just("delete"), st.integers(0, WRITERS - 1),
+              st.lists(st.tuples(st.integers(0, WRITERS - 1), st.integers(0, KEYS - 1)), max_size=3)),
+    st.tuples(st.just("drop"), st.integers(0, WRITERS - 1),
+              st.tuples(st.integers(0, WRITERS - 1), st.integers(0, KEYS - 1))),
+    st.tuples(st.just("compact"), st.integers(0, WRITERS - 1), st.none()),
+    st.tuples(st.just("checkpoint"), st.integers(0, WRITERS - 1), st.none()),
+    st.tuples(st.just("restart"), st.integers(0, WRITERS - 1), st.none()),
+    st.tuples(st.just("crash"), st.integers(0, WRITERS - 1), st.integers(0, RECORD.size + 4)),
+)
+
+
+def key(owner: int, i: int) -> str:
+    return f"w{owner}-k{i}"
+
+
+def run_history(root: Path, ops: list[tuple[str, int, Any]]) -> list[SlabStore]:
+    """Apply ``ops`` to ``WRITERS`` stores (each its own writer directory once it writes;
+    store i sets only keys ``w{i}-*``); the live stores."""
+    stores = [open_store(root) for _ in range(WRITERS)]
+    for store in stores:
+        store._become_writer()
+    for op, who, arg in ops:
+        store = stores[who]
+        if op == "set":
+            keys = [key(who, i) for i in arg]
+            plan = store.reserve_new(keys)
+            store.commit([keys[i] for i in plan.todo], plan.slots, [7] * len(plan.slots))
+        elif op == "abort":
+            plan = store.reserve_new([key(who, i) for i in arg])
+            store.abort(plan.slots)
+        elif op == "delete":
+            store.delete([key(owner, i) for owner, i in arg])
+        elif op == "drop":
+            k = key(*arg)
+            store.refresh()
+            entry = store.index.entries.get(k)
+            if entry is not None:
+                store.invalidate(k, entry)
+        elif op == "compact":
+            store.compact()
+        elif op == "checkpoint":
+            store.refresh()
+            with store._lock:
+                assert store.index.save_checkpoint()
+        elif op == "restart":
+            store.close()
+            stores[who] = open_store(root)
+            stores[who]._become_writer()
+        elif op == "crash":
+            crash(store, os.urandom(arg))
+            stores[who] = open_store(root)
+            stores[who]._become_writer()  # adopts the crashed directory: sets its tail aside
+    return stores
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(OPS, max_size=40))
+def test_checkpoint_plus_tail_equals_full_replay(ops: list[tuple[str, int, Any]]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        stores = run_history(root, ops)
+        try:
+            # a checkpoint written now, then more records after it: the tail since
+            stores[0].refresh()
+            with stores[0]._lock:
+                assert stores[0].index.save_checkpoint()
+            for who, store in enumerate(stores):
+                keys = [key(who, i) for i in range(3)]
+                plan = store.reserve_new(keys)
+                store.commit([keys[i] for i in plan.todo], plan.slots, [1] * len(plan.slots))
+            stores[1].delete([key(0, 0), key(2, 1)])
+            with indexes(stores[0]) as (oracle, candidate):
+                assert candidate.applied <= oracle.applied
+                assert view(candidate) == view(oracle)
+            for store in stores:  # the live writers agree with a replay too
+                store.refresh()
+            with indexes(stores[0]) as (oracle, _):
+                for store in stores:
+                    live = dict(store.index.entries)
+                    live.update(store.index.unlogged)
+                    assert live == oracle.entries
+        finally:
+            for store in stores:
+                store.close()
+        # closing wrote a checkpoint: a fresh process needs no record from the logs
+        reopened = open_store(root)
+        try:
+            with indexes(reopened) as (oracle, candidate):
+                assert view(candidate) == view(oracle)
+                assert candidate.applied == 0
+        finally:
+            reopened.close()
+
+
+def filled(root: Path) -> SlabStore:
+    store = open_store(root, slots=64)
+    keys = [key(0, i) for i in range(20)]
+    plan = store.reserve_new(keys)
+    store.commit(keys, plan.slots, [3] * len(keys))
+    store.refresh()
+    with store._lock:
+        assert store.index.save_checkpoint()
+    return store
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "symlink", "directory", "version"])
+def test_unusable_checkpoint_is_ignored(tmp_path: Path, damage: str,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    store = filled(tmp_path)
+    path = store.directory / checkpoint.CHECKPOINT_FILE
+    data = path.read_bytes()
+    path.unlink()
+    if damage == "truncate":
+        path.write_bytes(data[: len(data) - 7])
+    elif damage == "flip":
+        path.write_bytes(data[:40] + bytes([data[40] ^ 1]) + data[41:])
+    elif damage == "symlink":
+        (tmp_path / "elsewhere").write_bytes(data)
+        path.symlink_to(tmp_path / "elsewhere")
+    elif damage == "directory":
+        path.mkdir()
+    else:
+        path.write_bytes(data[:8] + (2).to_bytes(4, "little") + data[12:])
+    try:
+        with indexes(store) as (oracle, candidate):
+            assert view(candidate) == view(oracle)
+            assert candidate.applied == oracle.applied == 20  # replayed from the start
+        assert "ignored, the logs are replayed" in caplog.text
+    finally:
+        store.close()
+
+
+def test_checkpoint_is_private_and_atomic(tmp_path: Path) -> None:
+    old = os.umask(0)
+    try:
+        store = filled(tmp_path)
+    finally:
+        os.umask(old)
+    try:
+        path = store.directory / checkpoint.CHECKPOINT_FILE
+        assert path.stat().st_mode & 0o777 == 0o600
+        assert [p.name for p in store.directory.iterdir() if p.name.endswith(".tmp")] == []
+    finally:
+        store.close()
+
+
+def test_compacted_log_is_read_again_from_its_start(tmp_path: Path) -> None:
+    """A checkpoint names a log that was compacted since: its entries are dropped and
+    the new log is read from the start (the other logs resume at their marks)."""
+    store = filled(tmp_path)
+    other = open_store(tmp_path, slots=64)
+    try:
+        keys = [key(1, i) for i in range(5)]
+        plan = other.reserve_new(keys)
+        other.commit(keys, plan.slots, [2] * 5)
+        store.refresh()
+        with store._lock:
+            assert store.index.save_checkpoint()
+        other.delete(keys[:2])
+        ckpt = (store.directory / checkpoint.CHECKPOINT_FILE).read_bytes()
+        other.compact()  # writes its own checkpoint: put the older one back
+        (store.directory / checkpoint.CHECKPOINT_FILE).write_bytes(ckpt)
+        with indexes(store) as (oracle, candidate):
+            assert view(candidate) == view(oracle)
+            assert sorted(k for k in candidate.entries if k.startswith("w1")) == keys[2:]
+    finally:
+        other.close()
+        store.close()
+
+
+def test_key_with_nul_writes_no_checkpoint(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    try:
+        keys = ["plain", "nul\0inside"]
+        plan = store.reserve_new(keys)
+        store.commit(keys, plan.slots, [0, 0])
+        with store._lock:
+            assert not store.index.save_checkpoint()
+        assert not (store.directory / checkpoint.CHECKPOINT_FILE).exists()
+    finally:
+        store.close()
+
+
+def test_encode_decode_round_trip() -> None:
+    entries = {"a": Entry(0, 1, 2, 3, 4, 5), "": Entry(1, 0, 0, 9, 64, 0), "é": Entry(2, 3, 4, 5, 6, 7)}
+    marks = [checkpoint.LogMark(0, 11, 100, 3, 5, 6, [("x", Entry(1, 0, 1, 2, 3, 4))]),
+             checkpoint.LogMark(1, 12, 0, 0, 0, 0, [])]
+    state = checkpoint.IndexState(entries, {(1, 0, 1): 2}, marks)
+    data = checkpoint.encode(state)
+    assert data is not None
+    assert checkpoint.decode(data) == state
+    empty = checkpoint.IndexState({}, {}, [])
+    data = checkpoint.encode(empty)
+    assert data is not None and checkpoint.decode(data) == empty
