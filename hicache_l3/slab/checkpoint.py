@@ -40,6 +40,7 @@ import os
 import stat
 import struct
 import threading
+import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,6 +53,7 @@ log = logging.getLogger("hicache_l3.slab")
 CHECKPOINT_FILE = "index.ckpt"
 MAGIC = b"HL3INDEX"
 VERSION = 1
+STALE_TMP_S = 3600.0  # a temporary checkpoint file this old was left by a crashed writer
 ANCHOR = 4096  # bytes of a log CRC-checked at its start and before the checkpointed offset
 HEADER = struct.Struct("<8sIIQ")
 COUNTS = struct.Struct("<IQQQQ")
@@ -188,6 +190,18 @@ def _decode_body(body: memoryview) -> IndexState:
     return IndexState(table, deleted, marks)
 
 
+def _remove_stale_temporaries(directory: Path) -> None:
+    """Remove temporary checkpoint files that crashed writers left (untouched for
+    :data:`STALE_TMP_S`: a live writer's is younger)."""
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(directory):
+            if name.startswith(f".{CHECKPOINT_FILE}.") and name.endswith(".tmp"):
+                with contextlib.suppress(OSError):
+                    if now - os.lstat(directory / name).st_mtime > STALE_TMP_S:
+                        os.unlink(directory / name)
+
+
 def write(directory: Path, state: IndexState) -> bool:
     """Replace ``directory``'s checkpoint with ``state`` atomically (private temporary
     file, synced, renamed); False when ``state`` cannot be encoded (see :func:`encode`)."""
@@ -195,6 +209,7 @@ def write(directory: Path, state: IndexState) -> bool:
     if data is None:
         log.info("%s: a key holds a NUL character: no index checkpoint written", directory)
         return False
+    _remove_stale_temporaries(directory)
     tmp = directory / f".{CHECKPOINT_FILE}.{os.getpid()}.{threading.get_ident()}.tmp"
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()  # a leftover of a crashed process that had our pid and thread id

@@ -287,3 +287,18 @@ def test_encode_decode_round_trip() -> None:
     empty = checkpoint.IndexState({}, {}, [])
     data = checkpoint.encode(empty)
     assert data is not None and checkpoint.decode(data) == empty
+
+
+def test_crashed_writers_temporary_files_are_removed(tmp_path: Path) -> None:
+    store = filled(tmp_path)
+    try:
+        stale = store.directory / ".index.ckpt.999999.1.tmp"
+        young = store.directory / ".index.ckpt.999998.1.tmp"
+        stale.write_bytes(b"x")
+        young.write_bytes(b"y")
+        os.utime(stale, (1, 1))
+        with store._lock:
+            assert store.index.save_checkpoint()
+        assert not stale.exists() and young.exists()
+    finally:
+        store.close()
