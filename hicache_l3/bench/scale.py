@@ -7,20 +7,23 @@ whole batches of 128). Then, per size:
 
 * three fresh processes each open the store (subprocesses, so nothing is warm) and report
   the growth of their resident memory (``/proc/self/statm``) and of their ``MAP_SHARED``
-  mappings (``/proc/self/maps``) across the open and the first ``exists`` answer, and the
-  time that took; reported: the medians, divided by N for the memory;
+  mappings (``/proc/self/maps``) across the open and the first ``exists`` answer, the
+  time that took, and how the index was built (pages loaded from the index checkpoint,
+  log records replayed); reported: the medians, divided by N for the memory;
 * in the filling process: ``exists`` and ``get`` of S random stored keys, then ``set`` of S
   new keys (the store reaches its capacity), then ``set`` of S more new keys, each of
   which evicts one page (the eviction cost at capacity); all in batches of 128.
 
 Every op must succeed for every key (a miss or a failed set is a :class:`BenchError`).
-Speeds are only meaningful on a quiet machine; the figures are medians of one pass.
+Speeds are only meaningful on a quiet machine; the figures are medians of one pass. The
+table is headed by the CPU model and the load average (both in the JSON's ``meta``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import shutil
 import statistics
@@ -32,7 +35,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from hicache_l3.bench.runner import BenchError
+from hicache_l3.bench.runner import BenchError, cpu_info, describe_cpu
 from hicache_l3.common.errors import ConfigError, HiCacheL3Error
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer
@@ -143,6 +146,10 @@ def _measure_size(n: int, page_bytes: int, root: Path, settings: dict[str, Any],
         row["index_rss_bytes_per_page"] = statistics.median(p["rss_bytes"] for p in probes) / n
         row["index_shared_bytes_per_page"] = statistics.median(p["shared_bytes"] for p in probes) / n
         row["open_s_all"] = [p["open_s"] for p in probes]
+        # how the opens built their index: pages loaded from the checkpoint (-1: none),
+        # and log records replayed (the tail written since the checkpoint)
+        row["open_checkpoint_pages"] = statistics.median(p["checkpoint_pages"] for p in probes)
+        row["open_replayed_records"] = statistics.median(p["replayed_records"] for p in probes)
         pages = contiguous_pages(buffer.address, page_bytes, range(BATCH))
         stored = [key(rng.randrange(n)) for _ in range(s)]
         row["exists_keys_per_s"] = _rate(stored, lambda ks: conn.batch_exists(ks), "exists")
@@ -202,8 +209,6 @@ def _probe(store: Path, page_bytes: int, settings: dict[str, Any], last_key: str
 
 def _statm() -> tuple[int, int]:
     """(resident, resident shared) bytes of this process."""
-    import os
-
     fields = Path("/proc/self/statm").read_text().split()
     size = os.sysconf("SC_PAGE_SIZE")
     return int(fields[1]) * size, int(fields[2]) * size
@@ -241,12 +246,15 @@ def probe_main(argv: list[str]) -> int:
     found = conn.batch_exists([argv[3]])
     open_s = time.perf_counter() - started
     rss1, shared_maps1 = _statm()[0], _shared_mappings()
+    engine = conn.stats()["engine"]
     conn.close()
     if found != [True]:
         print(f"key {argv[3]} not found after opening {store}", file=sys.stderr)
         return 1
     print(json.dumps({"open_s": open_s, "rss_bytes": rss1 - rss0,
-                      "shared_bytes": shared_maps1 - shared_maps0}))
+                      "shared_bytes": shared_maps1 - shared_maps0,
+                      "checkpoint_pages": engine.get("index_checkpoint_pages", -1),
+                      "replayed_records": engine.get("index_replayed_records", -1)}))
     return 0
 
 
@@ -254,6 +262,7 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
     """A fixed-width text table of sweep rows."""
     cols = [("pages", "{:,}"), ("index_rss_bytes_per_page", "{:.1f}"),
             ("index_shared_bytes_per_page", "{:.1f}"), ("open_s", "{:.3f}"),
+            ("open_replayed_records", "{:,.0f}"),
             ("exists_keys_per_s", "{:,.0f}"), ("get_pages_per_s", "{:,.0f}"),
             ("set_pages_per_s", "{:,.0f}"), ("evict_set_pages_per_s", "{:,.0f}")]
     lines = [[name for name, _ in cols]]
@@ -304,10 +313,14 @@ def run_scale(sizes: list[int], page_bytes: int, workdir: Path | None, settings:
     finally:
         if own:
             shutil.rmtree(root, ignore_errors=True)
+    cpu = cpu_info()
+    load = os.getloadavg()
+    print(describe_cpu(cpu))
+    print("load average: {:.2f} {:.2f} {:.2f}".format(*load))
     print(format_rows(rows))
     if json_path:
         meta = {"mode": "scale", "page_bytes": page_bytes, "sizes": sizes, "batch": BATCH,
-                "opens": OPENS}
+                "opens": OPENS, "cpu": cpu, "loadavg": list(load)}
         json_path.write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
     if plot_path:
         plot_scale(rows, plot_path)

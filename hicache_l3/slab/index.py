@@ -95,6 +95,8 @@ class SlabIndex:
         self.unlogged_at: dict[tuple[int, int, int], str] = {}
         self.loaded = False  # the checkpoint was looked for
         self.applied = 0  # log records applied since the last checkpoint written or loaded
+        self.replayed = 0  # log records this process read from logs (not its own appends)
+        self.checkpoint_pages = -1  # pages the loaded checkpoint held (-1: none loaded)
 
     # ---- following the logs -------------------------------------------------------------
     def refresh(self) -> None:
@@ -198,6 +200,7 @@ class SlabIndex:
                 tail.max_gen = max(tail.max_gen, entry.gen)
         tail.offset += used
         self.applied += len(records)
+        self.replayed += len(records)
 
     def apply_put(self, key: str, entry: Entry) -> None:
         """``key`` is now in ``entry``'s slot (superseding what that slot held, and the
@@ -348,6 +351,7 @@ class SlabIndex:
                 stale.append(mark.writer)  # read from its start by the refresh
                 continue
             tail.offset, tail.max_gen, tail.foreign_dels = mark.offset, mark.max_gen, mark.foreign_dels
+        self.checkpoint_pages = len(self.entries)
         if stale:
             self.forget_writer(*stale)
         self.applied = 0

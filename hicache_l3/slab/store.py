@@ -539,6 +539,8 @@ class SlabStore:
                 "evictions": self.evictions,
                 "log_compactions": self.compactions,
                 "writers_seen": len(self.index.tails),
+                "index_checkpoint_pages": self.index.checkpoint_pages,
+                "index_replayed_records": self.index.replayed,
             }
 
     def close(self) -> None:

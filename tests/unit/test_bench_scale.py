@@ -30,8 +30,13 @@ def test_scale_sweep_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture
             else:
                 assert row[measure] > 0, (measure, row)
         assert row["evictions"] == row["sample"] and len(row["open_s_all"]) == 3
+        # the open built every page: from the checkpoint (-1: none) or by replaying the log
+        assert max(row["open_checkpoint_pages"], 0) + row["open_replayed_records"] >= row["pages"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "index_rss_bytes_per_page" in capsys.readouterr().out
+    assert set(doc["meta"]["cpu"]) >= {"model", "cores"} and len(doc["meta"]["loadavg"]) == 3
+    printed = capsys.readouterr().out
+    assert "index_rss_bytes_per_page" in printed
+    assert "cpu: " in printed and "load average: " in printed
     assert list((tmp_path / "w").iterdir()) == []  # the stores are removed after measuring
 
 
