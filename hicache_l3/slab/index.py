@@ -97,6 +97,7 @@ class SlabIndex:
         self.applied = 0  # log records applied since the last checkpoint written or loaded
         self.replayed = 0  # log records this process read from logs (not its own appends)
         self.checkpoint_pages = -1  # pages the loaded checkpoint held (-1: none loaded)
+        self._saver: threading.Thread | None = None  # a background checkpoint write
 
     # ---- following the logs -------------------------------------------------------------
     def refresh(self) -> None:
@@ -356,16 +357,23 @@ class SlabIndex:
             self.forget_writer(*stale)
         self.applied = 0
 
-    def state(self) -> checkpoint.IndexState:
+    def state(self, copy: bool = False) -> checkpoint.IndexState:
         """The log-derived state of this index now (see the class docstring), what a
-        checkpoint holds. Shares the live dicts: encode it before releasing ``lock``."""
-        entries = {**self.entries, **self.unlogged} if self.unlogged else self.entries
+        checkpoint holds. Caller holds ``lock``. Without ``copy`` it shares the live
+        dicts (encode it before releasing ``lock``); with ``copy`` it is a snapshot that
+        may be encoded on another thread (dicts copied: ~50 ns a page, the entries and
+        keys themselves are immutable and shared)."""
+        if self.unlogged:
+            entries = {**self.entries, **self.unlogged}
+        else:
+            entries = dict(self.entries) if copy else self.entries
         marks = []
         for writer, tail in sorted(self.tails.items()):
             head, anchor = checkpoint.log_crcs(tail.fd, tail.offset)
+            dels = list(tail.foreign_dels) if copy else tail.foreign_dels
             marks.append(checkpoint.LogMark(writer, tail.ino, tail.offset, tail.max_gen, head,
-                                            anchor, tail.foreign_dels))
-        return checkpoint.IndexState(entries, self.deleted, marks)
+                                            anchor, dels))
+        return checkpoint.IndexState(entries, dict(self.deleted) if copy else self.deleted, marks)
 
     def checkpoint_due(self) -> bool:
         """Enough records were applied since the last checkpoint to write a new one:
@@ -373,9 +381,11 @@ class SlabIndex:
         return self.applied >= max(CHECKPOINT_MIN_RECORDS, len(self.entries) // CHECKPOINT_FRACTION)
 
     def save_checkpoint(self) -> bool:
-        """Write the namespace's checkpoint from :meth:`state`; False (logged) when it
+        """Write the namespace's checkpoint from :meth:`state` now (after a background
+        save still running, so that the newest state lands last); False (logged) when it
         could not be written -- the logs stay the source, nothing is lost. Caller holds
         ``lock``."""
+        self.wait_checkpoint()
         try:
             written = checkpoint.write(self.directory, self.state())
         except OSError as exc:
@@ -383,3 +393,28 @@ class SlabIndex:
             return False
         self.applied = 0
         return written
+
+    def save_checkpoint_later(self) -> None:
+        """Snapshot the state now (caller holds ``lock``; the copy is the only cost under
+        it) and encode and write it on a background thread, so that serving threads are
+        not held for the seconds a big index takes to write. One at a time: while one is
+        running this does nothing (the checkpoint stays due)."""
+        if self._saver is not None and self._saver.is_alive():
+            return
+        state = self.state(copy=True)
+        self.applied = 0
+        self._saver = threading.Thread(target=self._write_state, args=(state,),
+                                       name="hicache-index-checkpoint", daemon=True)
+        self._saver.start()
+
+    def _write_state(self, state: checkpoint.IndexState) -> None:
+        try:
+            checkpoint.write(self.directory, state)
+        except OSError as exc:
+            log.warning("%s: index checkpoint not written (%s)", self.directory, exc)
+
+    def wait_checkpoint(self, timeout: float | None = None) -> None:
+        """Wait for a background checkpoint write to finish (at most ``timeout`` s)."""
+        saver = self._saver
+        if saver is not None:
+            saver.join(timeout)

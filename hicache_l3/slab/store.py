@@ -343,19 +343,20 @@ class SlabStore:
             return found
 
     def _maybe_compact(self, me: int) -> None:
-        """Compact the own log when mostly dead; else write an index checkpoint when
-        enough records were applied since the last one (compaction writes one too)."""
+        """Compact the own log when mostly dead; else start an index checkpoint (written
+        on a background thread) when enough records were applied since the last one
+        (compaction starts one too)."""
         tail = self.index.tails[me]
         live = (len(self._lru) + len(tail.foreign_dels)) * (RECORD.size + 80)
         if tail.offset > COMPACT_MIN_BYTES and tail.offset > 3 * live:
             self.compact()
         elif self.index.checkpoint_due():
-            self.index.save_checkpoint()
+            self.index.save_checkpoint_later()
 
     def compact(self) -> None:
         """Rewrite this writer's log with only what is live: a GEN record, a PUT per own
         page, and the DELs of other writers' slots that no newer PUT superseded. Readers
-        notice the new file (inode) and re-read it; the rename is atomic. Then writes an
+        notice the new file (inode) and re-read it; the rename is atomic. Then starts an
         index checkpoint (the old one names the replaced log: openers would re-read it)."""
         with self._lock:
             me = self.me
@@ -393,7 +394,7 @@ class SlabStore:
             tail.max_gen = max(tail.max_gen, self._next_gen - 1)  # its GEN record
             self.index.forget_unlogged(me)  # pages the new log no longer holds
             self.compactions += 1
-            self.index.save_checkpoint()
+            self.index.save_checkpoint_later()
 
     def clear(self) -> int:
         """Delete every key of this namespace known now; returns how many."""
@@ -553,7 +554,9 @@ class SlabStore:
             self._closed = True
             index = self.index
             if (self.me is not None and index.applied) or index.checkpoint_due():
-                index.save_checkpoint()
+                index.save_checkpoint()  # waits for a background one first
+            else:
+                index.wait_checkpoint()
             fds = [t.fd for t in self.index.tails.values()]
             fds += [fd for fd in (self._log_fd, self._lock_fd) if fd >= 0]
             self.index.tails.clear()

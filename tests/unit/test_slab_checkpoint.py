@@ -99,6 +99,7 @@ OPS = st.one_of(
               st.tuples(st.integers(0, WRITERS - 1), st.integers(0, KEYS - 1))),
     st.tuples(st.just("compact"), st.integers(0, WRITERS - 1), st.none()),
     st.tuples(st.just("checkpoint"), st.integers(0, WRITERS - 1), st.none()),
+    st.tuples(st.just("later"), st.integers(0, WRITERS - 1), st.none()),
     st.tuples(st.just("restart"), st.integers(0, WRITERS - 1), st.none()),
     st.tuples(st.just("crash"), st.integers(0, WRITERS - 1), st.integers(0, RECORD.size + 4)),
 )
@@ -137,6 +138,10 @@ def run_history(root: Path, ops: list[tuple[str, int, Any]]) -> list[SlabStore]:
             store.refresh()
             with store._lock:
                 assert store.index.save_checkpoint()
+        elif op == "later":  # a background write, racing with the ops that follow
+            store.refresh()
+            with store._lock:
+                store.index.save_checkpoint_later()
         elif op == "restart":
             store.close()
             stores[who] = open_store(root)
@@ -149,8 +154,9 @@ def run_history(root: Path, ops: list[tuple[str, int, Any]]) -> list[SlabStore]:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=st.lists(OPS, max_size=40))
-def test_checkpoint_plus_tail_equals_full_replay(ops: list[tuple[str, int, Any]]) -> None:
+@given(ops=st.lists(OPS, max_size=40), background=st.booleans())
+def test_checkpoint_plus_tail_equals_full_replay(ops: list[tuple[str, int, Any]],
+                                                 background: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         stores = run_history(root, ops)
@@ -158,7 +164,10 @@ def test_checkpoint_plus_tail_equals_full_replay(ops: list[tuple[str, int, Any]]
             # a checkpoint written now, then more records after it: the tail since
             stores[0].refresh()
             with stores[0]._lock:
-                assert stores[0].index.save_checkpoint()
+                if background:  # its copy is taken now; the write may end at any time
+                    stores[0].index.save_checkpoint_later()
+                else:
+                    assert stores[0].index.save_checkpoint()
             for who, store in enumerate(stores):
                 keys = [key(who, i) for i in range(3)]
                 plan = store.reserve_new(keys)
@@ -302,3 +311,30 @@ def test_crashed_writers_temporary_files_are_removed(tmp_path: Path) -> None:
         assert not stale.exists() and young.exists()
     finally:
         store.close()
+
+
+def test_writer_checkpoints_when_due_and_on_close(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After enough records a writer starts a background checkpoint by itself; a fresh
+    process then replays only what came after it; close writes the rest."""
+    from hicache_l3.slab import index as index_module
+
+    monkeypatch.setattr(index_module, "CHECKPOINT_MIN_RECORDS", 8)
+    store = open_store(tmp_path, slots=64)
+    try:
+        for lo in range(0, 12, 4):  # 4, 8 (due: a checkpoint of 8 pages), 12
+            keys = [key(0, i) for i in range(lo, lo + 4)]
+            plan = store.reserve_new(keys)
+            store.commit(keys, plan.slots, [5] * 4)
+            store.index.wait_checkpoint()
+        with indexes(store) as (oracle, candidate):
+            assert view(candidate) == view(oracle)
+            assert candidate.checkpoint_pages == 8 and candidate.replayed == 4
+    finally:
+        store.close()
+    reopened = open_store(tmp_path)
+    try:
+        assert reopened.contains([key(0, i) for i in range(12)]) == [True] * 12
+        assert reopened.stats()["index_checkpoint_pages"] == 12
+        assert reopened.stats()["index_replayed_records"] == 0
+    finally:
+        reopened.close()
