@@ -338,3 +338,97 @@ def test_writer_checkpoints_when_due_and_on_close(tmp_path: Path, monkeypatch: p
         assert reopened.stats()["index_replayed_records"] == 0
     finally:
         reopened.close()
+
+
+def test_multi_node_takeover_keeps_checkpoint_exact(tmp_path: Path) -> None:
+    """hf3fs mode (claims and leases, two simulated nodes): node A writes, checkpoints,
+    writes more and dies mid-append; node B takes the directory over once A's lease
+    expires (new epoch, A's torn tail set aside) and rewrites slots. A fresh process that
+    loads A's checkpoint and reads the tail equals a full replay."""
+    from hicache_l3.slab.shared import SharedSlabStore
+
+    def node(name: str) -> SharedSlabStore:
+        return SharedSlabStore(tmp_path, NS, SLOT, node=name, lease_s=0.4, max_writers=1,
+                               capacity_bytes=6 * 8192, slab_bytes=3 * 8192)
+
+    a = node("A")
+    keys = [key(0, i) for i in range(8)]
+    plan = a.reserve_new(keys[:4])
+    a.commit(keys[:4], plan.slots, [1] * 4)
+    with a._lock:
+        assert a.index.save_checkpoint()
+    plan = a.reserve_new(keys[4:6])
+    a.commit(keys[4:6], plan.slots, [1] * 2)
+    a._stop.set()  # A dies: no more heartbeats, a torn record, descriptors gone
+    if a._heart is not None:
+        a._heart.join(5)
+    crash(a, b"\x01" * (RECORD.size - 3))
+    b = node("B")
+    try:
+        plan = b.reserve_new(keys[6:])  # waits for A's lease, takes epoch 2, evicts
+        b.commit(keys[6:], plan.slots, [2] * 2)
+        assert b.stats()["takeovers"] == 1
+        with indexes(b) as (oracle, candidate):
+            assert candidate.checkpoint_pages == 4 and candidate.replayed > 0
+            assert view(candidate) == view(oracle)
+            assert candidate.tails[0].max_gen >> 40 == 2  # the new epoch's generations
+    finally:
+        b.close()
+    reopened = node("C")
+    try:
+        with indexes(reopened) as (oracle, candidate):
+            assert view(candidate) == view(oracle) and candidate.replayed == 0
+    finally:
+        reopened.close()
+
+
+CHILD = r"""
+import os, sys, time
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from test_slab_checkpoint import key, open_store
+from hicache_l3.slab import checkpoint
+
+store = open_store(Path({root!r}), slots=64)
+keys = [key(0, i) for i in range(20, 40)]
+plan = store.reserve_new(keys)
+store.commit(keys, plan.slots, [9] * len(keys))
+def stall(fd):  # the temporary file is written, not yet renamed: be killed here
+    print("writing", flush=True)
+    time.sleep(60)
+checkpoint.os.fsync = stall
+with store._lock:
+    store.index.save_checkpoint()
+"""
+
+
+def test_writer_killed_mid_checkpoint_leaves_the_old_one(tmp_path: Path) -> None:
+    """kill -9 while a checkpoint is being written: the previous checkpoint stays whole
+    and in use; the records after it are replayed; the result equals a full replay."""
+    import signal
+    import subprocess
+    import sys
+
+    first = filled(tmp_path)  # 20 pages, checkpointed
+    path = first.directory / checkpoint.CHECKPOINT_FILE
+    before = path.read_bytes()
+    first.close()  # nothing new since its checkpoint: close writes none
+    assert path.read_bytes() == before
+    code = CHILD.format(tests=str(Path(__file__).parent), root=str(tmp_path))
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "writing\n"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+    assert path.read_bytes() == before  # the old one, whole
+    assert [p.name for p in first.directory.iterdir() if p.name.endswith(".tmp")]  # left over
+    reader = open_store(tmp_path)
+    try:
+        with indexes(reader) as (oracle, candidate):
+            assert view(candidate) == view(oracle)
+            assert candidate.checkpoint_pages == 20 and candidate.replayed == 20
+            assert len(candidate.entries) == 40
+    finally:
+        reader.close()
