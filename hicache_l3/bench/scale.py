@@ -392,7 +392,8 @@ def plot_scale(rows: list[dict[str, Any]], path: Path) -> None:
         ax.set_xlabel("pages in the store")
         ax.set_title(measure.replace("_", " "), fontsize=10)
         ax.grid(True, alpha=0.3)
-    fig.suptitle(f"hicache-l3 bench --scale: file connector, {rows[0]['page_bytes']} B pages")
+    kind = " (index only: logs over sparse slabs)" if rows[0].get("index_only") else ""
+    fig.suptitle(f"hicache-l3 bench --scale: file connector, {rows[0]['page_bytes']} B pages{kind}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
