@@ -432,3 +432,48 @@ def test_writer_killed_mid_checkpoint_leaves_the_old_one(tmp_path: Path) -> None
             assert len(candidate.entries) == 40
     finally:
         reader.close()
+
+
+def _decode_reference(data: bytes) -> tuple[list[Any], int, int]:
+    """decode_records as it was before its fast path: _record_at at every position."""
+    from hicache_l3.slab.format import _record_at
+
+    out, pos, n, skipped = [], 0, len(data), 0
+    while pos < n:
+        record = _record_at(data, pos)
+        if record is None:
+            nxt = pos + 1
+            while nxt < n and _record_at(data, nxt) is None:
+                nxt += 1
+            if nxt >= n:
+                break
+            skipped += nxt - pos
+            pos = nxt
+            continue
+        out.append(record)
+        pos += RECORD.size + len(record.key.encode())
+    return out, pos, skipped
+
+
+@settings(max_examples=200, deadline=None)
+@given(parts=st.lists(st.one_of(
+    st.tuples(st.sampled_from([1, 2, 3]), st.text(max_size=6),
+              st.tuples(*[st.integers(0, 2**32 - 1)] * 3, *[st.integers(0, 2**64 - 1)] * 3)),
+    st.binary(max_size=40)), max_size=12))
+def test_decode_fast_path_matches_the_reference(parts: list[Any]) -> None:
+    """The inlined fast path of decode_records decodes exactly what _record_at-by-
+    position decodes (records, bytes consumed, bytes skipped), damage and torn tails
+    included."""
+    from hicache_l3.slab.format import decode_records, encode_record
+
+    chunks = []
+    for part in parts:
+        if isinstance(part, bytes):
+            chunks.append(part)
+        else:
+            kind, k, fields = part
+            chunks.append(encode_record(kind, k, Entry(*fields)))
+    data = b"".join(chunks)
+    assert decode_records(data) == _decode_reference(data)
+    for cut in (len(data) // 2, len(data) - 1):  # torn
+        assert decode_records(data[:cut]) == _decode_reference(data[:cut])
