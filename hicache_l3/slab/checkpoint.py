@@ -137,7 +137,7 @@ class CheckpointError(ValueError):
     """A checkpoint file that cannot be used (torn, damaged, another version)."""
 
 
-def decode(data: bytes) -> IndexState:
+def decode(data: bytes | memoryview) -> IndexState:
     """The state a checkpoint file holds; :class:`CheckpointError` when it is not whole."""
     if len(data) < HEADER.size:
         raise CheckpointError("shorter than its header")
@@ -174,7 +174,7 @@ def _decode_body(body: memoryview) -> IndexState:
         deleted = {(w, slab, slot): gen for w, slab, slot, gen in
                    DELETED.iter_unpack(body[pos : pos + sizes[3]])}
         pos += sizes[3]
-        keys = bytes(body[pos:]).decode().split("\0") if n_entries + n_foreign else []
+        keys = str(body[pos:], "utf-8").split("\0") if n_entries + n_foreign else []
         if len(keys) != n_entries + n_foreign:
             raise ValueError(f"{len(keys)} keys for {n_entries + n_foreign} entries")
         table = dict(zip(keys, entries))
@@ -245,14 +245,14 @@ def read(directory: Path) -> IndexState | None:
         if not stat.S_ISREG(st.st_mode):
             log.warning("%s is not a regular file: ignored, the logs are replayed", path)
             return None
-        chunks, size = [], st.st_size
-        while size > 0:
-            chunk = os.read(fd, min(size, 1 << 30))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size -= len(chunk)
-        data = b"".join(chunks)
+        buf = bytearray(st.st_size)  # read in place: no second copy of a big file
+        view, got = memoryview(buf), 0
+        while got < len(buf):
+            n = os.readv(fd, [view[got:]])
+            if n == 0:
+                break  # shrank meanwhile: decode reports it torn
+            got += n
+        data = view[:got]
     finally:
         os.close(fd)
     try:
