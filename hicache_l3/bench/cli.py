@@ -90,6 +90,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--scale: pages per store (default 1e4,1e5,1e6,1e7)")
     parser.add_argument("--scale-page-bytes", type=_sizes, default=[4096], metavar="SIZE",
                         help="--scale: page size (default 4KiB, so the disk stays small)")
+    parser.add_argument("--scale-index-only", action="store_true",
+                        help="--scale: stores written as index logs over sparse slabs (no page "
+                             "bytes): open time, index memory and exists at sizes the disk "
+                             "cannot hold; no get/set")
 
 
 def _settings(overrides: list[str]) -> dict[str, dict[str, Any]]:
@@ -177,7 +181,7 @@ def _run_scale(args: argparse.Namespace) -> int:
         print("bench: --scale takes one --scale-page-bytes and only file.* settings", file=sys.stderr)
         return 2
     return run_scale(sizes, args.scale_page_bytes[0], args.workdir, settings.get("file", {}),
-                     args.json, args.plot, args.quiet)
+                     args.json, args.plot, args.quiet, args.scale_index_only)
 
 
 @contextlib.contextmanager

@@ -7,20 +7,31 @@ whole batches of 128). Then, per size:
 
 * three fresh processes each open the store (subprocesses, so nothing is warm) and report
   the growth of their resident memory (``/proc/self/statm``) and of their ``MAP_SHARED``
-  mappings (``/proc/self/maps``) across the open and the first ``exists`` answer, and the
-  time that took; reported: the medians, divided by N for the memory;
+  mappings (``/proc/self/maps``) across the open and the first ``exists`` answer, the
+  time that took, and how the index was built (pages loaded from the index checkpoint,
+  log records replayed); reported: the medians, divided by N for the memory;
 * in the filling process: ``exists`` and ``get`` of S random stored keys, then ``set`` of S
   new keys (the store reaches its capacity), then ``set`` of S more new keys, each of
   which evicts one page (the eviction cost at capacity); all in batches of 128.
 
+Each open is also measured once with the index checkpoint ignored (``open_full_replay_s``:
+every log replayed from its start, as before checkpoints existed).
+
+``--scale-index-only`` measures what the index costs at sizes whose pages would not fit on
+the disk: the store is written directly as one writer's log of N PUT records over sparse
+slab files holding no bytes, a process opens it and writes its index checkpoint
+(``checkpoint_write_s``); then the opens and ``exists`` as above, no get or set (None).
+
 Every op must succeed for every key (a miss or a failed set is a :class:`BenchError`).
-Speeds are only meaningful on a quiet machine; the figures are medians of one pass.
+Speeds are only meaningful on a quiet machine; the figures are medians of one pass. The
+table is headed by the CPU model and the load average (both in the JSON's ``meta``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import shutil
 import statistics
@@ -32,7 +43,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from hicache_l3.bench.runner import BenchError
+from hicache_l3.bench.runner import BenchError, cpu_info, describe_cpu
 from hicache_l3.common.errors import ConfigError, HiCacheL3Error
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer
@@ -47,7 +58,9 @@ MAX_SAMPLE = 16384  # keys per timed measure, at most
 OPENS = 3  # fresh processes that open each store
 LOG_SLACK = 2 * RECORD.size + 64  # disk per page for its index log record(s), generously
 MEASURES = ("index_rss_bytes_per_page", "index_shared_bytes_per_page", "open_s",
-            "exists_keys_per_s", "get_pages_per_s", "set_pages_per_s", "evict_set_pages_per_s")
+            "open_full_replay_s", "exists_keys_per_s", "get_pages_per_s", "set_pages_per_s",
+            "evict_set_pages_per_s")
+INDEX_ONLY_MEASURES = MEASURES[:5]  # --scale-index-only: no page bytes to get or set
 
 
 def parse_counts(text: str) -> list[int]:
@@ -79,15 +92,18 @@ def sample_size(pages: int) -> int:
     return -(-min(pages, MAX_SAMPLE) // BATCH) * BATCH
 
 
-def disk_needed(pages: int, page_bytes: int) -> int:
-    """Bytes of disk a store of ``pages`` needs, the sweep's extra sets included."""
+def disk_needed(pages: int, page_bytes: int, index_only: bool = False) -> int:
+    """Bytes of disk a store of ``pages`` needs, the sweep's extra sets included (with
+    ``index_only``: its log and index checkpoint, the slabs being sparse)."""
+    if index_only:
+        return pages * 2 * LOG_SLACK
     slots = pages + sample_size(pages)
     return slots * (Geometry(page_bytes).stride + LOG_SLACK)
 
 
-def check_disk(workdir: Path, sizes: list[int], page_bytes: int) -> None:
+def check_disk(workdir: Path, sizes: list[int], page_bytes: int, index_only: bool = False) -> None:
     """Refuse (ConfigError) when ``workdir``'s filesystem cannot hold the largest store."""
-    need = disk_needed(max(sizes), page_bytes)
+    need = disk_needed(max(sizes), page_bytes, index_only)
     free = shutil.disk_usage(workdir).free
     if free < need:
         raise ConfigError(
@@ -102,20 +118,104 @@ def key(i: int) -> str:
 
 
 def run_sweep(sizes: list[int], page_bytes: int, workdir: Path, settings: dict[str, Any],
-              progress: bool = True) -> list[dict[str, Any]]:
+              progress: bool = True, index_only: bool = False) -> list[dict[str, Any]]:
     """One result row per store size (see the module docstring); stores are removed after."""
     if "root" in settings or "capacity_bytes" in settings:
         raise ConfigError("--scale: file.root and file.capacity_bytes are set by the sweep; "
                           "use --workdir to choose the disk")
-    check_disk(workdir, sizes, page_bytes)
+    check_disk(workdir, sizes, page_bytes, index_only)
     rows = []
     for n in sizes:
         root = Path(tempfile.mkdtemp(prefix=f"scale-{n}-", dir=workdir))
         try:
-            rows.append(_measure_size(n, page_bytes, root, settings, progress))
+            measure = _measure_index_only if index_only else _measure_size
+            rows.append(measure(n, page_bytes, root, settings, progress))
         finally:
             shutil.rmtree(root, ignore_errors=True)
     return rows
+
+
+def write_index_only_store(store: Path, n: int, page_bytes: int) -> None:
+    """A store whose one writer's log publishes ``n`` pages (keys :func:`key`) in sparse
+    slab files that hold no bytes: enough to open it and answer ``exists``, at sizes whose
+    pages would not fit on the disk."""
+    from hicache_l3.slab.files import make_dir, open_file
+    from hicache_l3.slab.format import PUT, Entry, encode_record, namespace_dir, write_namespace_file
+
+    namespace = scale_namespace(page_bytes)
+    directory = namespace_dir(store, namespace)
+    make_dir(store, exist_ok=True)
+    write_namespace_file(directory, namespace, page_bytes)
+    wdir = directory / "writers" / "w0000"
+    make_dir(directory / "writers", exist_ok=True)
+    make_dir(wdir, exist_ok=True)
+    geometry = Geometry(page_bytes)
+    per_slab = max(1, (256 << 20) // geometry.stride)
+    fd = open_file(wdir / "index.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        for lo in range(0, n, 65536):
+            os.write(fd, b"".join([encode_record(PUT, key(i), Entry(0, i // per_slab, i % per_slab,
+                                                                   i + 1, page_bytes, 0))
+                                   for i in range(lo, min(n, lo + 65536))]))
+    finally:
+        os.close(fd)
+    for slab in range(-(-n // per_slab)):
+        fd = open_file(wdir / f"slab-{slab:06d}.dat", os.O_WRONLY | os.O_CREAT)
+        try:
+            os.ftruncate(fd, per_slab * geometry.stride)
+        finally:
+            os.close(fd)
+
+
+def _measure_index_only(n: int, page_bytes: int, root: Path, settings: dict[str, Any],
+                        progress: bool) -> dict[str, Any]:
+    """A row of ``--scale-index-only``: the store is written as a log (no page bytes), its
+    checkpoint by a process that opened it; then the opens and ``exists``."""
+    from hicache_l3.slab.store import SlabStore
+
+    s = sample_size(n)
+    row: dict[str, Any] = {"pages": n, "page_bytes": page_bytes, "sample": s, "batch": BATCH,
+                           "index_only": True}
+    started = time.perf_counter()
+    write_index_only_store(root / "store", n, page_bytes)
+    row["fill_s"] = time.perf_counter() - started
+    store = SlabStore(root / "store", scale_namespace(page_bytes), page_bytes)
+    try:
+        store.refresh()
+        started = time.perf_counter()
+        with store.index.lock:
+            if not store.index.save_checkpoint():
+                raise BenchError(f"store of {n:,} pages: no index checkpoint written")
+        row["checkpoint_write_s"] = time.perf_counter() - started
+    finally:
+        store.close()
+    _probe_all(row, root / "store", page_bytes, settings, key(n - 1))
+    rng = random.Random(0x5CA1E)
+    stored = [key(rng.randrange(n)) for _ in range(s)]
+    with contextlib.closing(open_connector("file", scale_namespace(page_bytes),
+                                           {**settings, "root": str(root / "store")})) as conn:
+        _all_ok(conn.batch_exists(stored[:1]), "exists")
+        row["exists_keys_per_s"] = _rate(stored, lambda ks: conn.batch_exists(ks), "exists")
+    for measure in MEASURES[len(INDEX_ONLY_MEASURES):]:
+        row[measure] = None
+    return row
+
+
+def _probe_all(row: dict[str, Any], store: Path, page_bytes: int, settings: dict[str, Any],
+               last_key: str) -> None:
+    """Open ``store`` in fresh processes: :data:`OPENS` times as a process does, once with
+    the index checkpoint ignored (a full log replay); the figures go into ``row``."""
+    n = row["pages"]
+    probes = [_probe(store, page_bytes, settings, last_key) for _ in range(OPENS)]
+    row["open_s"] = statistics.median(p["open_s"] for p in probes)
+    row["index_rss_bytes_per_page"] = statistics.median(p["rss_bytes"] for p in probes) / n
+    row["index_shared_bytes_per_page"] = statistics.median(p["shared_bytes"] for p in probes) / n
+    row["open_s_all"] = [p["open_s"] for p in probes]
+    # how the opens built their index: pages loaded from the checkpoint (-1: none),
+    # and log records replayed (the tail written since the checkpoint)
+    row["open_checkpoint_pages"] = statistics.median(p["checkpoint_pages"] for p in probes)
+    row["open_replayed_records"] = statistics.median(p["replayed_records"] for p in probes)
+    row["open_full_replay_s"] = _probe(store, page_bytes, settings, last_key, replay=True)["open_s"]
 
 
 def _measure_size(n: int, page_bytes: int, root: Path, settings: dict[str, Any],
@@ -138,11 +238,7 @@ def _measure_size(n: int, page_bytes: int, root: Path, settings: dict[str, Any],
                 _all_ok(ok, f"fill of {n:,} pages")
                 tick(count)
         row["fill_s"] = time.perf_counter() - started
-        probes = [_probe(root / "store", page_bytes, settings, key(n - 1)) for _ in range(OPENS)]
-        row["open_s"] = statistics.median(p["open_s"] for p in probes)
-        row["index_rss_bytes_per_page"] = statistics.median(p["rss_bytes"] for p in probes) / n
-        row["index_shared_bytes_per_page"] = statistics.median(p["shared_bytes"] for p in probes) / n
-        row["open_s_all"] = [p["open_s"] for p in probes]
+        _probe_all(row, root / "store", page_bytes, settings, key(n - 1))
         pages = contiguous_pages(buffer.address, page_bytes, range(BATCH))
         stored = [key(rng.randrange(n)) for _ in range(s)]
         row["exists_keys_per_s"] = _rate(stored, lambda ks: conn.batch_exists(ks), "exists")
@@ -189,10 +285,11 @@ def _bar(total: int, desc: str, enabled: bool) -> Iterator[Callable[[int], None]
         bar.close()
 
 
-def _probe(store: Path, page_bytes: int, settings: dict[str, Any], last_key: str) -> dict[str, Any]:
+def _probe(store: Path, page_bytes: int, settings: dict[str, Any], last_key: str,
+           replay: bool = False) -> dict[str, Any]:
     """Open the store in a fresh process (see :func:`probe_main`); its JSON answer."""
     args = [sys.executable, "-m", "hicache_l3.bench.scale", str(store), str(page_bytes),
-            json.dumps(settings), last_key]
+            json.dumps(settings), last_key] + (["replay"] if replay else [])
     done = subprocess.run(args, capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         raise BenchError(f"opening {store} in a fresh process failed: {done.stderr.strip()[-2000:]}")
@@ -202,8 +299,6 @@ def _probe(store: Path, page_bytes: int, settings: dict[str, Any], last_key: str
 
 def _statm() -> tuple[int, int]:
     """(resident, resident shared) bytes of this process."""
-    import os
-
     fields = Path("/proc/self/statm").read_text().split()
     size = os.sysconf("SC_PAGE_SIZE")
     return int(fields[1]) * size, int(fields[2]) * size
@@ -221,14 +316,20 @@ def _shared_mappings() -> int:
 
 
 def probe_main(argv: list[str]) -> int:
-    """Fresh-process side of a probe: ``STORE PAGE_BYTES SETTINGS_JSON KEY``.
+    """Fresh-process side of a probe: ``STORE PAGE_BYTES SETTINGS_JSON KEY [replay]``.
 
     Opens a throw-away store first (so that code, libraries and threads the open needs are
     loaded before measuring), then measures opening ``STORE`` and answering whether KEY
-    exists (it must); prints ``{"open_s", "rss_bytes", "shared_bytes"}`` as one JSON line.
+    exists (it must); prints ``{"open_s", "rss_bytes", "shared_bytes", "checkpoint_pages",
+    "replayed_records"}`` as one JSON line. With ``replay`` the index checkpoint is not
+    read (this process replays every log from its start, as without one).
     """
     import gc
 
+    if argv[4:] == ["replay"]:
+        from hicache_l3.slab import checkpoint
+
+        checkpoint.read = lambda directory: None  # this probe process only
     store, page_bytes, settings = Path(argv[0]), int(argv[1]), json.loads(argv[2])
     namespace = scale_namespace(page_bytes)
     with tempfile.TemporaryDirectory(dir=store.parent) as warm, \
@@ -241,12 +342,15 @@ def probe_main(argv: list[str]) -> int:
     found = conn.batch_exists([argv[3]])
     open_s = time.perf_counter() - started
     rss1, shared_maps1 = _statm()[0], _shared_mappings()
+    engine = conn.stats()["engine"]
     conn.close()
     if found != [True]:
         print(f"key {argv[3]} not found after opening {store}", file=sys.stderr)
         return 1
     print(json.dumps({"open_s": open_s, "rss_bytes": rss1 - rss0,
-                      "shared_bytes": shared_maps1 - shared_maps0}))
+                      "shared_bytes": shared_maps1 - shared_maps0,
+                      "checkpoint_pages": engine.get("index_checkpoint_pages", -1),
+                      "replayed_records": engine.get("index_replayed_records", -1)}))
     return 0
 
 
@@ -254,10 +358,12 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
     """A fixed-width text table of sweep rows."""
     cols = [("pages", "{:,}"), ("index_rss_bytes_per_page", "{:.1f}"),
             ("index_shared_bytes_per_page", "{:.1f}"), ("open_s", "{:.3f}"),
+            ("open_replayed_records", "{:,.0f}"), ("open_full_replay_s", "{:.3f}"),
             ("exists_keys_per_s", "{:,.0f}"), ("get_pages_per_s", "{:,.0f}"),
             ("set_pages_per_s", "{:,.0f}"), ("evict_set_pages_per_s", "{:,.0f}")]
     lines = [[name for name, _ in cols]]
-    lines += [[fmt.format(row[name]) for name, fmt in cols] for row in rows]
+    lines += [["-" if row[name] is None else fmt.format(row[name]) for name, fmt in cols]
+              for row in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(cols))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines)
 
@@ -276,6 +382,9 @@ def plot_scale(rows: list[dict[str, Any]], path: Path) -> None:
     fig, axes = plt.subplots(2, 4, figsize=(16, 7), squeeze=False)
     xs = [r["pages"] for r in rows]
     for ax, measure in zip(axes.flat, MEASURES):
+        if any(r[measure] is None for r in rows):
+            ax.set_axis_off()  # not measured (--scale-index-only)
+            continue
         ax.plot(xs, [r[measure] for r in rows], marker="o")
         ax.set_xscale("log")
         if all(r[measure] > 0 for r in rows):
@@ -283,31 +392,37 @@ def plot_scale(rows: list[dict[str, Any]], path: Path) -> None:
         ax.set_xlabel("pages in the store")
         ax.set_title(measure.replace("_", " "), fontsize=10)
         ax.grid(True, alpha=0.3)
-    axes.flat[-1].set_axis_off()
-    fig.suptitle(f"hicache-l3 bench --scale: file connector, {rows[0]['page_bytes']} B pages")
+    kind = " (index only: logs over sparse slabs)" if rows[0].get("index_only") else ""
+    fig.suptitle(f"hicache-l3 bench --scale: file connector, {rows[0]['page_bytes']} B pages{kind}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def run_scale(sizes: list[int], page_bytes: int, workdir: Path | None, settings: dict[str, Any],
-              json_path: Path | None, plot_path: Path | None, quiet: bool) -> int:
+              json_path: Path | None, plot_path: Path | None, quiet: bool,
+              index_only: bool = False) -> int:
     """The ``--scale`` command: sweep, print the table, write JSON/plot. Exit 1 on failure."""
     own = workdir is None
     root = workdir or Path(tempfile.mkdtemp(prefix="hicache-l3-scale-"))
     try:
         root.mkdir(parents=True, exist_ok=True)
-        rows = run_sweep(sizes, page_bytes, root, settings, progress=not quiet)
+        rows = run_sweep(sizes, page_bytes, root, settings, progress=not quiet,
+                         index_only=index_only)
     except (HiCacheL3Error, OSError, subprocess.TimeoutExpired) as exc:
         print(f"bench --scale failed: {exc}", file=sys.stderr)
         return 1
     finally:
         if own:
             shutil.rmtree(root, ignore_errors=True)
+    cpu = cpu_info()
+    load = os.getloadavg()
+    print(describe_cpu(cpu))
+    print("load average: {:.2f} {:.2f} {:.2f}".format(*load))
     print(format_rows(rows))
     if json_path:
         meta = {"mode": "scale", "page_bytes": page_bytes, "sizes": sizes, "batch": BATCH,
-                "opens": OPENS}
+                "opens": OPENS, "cpu": cpu, "loadavg": list(load), "index_only": index_only}
         json_path.write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
     if plot_path:
         plot_scale(rows, plot_path)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -192,6 +193,10 @@ def _record_at(data: bytes, pos: int) -> Record | None:
     return Record(kind, key, Entry(w, slab, slot, gen, length, checksum))
 
 
+_new_entry = functools.partial(tuple.__new__, Entry)  # Entry(*fields) without its Python __new__
+_new_record = functools.partial(tuple.__new__, Record)
+
+
 def decode_records(data: bytes) -> tuple[list[Record], int, int]:
     """The whole, CRC-checked records of ``data``, the bytes consumed, and how many bytes
     were skipped as damaged.
@@ -202,7 +207,22 @@ def decode_records(data: bytes) -> tuple[list[Record], int, int]:
     written, or a crashed writer's torn tail)."""
     out: list[Record] = []
     pos, n, skipped = 0, len(data), 0
+    unpack, size, crc32, append = RECORD.unpack_from, RECORD.size, zlib.crc32, out.append
     while pos < n:
+        # fast path: a whole, good record here (what _record_at checks, inlined: opening
+        # a store replays every record through this loop)
+        if pos + size <= n:
+            crc, kind, _, keylen, w, slab, slot, _, gen, length, checksum = unpack(data, pos)
+            end = pos + size + keylen
+            if end <= n and PUT <= kind <= GEN and crc32(data[pos + 4 : end]) == crc:
+                try:
+                    key = data[pos + size : end].decode()
+                except UnicodeDecodeError:
+                    pass
+                else:
+                    append(_new_record((kind, key, _new_entry((w, slab, slot, gen, length, checksum)))))
+                    pos = end
+                    continue
         record = _record_at(data, pos)
         if record is None:
             nxt = pos + 1

@@ -113,7 +113,6 @@ class SlabStore:
         self._n_slabs = 0
         self._allocated: dict[int, int] = {}  # own slab -> bytes preallocated from its start
         self._next_gen = 1
-        self._foreign_dels: list[tuple[str, Entry]] = []  # our DELs of other writers' slots
         self.evictions = 0
         self.compactions = 0
         write_namespace_file(self.directory, namespace, slot_bytes)
@@ -254,13 +253,15 @@ class SlabStore:
         ``into``; how many."""
         entries, slot_key, lru = self.index.entries, self.index.slot_key, self._lru
         n = min(count, len(lru))
+        index = self.index
         popitem, get, drop = lru.popitem, entries.get, slot_key.pop
         for _ in range(n):
             where, key = popitem(last=False)
             entry = get(key)
             if entry is not None and entry[0] == me and entry[1:3] == where:
-                del entries[key]
-            drop((me, *where), None)
+                index.remove_unlogged(key, entry)  # no DEL: the slot's next PUT supersedes it
+            else:
+                drop((me, *where), None)
             into.append(where)
         self.evictions += n
         return n
@@ -295,13 +296,16 @@ class SlabStore:
             if self.index.dropped:
                 records = self._supersede(keys) + records
             os.write(self._log_fd, records)
-            self.index.tails[me].offset += len(records)
+            tail = self.index.tails[me]
+            tail.offset += len(records)
+            tail.max_gen = max(tail.max_gen, *(e[3] for e in entries))
             self.index.apply_own_puts(keys, entries)
             lru = self._lru
             for key, entry in zip(keys, entries):
                 where = (entry[1], entry[2])
                 lru.pop(where, None)  # a reserved slot is not in the LRU; be sure it ends last
                 lru[where] = key
+            self.index.applied += len(keys)
             self._maybe_compact(me)
         if self.fsync == "always":
             os.fdatasync(self._log_fd)
@@ -315,7 +319,7 @@ class SlabStore:
             if old is not None:
                 where = (old.writer, old.slab, old.slot)
                 deleted[where] = max(deleted.get(where, 0), old.gen)
-                self._foreign_dels.append((key, old))
+                self.index.tails[self.me].foreign_dels.append((key, old))  # type: ignore[index]
                 out.append(encode_record(DEL, key, old))
         return b"".join(out)
 
@@ -347,24 +351,31 @@ class SlabStore:
                 if entry.writer == me:
                     self._release(entry.slab, entry.slot)
                 else:
-                    self._foreign_dels.append((key, entry))
+                    self.index.tails[me].foreign_dels.append((key, entry))
             if records:
                 data = b"".join(records)
                 os.write(self._log_fd, data)
                 self.index.tails[me].offset += len(data)
+                self.index.applied += len(records)
                 self._maybe_compact(me)
             return found
 
     def _maybe_compact(self, me: int) -> None:
-        size = self.index.tails[me].offset
-        live = (len(self._lru) + len(self._foreign_dels)) * (RECORD.size + 80)
-        if size > COMPACT_MIN_BYTES and size > 3 * live:
+        """Compact the own log when mostly dead; else start an index checkpoint (written
+        on a background thread) when enough records were applied since the last one
+        (compaction starts one too)."""
+        tail = self.index.tails[me]
+        live = (len(self._lru) + len(tail.foreign_dels)) * (RECORD.size + 80)
+        if tail.offset > COMPACT_MIN_BYTES and tail.offset > 3 * live:
             self.compact()
+        elif self.index.checkpoint_due():
+            self.index.save_checkpoint_later()
 
     def compact(self) -> None:
         """Rewrite this writer's log with only what is live: a GEN record, a PUT per own
         page, and the DELs of other writers' slots that no newer PUT superseded. Readers
-        notice the new file (inode) and re-read it; the rename is atomic."""
+        notice the new file (inode) and re-read it; the rename is atomic. Then starts an
+        index checkpoint (the old one names the replaced log: openers would re-read it)."""
         with self._lock:
             me = self.me
             if me is None:
@@ -376,13 +387,12 @@ class SlabStore:
                 if e is not None and e.writer == me and (e.slab, e.slot) == where:
                     records.append(encode_record(PUT, key, e))
             kept = []
-            for key, d in self._foreign_dels:
+            for key, d in self.index.tails[me].foreign_dels:
                 current = slot_key.get((d.writer, d.slab, d.slot))
                 newer = current is not None and entries[current].gen > d.gen
                 if not newer:
                     kept.append((key, d))
                     records.append(encode_record(DEL, key, d))
-            self._foreign_dels = kept
             data = b"".join(records)
             tail = self.index.tails[me]
             tmp = tail.path.with_name(f"index.log.compact-{os.getpid()}")
@@ -398,7 +408,11 @@ class SlabStore:
             self._log_fd = open_file(tail.path, os.O_RDWR | os.O_APPEND)
             tail.reopen()
             tail.offset = len(data)
+            tail.foreign_dels = kept
+            tail.max_gen = max(tail.max_gen, self._next_gen - 1)  # its GEN record
+            self.index.forget_unlogged(me)  # pages the new log no longer holds
             self.compactions += 1
+            self.index.save_checkpoint_later()
 
     def clear(self) -> int:
         """Delete every key of this namespace known now; returns how many."""
@@ -456,13 +470,13 @@ class SlabStore:
             return False
         self._lock_fd, self._log_fd = fd, log_fd
         index = self.index
-        if writer in index.tails:  # read our own log from the start, to collect our DELs
+        tail = index.tail_of(writer)  # read up to now, as any writer's (our DELs included)
+        if os.stat(tail.path).st_ino != tail.ino:  # replaced since we last looked
             index.forget_writer(writer)
-            index.tails[writer].reopen()
-        tail = index.tail_of(writer)
+            tail.reopen()
         size = os.fstat(tail.fd).st_size
         if size > tail.offset:
-            index.read_tail(writer, tail, size, self._foreign_dels)
+            index.read_tail(writer, tail, size)
         if os.fstat(self._log_fd).st_size > tail.offset:
             self._set_aside_tail(tail.path, tail.offset)
         self.me = index.own = self.files.owner = writer
@@ -544,14 +558,23 @@ class SlabStore:
                 "evictions": self.evictions,
                 "log_compactions": self.compactions,
                 "writers_seen": len(self.index.tails),
+                "index_checkpoint_pages": self.index.checkpoint_pages,
+                "index_replayed_records": self.index.replayed,
             }
 
     def close(self) -> None:
-        """Close every file descriptor (each once) and release the writer directory."""
+        """Write an index checkpoint (a writer whose index changed since its last one, or
+        any process that read many records), close every file descriptor (each once) and
+        release the writer directory."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            index = self.index
+            if (self.me is not None and index.applied) or index.checkpoint_due():
+                index.save_checkpoint()  # waits for a background one first
+            else:
+                index.wait_checkpoint()
             fds = [t.fd for t in self.index.tails.values()]
             fds += [fd for fd in (self._log_fd, self._lock_fd) if fd >= 0]
             self.index.tails.clear()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hicache_l3.bench.scale import MEASURES, check_disk, disk_needed, parse_counts
+from hicache_l3.bench.scale import INDEX_ONLY_MEASURES, MEASURES, check_disk, disk_needed, parse_counts
 from hicache_l3.cli import main
 from hicache_l3.common.errors import ConfigError
 
@@ -30,9 +30,34 @@ def test_scale_sweep_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture
             else:
                 assert row[measure] > 0, (measure, row)
         assert row["evictions"] == row["sample"] and len(row["open_s_all"]) == 3
+        # the open built every page: from the checkpoint (-1: none) or by replaying the log
+        assert max(row["open_checkpoint_pages"], 0) + row["open_replayed_records"] >= row["pages"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "index_rss_bytes_per_page" in capsys.readouterr().out
+    assert set(doc["meta"]["cpu"]) >= {"model", "cores"} and len(doc["meta"]["loadavg"]) == 3
+    printed = capsys.readouterr().out
+    assert "index_rss_bytes_per_page" in printed
+    assert "cpu: " in printed and "load average: " in printed
     assert list((tmp_path / "w").iterdir()) == []  # the stores are removed after measuring
+
+
+def test_scale_index_only_opens_from_the_checkpoint(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """--scale-index-only: a log-only store; the opens load the whole index from the
+    checkpoint (no record replayed), the full-replay open is measured too; no get/set."""
+    out = tmp_path / "scale.json"
+    code = main(["bench", "--scale", "--scale-index-only", "--scale-sizes", "2e3", "--quiet",
+                 "--json", str(out), "--workdir", str(tmp_path / "w")])
+    assert code == 0
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["index_only"] is True
+    (row,) = doc["results"]
+    assert row["open_checkpoint_pages"] == 2000 and row["open_replayed_records"] == 0
+    for measure in INDEX_ONLY_MEASURES:
+        if measure != "index_shared_bytes_per_page":
+            assert row[measure] > 0, (measure, row)
+    assert row["checkpoint_write_s"] > 0
+    assert [row[m] for m in MEASURES if m not in INDEX_ONLY_MEASURES] == [None] * 3
+    assert " - " in capsys.readouterr().out  # unmeasured columns print as "-"
 
 
 def test_scale_refuses_bad_sizes_and_settings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,479 @@
+"""The index checkpoint (hicache_l3/slab/checkpoint.py): a fresh index that loads it and
+reads only the log tails since must equal a fresh index that replays every log from its
+start (the oracle), for any history of sets, aborted sets (evictions without a rewrite),
+deletes across writers, pages found unreadable, compactions, checkpoints, restarts and
+crashed writers; a torn, damaged or planted checkpoint is ignored (full replay)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hicache_l3.common.keys import Namespace
+from hicache_l3.slab import checkpoint
+from hicache_l3.slab.files import SlabFiles
+from hicache_l3.slab.format import RECORD, Entry
+from hicache_l3.slab.index import SlabIndex
+from hicache_l3.slab.store import SlabStore
+
+NS = Namespace(model="ckpt-test", kv_dtype="uint8", layout="page_first", page_size=64, tag="t")
+SLOT = 64
+WRITERS = 3
+KEYS = 12  # per writer: keys of different writers never overlap (see fresh_indexes)
+
+
+def open_store(root: Path, slots: int = 6) -> SlabStore:
+    """A store whose writer holds ``slots`` pages (evicting beyond)."""
+    stride = 4096 + 4096
+    return SlabStore(root, NS, SLOT, capacity_bytes=slots * stride, slab_bytes=3 * stride)
+
+
+def fresh_indexes(store: SlabStore) -> tuple[SlabIndex, SlabIndex]:
+    """(oracle, candidate): the first replays every log from its start (no checkpoint),
+    the second loads the checkpoint and reads the tails."""
+    wdir = store.writers_dir
+    oracle = SlabIndex(wdir, SlabFiles(wdir))
+    oracle.loaded = True  # never look for the checkpoint
+    candidate = SlabIndex(wdir, SlabFiles(wdir))
+    with oracle.lock:
+        oracle.refresh()
+    with candidate.lock:
+        candidate.refresh()
+    return oracle, candidate
+
+
+def view(index: SlabIndex) -> dict[str, Any]:
+    """What must agree: entries, the slot inverse, each log's generation and foreign DELs."""
+    return {
+        "entries": dict(index.entries),
+        "slot_key": dict(index.slot_key),
+        "max_gen": {w: t.max_gen for w, t in index.tails.items()},
+        "foreign": {w: list(t.foreign_dels) for w, t in index.tails.items() if t.foreign_dels},
+    }
+
+
+def close_index(index: SlabIndex) -> None:
+    for tail in index.tails.values():
+        os.close(tail.fd)
+    index.files.close()
+
+
+@contextlib.contextmanager
+def indexes(store: SlabStore) -> Iterator[tuple[SlabIndex, SlabIndex]]:
+    oracle, candidate = fresh_indexes(store)
+    try:
+        yield oracle, candidate
+    finally:
+        close_index(oracle)
+        close_index(candidate)
+
+
+def crash(store: SlabStore, torn: bytes) -> None:
+    """Die like kill -9 mid-append: ``torn`` bytes of a record at the log's end, every
+    descriptor closed (the flock goes with them), no checkpoint written."""
+    if store.me is not None and torn:
+        os.write(store._log_fd, torn)
+    store._closed = True
+    fds = [t.fd for t in store.index.tails.values()] + [store._log_fd, store._lock_fd]
+    store.files.close()
+    for fd in fds:
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+OPS = st.one_of(
+    st.tuples(st.just("set"), st.integers(0, WRITERS - 1), st.lists(st.integers(0, KEYS - 1), max_size=5)),
+    st.tuples(st.just("abort"), st.integers(0, WRITERS - 1), st.lists(st.integers(0, KEYS - 1), max_size=3)),
+    st.tuples(st.just("delete"), st.integers(0, WRITERS - 1),
+              st.lists(st.tuples(st.integers(0, WRITERS - 1), st.integers(0, KEYS - 1)), max_size=3)),
+    st.tuples(st.just("drop"), st.integers(0, WRITERS - 1),
+              st.tuples(st.integers(0, WRITERS - 1), st.integers(0, KEYS - 1))),
+    st.tuples(st.just("compact"), st.integers(0, WRITERS - 1), st.none()),
+    st.tuples(st.just("checkpoint"), st.integers(0, WRITERS - 1), st.none()),
+    st.tuples(st.just("later"), st.integers(0, WRITERS - 1), st.none()),
+    st.tuples(st.just("restart"), st.integers(0, WRITERS - 1), st.none()),
+    st.tuples(st.just("crash"), st.integers(0, WRITERS - 1), st.integers(0, RECORD.size + 4)),
+)
+
+
+def key(owner: int, i: int) -> str:
+    return f"w{owner}-k{i}"
+
+
+def run_history(root: Path, ops: list[tuple[str, int, Any]]) -> list[SlabStore]:
+    """Apply ``ops`` to ``WRITERS`` stores (each its own writer directory once it writes;
+    store i sets only keys ``w{i}-*``); the live stores."""
+    stores = [open_store(root) for _ in range(WRITERS)]
+    for store in stores:
+        store._become_writer()
+    for op, who, arg in ops:
+        store = stores[who]
+        if op == "set":
+            keys = [key(who, i) for i in arg]
+            plan = store.reserve_new(keys)
+            store.commit([keys[i] for i in plan.todo], plan.slots, [7] * len(plan.slots))
+        elif op == "abort":
+            plan = store.reserve_new([key(who, i) for i in arg])
+            store.abort(plan.slots)
+        elif op == "delete":
+            store.delete([key(owner, i) for owner, i in arg])
+        elif op == "drop":
+            k = key(*arg)
+            store.refresh()
+            entry = store.index.entries.get(k)
+            if entry is not None:
+                store.invalidate(k, entry)
+        elif op == "compact":
+            store.compact()
+        elif op == "checkpoint":
+            store.refresh()
+            with store._lock:
+                assert store.index.save_checkpoint()
+        elif op == "later":  # a background write, racing with the ops that follow
+            store.refresh()
+            with store._lock:
+                store.index.save_checkpoint_later()
+        elif op == "restart":
+            store.close()
+            stores[who] = open_store(root)
+            stores[who]._become_writer()
+        elif op == "crash":
+            crash(store, os.urandom(arg))
+            stores[who] = open_store(root)
+            stores[who]._become_writer()  # adopts the crashed directory: sets its tail aside
+    return stores
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(OPS, max_size=40), background=st.booleans())
+def test_checkpoint_plus_tail_equals_full_replay(ops: list[tuple[str, int, Any]],
+                                                 background: bool) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        stores = run_history(root, ops)
+        try:
+            # a checkpoint written now, then more records after it: the tail since
+            stores[0].refresh()
+            with stores[0]._lock:
+                if background:  # its copy is taken now; the write may end at any time
+                    stores[0].index.save_checkpoint_later()
+                else:
+                    assert stores[0].index.save_checkpoint()
+            for who, store in enumerate(stores):
+                keys = [key(who, i) for i in range(3)]
+                plan = store.reserve_new(keys)
+                store.commit([keys[i] for i in plan.todo], plan.slots, [1] * len(plan.slots))
+            stores[1].delete([key(0, 0), key(2, 1)])
+            with indexes(stores[0]) as (oracle, candidate):
+                assert candidate.applied <= oracle.applied
+                assert view(candidate) == view(oracle)
+            for store in stores:  # the live writers agree with a replay too
+                store.refresh()
+            with indexes(stores[0]) as (oracle, _):
+                for store in stores:
+                    live = dict(store.index.entries)
+                    live.update(store.index.unlogged)
+                    assert live == oracle.entries
+        finally:
+            for store in stores:
+                store.close()
+        # closing wrote a checkpoint: a fresh process needs no record from the logs
+        reopened = open_store(root)
+        try:
+            with indexes(reopened) as (oracle, candidate):
+                assert view(candidate) == view(oracle)
+                assert candidate.applied == 0
+        finally:
+            reopened.close()
+
+
+def filled(root: Path) -> SlabStore:
+    store = open_store(root, slots=64)
+    keys = [key(0, i) for i in range(20)]
+    plan = store.reserve_new(keys)
+    store.commit(keys, plan.slots, [3] * len(keys))
+    store.refresh()
+    with store._lock:
+        assert store.index.save_checkpoint()
+    return store
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "symlink", "directory", "version"])
+def test_unusable_checkpoint_is_ignored(tmp_path: Path, damage: str,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    store = filled(tmp_path)
+    path = store.directory / checkpoint.CHECKPOINT_FILE
+    data = path.read_bytes()
+    path.unlink()
+    if damage == "truncate":
+        path.write_bytes(data[: len(data) - 7])
+    elif damage == "flip":
+        path.write_bytes(data[:40] + bytes([data[40] ^ 1]) + data[41:])
+    elif damage == "symlink":
+        (tmp_path / "elsewhere").write_bytes(data)
+        path.symlink_to(tmp_path / "elsewhere")
+    elif damage == "directory":
+        path.mkdir()
+    else:
+        path.write_bytes(data[:8] + (2).to_bytes(4, "little") + data[12:])
+    try:
+        with indexes(store) as (oracle, candidate):
+            assert view(candidate) == view(oracle)
+            assert candidate.applied == oracle.applied == 20  # replayed from the start
+        assert "ignored, the logs are replayed" in caplog.text
+    finally:
+        store.close()
+
+
+def test_checkpoint_is_private_and_atomic(tmp_path: Path) -> None:
+    old = os.umask(0)
+    try:
+        store = filled(tmp_path)
+    finally:
+        os.umask(old)
+    try:
+        path = store.directory / checkpoint.CHECKPOINT_FILE
+        assert path.stat().st_mode & 0o777 == 0o600
+        assert [p.name for p in store.directory.iterdir() if p.name.endswith(".tmp")] == []
+    finally:
+        store.close()
+
+
+def test_compacted_log_is_read_again_from_its_start(tmp_path: Path) -> None:
+    """A checkpoint names a log that was compacted since: its entries are dropped and
+    the new log is read from the start (the other logs resume at their marks)."""
+    store = filled(tmp_path)
+    other = open_store(tmp_path, slots=64)
+    try:
+        keys = [key(1, i) for i in range(5)]
+        plan = other.reserve_new(keys)
+        other.commit(keys, plan.slots, [2] * 5)
+        store.refresh()
+        with store._lock:
+            assert store.index.save_checkpoint()
+        other.delete(keys[:2])
+        ckpt = (store.directory / checkpoint.CHECKPOINT_FILE).read_bytes()
+        other.compact()  # writes its own checkpoint: put the older one back
+        (store.directory / checkpoint.CHECKPOINT_FILE).write_bytes(ckpt)
+        with indexes(store) as (oracle, candidate):
+            assert view(candidate) == view(oracle)
+            assert sorted(k for k in candidate.entries if k.startswith("w1")) == keys[2:]
+    finally:
+        other.close()
+        store.close()
+
+
+def test_key_with_nul_writes_no_checkpoint(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    try:
+        keys = ["plain", "nul\0inside"]
+        plan = store.reserve_new(keys)
+        store.commit(keys, plan.slots, [0, 0])
+        with store._lock:
+            assert not store.index.save_checkpoint()
+        assert not (store.directory / checkpoint.CHECKPOINT_FILE).exists()
+    finally:
+        store.close()
+
+
+def test_encode_decode_round_trip() -> None:
+    entries = {"a": Entry(0, 1, 2, 3, 4, 5), "": Entry(1, 0, 0, 9, 64, 0), "é": Entry(2, 3, 4, 5, 6, 7)}
+    marks = [checkpoint.LogMark(0, 11, 100, 3, 5, 6, [("x", Entry(1, 0, 1, 2, 3, 4))]),
+             checkpoint.LogMark(1, 12, 0, 0, 0, 0, [])]
+    state = checkpoint.IndexState(entries, {(1, 0, 1): 2}, marks)
+    data = checkpoint.encode(state)
+    assert data is not None
+    assert checkpoint.decode(data) == state
+    empty = checkpoint.IndexState({}, {}, [])
+    data = checkpoint.encode(empty)
+    assert data is not None and checkpoint.decode(data) == empty
+
+
+def test_crashed_writers_temporary_files_are_removed(tmp_path: Path) -> None:
+    store = filled(tmp_path)
+    try:
+        stale = store.directory / ".index.ckpt.999999.1.tmp"
+        young = store.directory / ".index.ckpt.999998.1.tmp"
+        stale.write_bytes(b"x")
+        young.write_bytes(b"y")
+        os.utime(stale, (1, 1))
+        with store._lock:
+            assert store.index.save_checkpoint()
+        assert not stale.exists() and young.exists()
+    finally:
+        store.close()
+
+
+def test_writer_checkpoints_when_due_and_on_close(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After enough records a writer starts a background checkpoint by itself; a fresh
+    process then replays only what came after it; close writes the rest."""
+    from hicache_l3.slab import index as index_module
+
+    monkeypatch.setattr(index_module, "CHECKPOINT_MIN_RECORDS", 8)
+    store = open_store(tmp_path, slots=64)
+    try:
+        for lo in range(0, 12, 4):  # 4, 8 (due: a checkpoint of 8 pages), 12
+            keys = [key(0, i) for i in range(lo, lo + 4)]
+            plan = store.reserve_new(keys)
+            store.commit(keys, plan.slots, [5] * 4)
+            store.index.wait_checkpoint()
+        with indexes(store) as (oracle, candidate):
+            assert view(candidate) == view(oracle)
+            assert candidate.checkpoint_pages == 8 and candidate.replayed == 4
+    finally:
+        store.close()
+    reopened = open_store(tmp_path)
+    try:
+        assert reopened.contains([key(0, i) for i in range(12)]) == [True] * 12
+        assert reopened.stats()["index_checkpoint_pages"] == 12
+        assert reopened.stats()["index_replayed_records"] == 0
+    finally:
+        reopened.close()
+
+
+def test_multi_node_takeover_keeps_checkpoint_exact(tmp_path: Path) -> None:
+    """hf3fs mode (claims and leases, two simulated nodes): node A writes, checkpoints,
+    writes more and dies mid-append; node B takes the directory over once A's lease
+    expires (new epoch, A's torn tail set aside) and rewrites slots. A fresh process that
+    loads A's checkpoint and reads the tail equals a full replay."""
+    from hicache_l3.slab.shared import SharedSlabStore
+
+    def node(name: str) -> SharedSlabStore:
+        return SharedSlabStore(tmp_path, NS, SLOT, node=name, lease_s=0.4, max_writers=1,
+                               capacity_bytes=6 * 8192, slab_bytes=3 * 8192)
+
+    a = node("A")
+    keys = [key(0, i) for i in range(8)]
+    plan = a.reserve_new(keys[:4])
+    a.commit(keys[:4], plan.slots, [1] * 4)
+    with a._lock:
+        assert a.index.save_checkpoint()
+    plan = a.reserve_new(keys[4:6])
+    a.commit(keys[4:6], plan.slots, [1] * 2)
+    a._stop.set()  # A dies: no more heartbeats, a torn record, descriptors gone
+    if a._heart is not None:
+        a._heart.join(5)
+    crash(a, b"\x01" * (RECORD.size - 3))
+    b = node("B")
+    try:
+        plan = b.reserve_new(keys[6:])  # waits for A's lease, takes epoch 2, evicts
+        b.commit(keys[6:], plan.slots, [2] * 2)
+        assert b.stats()["takeovers"] == 1
+        with indexes(b) as (oracle, candidate):
+            assert candidate.checkpoint_pages == 4 and candidate.replayed > 0
+            assert view(candidate) == view(oracle)
+            assert candidate.tails[0].max_gen >> 40 == 2  # the new epoch's generations
+    finally:
+        b.close()
+    reopened = node("C")
+    try:
+        with indexes(reopened) as (oracle, candidate):
+            assert view(candidate) == view(oracle) and candidate.replayed == 0
+    finally:
+        reopened.close()
+
+
+CHILD = r"""
+import os, sys, time
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from test_slab_checkpoint import key, open_store
+from hicache_l3.slab import checkpoint
+
+store = open_store(Path({root!r}), slots=64)
+keys = [key(0, i) for i in range(20, 40)]
+plan = store.reserve_new(keys)
+store.commit(keys, plan.slots, [9] * len(keys))
+def stall(fd):  # the temporary file is written, not yet renamed: be killed here
+    print("writing", flush=True)
+    time.sleep(60)
+checkpoint.os.fsync = stall
+with store._lock:
+    store.index.save_checkpoint()
+"""
+
+
+def test_writer_killed_mid_checkpoint_leaves_the_old_one(tmp_path: Path) -> None:
+    """kill -9 while a checkpoint is being written: the previous checkpoint stays whole
+    and in use; the records after it are replayed; the result equals a full replay."""
+    import signal
+    import subprocess
+    import sys
+
+    first = filled(tmp_path)  # 20 pages, checkpointed
+    path = first.directory / checkpoint.CHECKPOINT_FILE
+    before = path.read_bytes()
+    first.close()  # nothing new since its checkpoint: close writes none
+    assert path.read_bytes() == before
+    code = CHILD.format(tests=str(Path(__file__).parent), root=str(tmp_path))
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "writing\n"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+    assert path.read_bytes() == before  # the old one, whole
+    assert [p.name for p in first.directory.iterdir() if p.name.endswith(".tmp")]  # left over
+    reader = open_store(tmp_path)
+    try:
+        with indexes(reader) as (oracle, candidate):
+            assert view(candidate) == view(oracle)
+            assert candidate.checkpoint_pages == 20 and candidate.replayed == 20
+            assert len(candidate.entries) == 40
+    finally:
+        reader.close()
+
+
+def _decode_reference(data: bytes) -> tuple[list[Any], int, int]:
+    """decode_records as it was before its fast path: _record_at at every position."""
+    from hicache_l3.slab.format import _record_at
+
+    out, pos, n, skipped = [], 0, len(data), 0
+    while pos < n:
+        record = _record_at(data, pos)
+        if record is None:
+            nxt = pos + 1
+            while nxt < n and _record_at(data, nxt) is None:
+                nxt += 1
+            if nxt >= n:
+                break
+            skipped += nxt - pos
+            pos = nxt
+            continue
+        out.append(record)
+        pos += RECORD.size + len(record.key.encode())
+    return out, pos, skipped
+
+
+@settings(max_examples=200, deadline=None)
+@given(parts=st.lists(st.one_of(
+    st.tuples(st.sampled_from([1, 2, 3]), st.text(max_size=6),
+              st.tuples(*[st.integers(0, 2**32 - 1)] * 3, *[st.integers(0, 2**64 - 1)] * 3)),
+    st.binary(max_size=40)), max_size=12))
+def test_decode_fast_path_matches_the_reference(parts: list[Any]) -> None:
+    """The inlined fast path of decode_records decodes exactly what _record_at-by-
+    position decodes (records, bytes consumed, bytes skipped), damage and torn tails
+    included."""
+    from hicache_l3.slab.format import decode_records, encode_record
+
+    chunks = []
+    for part in parts:
+        if isinstance(part, bytes):
+            chunks.append(part)
+        else:
+            kind, k, fields = part
+            chunks.append(encode_record(kind, k, Entry(*fields)))
+    data = b"".join(chunks)
+    assert decode_records(data) == _decode_reference(data)
+    for cut in (len(data) // 2, len(data) - 1):  # torn
+        assert decode_records(data[:cut]) == _decode_reference(data[:cut])
