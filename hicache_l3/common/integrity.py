@@ -47,24 +47,46 @@ def buffer_checksum(views: Sequence[memoryview | bytes]) -> int:
     return value or 1
 
 
+# The XXH3 entry points of the ``xxhash`` wheel's library, by role; the first name that
+# exists wins: the *_dispatch ones pick AVX2/AVX-512 at run time (2.2x the plain ones here).
+# The one place they are resolved: this module and the C batch library (slab/native.py).
+XXH3_ENTRY_POINTS: dict[str, tuple[str, ...]] = {
+    "one": ("XXH3_64bits_dispatch", "XXH3_64bits"),
+    "create": ("XXH3_createState",),
+    "free": ("XXH3_freeState",),
+    "reset": ("XXH3_64bits_reset",),
+    "update": ("XXH3_64bits_update_dispatch", "XXH3_64bits_update"),
+    "digest": ("XXH3_64bits_digest",),
+}
+
+
+def xxh3_function(role: str) -> Any:
+    """The ``xxhash`` library's function for ``role`` (a key of :data:`XXH3_ENTRY_POINTS`,
+    its own ctypes object: set its types before calling it). Raises ImportError, OSError
+    or AttributeError where the wheel lacks it."""
+    from xxhash import _xxhash  # type: ignore[attr-defined]
+
+    lib = ctypes.CDLL(_xxhash.__file__)
+    for name in XXH3_ENTRY_POINTS[role]:
+        if hasattr(lib, name):
+            return getattr(lib, name)
+    raise AttributeError(f"the xxhash library lacks {XXH3_ENTRY_POINTS[role][-1]}")
+
+
 class _NativeXXH3:
     """XXH3-64 over raw addresses through ctypes (GIL released during hashing)."""
 
     def __init__(self) -> None:
-        from xxhash import _xxhash  # type: ignore[attr-defined]
-
-        lib = ctypes.CDLL(_xxhash.__file__)
-        # the *_dispatch entry points pick AVX2/AVX-512 at run time: 2.2x the plain ones here
-        self.one = getattr(lib, "XXH3_64bits_dispatch", None) or lib.XXH3_64bits
+        self.one = xxh3_function("one")
         self.one.restype, self.one.argtypes = ctypes.c_uint64, [ctypes.c_void_p, ctypes.c_size_t]
-        self.create = lib.XXH3_createState
+        self.create = xxh3_function("create")
         self.create.restype, self.create.argtypes = ctypes.c_void_p, []
-        self.reset = lib.XXH3_64bits_reset
+        self.reset = xxh3_function("reset")
         self.reset.restype, self.reset.argtypes = ctypes.c_int, [ctypes.c_void_p]
-        self.update = getattr(lib, "XXH3_64bits_update_dispatch", None) or lib.XXH3_64bits_update
+        self.update = xxh3_function("update")
         self.update.restype = ctypes.c_int
         self.update.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-        self.digest = lib.XXH3_64bits_digest
+        self.digest = xxh3_function("digest")
         self.digest.restype, self.digest.argtypes = ctypes.c_uint64, [ctypes.c_void_p]
         self._local = threading.local()
         probe = ctypes.create_string_buffer(b"hicache-l3 xxh3 probe" * 200)

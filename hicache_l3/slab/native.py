@@ -31,9 +31,7 @@ import threading
 from collections.abc import Sequence
 from itertools import accumulate, chain
 
-import xxhash
-
-from hicache_l3.common.integrity import page_checksum
+from hicache_l3.common.integrity import page_checksum, xxh3_function
 from hicache_l3.common.pages import Page
 
 OK, SHORT, HEADER, CHECKSUM, NOMEM = 0, 1, 2, 3, 4
@@ -41,8 +39,11 @@ OK, SHORT, HEADER, CHECKSUM, NOMEM = 0, 1, 2, 3, 4
 _vp, _i32, _i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
 
 
+_XXH3_ROLES = ("one", "create", "free", "reset", "update", "digest")  # the C struct's order
+
+
 class _XXH3(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_void_p) for name in ("one", "create", "free", "reset", "update", "digest")]
+    _fields_ = [(name, ctypes.c_void_p) for name in _XXH3_ROLES]
 
 
 def _address(buf: array.array | bytearray) -> int:
@@ -115,19 +116,8 @@ class BatchIO:
         if self._markers is not None:
             self._markers.restype = ctypes.c_int
             self._markers.argtypes = [_i32, _i32, _i32, _vp, _vp, _vp, _vp, _i64, _vp]
-        x = ctypes.CDLL(xxhash._xxhash.__file__)  # type: ignore[attr-defined]
-
-        def entry(*names: str) -> int | None:
-            for name in names:
-                if hasattr(x, name):
-                    return ctypes.cast(getattr(x, name), ctypes.c_void_p).value
-            raise AttributeError(f"xxhash library lacks {names[-1]}")
-
-        self._xxh3 = _XXH3(
-            entry("XXH3_64bits_dispatch", "XXH3_64bits"), entry("XXH3_createState"),
-            entry("XXH3_freeState"), entry("XXH3_64bits_reset"),
-            entry("XXH3_64bits_update_dispatch", "XXH3_64bits_update"), entry("XXH3_64bits_digest"),
-        )
+        self._xxh3 = _XXH3(*(ctypes.cast(xxh3_function(role), ctypes.c_void_p).value
+                             for role in _XXH3_ROLES))
         self._xxh3_at = ctypes.addressof(self._xxh3)
 
     def read(self, batch: PageBatch, lo: int, hi: int) -> int:
