@@ -166,6 +166,14 @@ def default_root(sub: str = "") -> Path:
     return base / sub if sub else base
 
 
+
+def write_synced(fd: int, data: bytes) -> None:
+    """Write all of ``data`` at ``fd``'s offset (short writes continued) and fsync it."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.fsync(fd)
+
 def write_private_file(path: str | os.PathLike[str], data: bytes | str) -> None:
     """Replace ``path`` with ``data`` atomically, mode 0600 whatever the umask and whatever the
     old file's mode: a new file (``O_CREAT|O_EXCL|O_NOFOLLOW``) in the same directory, written,
@@ -190,10 +198,7 @@ def write_private_file(path: str | os.PathLike[str], data: bytes | str) -> None:
                      FILE_MODE, dir_fd=dir_fd)
         try:
             os.fchmod(fd, FILE_MODE)
-            view = memoryview(blob)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
+            write_synced(fd, blob)
         except BaseException:
             os.close(fd)
             with contextlib.suppress(OSError):

@@ -45,6 +45,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from hicache_l3.common.safe_fs import write_synced
 from hicache_l3.slab.files import open_file
 from hicache_l3.slab.format import Entry
 
@@ -215,10 +216,7 @@ def write(directory: Path, state: IndexState) -> bool:
         tmp.unlink()  # a leftover of a crashed process that had our pid and thread id
     fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
+        write_synced(fd, data)
     except BaseException:
         os.close(fd)
         with contextlib.suppress(OSError):
