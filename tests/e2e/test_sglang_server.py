@@ -45,7 +45,8 @@ from typing import Any
 import pytest
 from e2e_server import HICACHE_FLAGS, SGLANG_PY, SGLangServer, sglang_args
 
-pytestmark = pytest.mark.e2e
+# module fixtures (the model, the baseline server) count toward the first test: a longer bound
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 PAGE = 64
 PROMPT_TOKENS = 1600
