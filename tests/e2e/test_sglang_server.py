@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import random
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,15 +59,27 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("e2e")
 
 
+def make_model(workdir: Path, arch: str) -> Path:
+    """A tiny random model of ``arch`` (make_model.py), written under ``workdir``."""
+    assert SGLANG_PY.exists(), f"{SGLANG_PY} is missing: run `make setup-sglang`"
+    path = workdir / f"tiny-{arch}"
+    out = subprocess.run([str(SGLANG_PY), str(Path(__file__).parent / "make_model.py"), str(path),
+                          arch], capture_output=True, text=True, timeout=MODEL_TIMEOUT)
+    assert out.returncode == 0, f"make_model.py failed:\n{out.stderr[-4000:]}"
+    return path
+
+
 @pytest.fixture(scope="module")
 def model(workdir: Path) -> Path:
     """The tiny random Llama, written once per module."""
-    assert SGLANG_PY.exists(), f"{SGLANG_PY} is missing: run `make setup-sglang`"
-    path = workdir / "tiny-llama"
-    out = subprocess.run([str(SGLANG_PY), str(Path(__file__).parent / "make_model.py"), str(path)],
-                         capture_output=True, text=True, timeout=MODEL_TIMEOUT)
-    assert out.returncode == 0, f"make_model.py failed:\n{out.stderr[-4000:]}"
-    return path
+    return make_model(workdir, "llama")
+
+
+@pytest.fixture(scope="module")
+def hybrid_model(workdir: Path) -> Path:
+    """The tiny random Mellum (one sliding-window layer, one full layer), written once per
+    module: SGLang serves it as a hybrid SWA model."""
+    return make_model(workdir, "mellum")
 
 
 @pytest.fixture(scope="module")
@@ -87,15 +99,28 @@ def storage_hits(result: dict[str, Any]) -> int:
     return int(details.get("storage", 0))
 
 
-@pytest.fixture(scope="module")
-def baseline(model: Path, workdir: Path, prompt: list[int]) -> tuple[list[Any], list[Any]]:
+def device_hit_answer(name: str, model: Path, workdir: Path,
+                      prompt: list[int]) -> tuple[list[Any], list[Any]]:
     """Output and logprobs of a server without L3, the prompt's prefix from its device cache."""
-    with SGLangServer("baseline", model, ["--enable-hierarchical-cache", *HICACHE_FLAGS],
+    with SGLangServer(name, model, ["--enable-hierarchical-cache", *HICACHE_FLAGS],
                       workdir) as server:
         server.generate(prompt)
         again = server.generate(prompt)
     assert again["meta_info"]["cached_tokens"] == CACHED, again["meta_info"]
     return answer(again)
+
+
+@pytest.fixture(scope="module")
+def baseline(model: Path, workdir: Path, prompt: list[int]) -> tuple[list[Any], list[Any]]:
+    """The Llama's answer without L3 (device-cache hit)."""
+    return device_hit_answer("baseline", model, workdir, prompt)
+
+
+@pytest.fixture(scope="module")
+def hybrid_baseline(hybrid_model: Path, workdir: Path,
+                    prompt: list[int]) -> tuple[list[Any], list[Any]]:
+    """The hybrid model's answer without L3 (device-cache hit)."""
+    return device_hit_answer("hybrid-baseline", hybrid_model, workdir, prompt)
 
 
 def l3_round(server: SGLangServer, prompt: list[int], baseline: tuple[list[Any], list[Any]],
@@ -156,14 +181,20 @@ def check_counters(server: SGLangServer, *, wrote: bool) -> None:
 
 def run_scenario(name: str, model: Path, workdir: Path, prompt: list[int],
                  baseline: tuple[list[Any], list[Any]], flags: list[str],
-                 env: dict[str, str] | None = None) -> None:
-    """Two server processes in turn on the same L3 storage, each checked as the docstring says."""
+                 env: dict[str, str] | None = None,
+                 check: Callable[[SGLangServer, bool], None] | None = None) -> None:
+    """Two server processes in turn on the same L3 storage, each checked as the docstring says
+    (and by ``check(server, wrote)``, if given, after the common checks)."""
     with SGLangServer(f"{name}-1", model, [*flags, *HICACHE_FLAGS], workdir, env) as first:
         l3_round(first, prompt, baseline, fresh=True)
         check_counters(first, wrote=True)
+        if check:
+            check(first, True)
     with SGLangServer(f"{name}-2", model, [*flags, *HICACHE_FLAGS], workdir, env) as second:
         l3_round(second, prompt, baseline, fresh=False)
         check_counters(second, wrote=False)
+        if check:
+            check(second, False)
 
 
 @pytest.fixture()
@@ -243,3 +274,32 @@ def test_hf3fs_posix(scenario: Any, workdir: Path) -> None:
     flags = sglang_args("hf3fs", workdir / "hf3fs.toml", {"root": str(root), "usrbio": "off"})
     scenario("hf3fs", flags)
     assert any(root.rglob("*")), "the hf3fs connector left nothing in its root"
+
+
+def check_swa_pool(server: SGLangServer, wrote: bool) -> None:
+    """The sliding-window pool went through our v2 path: its own connector stored (first
+    server) and loaded pages (the window's trailing pages, SGLang's ``trailing_pages`` hit
+    policy), and SGLang's log names the pool as served through the v2 interface."""
+    assert "serving extra host pools ['swa'] through the v2 interface" in server.log(), server.fail(
+        "the sliding-window host pool was not registered with hicache-l3")
+    pools = [s.get("extra_pools", {}).get("swa") for s in server.our_stats()]
+    swa = [p for p in pools if p]
+    assert swa, server.fail(f"no 'swa' pool connector in our stats: {pools}")
+    got = sum(int(p["ops"]["get"]["ok"]) for p in swa)
+    assert got >= 1, server.fail(f"no sliding-window page loaded from L3: {swa}")
+    if wrote:
+        stored = sum(int(p["ops"]["set"]["ok"]) for p in swa)
+        assert stored >= got, server.fail(f"sliding-window pages: {stored} stored, {got} loaded: {swa}")
+
+
+def test_hybrid_mellum(hybrid_model: Path, workdir: Path, prompt: list[int],
+                       hybrid_baseline: tuple[list[Any], list[Any]]) -> None:
+    """A hybrid SWA model (tiny Mellum: a sliding-window layer and a full-attention layer)
+    on the file connector: SGLang builds a full and a sliding-window host pool and hands both
+    to our backend (`register_mem_host_pool_v2`, `batch_set_v2`/`batch_get_v2`), so the
+    prefix coming back from L3 after a flush carries both pools' pages."""
+    root = workdir / "hybrid-mellum"
+    flags = sglang_args("file", workdir / "hybrid-mellum.toml", {"root": str(root)})
+    run_scenario("hybrid-mellum", hybrid_model, workdir, prompt, hybrid_baseline, flags,
+                 check=check_swa_pool)
+    assert any(root.rglob("*")), "the file connector left nothing in its root"
