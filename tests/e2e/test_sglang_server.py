@@ -4,12 +4,15 @@ The servers run on CPU from .venv-sglang (built by `make setup-sglang`), on 127.
 ports, with the CPU recipe of tests/e2e/server.py (SGLANG_USE_CPU_ENGINE=1, --device cpu,
 torch_native attention, --skip-tokenizer-init so requests carry input_ids, float32, pages of
 64 tokens, HiCache writing through) and the L3 flags that `hicache-l3 sglang-args` prints.
-The model is a tiny Llama with random weights written here (make_model.py).
+The model is a tiny Llama with random weights written here (make_model.py); the hybrid
+scenario uses a tiny Mellum (a sliding-window and a full-attention layer), which SGLang
+serves as a hybrid SWA model: a full and a sliding-window host pool, the second one handed to
+our backend through the v2 interface (batch_exists_v2/batch_get_v2/batch_set_v2).
 
 Each scenario checks, for one connector or route (the file connector in page_first,
 layer_first and with `--hicache-io-backend direct`; Mooncake Store from the project's
-launcher; NIXL file mode; hf3fs in POSIX mode; and the opt-in plugin's
-`--hicache-storage-backend file`):
+launcher; NIXL file mode; hf3fs in POSIX mode; the opt-in plugin's
+`--hicache-storage-backend file`; and the hybrid SWA model on the file connector):
 1. a ~1600-token prompt is answered; after `POST /flush_cache` (SGLang empties the device and
    host tiers, L3 is kept) the same prompt reports `meta_info.cached_tokens_details.storage`
    > 0: its prefix came back from L3;
@@ -21,14 +24,17 @@ launcher; NIXL file mode; hf3fs in POSIX mode; and the opt-in plugin's
    from its device cache (same prefix length, same compute path).
 
 Test-only stand-ins (tests/e2e/standins/sitecustomize.py, on the servers' PYTHONPATH only)
-replace three things SGLang's CPU path lacks here, none on the L2<->L3 path under test:
+replace four things SGLang's CPU path lacks here, none on the L2<->L3 path under test:
 - `copy_all_layer_kv_cache_cpu` / `assign_req_to_token_pool_cpu` (sgl-kernel's CPU build is
   source-only; the PyPI wheel is CUDA-only): row moves in the device KV pool and the
   request->token table, L1 bookkeeping;
 - CUDA host registration of the `pin_memory=True` host pools (needs a CUDA driver): the pool
   memory is allocated as SGLang allocates it, only the registration is skipped;
 - the device<->host KV copies (`transfer_kv_*`) that pool_host/mha.py imports only on
-  CUDA/ROCm/XPU: the L1<->L2 hop, done with torch row copies with the kernels' arithmetic.
+  CUDA/ROCm/XPU: the L1<->L2 hop, done with torch row copies with the kernels' arithmetic;
+- (hybrid SWA model only) the torch_native attention backend reads a sliding-window layer's
+  K/V at untranslated full-pool slots while it writes them at SWA-pool slots: the stand-in
+  translates the read as SGLang's GPU backends do (L1 compute; a no-op for the Llama).
 The L2<->L3 path (SGLang's HiCacheController calling our backend with host-pool indices, our
 connector moving those pages to and from its engine) runs unchanged; if a stand-in copied
 wrong bytes, check 4 would fail.

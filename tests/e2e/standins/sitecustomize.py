@@ -3,8 +3,9 @@
 Loaded by the SGLang *server* processes of tests/e2e only: the test puts this directory first
 on their PYTHONPATH, so Python imports this file at start-up (``sitecustomize``). Nothing
 here is part of hicache-l3, and nothing here touches the L2<->L3 path under test (SGLang's
-HiCacheController calling our backend's batch_exists/batch_get_v1/batch_set_v1 with
-host-pool indices, and the connector moving those host-pool pages to and from its engine).
+HiCacheController calling our backend's batch_exists/batch_get_v1/batch_set_v1, and for a
+hybrid model the v2 calls of its extra host pools, with host-pool indices, and the connector
+moving those host-pool pages to and from its engine).
 What it replaces, each the plain-torch equivalent of the op it stands for:
 
 1. ``sgl_kernel.copy_all_layer_kv_cache_cpu`` and ``sgl_kernel.assign_req_to_token_pool_cpu``:
