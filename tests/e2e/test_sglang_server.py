@@ -4,12 +4,15 @@ The servers run on CPU from .venv-sglang (built by `make setup-sglang`), on 127.
 ports, with the CPU recipe of tests/e2e/server.py (SGLANG_USE_CPU_ENGINE=1, --device cpu,
 torch_native attention, --skip-tokenizer-init so requests carry input_ids, float32, pages of
 64 tokens, HiCache writing through) and the L3 flags that `hicache-l3 sglang-args` prints.
-The model is a tiny Llama with random weights written here (make_model.py).
+The model is a tiny Llama with random weights written here (make_model.py); the hybrid
+scenario uses a tiny Mellum (a sliding-window and a full-attention layer), which SGLang
+serves as a hybrid SWA model: a full and a sliding-window host pool, the second one handed to
+our backend through the v2 interface (batch_exists_v2/batch_get_v2/batch_set_v2).
 
 Each scenario checks, for one connector or route (the file connector in page_first,
 layer_first and with `--hicache-io-backend direct`; Mooncake Store from the project's
-launcher; NIXL file mode; hf3fs in POSIX mode; and the opt-in plugin's
-`--hicache-storage-backend file`):
+launcher; NIXL file mode; hf3fs in POSIX mode; the opt-in plugin's
+`--hicache-storage-backend file`; and the hybrid SWA model on the file connector):
 1. a ~1600-token prompt is answered; after `POST /flush_cache` (SGLang empties the device and
    host tiers, L3 is kept) the same prompt reports `meta_info.cached_tokens_details.storage`
    > 0: its prefix came back from L3;
@@ -21,14 +24,17 @@ launcher; NIXL file mode; hf3fs in POSIX mode; and the opt-in plugin's
    from its device cache (same prefix length, same compute path).
 
 Test-only stand-ins (tests/e2e/standins/sitecustomize.py, on the servers' PYTHONPATH only)
-replace three things SGLang's CPU path lacks here, none on the L2<->L3 path under test:
+replace four things SGLang's CPU path lacks here, none on the L2<->L3 path under test:
 - `copy_all_layer_kv_cache_cpu` / `assign_req_to_token_pool_cpu` (sgl-kernel's CPU build is
   source-only; the PyPI wheel is CUDA-only): row moves in the device KV pool and the
   request->token table, L1 bookkeeping;
 - CUDA host registration of the `pin_memory=True` host pools (needs a CUDA driver): the pool
   memory is allocated as SGLang allocates it, only the registration is skipped;
 - the device<->host KV copies (`transfer_kv_*`) that pool_host/mha.py imports only on
-  CUDA/ROCm/XPU: the L1<->L2 hop, done with torch row copies with the kernels' arithmetic.
+  CUDA/ROCm/XPU: the L1<->L2 hop, done with torch row copies with the kernels' arithmetic;
+- (hybrid SWA model only) the torch_native attention backend reads a sliding-window layer's
+  K/V at untranslated full-pool slots while it writes them at SWA-pool slots: the stand-in
+  translates the read as SGLang's GPU backends do (L1 compute; a no-op for the Llama).
 The L2<->L3 path (SGLang's HiCacheController calling our backend with host-pool indices, our
 connector moving those pages to and from its engine) runs unchanged; if a stand-in copied
 wrong bytes, check 4 would fail.
@@ -38,7 +44,7 @@ from __future__ import annotations
 
 import random
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,15 +66,27 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("e2e")
 
 
+def make_model(workdir: Path, arch: str) -> Path:
+    """A tiny random model of ``arch`` (make_model.py), written under ``workdir``."""
+    assert SGLANG_PY.exists(), f"{SGLANG_PY} is missing: run `make setup-sglang`"
+    path = workdir / f"tiny-{arch}"
+    out = subprocess.run([str(SGLANG_PY), str(Path(__file__).parent / "make_model.py"), str(path),
+                          arch], capture_output=True, text=True, timeout=MODEL_TIMEOUT)
+    assert out.returncode == 0, f"make_model.py failed:\n{out.stderr[-4000:]}"
+    return path
+
+
 @pytest.fixture(scope="module")
 def model(workdir: Path) -> Path:
     """The tiny random Llama, written once per module."""
-    assert SGLANG_PY.exists(), f"{SGLANG_PY} is missing: run `make setup-sglang`"
-    path = workdir / "tiny-llama"
-    out = subprocess.run([str(SGLANG_PY), str(Path(__file__).parent / "make_model.py"), str(path)],
-                         capture_output=True, text=True, timeout=MODEL_TIMEOUT)
-    assert out.returncode == 0, f"make_model.py failed:\n{out.stderr[-4000:]}"
-    return path
+    return make_model(workdir, "llama")
+
+
+@pytest.fixture(scope="module")
+def hybrid_model(workdir: Path) -> Path:
+    """The tiny random Mellum (one sliding-window layer, one full layer), written once per
+    module: SGLang serves it as a hybrid SWA model."""
+    return make_model(workdir, "mellum")
 
 
 @pytest.fixture(scope="module")
@@ -88,15 +106,28 @@ def storage_hits(result: dict[str, Any]) -> int:
     return int(details.get("storage", 0))
 
 
-@pytest.fixture(scope="module")
-def baseline(model: Path, workdir: Path, prompt: list[int]) -> tuple[list[Any], list[Any]]:
+def device_hit_answer(name: str, model: Path, workdir: Path,
+                      prompt: list[int]) -> tuple[list[Any], list[Any]]:
     """Output and logprobs of a server without L3, the prompt's prefix from its device cache."""
-    with SGLangServer("baseline", model, ["--enable-hierarchical-cache", *HICACHE_FLAGS],
+    with SGLangServer(name, model, ["--enable-hierarchical-cache", *HICACHE_FLAGS],
                       workdir) as server:
         server.generate(prompt)
         again = server.generate(prompt)
     assert again["meta_info"]["cached_tokens"] == CACHED, again["meta_info"]
     return answer(again)
+
+
+@pytest.fixture(scope="module")
+def baseline(model: Path, workdir: Path, prompt: list[int]) -> tuple[list[Any], list[Any]]:
+    """The Llama's answer without L3 (device-cache hit)."""
+    return device_hit_answer("baseline", model, workdir, prompt)
+
+
+@pytest.fixture(scope="module")
+def hybrid_baseline(hybrid_model: Path, workdir: Path,
+                    prompt: list[int]) -> tuple[list[Any], list[Any]]:
+    """The hybrid model's answer without L3 (device-cache hit)."""
+    return device_hit_answer("hybrid-baseline", hybrid_model, workdir, prompt)
 
 
 def l3_round(server: SGLangServer, prompt: list[int], baseline: tuple[list[Any], list[Any]],
@@ -157,14 +188,20 @@ def check_counters(server: SGLangServer, *, wrote: bool) -> None:
 
 def run_scenario(name: str, model: Path, workdir: Path, prompt: list[int],
                  baseline: tuple[list[Any], list[Any]], flags: list[str],
-                 env: dict[str, str] | None = None) -> None:
-    """Two server processes in turn on the same L3 storage, each checked as the docstring says."""
+                 env: dict[str, str] | None = None,
+                 check: Callable[[SGLangServer, bool], None] | None = None) -> None:
+    """Two server processes in turn on the same L3 storage, each checked as the docstring says
+    (and by ``check(server, wrote)``, if given, after the common checks)."""
     with SGLangServer(f"{name}-1", model, [*flags, *HICACHE_FLAGS], workdir, env) as first:
         l3_round(first, prompt, baseline, fresh=True)
         check_counters(first, wrote=True)
+        if check:
+            check(first, True)
     with SGLangServer(f"{name}-2", model, [*flags, *HICACHE_FLAGS], workdir, env) as second:
         l3_round(second, prompt, baseline, fresh=False)
         check_counters(second, wrote=False)
+        if check:
+            check(second, False)
 
 
 @pytest.fixture()
@@ -244,3 +281,32 @@ def test_hf3fs_posix(scenario: Any, workdir: Path) -> None:
     flags = sglang_args("hf3fs", workdir / "hf3fs.toml", {"root": str(root), "usrbio": "off"})
     scenario("hf3fs", flags)
     assert any(root.rglob("*")), "the hf3fs connector left nothing in its root"
+
+
+def check_swa_pool(server: SGLangServer, wrote: bool) -> None:
+    """The sliding-window pool went through our v2 path: its own connector stored (first
+    server) and loaded pages (the window's trailing pages, SGLang's ``trailing_pages`` hit
+    policy), and SGLang's log names the pool as served through the v2 interface."""
+    assert "serving extra host pools ['swa'] through the v2 interface" in server.log(), server.fail(
+        "the sliding-window host pool was not registered with hicache-l3")
+    pools = [s.get("extra_pools", {}).get("swa") for s in server.our_stats()]
+    swa = [p for p in pools if p]
+    assert swa, server.fail(f"no 'swa' pool connector in our stats: {pools}")
+    got = sum(int(p["ops"]["get"]["ok"]) for p in swa)
+    assert got >= 1, server.fail(f"no sliding-window page loaded from L3: {swa}")
+    if wrote:
+        stored = sum(int(p["ops"]["set"]["ok"]) for p in swa)
+        assert stored >= got, server.fail(f"sliding-window pages: {stored} stored, {got} loaded: {swa}")
+
+
+def test_hybrid_mellum(hybrid_model: Path, workdir: Path, prompt: list[int],
+                       hybrid_baseline: tuple[list[Any], list[Any]]) -> None:
+    """A hybrid SWA model (tiny Mellum: a sliding-window layer and a full-attention layer)
+    on the file connector: SGLang builds a full and a sliding-window host pool and hands both
+    to our backend (`register_mem_host_pool_v2`, `batch_set_v2`/`batch_get_v2`), so the
+    prefix coming back from L3 after a flush carries both pools' pages."""
+    root = workdir / "hybrid-mellum"
+    flags = sglang_args("file", workdir / "hybrid-mellum.toml", {"root": str(root)})
+    run_scenario("hybrid-mellum", hybrid_model, workdir, prompt, hybrid_baseline, flags,
+                 check=check_swa_pool)
+    assert any(root.rglob("*")), "the file connector left nothing in its root"

@@ -3,8 +3,9 @@
 Loaded by the SGLang *server* processes of tests/e2e only: the test puts this directory first
 on their PYTHONPATH, so Python imports this file at start-up (``sitecustomize``). Nothing
 here is part of hicache-l3, and nothing here touches the L2<->L3 path under test (SGLang's
-HiCacheController calling our backend's batch_exists/batch_get_v1/batch_set_v1 with
-host-pool indices, and the connector moving those host-pool pages to and from its engine).
+HiCacheController calling our backend's batch_exists/batch_get_v1/batch_set_v1, and for a
+hybrid model the v2 calls of its extra host pools, with host-pool indices, and the connector
+moving those host-pool pages to and from its engine).
 What it replaces, each the plain-torch equivalent of the op it stands for:
 
 1. ``sgl_kernel.copy_all_layer_kv_cache_cpu`` and ``sgl_kernel.assign_req_to_token_pool_cpu``:
@@ -19,11 +20,20 @@ What it replaces, each the plain-torch equivalent of the op it stands for:
    ``sgl_kernel.kvcacheio`` only on CUDA/ROCm/XPU: they copy token rows between the device
    (L1) pool and the host (L2) pool, i.e. the L1<->L2 hop, with the same row arithmetic as
    sgl-kernel's ops (byte rows, item sizes, layout strides as SGLang passes them).
+4. For hybrid sliding-window (SWA) models only: SGLang's ``torch_native`` attention backend
+   writes a sliding-window layer's K/V at the SWA pool's slots (``out_cache_loc`` translated
+   by ``SWAKVPool.translate_loc_from_full_to_swa``) but reads them back at the untranslated
+   full-pool slots of ``req_to_token`` (``TorchNativeAttnBackend.forward_extend`` /
+   ``forward_decode``), i.e. rows that depend on the allocators' history. The GPU backends
+   translate; the stand-in does the same for the read: while a sliding-window layer runs,
+   the backend sees ``req_to_token`` translated to SWA slots. L1 compute only, and a no-op
+   for models without an SWA pool (the Llama).
 
 Everything is installed lazily: a module is patched right after SGLang imports it, so a
 process that never imports SGLang (pip, the tokenizer of pytest's tools) is unaffected.
 When ``HICACHE_L3_E2E_STATS`` names a file, the process also writes the ``stats()`` of each
-hicache-l3 backend it attaches to that file (JSON, every 0.5 s): reading our own counters
+hicache-l3 backend it attaches to that file (JSON, every 0.5 s), with the ``stats()`` of each
+extra host pool's connector (hybrid models) under ``"extra_pools"``: reading our own counters
 from the test, without any change to the backend.
 """
 
@@ -216,6 +226,39 @@ def _patch_pool_host_mha(module: types.ModuleType) -> None:
             setattr(module, name, func)
 
 
+# ---- 4. torch_native attention reads sliding-window layers at their SWA slots --------------------
+
+
+class _TranslatedReqToToken:
+    """The ``req_to_token`` table of a req->token pool, translated to SWA-pool slots."""
+
+    def __init__(self, req_to_token: Any, kv_pool: Any) -> None:
+        self.req_to_token = kv_pool.translate_loc_from_full_to_swa(req_to_token.long()).to(
+            req_to_token.dtype)
+
+
+def _patch_torch_native_backend(module: types.ModuleType) -> None:
+    cls = module.TorchNativeAttnBackend
+
+    def reading_swa_slots(forward: Callable[..., Any]) -> Callable[..., Any]:
+        def run(self: Any, q: Any, k: Any, v: Any, layer: Any, forward_batch: Any, *args: Any,
+                **kwargs: Any) -> Any:
+            pool = self.token_to_kv_pool
+            if not (self.use_sliding_window_kv_pool and pool.layers_mapping[layer.layer_id][1]):
+                return forward(self, q, k, v, layer, forward_batch, *args, **kwargs)
+            full = self.req_to_token_pool
+            self.req_to_token_pool = _TranslatedReqToToken(full.req_to_token, pool)
+            try:
+                return forward(self, q, k, v, layer, forward_batch, *args, **kwargs)
+            finally:
+                self.req_to_token_pool = full
+        run.__name__ = forward.__name__
+        return run
+
+    cls.forward_extend = reading_swa_slots(cls.forward_extend)
+    cls.forward_decode = reading_swa_slots(cls.forward_decode)
+
+
 # ---- our own counters, read from outside ----------------------------------------------------------
 
 
@@ -243,7 +286,9 @@ def _patch_hicache_l3_backend(module: types.ModuleType) -> None:
             if not live:  # SGLang's other processes import us too: only the scheduler writes
                 continue
             try:
-                stats = [b.stats() for b in live]
+                stats = [{**b.stats(), "extra_pools": {
+                    name: pool.connector.stats() for name, pool in getattr(b, "extra_pools", {}).items()
+                }} for b in live]
                 tmp = f"{path}.{os.getpid()}.tmp"
                 with open(tmp, "w") as f:
                     json.dump(stats, f, default=str)
@@ -259,6 +304,7 @@ def _patch_hicache_l3_backend(module: types.ModuleType) -> None:
 _AFTER_IMPORT: dict[str, Callable[[types.ModuleType], None]] = {
     "sglang.srt.mem_cache.pool_host.common": _patch_pool_host_common,
     "sglang.srt.mem_cache.pool_host.mha": _patch_pool_host_mha,
+    "sglang.srt.layers.attention.torch_native_backend": _patch_torch_native_backend,
     "hicache_l3.sglang": _patch_hicache_l3_backend,
     "hicache_l3.sglang.backend": _patch_hicache_l3_backend,
 }
