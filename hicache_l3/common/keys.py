@@ -49,23 +49,26 @@ def all_valid_keys(keys: Sequence[object]) -> bool:
     """True when every key is valid; a whole-batch check in C-speed string operations
     (``False`` means "check them one by one", not that all are bad).
 
-    The per-key rule of :func:`is_valid_key`, batch-wise: the ``/``-joined keys encode to
-    ASCII and contain only allowed bytes and the ``len(keys) - 1`` separators (``/`` is not
-    allowed in a key, so each separator is one), no key is empty or longer than
-    :data:`MAX_KEY_LENGTH`, and the first characters, taken one per key, hold no ``.`` or
-    ``-``. (A substring search for ``"/."`` would cost more than all the rest, as ``/``
-    recurs every key length.)"""
+    The per-key rule of :func:`is_valid_key`, batch-wise: the concatenated keys encode to
+    ASCII and hold only allowed bytes, no key is empty or longer than
+    :data:`MAX_KEY_LENGTH`, and only when a ``.`` or ``-`` occurs at all (never in hex
+    page hashes) are the first characters, taken one per key, checked for them. (A search
+    for ``"/."`` in ``/``-joined keys costs more than all of this.)"""
     if not keys:
         return True
     try:
-        data = "/".join(keys).encode("ascii")  # type: ignore[arg-type]
-        firsts = "".join(map(_FIRST, keys))  # type: ignore[arg-type]  # IndexError: "" key
-    except (TypeError, UnicodeEncodeError, IndexError):
+        data = "".join(keys).encode("ascii")  # type: ignore[arg-type]
+    except (TypeError, UnicodeEncodeError):
         return False
-    if data.translate(None, _ALLOWED) != b"/" * (len(keys) - 1):
+    if data.translate(None, _ALLOWED):
         return False
-    return (max(map(len, keys)) <= MAX_KEY_LENGTH  # type: ignore[arg-type]
-            and "." not in firsts and "-" not in firsts)
+    lengths = set(map(len, keys))  # type: ignore[arg-type]
+    if min(lengths) == 0 or max(lengths) > MAX_KEY_LENGTH:
+        return False
+    if b"." in data or b"-" in data:
+        firsts = "".join(map(_FIRST, keys))  # type: ignore[arg-type]
+        return "." not in firsts and "-" not in firsts
+    return True
 
 
 def validate_key(key: object) -> str:
