@@ -10,8 +10,11 @@ Two placements, each a (connector, raw-mooncake) pair on the same master:
 raw-mooncake follows the baseline rules: its own client with the same setup, the bench
 buffers registered once (``register_buffer``), one object per page with
 ``batch_put_from``/``batch_get_into``, the key and pointer lists built in :meth:`plan`
-(untimed), one thread. Every set repetition writes fresh keys; the keys of the
-repetition before are removed in ``plan`` (untimed) so that the segments never fill.
+(untimed), one thread. Its ``exists`` is ``batch_is_exist`` of the connector's own
+storage keys (``<namespace digest>:<key>``, built in :meth:`plan`), so both ask the
+master about the same objects with keys of the same length. Every set repetition writes
+fresh keys; the keys of the repetition before are removed in ``plan`` (untimed) so that
+the segments never fill.
 
 With no ``mooncake.master_address`` setting, a local master and segment holder are
 started for the run (``--set mooncake.master_address=H:P`` uses an existing one; then
@@ -77,15 +80,18 @@ class MooncakeConnectorTarget(ConnectorTarget):
 
 
 class RawMooncake(BenchTarget):
-    """``batch_put_from``/``batch_get_into`` of the same pages, one object per page."""
+    """``batch_put_from``/``batch_get_into`` of the same pages, one object per page, under
+    ``raw-<placement>:<key>``; ``batch_is_exist`` of ``exists_prefix + key`` (the
+    connector's storage keys when given, else its own)."""
 
     backend = "raw-mooncake"
 
-    def __init__(self, settings: dict[str, Any], placement: str) -> None:
+    def __init__(self, settings: dict[str, Any], placement: str, exists_prefix: str = "") -> None:
         from mooncake.store import MooncakeDistributedStore, ReplicateConfig
 
         self.extra = {"placement": placement}
         self.prefix = f"raw-{placement}:"
+        self.exists_prefix = exists_prefix or self.prefix
         self.store: Any = MooncakeDistributedStore()
         metadata = settings.get("metadata_server") or (
             f"http://{settings['master_address'].rsplit(':', 1)[0]}:8080/metadata")
@@ -116,7 +122,8 @@ class RawMooncake(BenchTarget):
             old = self._recycler.new_batch(keys)
             for lo in range(0, len(old), 1024):
                 self.store.batch_remove([self.prefix + k for k in old[lo : lo + 1024]], True)
-        skeys = [self.prefix + k for k in keys]  # the two placements share one master
+        prefix = self.exists_prefix if op == "exists" else self.prefix
+        skeys = [prefix + k for k in keys]  # the two placements share one master
         return skeys, [p[0][0] for p in pages], [p[0][1] for p in pages]
 
     def run(self, op: str, plan: Any) -> list[bool]:
@@ -159,7 +166,8 @@ def make_pairs(opts: BenchOptions, stack: contextlib.ExitStack) -> list[Pair]:
             chosen.update(global_segment_size=0)
         conn = open_connector("mooncake", bench_namespace(opts, placement), chosen)
         stack.callback(conn.close)
-        raw = RawMooncake(chosen, placement)
+        raw = RawMooncake(chosen, placement,
+                          exists_prefix=bench_namespace(opts, placement).storage_key(""))
         stack.callback(raw.close)
         pairs.append(Pair(MooncakeConnectorTarget(conn, placement), raw))
     return pairs

@@ -201,15 +201,15 @@ class Connector(abc.ABC, Generic[ConfigT]):
     # ---- batch operations ---------------------------------------------------------
     def batch_set(self, keys: Sequence[str], pages: Sequence[Page]) -> list[bool]:
         """Store page ``i`` under ``keys[i]``; one bool per key (see module docstring)."""
-        return [r is Reason.OK for r in self._transfer("set", keys, pages)]
+        return ok_flags(self._transfer("set", keys, pages))
 
     def batch_get(self, keys: Sequence[str], pages: Sequence[Page]) -> list[bool]:
         """Load ``keys[i]`` into page ``i``; one bool per key, True only for exact bytes."""
-        return [r is Reason.OK for r in self._transfer("get", keys, pages)]
+        return ok_flags(self._transfer("get", keys, pages))
 
     def batch_exists(self, keys: Sequence[str]) -> list[bool]:
         """One bool per key: is it stored in this namespace (as far as the engine knows)?"""
-        return [r is Reason.OK for r in self._keyed("exists", keys)]
+        return ok_flags(self._keyed("exists", keys))
 
     def leading_hits(self, keys: Sequence[str]) -> int:
         """How many keys, from the first, exist before the first miss."""
@@ -222,7 +222,7 @@ class Connector(abc.ABC, Generic[ConfigT]):
 
     def delete(self, keys: Sequence[str]) -> list[bool]:
         """Remove keys; True per key that was stored and is now gone."""
-        return [r is Reason.OK for r in self._keyed("delete", keys)]
+        return ok_flags(self._keyed("delete", keys))
 
     def clear(self) -> None:
         """Remove every page of this namespace, and nothing of any other namespace.
@@ -335,35 +335,33 @@ class Connector(abc.ABC, Generic[ConfigT]):
         self._enter()
         start = time.perf_counter()
         try:
-            reasons: list[Reason] = [Reason.OK] * len(keys)
-            if all_valid_keys(keys):
-                valid = list(range(len(keys)))
+            if all_valid_keys(keys):  # the common batch: no per-key Python before the hook
+                reasons = self._keyed_hook(op, list(keys))
             else:
-                valid = [i for i, k in enumerate(keys) if is_valid_key(k)]
-            if len(valid) != len(keys):
-                for i, k in enumerate(keys):
-                    if not is_valid_key(k):
-                        reasons[i] = Reason.INVALID_KEY
+                reasons = [Reason.OK if is_valid_key(k) else Reason.INVALID_KEY for k in keys]
                 self._warn_rejected(op, keys, reasons)
-            if valid:
-                vkeys = keys if len(valid) == len(keys) else [keys[i] for i in valid]
-                try:
-                    hook = self._exists if op == "exists" else self._delete
-                    results = hook(list(vkeys))
-                    if len(results) != len(valid):
-                        raise RuntimeError(f"_{op} returned {len(results)} results")
-                except Exception as exc:
-                    self._log.warning(f"{op}-exc", "%s: %s failed: %r", self.name, op, exc)
-                    results = [Reason.ENGINE_ERROR] * len(valid)
-                if len(valid) == len(keys):
-                    reasons = list(results)
-                else:
-                    for i, r in zip(valid, results):
+                valid = [i for i, r in enumerate(reasons) if r is Reason.OK]
+                if valid:
+                    for i, r in zip(valid, self._keyed_hook(op, [keys[i] for i in valid])):
                         reasons[i] = r
             self.metrics.observe(op, reasons, 0, time.perf_counter() - start)
             return reasons
         finally:
             self._leave()
+
+    def _keyed_hook(self, op: str, keys: list[str]) -> list[Reason]:
+        """``_exists`` or ``_delete`` of valid ``keys``: one Reason per key, engine_error for
+        all when the hook raises or returns a wrong count (logged, rate-limited)."""
+        if not keys:
+            return []
+        try:
+            results = self._exists(keys) if op == "exists" else self._delete(keys)
+            if len(results) != len(keys):
+                raise RuntimeError(f"_{op} returned {len(results)} results")
+            return results
+        except Exception as exc:
+            self._log.warning(f"{op}-exc", "%s: %s failed: %r", self.name, op, exc)
+            return [Reason.ENGINE_ERROR] * len(keys)
 
     def _uniform_pages_in_one_region(self, pages: Sequence[Page],
                                      plain: tuple[tuple[int, ...], tuple[int, ...]]) -> bool:
@@ -459,6 +457,17 @@ class Connector(abc.ABC, Generic[ConfigT]):
     def _engine_stats(self) -> dict[str, Any]:
         """Engine-specific figures for :meth:`stats` (default: none)."""
         return {}
+
+
+def ok_flags(reasons: list[Reason]) -> list[bool]:
+    """One bool per reason: True for :attr:`Reason.OK`. An all-OK batch (the common case)
+    costs one C-level count instead of a per-key comparison (``Reason.OK`` is an enum
+    attribute, slow to look up once per key)."""
+    ok = Reason.OK
+    n = len(reasons)
+    if reasons.count(ok) == n:
+        return [True] * n
+    return [r is ok for r in reasons]
 
 
 def as_region(obj: MemoryRegion | Any) -> MemoryRegion:

@@ -476,7 +476,7 @@ class MooncakeConnector(Connector[MooncakeConfig]):
         if not put:
             return
         present = self._chunked(self._store.batch_is_exist, [skeys[i] for i in put])
-        if present and min(present) == 1:
+        if present.count(1) == len(put):
             return
         for i, c in zip(put, present):
             if c != 1:
@@ -573,12 +573,21 @@ class MooncakeConnector(Connector[MooncakeConfig]):
         return Reason.OK
 
     def _exists(self, keys: list[str]) -> list[Reason]:
+        """One ``batch_is_exist`` per ``max_batch`` keys: 1 -> ok, 0 -> miss, an error
+        code -> its reason. A batch of one call that finds every key, while the master is
+        not marked down (the prefetch query's common case), returns after one C-level
+        count: no code can be negative then, so there is nothing for :meth:`_note_codes`."""
         if self._master_unreachable():
             return [Reason.ENGINE_DOWN] * len(keys)
         prefix = self._prefix
-        codes = self._chunked(self._store.batch_is_exist, [prefix + k for k in keys])
-        if codes and min(codes) == 1:  # all present: the prefetch query's common case
-            return [Reason.OK] * len(codes)
+        skeys = [prefix + k for k in keys]
+        if len(skeys) <= self.config.max_batch:
+            codes = self._store.batch_is_exist(skeys)
+            if codes.count(1) == len(codes) and self._down_since is None:
+                return [Reason.OK] * len(codes)
+            self._note_codes(codes)
+        else:
+            codes = self._chunked(self._store.batch_is_exist, skeys)
         return [Reason.OK if c == 1 else Reason.MISS if c == 0 else _reason(c) for c in codes]
 
     # ---- this connector's own capacity (capacity_bytes > 0) -----------------------------

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hicache_l3.common.errors import ConfigError, InvalidKeyError
 from hicache_l3.common.keys import KEY_FORMAT_VERSION, Namespace, is_valid_key, validate_key
@@ -67,3 +69,18 @@ def test_batch_check_agrees_with_per_key_check():
     for bad in ["", "../x", "a/b", ".hidden", "-flag", "a b", "x" * 257, "é", None, 5, "a\0b"]:
         assert not all_valid_keys([*good, bad]), bad
         assert not all_valid_keys([bad]), bad
+
+
+_KEY_CHARS = "aZ09_.:=+@-/ \0é"
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(st.text(alphabet=_KEY_CHARS, max_size=6),
+                          st.sampled_from(["a" * 256, "b" * 257, "0f" * 32, ".x", "-x", ""]),
+                          st.integers(), st.none()), max_size=6))
+def test_batch_check_equals_per_key_check(keys):
+    """The batch check is exact (not merely safe): True exactly when every key is valid,
+    so the per-key fallback runs only for batches that hold a bad key."""
+    from hicache_l3.common.keys import all_valid_keys
+
+    assert all_valid_keys(keys) == all(map(is_valid_key, keys))
