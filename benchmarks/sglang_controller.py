@@ -3,10 +3,11 @@ of the same pages, driven the way SGLang's HiCacheController drives them. Run wi
 venv::
 
     .venv-sglang/bin/python benchmarks/sglang_controller.py [--pages 1024] [--reps 5]
-        [--steady-state] [--no-stages] [--json]
+        [--layers 4] [--steady-state] [--no-stages] [--json]
 
-One real MHA host pool (CPU, ``page_first``, 64 KiB pages). SGLang's ``file`` backend
-(``HiCacheFile``, as ``--hicache-storage-backend file`` builds it) is called through
+One real MHA host pool (CPU, ``page_first``; 16 KiB of K and V per layer and page, so 64 KiB
+pages with the default ``--layers 4`` and 1 MiB pages with ``--layers 64``). SGLang's ``file``
+backend (``HiCacheFile``, as ``--hicache-storage-backend file`` builds it) is called through
 ``HiCacheController._generic_page_set`` / ``_generic_page_get`` and ours (the ``dynamic``
 backend with ``interface_v1``) through ``_page_set_zero_copy`` / ``_page_get_zero_copy``:
 the controller's own methods, called on a stand-in object holding the real host pool and
@@ -71,7 +72,7 @@ from hicache_l3.sglang.config import extra_config_for  # noqa: E402
 from hicache_l3.slab.format import Geometry  # noqa: E402
 
 PAGE_TOKENS = 16
-LAYERS, HEADS, HEAD_DIM = 4, 4, 64  # bf16: 2 * 4 * 16 * 4 * 64 * 2 B = 64 KiB per page
+HEADS, HEAD_DIM = 4, 64  # bf16: 2 * layers * 16 * 4 * 64 * 2 B per page (64 KiB for 4 layers)
 
 
 class StandIn:
@@ -94,16 +95,17 @@ class Operation:
         return False
 
 
-def host_pool(pages: int) -> Any:
-    """A real SGLang MHA host pool on CPU with room for ``pages`` pages (plus padding)."""
+def host_pool(pages: int, layers: int = 4) -> Any:
+    """A real SGLang MHA host pool on CPU with room for ``pages`` pages (plus padding) of a
+    model with ``layers`` layers (16 KiB per layer and page)."""
     tokens = pages * PAGE_TOKENS
     dev = MHATokenToKVPool(size=tokens, page_size=PAGE_TOKENS, dtype=torch.bfloat16, head_num=HEADS,
-                           head_dim=HEAD_DIM, layer_num=LAYERS, device="cpu", enable_memory_saver=False,
-                           start_layer=0, end_layer=LAYERS - 1)
+                           head_dim=HEAD_DIM, layer_num=layers, device="cpu", enable_memory_saver=False,
+                           start_layer=0, end_layer=layers - 1)
     info = dev.get_device_pool_infos()[0].buffer_info
     host = MHATokenToKVPoolHost(info, host_to_device_ratio=1.0, host_size=0, page_size=PAGE_TOKENS,
                                 layout="page_first", pin_memory=False, device="cpu",
-                                device_capacity_tokens=tokens, start_layer=0, end_layer=LAYERS - 1)
+                                device_capacity_tokens=tokens, start_layer=0, end_layer=layers - 1)
     del dev
     return host
 
@@ -363,6 +365,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pages", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--layers", type=int, default=4,
+                    help="model layers: page bytes = layers x 16 KiB (4: 64 KiB, 64: 1 MiB)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed repetitions first (every contender)")
     ap.add_argument("--workdir", default=None,
                     help="directory for every contender's files (default: a temp dir)")
@@ -373,15 +377,15 @@ def main() -> int:
     ap.add_argument("--no-stages", action="store_true", help="skip the per-stage breakdown")
     ap.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     args = ap.parse_args()
-    if args.pages < 1 or args.reps < 1 or args.warmup < 0:
-        ap.error("--pages and --reps must be >= 1, --warmup >= 0")
+    if args.pages < 1 or args.reps < 1 or args.warmup < 0 or args.layers < 1:
+        ap.error("--pages, --reps and --layers must be >= 1, --warmup >= 0")
     if args.steady_state and args.warmup < 1:
         ap.error("--steady-state needs --warmup >= 1 (the warm-up fills the store to capacity)")
 
     cpu = cpu_info()
     print(describe_cpu(cpu), file=sys.stderr)
     work = tempfile.mkdtemp(prefix="hicache-l3-sgbench-", dir=args.workdir)
-    host = host_pool(args.pages)
+    host = host_pool(args.pages, args.layers)
     page_bytes = host.get_size_per_token() * PAGE_TOKENS
     # Pages 1..pages of the pool (page 0 is SGLang's padding page); contiguous, as after a backup.
     indices = torch.arange(PAGE_TOKENS, (args.pages + 1) * PAGE_TOKENS, dtype=torch.int64)
