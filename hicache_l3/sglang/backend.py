@@ -511,8 +511,16 @@ class HiCacheL3Storage(HiCacheStorage):
         return metrics
 
     def stats(self) -> dict[str, Any]:
-        """The connector's counters (per op: pages, bytes, failures by reason, latency)."""
-        return self.connector.stats() if self.connector is not None else {}
+        """The KV connector's counters (per op: pages, bytes, failures by reason, latency)
+        and, for a hybrid model, under ``"extra_pools"`` each extra host pool's connector
+        counters by pool name (the key is absent for a model without extra pools); ``{}``
+        once closed."""
+        if self.connector is None:
+            return {}
+        out = self.connector.stats()
+        if self.extra_pools:
+            out["extra_pools"] = {name: pool.connector.stats() for name, pool in self.extra_pools.items()}
+        return out
 
     def clear(self) -> None:
         """Remove this namespace's pages, and those of its extra pools (never another model's

@@ -178,6 +178,10 @@ def hybrid_roundtrip(connector: str, settings: dict[str, Any], check: Callable[[
               f"{case}: batch_get_v2 returned {res}")
         check(all(torch.equal(page_bytes(kv_b, d), o) for d, o in zip(dst, kv_orig)), f"{case}: KV bytes")
         check(all(torch.equal(page_bytes(swa_b, d), o) for d, o in zip(dst, swa_orig)), f"{case}: SWA bytes")
+        pools = b.stats().get("extra_pools", {})  # each extra pool's own counters, by name
+        check(pools.get("mamba", {}).get("ops", {}).get("get", {}).get("ok") == 2
+              and pools.get("swa", {}).get("ops", {}).get("get", {}).get("ok") == n,
+              f"{case}: per-pool stats {sorted(pools)}")
         check(torch.equal(state_bytes(mamba_b, dst_slots[2]), st_orig[2])
               and torch.equal(state_bytes(mamba_b, dst_slots[5]), st_orig[5]), f"{case}: Mamba bytes")
         # (what a miss leaves in its target slot is not specified: nixl's OBJ backend writes there)

@@ -286,9 +286,7 @@ def _patch_hicache_l3_backend(module: types.ModuleType) -> None:
             if not live:  # SGLang's other processes import us too: only the scheduler writes
                 continue
             try:
-                stats = [{**b.stats(), "extra_pools": {
-                    name: pool.connector.stats() for name, pool in getattr(b, "extra_pools", {}).items()
-                }} for b in live]
+                stats = [{"extra_pools": {}, **b.stats()} for b in live]
                 tmp = f"{path}.{os.getpid()}.tmp"
                 with open(tmp, "w") as f:
                     json.dump(stats, f, default=str)
