@@ -11,7 +11,10 @@ its key, as pages are content-addressed). After each rule the invariant holds:
   and was reopened, or a second process that was setting it was killed (kill -9)
   before it reported; a key of a killed set may be stored or not, never with other bytes,
   and a set of it may return False (never a True that is not stored) until the engine has
-  dropped the dead writer's half-written object.
+  dropped the dead writer's half-written object;
+* a set that a second process completed before it was killed (kill -9, its connector
+  never closed) is stored for good where the connector declares ``persistent``: a lost
+  write is a failure.
 
 Compaction of the connector's own metadata runs as a rule too (``backdoor_compact``).
 
@@ -180,6 +183,27 @@ def run_model(tests: Any, open_conn: Callable[..., Connector[Any]], conn_setting
             proc.wait(timeout=60)
             self.maybe_stored.update(fresh)
             self.refusable.update(fresh)
+
+        @precondition(lambda self: self.caps.shared_across_processes and tests.stateful_kills
+                      and self.spawns < SPAWNS_PER_SEQUENCE)
+        @rule(keys=batches)
+        def kill_writer_after_set(self, keys: list[str]) -> None:
+            """A second process sets ``keys``, reports, and is killed with SIGKILL with its
+            connector still open: the keys it reported stored stay stored (persistent
+            connectors; others may lose them with the process)."""
+            self.spawns += 1
+            proc, got = tests._spawn_held(conn_settings, self.namespace, "set", keys)
+            proc.kill()
+            proc.wait(timeout=60)
+            for key, ok in zip(keys, got):
+                assert ok or key in self.refusable, f"second process set {keys} -> {got}"
+            fresh = [k for k, ok in zip(keys, got) if ok and k not in self.stored]
+            if self.caps.persistent:
+                self.stored.update(fresh)
+                self.maybe_stored.difference_update(fresh)
+                self.refusable.difference_update(fresh)
+            else:
+                self.maybe_stored.update(fresh)
 
         def teardown(self) -> None:
             self.conn.close()

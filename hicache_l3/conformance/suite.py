@@ -168,6 +168,22 @@ class ConnectorTests:
             seen.append(line)
         raise AssertionError(f"worker did not start: {''.join(seen[-20:])!r}")
 
+    def _spawn_held(self, settings: dict[str, Any], namespace: Namespace, op: str,
+                    keys: list[str]) -> tuple[subprocess.Popen[str], list[Any]]:
+        """Run ``op`` on ``keys`` in a second process that then waits with its connector
+        still open (never closed); the process and its per-key results."""
+        proc = subprocess.Popen([*self._worker_command(settings, namespace, op, keys), "--hold"],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        assert proc.stdout is not None
+        seen: list[str] = []
+        for line in proc.stdout:  # engines may log to stdout before it
+            if line.strip() == "held" and seen and seen[-1].startswith("{"):
+                results: list[Any] = json.loads(seen[-1])["results"]
+                return proc, results
+            seen.append(line.strip())
+        proc.wait(timeout=60)
+        raise AssertionError(f"worker did not hold: {seen[-20:]!r}")
+
     # ---- round trips -------------------------------------------------------------------
     def test_roundtrip_contiguous(self, conn: Connector[Any]) -> None:
         keys = _keys("rt", 8)
@@ -564,6 +580,29 @@ class ConnectorTests:
         pages = Pages(conn, self.page_bytes, 5)
         assert conn.batch_get(theirs, pages.pages) == [True] * 5
         assert all(pages.matches(i, k) for i, k in enumerate(theirs))
+
+    def test_fault_completed_set_survives_its_writer_killed(
+            self, conn: Connector[Any], settings: dict[str, Any], namespace: Namespace) -> None:
+        """A second process sets pages, reports True, and is killed (SIGKILL) with its
+        connector still open (never closed, nothing flushed at exit): a persistent
+        connector keeps every page it reported stored -- this process and a third one read
+        exactly those bytes, and this process can still set new pages (a lost write, or a
+        dead writer's leftovers blocking the store, fail here)."""
+        caps = conn.capabilities
+        if not (caps.shared_across_processes and caps.persistent):
+            pytest.skip("optional capabilities shared_across_processes and persistent: not both declared")
+        keys = _keys("kas", 12)
+        proc, got = self._spawn_held(settings, namespace, "set", keys)
+        proc.kill()
+        proc.wait(timeout=60)
+        assert got == [True] * 12, f"second process set -> {got}"
+        assert conn.batch_exists(keys) == [True] * 12
+        pages = Pages(conn, self.page_bytes, 12)
+        assert conn.batch_get(keys, pages.pages) == [True] * 12
+        assert all(pages.matches(i, k) for i, k in enumerate(keys)), "WRONG BYTES after the writer's kill"
+        assert self._spawn(settings, namespace, "verify", keys) == ["hit"] * 12
+        more = _keys("kas-more", 4)
+        self._store(conn, more)
 
     def test_fault_set_after_a_writer_killed_mid_set_is_true_only_when_stored(
             self, conn: Connector[Any], settings: dict[str, Any], namespace: Namespace) -> None:

@@ -8,12 +8,17 @@
 :func:`~hicache_l3.conformance.suite.page_pattern` pages; ``get`` reports per key
 whether the bytes read equal the pattern; ``verify`` says per key ``"hit"``, ``"miss"``
 or ``"wrong"`` (True with other bytes); prints ``{"results": [...]}`` as JSON.
+
+Flags: ``--ready`` prints ``ready`` right before the op (a test may kill it in the op);
+``--hold`` prints the results, then ``held``, and waits with the connector still open,
+never closing it (a test kills it there: what a completed op left must survive a kill -9).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Any
 
 from hicache_l3.common.memory import HostBuffer
@@ -27,6 +32,7 @@ def main(argv: list[str]) -> int:
 
     spec = json.loads(argv[0])
     ready = "--ready" in argv[1:]  # print "ready" right before the op (a test may kill it then)
+    hold = "--hold" in argv[1:]  # after the results, wait with the connector open (to be killed)
     sys.path.extend(entry for entry in spec.get("path", []) if entry not in sys.path)
     reg = spec.get("registration")
     if reg:
@@ -58,6 +64,11 @@ def main(argv: list[str]) -> int:
                     print(json.dumps({"results": outcomes}))
                     return 0
                 results = [ok and same for ok, same in zip(got, exact)]
+        if hold:
+            print(json.dumps({"results": results}), flush=True)
+            print("held", flush=True)
+            while True:  # never closes: the test kills this process here
+                time.sleep(3600)
     print(json.dumps({"results": results}))
     return 0
 
