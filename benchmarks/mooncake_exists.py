@@ -14,9 +14,11 @@ repetition (order reversed every other one), batches of ``--batch`` keys:
 * ``raw``: ``batch_is_exist`` of the same storage keys from a second client, the key lists
   built before the clock.
 
-Prints the CPU line, the load average, keys/s per contender (median) and the median of
-the per-repetition ratio connector / raw. Keys are ``--key-chars`` hex digits (SGLang's
-page hashes are 64). Figures: docs/benchmarks.md.
+Prints the CPU line, the load average, keys/s per contender (median), the median of
+the per-repetition ratio connector / raw, and the connector's own cost per batch with
+the store replaced by a stub that answers at once (steady where the round trip is not).
+Keys are ``--key-chars`` hex digits (SGLang's page hashes are 64). Figures:
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -97,7 +99,35 @@ def main() -> None:
         ratios = [r / c for c, r in zip(seconds["connector"], seconds["raw"])]
         print(f"connector / raw: {statistics.median(ratios):.3f} (median of {args.reps}; "
               f"min {min(ratios):.3f}, max {max(ratios):.3f})")
+        print(f"connector without the round trip: {overhead(conn, batches):.1f} us per batch "
+              "(a stub store answering 'found'; median of 201 passes)")
         print("load %.2f %.2f %.2f" % os.getloadavg())
+
+
+class _FoundStore:
+    """Stands in for the Mooncake client: every key found, no round trip."""
+
+    def batch_is_exist(self, keys: list[str]) -> list[int]:
+        return [1] * len(keys)
+
+
+def overhead(conn: object, batches: list[list[str]]) -> float:
+    """The connector's own cost of one ``batch_exists`` (checks, storage keys, lifecycle,
+    metrics, results), in microseconds: the store swapped for :class:`_FoundStore` for
+    the measurement, then put back."""
+    store = conn._store  # type: ignore[attr-defined]
+    conn._store = _FoundStore()  # type: ignore[attr-defined]
+    try:
+        exists = conn.batch_exists  # type: ignore[attr-defined]
+        passes = []
+        for _ in range(201):
+            start = time.perf_counter()
+            for part in batches:
+                exists(part)
+            passes.append((time.perf_counter() - start) / len(batches))
+        return statistics.median(passes) * 1e6
+    finally:
+        conn._store = store  # type: ignore[attr-defined]
 
 
 if __name__ == "__main__":
