@@ -21,6 +21,13 @@
 
 static unsigned char allowed[256];
 
+/* Strings are always "ready" from 3.12 on, where PyUnicode_READY is deprecated. */
+#if PY_VERSION_HEX < 0x030C0000
+#define NOT_READY(s) (PyUnicode_READY(s) < 0)
+#else
+#define NOT_READY(s) 0
+#endif
+
 static void init_allowed(void)
 {
     const char *ok = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:=+@-";
@@ -57,7 +64,7 @@ static int allowed_bytes(const unsigned char *s, Py_ssize_t n)
 /* The key's ASCII bytes and length when it is a valid page key, else NULL. */
 static const unsigned char *valid_key(PyObject *key, Py_ssize_t *len)
 {
-    if (!PyUnicode_Check(key) || PyUnicode_READY(key) < 0 || !PyUnicode_IS_ASCII(key)) {
+    if (!PyUnicode_Check(key) || NOT_READY(key) || !PyUnicode_IS_ASCII(key)) {
         PyErr_Clear();
         return NULL;
     }
@@ -97,7 +104,7 @@ static PyObject *prefixed_keys(PyObject *self, PyObject *const *args, Py_ssize_t
         return NULL;
     }
     PyObject *prefix = args[0];
-    if (!PyUnicode_Check(prefix) || PyUnicode_READY(prefix) < 0 || !PyUnicode_IS_ASCII(prefix)) {
+    if (!PyUnicode_Check(prefix) || NOT_READY(prefix) || !PyUnicode_IS_ASCII(prefix)) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_TypeError, "prefixed_keys: prefix must be an ASCII str");
         return NULL;
