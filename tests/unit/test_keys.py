@@ -136,3 +136,18 @@ def test_native_prefixed_keys_of_long_and_punctuated_keys():
         _keys.prefixed_keys("é:", ["a"])
     with pytest.raises(TypeError):
         _keys.valid_keys(5)
+
+
+def test_python_fallback_when_native_key_checks_are_not_built():
+    """Without hicache_l3._keys the module binds the Python reference functions."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['hicache_l3._keys'] = None\n"
+            "from hicache_l3.common import keys\n"
+            "assert not keys.NATIVE_KEYS\n"
+            "assert keys.all_valid_keys is keys._all_valid_keys_py\n"
+            "assert keys.prefixed_valid_keys('p:', ['ab', 'c.d']) == ['p:ab', 'p:c.d']\n"
+            "assert keys.prefixed_valid_keys('p:', ['ab', '../x']) is None\n"
+            "assert not keys.all_valid_keys(['ab', '-x'])\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
