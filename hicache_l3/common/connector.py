@@ -48,7 +48,7 @@ import logging
 import operator
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
 from hicache_l3.common.config import ConnectorConfig
@@ -59,13 +59,14 @@ from hicache_l3.common.errors import (
     MemoryRegistrationError,
     Reason,
 )
-from hicache_l3.common.keys import Namespace, all_valid_keys, is_valid_key
+from hicache_l3.common.keys import Namespace, all_valid_keys, is_valid_key, prefixed_valid_keys
 from hicache_l3.common.logs import RateLimitedLogger
 from hicache_l3.common.memory import MemoryRegion, RegionTable
 from hicache_l3.common.metrics import Metrics
 from hicache_l3.common.pages import Page, normalize_page, overlapping, page_nbytes, plain_segments
 
 log = logging.getLogger("hicache_l3")
+_OK = Reason.OK  # an enum attribute costs a class lookup each time it is named
 
 ConfigT = TypeVar("ConfigT", bound=ConnectorConfig)
 
@@ -95,7 +96,11 @@ class Connector(abc.ABC, Generic[ConfigT]):
     ``_register``, ``_unregister`` and ``_close``.
 
     Hooks receive only valid keys and pages inside registered memory, of the right
-    size, and return one :class:`Reason` per key. They must be thread-safe.
+    size, and return one :class:`Reason` per key. They must be thread-safe. A connector
+    that stores page ``k`` under ``prefix + k`` may set ``self._key_prefix = prefix`` and
+    implement :meth:`_exists_prefixed`: ``batch_exists`` then checks and prefixes a batch
+    in one pass (:func:`~hicache_l3.common.keys.prefixed_valid_keys`) instead of checking
+    the keys here and building storage keys again in ``_exists``.
     """
 
     name: ClassVar[str] = "connector"
@@ -108,9 +113,14 @@ class Connector(abc.ABC, Generic[ConfigT]):
         self.metrics = Metrics()
         self.regions = RegionTable()
         self._log = RateLimitedLogger(log)
-        self._state = threading.Condition()
+        # a plain Lock (entered in C) under the Condition: _enter/_leave run twice a call
+        self._state_lock = threading.Lock()
+        self._state = threading.Condition(self._state_lock)
         self._inflight = 0
         self._closed = False
+        # Set by a connector that stores page ``k`` under ``_key_prefix + k`` and implements
+        # :meth:`_exists_prefixed`: batch_exists then checks and prefixes keys in one pass.
+        self._key_prefix: str | None = None
 
     @classmethod
     def open(cls, settings: dict[str, Any], namespace: Namespace) -> Connector[Any]:
@@ -125,13 +135,13 @@ class Connector(abc.ABC, Generic[ConfigT]):
 
     # ---- lifecycle ----------------------------------------------------------------
     def _enter(self) -> None:
-        with self._state:
+        with self._state_lock:
             if self._closed:
                 raise ConnectorClosedError(f"{self.name} connector is closed")
             self._inflight += 1
 
     def _leave(self) -> None:
-        with self._state:
+        with self._state_lock:
             self._inflight -= 1
             if self._inflight == 0:
                 self._state.notify_all()
@@ -335,7 +345,11 @@ class Connector(abc.ABC, Generic[ConfigT]):
         self._enter()
         start = time.perf_counter()
         try:
-            if all_valid_keys(keys):  # the common batch: no per-key Python before the hook
+            prefix = self._key_prefix
+            skeys = None if prefix is None or op != "exists" else prefixed_valid_keys(prefix, keys)
+            if skeys is not None:  # checked and prefixed in one pass (C when built)
+                reasons = self._keyed_hook(op, skeys, self._exists_prefixed)
+            elif all_valid_keys(keys):  # the common batch: no per-key Python before the hook
                 reasons = self._keyed_hook(op, list(keys))
             else:
                 reasons = [Reason.OK if is_valid_key(k) else Reason.INVALID_KEY for k in keys]
@@ -349,13 +363,17 @@ class Connector(abc.ABC, Generic[ConfigT]):
         finally:
             self._leave()
 
-    def _keyed_hook(self, op: str, keys: list[str]) -> list[Reason]:
-        """``_exists`` or ``_delete`` of valid ``keys``: one Reason per key, engine_error for
-        all when the hook raises or returns a wrong count (logged, rate-limited)."""
+    def _keyed_hook(self, op: str, keys: list[str],
+                    hook: Callable[[list[str]], list[Reason]] | None = None) -> list[Reason]:
+        """``_exists`` or ``_delete`` of valid ``keys`` (or ``hook``, given, of them): one
+        Reason per key, engine_error for all when the hook raises or returns a wrong count
+        (logged, rate-limited)."""
         if not keys:
             return []
         try:
-            results = self._exists(keys) if op == "exists" else self._delete(keys)
+            if hook is None:
+                hook = self._exists if op == "exists" else self._delete
+            results = hook(keys)
             if len(results) != len(keys):
                 raise RuntimeError(f"_{op} returned {len(results)} results")
             return results
@@ -442,6 +460,11 @@ class Connector(abc.ABC, Generic[ConfigT]):
     def _exists(self, keys: list[str]) -> list[Reason]:
         """Reason.OK for stored keys, Reason.MISS otherwise."""
 
+    def _exists_prefixed(self, skeys: list[str]) -> list[Reason]:
+        """:meth:`_exists` of the storage keys ``_key_prefix + key``, for connectors that
+        set ``_key_prefix`` (the base class then checks and prefixes a batch in one pass)."""
+        raise NotImplementedError(f"{self.name}: _key_prefix is set but _exists_prefixed is not")
+
     @abc.abstractmethod
     def _delete(self, keys: list[str]) -> list[Reason]:
         """Remove keys; Reason.OK where a key was stored."""
@@ -463,7 +486,7 @@ def ok_flags(reasons: list[Reason]) -> list[bool]:
     """One bool per reason: True for :attr:`Reason.OK`. An all-OK batch (the common case)
     costs one C-level count instead of a per-key comparison (``Reason.OK`` is an enum
     attribute, slow to look up once per key)."""
-    ok = Reason.OK
+    ok = _OK
     n = len(reasons)
     if reasons.count(ok) == n:
         return [True] * n

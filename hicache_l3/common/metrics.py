@@ -20,6 +20,7 @@ BUCKETS: tuple[float, ...] = (
 )  # fmt: skip
 
 OPS = ("set", "get", "exists", "delete")
+_OK = Reason.OK
 
 
 class OpMetrics:
@@ -40,12 +41,12 @@ class OpMetrics:
         self.seconds += seconds
         self.bytes += nbytes
         self.buckets[bisect.bisect_left(BUCKETS, seconds)] += 1
-        ok = reasons.count(Reason.OK)
+        ok = reasons.count(_OK)
         self.pages += len(reasons)
         self.ok += ok
         if ok != len(reasons):
             for r in reasons:
-                if r is not Reason.OK:
+                if r is not _OK:
                     self.reasons[r.value] = self.reasons.get(r.value, 0) + 1
 
     def quantile(self, q: float) -> float:
@@ -84,8 +85,9 @@ class Metrics:
 
     def observe(self, op: str, reasons: list[Reason], nbytes: int, seconds: float) -> None:
         """Record one batch call of ``op``."""
+        m = self._ops[op]
         with self._lock:
-            self._ops[op].observe(reasons, nbytes, seconds)
+            m.observe(reasons, nbytes, seconds)
 
     def count(self, name: str, n: int = 1) -> None:
         """Add ``n`` to a named counter (engine-specific events: evictions, retries...)."""

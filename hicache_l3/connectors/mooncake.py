@@ -329,7 +329,7 @@ class MooncakeConnector(Connector[MooncakeConfig]):
 
     def __init__(self, config: MooncakeConfig, namespace: Namespace) -> None:
         super().__init__(config, namespace)
-        self._prefix = f"{namespace.digest()}:"
+        self._prefix = self._key_prefix = f"{namespace.digest()}:"
         self._down_since: float | None = None
         self._down_lock = threading.Lock()
         self._store: Any = None
@@ -573,14 +573,19 @@ class MooncakeConnector(Connector[MooncakeConfig]):
         return Reason.OK
 
     def _exists(self, keys: list[str]) -> list[Reason]:
-        """One ``batch_is_exist`` per ``max_batch`` keys: 1 -> ok, 0 -> miss, an error
-        code -> its reason. A batch of one call that finds every key, while the master is
-        not marked down (the prefetch query's common case), returns after one C-level
-        count: no code can be negative then, so there is nothing for :meth:`_note_codes`."""
-        if self._master_unreachable():
-            return [Reason.ENGINE_DOWN] * len(keys)
+        """:meth:`_exists_prefixed` of the storage keys of ``keys`` (the base class calls
+        :meth:`_exists_prefixed` itself for a batch of valid keys)."""
         prefix = self._prefix
-        skeys = [prefix + k for k in keys]
+        return self._exists_prefixed([prefix + k for k in keys])
+
+    def _exists_prefixed(self, skeys: list[str]) -> list[Reason]:
+        """One ``batch_is_exist`` per ``max_batch`` storage keys (built by the base class
+        while it checks the page keys): 1 -> ok, 0 -> miss, an error code -> its reason. A
+        batch of one call that finds every key, while the master is not marked down (the
+        prefetch query's common case), returns after one C-level count: no code can be
+        negative then, so there is nothing for :meth:`_note_codes`."""
+        if self._down_since is not None and self._master_unreachable():
+            return [Reason.ENGINE_DOWN] * len(skeys)
         if len(skeys) <= self.config.max_batch:
             codes = self._store.batch_is_exist(skeys)
             if codes.count(1) == len(codes) and self._down_since is None:

@@ -84,3 +84,70 @@ def test_batch_check_equals_per_key_check(keys):
     from hicache_l3.common.keys import all_valid_keys
 
     assert all_valid_keys(keys) == all(map(is_valid_key, keys))
+
+
+class _Key(str):
+    """A str subclass: valid like any str (is_valid_key takes isinstance)."""
+
+
+_BATCH_KEYS = st.lists(st.one_of(st.text(alphabet=_KEY_CHARS, max_size=40),
+                                 st.sampled_from(["a" * 256, "b" * 257, "0f" * 32, ".x", "-x", "",
+                                                  "0f" * 31 + "é", "0f" * 20 + ".", _Key("ab")]),
+                                 st.integers(), st.none()), max_size=6)
+
+
+def test_native_key_checks_are_built():
+    from hicache_l3.common.keys import NATIVE_KEYS
+
+    assert NATIVE_KEYS, "hicache_l3._keys is not built: pip install -e . needs cc and Python headers"
+
+
+@settings(max_examples=400, deadline=None)
+@given(_BATCH_KEYS)
+def test_native_and_python_key_checks_agree_with_per_key_check(keys):
+    """The C pass (hicache_l3._keys) and the Python reference answer exactly as
+    is_valid_key per key; the prefixed list is prefix + key, per key, in order."""
+    from hicache_l3 import _keys
+    from hicache_l3.common.keys import _all_valid_keys_py, _prefixed_keys_py
+
+    expect = all(map(is_valid_key, keys))
+    prefix = BASE.storage_key("")
+    want = [prefix + k for k in keys] if expect else None
+    assert _keys.valid_keys(keys) == _all_valid_keys_py(keys) == expect
+    assert _keys.prefixed_keys(prefix, keys) == _prefixed_keys_py(prefix, keys) == want
+    assert _keys.prefixed_keys(prefix, tuple(keys)) == want
+
+
+def test_native_prefixed_keys_of_long_and_punctuated_keys():
+    """Keys longer than the 16-byte SIMD step, with punctuation or a bad byte at any
+    offset: the table decides past the first non-alphanumeric block."""
+    from hicache_l3 import _keys
+
+    for n in (1, 15, 16, 17, 31, 32, 64, 255, 256):
+        key = ("0123456789abcdefABCDEFxyz" * 11)[:n]
+        assert _keys.prefixed_keys("p:", [key]) == ["p:" + key]
+        for at in range(1, n):
+            for ch, ok in (("_", True), (":", True), ("-", True), ("/", False), ("\x7f", False),
+                           (" ", False), ("\0", False), ("`", False), ("[", False), ("{", False)):
+                bad = key[:at] + ch + key[at + 1:]
+                assert _keys.valid_keys([bad]) is ok == is_valid_key(bad), (n, at, ch)
+    assert _keys.prefixed_keys("p:", ["a" * 257]) is None
+    with pytest.raises(TypeError):
+        _keys.prefixed_keys("é:", ["a"])
+    with pytest.raises(TypeError):
+        _keys.valid_keys(5)
+
+
+def test_python_fallback_when_native_key_checks_are_not_built():
+    """Without hicache_l3._keys the module binds the Python reference functions."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['hicache_l3._keys'] = None\n"
+            "from hicache_l3.common import keys\n"
+            "assert not keys.NATIVE_KEYS\n"
+            "assert keys.all_valid_keys is keys._all_valid_keys_py\n"
+            "assert keys.prefixed_valid_keys('p:', ['ab', 'c.d']) == ['p:ab', 'p:c.d']\n"
+            "assert keys.prefixed_valid_keys('p:', ['ab', '../x']) is None\n"
+            "assert not keys.all_valid_keys(['ab', '-x'])\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

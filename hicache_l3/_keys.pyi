@@ -1,0 +1,6 @@
+"""Types of the optional C module built from hicache_l3/native/keys.c."""
+
+from collections.abc import Sequence
+
+def valid_keys(keys: Sequence[object], /) -> bool: ...
+def prefixed_keys(prefix: str, keys: Sequence[object], /) -> list[str] | None: ...
