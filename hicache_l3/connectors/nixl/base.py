@@ -115,7 +115,7 @@ class NixlConfig(ConnectorConfig):
     fsync: Literal["none", "data", "always"] = setting("none", "file mode: durability policy")
     checksum_threads: int = setting(2, "file mode: threads computing page checksums of a batch")
     native_io: bool = setting(
-        True, "file mode: the slot markers of a batch (start headers, end markers) in one call of "
+        True, "file mode: the slot marker records of a batch in one call of "
         "the C batch library (hicache_l3._batch_io) when it is built; false: an os.pwrite / "
         "os.pread per marker (the reference)")
     # ---- obj mode
