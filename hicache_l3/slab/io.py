@@ -4,7 +4,7 @@ Every slab connector runs the same orchestration (:mod:`hicache_l3.slab.engine`)
 the transport differs. A transport moves a batch of slots and reports one status code per
 page in the batch's ``status`` array:
 
-* :data:`OK`; :data:`SHORT`, :data:`HEADER` (the start header or end marker does not
+* :data:`OK`; :data:`SHORT`, :data:`HEADER` (the marker record does not
   carry the entry's generation and key fingerprint: torn, stale, recycled) or
   :data:`CHECKSUM` for a page that is not that key's bytes; :data:`NOMEM`;
   :data:`UNREGISTERED`; ``-errno`` for a failed syscall; :data:`FAILED` with a
@@ -68,7 +68,7 @@ class WriteBatch:
     """Pages to write into reserved slots: ``pages[j]`` of ``keys[j]`` into ``slots[j]``.
 
     The transport fills ``status[j]`` and, when ``checksum``, ``checksums[j]`` (the XXH3
-    it wrote into the start header)."""
+    it wrote into the marker record)."""
 
     __slots__ = ("checksum", "checksums", "geometry", "held", "keys", "pages", "reasons", "slots", "status")
 
