@@ -76,6 +76,7 @@ FORMAT_VERSION = 2
 MARKER = 64  # bytes of a start header and of an end marker
 RECORD_BYTES = 2 * MARKER  # a slot's marker record: start header, then end marker
 GROUP_SLOTS = 512  # slots per group: a 64 KiB table of marker records
+_GROUP_SHIFT = GROUP_SLOTS.bit_length() - 1  # GROUP_SLOTS is a power of two
 ALIGN = 4096
 START = struct.Struct("<4sHHQQQ16s16x")  # magic, version, flags, gen, length, checksum, key fp
 END = struct.Struct("<4s4xQ16s32x")  # magic, gen, key fp
@@ -169,16 +170,13 @@ class Geometry:
     def offsets(self, slots: Iterable[int]) -> tuple[list[int], list[int]]:
         """(data offsets, marker offsets) of ``slots``, in order: :meth:`data_offset` and
         :meth:`marker_offset` of each, without a method call per slot."""
-        group, table, data_stride = self.group, self.table, self.data_stride
-        data: list[int] = []
-        marks: list[int] = []
-        add_data, add_mark = data.append, marks.append
-        for slot in slots:
-            g, i = divmod(slot, GROUP_SLOTS)
-            base = g * group
-            add_data(base + table + i * data_stride)
-            add_mark(base + i * RECORD_BYTES)
-        return data, marks
+        slots = list(slots)
+        # with g = slot // GROUP_SLOTS: data = g * group + table + (slot - g * GROUP_SLOTS) *
+        # data_stride = (g + 1) * table + slot * data_stride; marker likewise
+        shift, table, data_stride = _GROUP_SHIFT, self.table, self.data_stride
+        span = GROUP_SLOTS * data_stride
+        return ([((s >> shift) + 1) * table + s * data_stride for s in slots],
+                [(s >> shift) * span + s * RECORD_BYTES for s in slots])
 
     def bytes_for(self, slots: int) -> int:
         """Bytes a slab of ``slots`` slots spans: up to the end of the last one's data

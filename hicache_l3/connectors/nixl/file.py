@@ -33,6 +33,7 @@ verified).
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import threading
 from collections.abc import Callable
@@ -51,6 +52,7 @@ from hicache_l3.slab.format import END_MAGIC, FORMAT_VERSION, MARKER_RECORD, REC
 from hicache_l3.slab.io import CHECKSUM, HEADER, OK, SHORT, ReadBatch, SlotTransport, WriteBatch, verify
 from hicache_l3.slab.store import SlabStore
 
+_new_unit = functools.partial(tuple.__new__, Unit)  # Unit(*fields) without its Python __new__
 ENGINE_PARAMS = {"aio": "use_aio", "uring": "use_uring", "posix_aio": "use_posix_aio"}
 
 
@@ -84,12 +86,15 @@ class NixlTransport(SlotTransport):
 
     @staticmethod
     def _unit(page: Page, fd: int, offset: int) -> Unit:
+        if len(page) == 1:  # the common page: one segment
+            address, length = page[0]
+            return _new_unit(([(address, length, 0)], [(offset, length, fd)]))
         local, remote = [], []
         for address, length in page:
             local.append((address, length, 0))
             remote.append((offset, length, fd))
             offset += length
-        return Unit(local, remote)
+        return _new_unit((local, remote))
 
     def write(self, store: SlabStore, batch: WriteBatch) -> None:
         """Every page's marker record (one library call), then the data of every page
