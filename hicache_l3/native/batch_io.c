@@ -71,7 +71,11 @@ static size_t total(const struct iovec *iov, int n)
 }
 
 /* Internal page states within one call (never returned: every page ends HL3_* or -errno). */
-enum { HL3_TODO = 100, HL3_STEP = 101 };
+enum { HL3_TODO = 100, HL3_STEP = 101, HL3_BADSUM = 102 };
+
+#ifndef HL3_READ_RUN
+#define HL3_READ_RUN (256 << 10) /* most bytes of one coalesced read: hashed while in cache */
+#endif
 
 /* The ABI of this file's calls (slab format 2: marker records apart from the data); the
  * Python side refuses a library without it or with another value. */
@@ -116,11 +120,15 @@ static void move_markers(int writing, int lo, int hi, const int32_t *fds, const 
 /* Move the data of pages lo..hi-1 whose status is `from`: page j's segments
  * segs[at[j] .. at[j+1]) at offs[j] of fds[j]. Pages with consecutive indices, the same fd
  * and each starting where the previous one ends in the file go in one preadv / pwritev
- * (their iovecs are already adjacent in segs), up to HL3_MAX_IOV iovecs. A moved page's
- * status becomes `to`; a failed one's HL3_SHORT or -errno (retried page by page). */
+ * (their iovecs are already adjacent in segs), up to HL3_MAX_IOV iovecs and, when
+ * max_bytes > 0, until a call holds max_bytes or more. A moved page's status becomes `to`;
+ * a failed one's HL3_SHORT or -errno (retried page by page). Where csums is not NULL (a
+ * read), each moved page with csums[i] != 0 is hashed right after its call: HL3_CHECKSUM
+ * (or HL3_NOMEM) when the XXH3 differs, `to` when it matches. */
 static void move_pages(int writing, int lo, int hi, const int32_t *fds, const int64_t *offs,
                        const struct iovec *segs, const int32_t *at, int32_t *status, int32_t from,
-                       int32_t to)
+                       int32_t to, int64_t max_bytes, const uint64_t *csums,
+                       const struct hl3_xxh3 *x, void **state)
 {
     int j = lo;
     while (j < hi) {
@@ -133,7 +141,7 @@ static void move_pages(int writing, int lo, int hi, const int32_t *fds, const in
         int k = j + 1;
         while (k < hi && status[k] == from && fds[k] == fds[j] && offs[k] == end) {
             int m = at[k + 1] - at[k];
-            if (nv + m > HL3_MAX_IOV)
+            if (nv + m > HL3_MAX_IOV || (max_bytes > 0 && end - offs[j] >= max_bytes))
                 break;
             nv += m;
             end += (int64_t)total(segs + at[k], m);
@@ -149,6 +157,15 @@ static void move_pages(int writing, int lo, int hi, const int32_t *fds, const in
                 size_t want = total(segs + at[i], m);
                 r = k - j == 1 ? r : transfer(writing, fds[i], segs + at[i], m, offs[i]);
                 status[i] = r < 0 ? (int32_t)r : (size_t)r == want ? to : HL3_SHORT;
+            }
+        }
+        if (csums != NULL) {
+            /* a read: hash the run's pages now, while their bytes are still in cache */
+            for (int i = j; i < k; i++) {
+                if (status[i] != to || csums[i] == 0)
+                    continue;
+                uint64_t c = checksum(x, state, segs + at[i], at[i + 1] - at[i]);
+                status[i] = c == 0 ? HL3_NOMEM : c == csums[i] ? to : HL3_CHECKSUM;
             }
         }
         j = k;
@@ -174,10 +191,13 @@ static int count_bad(int lo, int hi, const int32_t *status)
 
 /* Pages lo..hi-1 of a read batch (slab format 2, hicache_l3/slab/format.py "The torn-slot
  * argument"): first the data of every page (segments segs[at[j] .. at[j+1]) from fds[j] at
- * data_offs[j]), then every page's marker record (mlen bytes at marker_offs[j], into
- * markers[j * mlen ..]), each call coalescing adjacent pages. A page is HL3_OK when its
- * record equals expect[j * mlen ..] and, where csums[j] != 0, the XXH3 of its segments
- * equals csums[j]. status[j]: HL3_* or -errno; returns the number not OK. */
+ * data_offs[j]; adjacent pages in one call of up to HL3_READ_RUN bytes, whose pages are
+ * hashed right after it, while their bytes are in cache), then every page's marker record
+ * (mlen bytes at marker_offs[j], into markers[j * mlen ..]; adjacent ones in one call). A
+ * page is HL3_OK when its record equals expect[j * mlen ..] and, where csums[j] != 0, the
+ * XXH3 of its segments equals csums[j]; HL3_HEADER when the record differs (whatever the
+ * checksum: a slot rewritten meanwhile is a miss, not corruption), HL3_CHECKSUM when only
+ * the checksum does. status[j]: HL3_* or -errno; returns the number not OK. */
 int hl3_read_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
                    const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
                    unsigned char *markers, const unsigned char *expect, int64_t mlen,
@@ -185,19 +205,23 @@ int hl3_read_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
 {
     void *state = NULL;
     check_segments(lo, hi, at, status);
-    move_pages(0, lo, hi, fds, data_offs, segs, at, status, HL3_TODO, HL3_STEP);
+    move_pages(0, lo, hi, fds, data_offs, segs, at, status, HL3_TODO, HL3_STEP, HL3_READ_RUN, csums, x,
+               &state);
+    /* a page that failed its checksum still has its marker read: a marker that differs
+     * (the slot was rewritten meanwhile) makes it a miss of the torn kind, not corruption */
+    for (int j = lo; j < hi; j++)
+        if (status[j] == HL3_CHECKSUM)
+            status[j] = HL3_BADSUM;
     move_markers(0, lo, hi, fds, marker_offs, markers, mlen, status, HL3_STEP, HL3_TODO);
+    move_markers(0, lo, hi, fds, marker_offs, markers, mlen, status, HL3_BADSUM, HL3_CHECKSUM);
     for (int j = lo; j < hi; j++) {
-        if (status[j] != HL3_TODO)
+        int32_t s = status[j]; /* HL3_TODO: data and marker read, checksum good or none */
+        if (s != HL3_TODO && s != HL3_CHECKSUM)
             continue;
-        if (memcmp(markers + (size_t)j * mlen, expect + (size_t)j * mlen, (size_t)mlen) != 0) {
+        if (memcmp(markers + (size_t)j * mlen, expect + (size_t)j * mlen, (size_t)mlen) != 0)
             status[j] = HL3_HEADER;
-        } else if (csums[j] == 0) {
-            status[j] = HL3_OK;
-        } else {
-            uint64_t c = checksum(x, &state, segs + at[j], at[j + 1] - at[j]);
-            status[j] = c == 0 ? HL3_NOMEM : c == csums[j] ? HL3_OK : HL3_CHECKSUM;
-        }
+        else
+            status[j] = s == HL3_TODO ? HL3_OK : HL3_CHECKSUM;
     }
     if (state != NULL)
         x->free_state(state);
@@ -235,7 +259,7 @@ int hl3_write_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs
     if (state != NULL)
         x->free_state(state);
     move_markers(1, lo, hi, fds, marker_offs, markers, mlen, status, HL3_TODO, HL3_STEP);
-    move_pages(1, lo, hi, fds, data_offs, segs, at, status, HL3_STEP, HL3_OK);
+    move_pages(1, lo, hi, fds, data_offs, segs, at, status, HL3_STEP, HL3_OK, 0, NULL, x, NULL);
     return count_bad(lo, hi, status);
 }
 

@@ -122,6 +122,9 @@ def test_each_failure_is_reported_for_its_page_only(native: batch_io.BatchIO, bu
         os.ftruncate(fd, offsets[2] + 100)  # page 2 cut short (a coalesced read is retried per page)
         r = _read(native, fd, pages, w, adjacent)
         assert list(r.status) == [batch_io.OK, batch_io.CHECKSUM, batch_io.SHORT]
+        w.markers[1 * MR + 8] ^= 1  # page 1 rewritten meanwhile: bad data and a new record
+        r = _read(native, fd, pages, w, adjacent)
+        assert list(r.status) == [batch_io.OK, batch_io.HEADER, batch_io.SHORT]  # a miss, not corrupt
     closed = os.open(tmp_path / "slab", os.O_RDONLY)
     os.close(closed)
     r = _read(native, closed, pages, w)
