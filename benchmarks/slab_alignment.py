@@ -1,5 +1,9 @@
 """Does aligning page data to 64 KiB file offsets pay, through the C batch path?
 
+(Updated for slab format 2, whose ``PageBatch`` takes data and marker offsets apart: the
+two layouts are now format 1's slot (72 KiB stride, data 4 KiB in, its 128-byte marker
+record right before the data) and format 2's groups (:class:`~hicache_l3.slab.format.Geometry`).)
+
     .venv/bin/python benchmarks/slab_alignment.py [--pages 1024] [--reps 3] [--dir /tmp]
 
 Writes (fresh, fallocated file) then reads ``--pages`` 64 KiB pages of two 32 KiB segments,
@@ -23,11 +27,20 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from hicache_l3.slab import native as batch_io
+from hicache_l3.slab.format import Geometry
 from hicache_l3.slab.native import PageBatch
 
 PAGE = 64 << 10
-LAYOUTS = {"slab (72 KiB stride, data +4 KiB)": (PAGE + 8192, 4096),
-           "aligned (128 KiB stride, data +64 KiB)": (2 * PAGE, PAGE)}
+GEOMETRY = Geometry(PAGE)
+
+
+def _format1(n: int) -> tuple[list[int], list[int]]:
+    data = [j * (PAGE + 8192) + 4096 for j in range(n)]
+    return data, [d - 128 for d in data]
+
+
+LAYOUTS = {"format 1 (72 KiB stride, data +4 KiB)": (_format1, lambda n: (PAGE + 8192) * n),
+           "format 2 (grouped, data aligned)": (lambda n: GEOMETRY.offsets(range(n)), GEOMETRY.bytes_for)}
 
 
 def main() -> int:
@@ -60,18 +73,19 @@ def main() -> int:
     try:
         for rep in range(args.reps):
             cells = []
-            for name, (stride, data_at) in LAYOUTS.items():
+            for name, (offsets, size) in LAYOUTS.items():
                 os.truncate(path, 0)
                 fd = os.open(path, os.O_RDWR)
                 try:
-                    os.ftruncate(fd, n * stride)
-                    os.posix_fallocate(fd, 0, n * stride)
-                    heads = [j * stride + data_at - 64 for j in range(n)]
-                    w = PageBatch(64, [fd] * n, heads, pages, [bytes(64)] * n, ends=[b"E" * 64] * n,
-                                  end_offsets=[h + 64 + PAGE for h in heads])
+                    os.ftruncate(fd, size(n))
+                    os.posix_fallocate(fd, 0, size(n))
+                    data_at, marker_at = offsets(n)
+                    w = PageBatch(128, [fd] * n, data_at, marker_at, pages, [bytes(128)] * n,
+                                  writing=True)
                     dw = two_threads(partial(native.write, w, checksum=True), n)
-                    expect = [bytes(w.headers[j * 64 : (j + 1) * 64]) for j in range(n)]
-                    r = PageBatch(64, [fd] * n, heads, pages, expect, list(w.checksums))
+                    expect = [bytes(w.markers[j * 128 : (j + 1) * 128]) for j in range(n)]
+                    r = PageBatch(128, [fd] * n, data_at, marker_at, pages, expect, list(w.checksums),
+                                  writing=False)
                     dr = two_threads(partial(native.read, r), n)
                     if any(r.status):
                         raise SystemExit(f"{name}: read back failed: {set(r.status)}")

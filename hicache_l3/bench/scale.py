@@ -162,7 +162,7 @@ def write_index_only_store(store: Path, n: int, page_bytes: int) -> None:
     for slab in range(-(-n // per_slab)):
         fd = open_file(wdir / f"slab-{slab:06d}.dat", os.O_WRONLY | os.O_CREAT)
         try:
-            os.ftruncate(fd, per_slab * geometry.stride)
+            os.ftruncate(fd, geometry.bytes_for(per_slab))
         finally:
             os.close(fd)
 

@@ -13,8 +13,18 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hicache_l3.common.integrity import key_fingerprint
 from hicache_l3.common.keys import Namespace
-from hicache_l3.slab.format import DEL, MARKER, PUT, Geometry, decode_records, read_namespace_file
+from hicache_l3.slab.format import (
+    DEL,
+    MARKER_RECORD,
+    PUT,
+    RECORD_BYTES,
+    Geometry,
+    decode_records,
+    encode_marker,
+    read_namespace_file,
+)
 
 
 def index_records(root: Path, namespace: Namespace) -> list[tuple[int, str, int, int, int, int]]:
@@ -51,8 +61,8 @@ def live_entries(root: Path, namespace: Namespace) -> dict[str, tuple[int, int, 
     return entries
 
 
-def slab_location(root: Path, namespace: Namespace, key: str) -> tuple[Path, int, int] | None:
-    """``(slab path, data offset, length)`` of a stored page, or None."""
+def slab_location(root: Path, namespace: Namespace, key: str) -> tuple[Path, int, int, int] | None:
+    """``(slab path, data offset, length, marker record offset)`` of a stored page, or None."""
     nsdir = root / f"ns-{namespace.digest()}"
     meta = read_namespace_file(nsdir)
     where = live_entries(root, namespace).get(key)
@@ -60,7 +70,8 @@ def slab_location(root: Path, namespace: Namespace, key: str) -> tuple[Path, int
         return None
     w, slab, slot, _ = where
     path = nsdir / "writers" / f"w{w:04d}" / f"slab-{slab:06d}.dat"
-    return path, Geometry(meta["slot_bytes"]).data_offset(slot), meta["slot_bytes"]
+    geometry = Geometry(meta["slot_bytes"])
+    return path, geometry.data_offset(slot), meta["slot_bytes"], geometry.marker_offset(slot)
 
 
 class SlabBackdoor:
@@ -79,25 +90,29 @@ class SlabBackdoor:
         where = slab_location(Path(settings["root"]), namespace, key)
         if where is None:
             return None
-        path, offset, length = where
+        path, offset, length, _ = where
         with open(path, "rb") as f:
             f.seek(offset)
             return f.read(length)
 
     def backdoor_corrupt(self, settings: dict[str, Any], namespace: Namespace, key: str,
                          how: str) -> None:
-        """``flip``: one data byte inverted; ``truncate``: a torn write whose second half of
-        the data and end marker never landed (a state the write order can produce)."""
+        """``flip``: one data byte inverted; ``truncate``: a rewrite cut short, the state the
+        write order leaves after a crash: a marker record of the next generation (for
+        another key), and the second half of the data never landed."""
         where = slab_location(Path(settings["root"]), namespace, key)
         assert where is not None, f"{key} is not stored"
-        path, offset, length = where
+        path, offset, length, marker = where
         fd = os.open(path, os.O_RDWR)
         try:
             if how == "flip":
                 byte = os.pread(fd, 1, offset + length // 2)
                 os.pwrite(fd, bytes([byte[0] ^ 0xFF]), offset + length // 2)
             else:
-                os.pwrite(fd, bytes(length - length // 2 + MARKER), offset + length // 2)
+                record = MARKER_RECORD.unpack(os.pread(fd, RECORD_BYTES, marker))
+                gen, other = record[3] + 1, key_fingerprint(key + "-another")
+                os.pwrite(fd, encode_marker(gen, length, 0, other), marker)
+                os.pwrite(fd, bytes(length - length // 2), offset + length // 2)
         finally:
             os.close(fd)
 

@@ -6,7 +6,7 @@ Our answer to SGLang's ``HiCacheFile`` (a file per page, written through a stagi
   and the slab file; no staging buffer, no per-page allocation of page bytes;
 * each share of a batch (``io_threads`` for reads, ``write_threads`` for writes) is moved
   by one call of the C batch library (:class:`~hicache_l3.slab.io.NativeTransport`:
-  syscalls, header check and XXH3 with the GIL released once), or, where that library is
+  syscalls, marker record check and XXH3 with the GIL released once), or, where that library is
   not built or ``native_io=false``, by the pure-Python path
   (:class:`~hicache_l3.slab.io.PythonTransport`: ``os.preadv``/``os.pwritev`` and a
   ctypes XXH3 per page), which writes and reads the same bytes;

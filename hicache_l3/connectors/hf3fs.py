@@ -38,9 +38,9 @@ their own least recently used pages when full. Keys carry the full namespace (mo
 dtype, layout, page size, tp/pp/cp/dcp shard, tag, format version) through the store's
 per-namespace directory; no signal handlers are installed.
 
-USRBIO ordering: a slot is written in two ring rounds (end marker; then header and data)
-and read in two (header and data; then end marker), so that the slab store's torn-write
-protocol holds although a ring completes its I/Os in any order. A ring round that times
+USRBIO ordering: a slot is written in two ring rounds (marker record; then data) and
+read in two (data; then marker record), so that the slab store's torn-slot argument
+(:mod:`hicache_l3.slab.format`) holds although a ring completes its I/Os in any order. A ring round that times
 out (``usrbio_timeout_s``) fails its pages and abandons that ring and its staging memory
 (late completions can no longer land in memory that is reused).
 """
@@ -69,7 +69,7 @@ from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import MemoryRegion
 from hicache_l3.common.pages import Page
 from hicache_l3.connectors.file import FileConfig, FileConnector
-from hicache_l3.slab.format import MARKER, encode_end, encode_start
+from hicache_l3.slab.format import RECORD_BYTES, encode_marker
 from hicache_l3.slab.io import OK, ReadBatch, SlotTransport, WriteBatch, verify
 from hicache_l3.slab.shared import SharedSlabStore
 from hicache_l3.slab.store import SlabStore
@@ -146,10 +146,10 @@ def _free_shm(shm: shared_memory.SharedMemory) -> None:
 
 
 class _Scratch:
-    """One direction's staging iovec: end markers, headers, and staged page copies."""
+    """One direction's staging iovec: marker records, then staged page copies."""
 
     def __init__(self, io: Any, mount: str, entries: int, staging: int) -> None:
-        self.markers = 2 * MARKER * entries
+        self.markers = RECORD_BYTES * entries
         size = self.markers + staging
         self.shm = shared_memory.SharedMemory(create=True, size=size)
         try:
@@ -198,7 +198,7 @@ class _Usrbio:
     def scratch(self, read: bool, page_bytes: int) -> _Scratch:
         """This direction's staging iovec, room for at least one staged page (caller
         holds ``locks[read]``)."""
-        self.staging = max(self.staging, MARKER + page_bytes)
+        self.staging = max(self.staging, page_bytes)
         s = self._scratch.get(read)
         if s is not None and s.staging < self.staging:
             self._abandon(read)
@@ -296,8 +296,8 @@ class _Plan:
 
 class UsrbioTransport(SlotTransport):
     """Slot bytes moved through 3FS USRBIO rings (module docstring): a write in two ring
-    rounds (end markers; then headers and data), a read in two (headers and data; then
-    end markers). Pages inside registered shared memory go zero-copy, others staged."""
+    rounds (marker records; then data), a read in two (data; then marker records). Pages
+    inside registered shared memory go zero-copy, others staged."""
 
     name = "3FS USRBIO rings"
 
@@ -351,7 +351,7 @@ class UsrbioTransport(SlotTransport):
     def _chunks(self, plans: list[_Plan], extra_ios: int, page_bytes: int) -> list[list[_Plan]]:
         """Split plans into ring rounds: I/Os within ``entries``, staged bytes within the
         staging area. Pages whose segments alone exceed a round are staged."""
-        stage_size = MARKER + page_bytes
+        stage_size = page_bytes
         entries, staging = self.rings.entries, max(self.rings.staging, stage_size)
         rounds: list[list[_Plan]] = []
         current: list[_Plan] = []
@@ -385,50 +385,44 @@ class UsrbioTransport(SlotTransport):
 
     # ---- moving slots -----------------------------------------------------------------
     def write(self, store: SlabStore, batch: WriteBatch) -> None:
-        """Ring round 1: end markers; round 2: headers and data."""
+        """Ring round 1: marker records; round 2: the data."""
         usrbio, geometry = self.rings, batch.geometry
         page_bytes = geometry.slot_bytes
         keys, pages, slots = batch.keys, batch.pages, batch.slots
         plans = [_Plan(j, self._iov_slices(pages[j])) for j in range(len(keys))]
+        data_at, marker_at = geometry.offsets(s[2] for s in slots)
         with usrbio.locks[False]:
-            for plan_round in self._chunks(plans, 1, page_bytes):
+            for plan_round in self._chunks(plans, 0, page_bytes):
                 scratch = usrbio.scratch(False, page_bytes)
                 iov, view, base = scratch.iov, scratch.view, scratch.markers
-                heads: dict[int, bytes] = {}
                 ios: list[tuple[Any, int, int]] = []
                 owners: list[_Plan] = []
-                for n, p in enumerate(plan_round):  # round 1: end markers
-                    fd, _, slot, gen = slots[p.index]
+                for n, p in enumerate(plan_round):  # round 1: marker records
+                    fd, _, _, gen = slots[p.index]
                     usrbio.register_fd(fd)
                     csum = page_checksum(pages[p.index]) if batch.checksum else 0
                     batch.checksums[p.index] = csum
-                    fp = key_fingerprint(keys[p.index])
-                    heads[p.index] = encode_start(gen, page_bytes, csum, fp)
-                    view[2 * MARKER * n : 2 * MARKER * n + MARKER] = encode_end(gen, fp)
-                    ios.append((iov[2 * MARKER * n : 2 * MARKER * n + MARKER], fd,
-                                geometry.end_offset(slot)))
+                    r = RECORD_BYTES * n
+                    view[r : r + RECORD_BYTES] = encode_marker(gen, page_bytes, csum,
+                                                               key_fingerprint(keys[p.index]))
+                    ios.append((iov[r : r + RECORD_BYTES], fd, marker_at[p.index]))
                     owners.append(p)
                 self._settle(usrbio.run(False, ios), ios, owners)
                 ios, owners = [], []
                 staged = zero = 0
-                for n, p in enumerate(plan_round):  # round 2: header + data
+                for p in plan_round:  # round 2: the data, once the markers are written
                     if not p.ok:
                         continue
-                    fd, _, slot, _ = slots[p.index]
-                    head = heads[p.index]
+                    fd = slots[p.index][0]
                     if p.zero_copy is not None:
-                        h = 2 * MARKER * n + MARKER
-                        view[h : h + MARKER] = head
-                        _zero_copy_ios(ios, owners, p, iov[h : h + MARKER], fd, geometry, slot)
+                        _zero_copy_ios(ios, owners, p, fd, data_at[p.index])
                         zero += 1
                     else:
-                        o = base + p.stage
-                        view[o : o + MARKER] = head
-                        pos = o + MARKER
+                        o = pos = base + p.stage
                         for seg in self.regions.views(pages[p.index]) or []:
                             view[pos : pos + len(seg)] = seg
                             pos += len(seg)
-                        ios.append((iov[o:pos], fd, geometry.header_offset(slot)))
+                        ios.append((iov[o:pos], fd, data_at[p.index]))
                         owners.append(p)
                         staged += 1
                 self._settle(usrbio.run(False, ios), ios, owners)
@@ -441,38 +435,36 @@ class UsrbioTransport(SlotTransport):
                         batch.fail(p.index, Reason.ENGINE_ERROR)
 
     def read(self, store: SlabStore, batch: ReadBatch) -> None:
-        """Ring round 1: headers and data; round 2: end markers, after the data."""
+        """Ring round 1: the data; round 2: marker records, after the data."""
         usrbio, geometry = self.rings, batch.geometry
         page_bytes = geometry.slot_bytes
         keys, pages, located, status = batch.keys, batch.pages, batch.located, batch.status
         plans = [_Plan(j, self._iov_slices(pages[j])) for j in range(len(keys))]
+        data_at, marker_at = geometry.offsets(loc[1][2] for loc in located)
         with usrbio.locks[True]:
-            for plan_round in self._chunks(plans, 2, page_bytes):
+            for plan_round in self._chunks(plans, 0, page_bytes):
                 scratch = usrbio.scratch(True, page_bytes)
                 iov, view, base = scratch.iov, scratch.view, scratch.markers
                 ios: list[tuple[Any, int, int]] = []
                 owners: list[_Plan] = []
                 staged = zero = 0
-                for n, p in enumerate(plan_round):  # round 1: header + data
-                    fd, entry = located[p.index]
+                for p in plan_round:  # round 1: the data
+                    fd = located[p.index][0]
                     usrbio.register_fd(fd)
                     if p.zero_copy is not None:
-                        h = 2 * MARKER * n
-                        _zero_copy_ios(ios, owners, p, iov[h : h + MARKER], fd, geometry, entry.slot)
+                        _zero_copy_ios(ios, owners, p, fd, data_at[p.index])
                         zero += 1
                     else:
                         o = base + p.stage
-                        ios.append((iov[o : o + MARKER + page_bytes], fd,
-                                    geometry.header_offset(entry.slot)))
+                        ios.append((iov[o : o + page_bytes], fd, data_at[p.index]))
                         owners.append(p)
                         staged += 1
                 self._settle(usrbio.run(True, ios), ios, owners)
                 ios, owners = [], []
-                for n, p in enumerate(plan_round):  # round 2: end markers, after the data
+                for n, p in enumerate(plan_round):  # round 2: marker records, after the data
                     if p.ok:
-                        fd, entry = located[p.index]
-                        e = 2 * MARKER * n + MARKER
-                        ios.append((iov[e : e + MARKER], fd, geometry.end_offset(entry.slot)))
+                        r = RECORD_BYTES * n
+                        ios.append((iov[r : r + RECORD_BYTES], located[p.index][0], marker_at[p.index]))
                         owners.append(p)
                 self._settle(usrbio.run(True, ios), ios, owners)
                 self.metrics.count("usrbio_zero_copy", zero)
@@ -482,16 +474,13 @@ class UsrbioTransport(SlotTransport):
                     if not p.ok:
                         batch.fail(j, Reason.ENGINE_ERROR)
                         continue
-                    if p.zero_copy is not None:
-                        start = view[2 * MARKER * n : 2 * MARKER * n + MARKER]
-                    else:
-                        start = view[base + p.stage : base + p.stage + MARKER]
-                        pos = base + p.stage + MARKER
+                    if p.zero_copy is None:
+                        pos = base + p.stage
                         for seg in self.regions.views(pages[j]) or []:
                             seg[:] = view[pos : pos + len(seg)]
                             pos += len(seg)
-                    end = view[2 * MARKER * n + MARKER : 2 * MARKER * (n + 1)]
-                    status[j] = verify(start, end, located[j].entry, keys[j], pages[j])
+                    record = view[RECORD_BYTES * n : RECORD_BYTES * (n + 1)]
+                    status[j] = verify(record, located[j].entry, keys[j], pages[j])
 
     def close(self) -> None:
         """Deregister fds (before the store closes them), free rings and iovecs."""
@@ -537,7 +526,7 @@ class Hf3fsConnector(FileConnector):
             if config.usrbio == "on":
                 raise ConfigError(f"hf3fs: usrbio='on' but root {self.root} is not on a 3FS mount")
             return None
-        staging = max(config.usrbio_staging_bytes, 2 * MARKER + (self.page_bytes or 0))
+        staging = max(config.usrbio_staging_bytes, self.page_bytes or 0)
         return _Usrbio(io, mount, config.usrbio_entries, staging, config.usrbio_timeout_s)
 
     @property
@@ -582,13 +571,9 @@ class Hf3fsConnector(FileConnector):
         return out
 
 
-def _zero_copy_ios(ios: list[Any], owners: list[Any], plan: Any, header: Any, fd: int,
-                   geometry: Any, slot: int) -> None:
-    """Queue one zero-copy page's ring I/Os: its header, then its segments in place."""
-    ios.append((header, fd, geometry.header_offset(slot)))
-    owners.append(plan)
-    off = geometry.data_offset(slot)
+def _zero_copy_ios(ios: list[Any], owners: list[Any], plan: Any, fd: int, offset: int) -> None:
+    """Queue one zero-copy page's ring I/Os: its segments in place, from ``offset``."""
     for seg in plan.zero_copy:
-        ios.append((seg, fd, off))
+        ios.append((seg, fd, offset))
         owners.append(plan)
-        off += len(seg)
+        offset += len(seg)

@@ -1,6 +1,7 @@
 /* Batch page I/O for the slab connectors: one call moves a share of a batch (preadv /
- * pwritev, start-header check, XXH3 checksum) with the GIL released once, instead of
- * several ctypes / os calls per page. Loaded with ctypes (no Python C API): see
+ * pwritev of the data, the slots' marker records, their check, XXH3 checksums) with the
+ * GIL released once, instead of several ctypes / os calls per page; adjacent slots move
+ * in one syscall. Loaded with ctypes (no Python C API): see
  * hicache_l3/slab/native.py (loaded by hicache_l3/slab/io.py), which keeps a pure-Python path as the reference and
  * the fallback when this library is not built.
  *
@@ -32,7 +33,7 @@ struct hl3_xxh3 {
 
 enum { HL3_OK = 0, HL3_SHORT = 1, HL3_HEADER = 2, HL3_CHECKSUM = 3, HL3_NOMEM = 4 };
 
-#define HL3_CSUM_AT 24 /* byte offset of the checksum in a start header (slabs.START) */
+#define HL3_CSUM_AT 24 /* byte offset of the checksum in a marker record (slab/format.py START) */
 #define HL3_MAX_IOV 1024
 
 static uint64_t checksum(const struct hl3_xxh3 *x, void **state, const struct iovec *seg, int n)
@@ -69,149 +70,217 @@ static size_t total(const struct iovec *iov, int n)
     return t;
 }
 
-/* The iovecs of page j: its start header (hdr_len bytes at headers + j * hdr_len), then
- * its segments segs[at[j] .. at[j+1]); the count, or -EINVAL. */
-static int page_iov(struct iovec *v, int j, unsigned char *headers, int64_t hdr_len,
-                    const struct iovec *segs, const int32_t *at)
+/* Internal page states within one call (never returned: every page ends HL3_* or -errno). */
+enum { HL3_TODO = 100, HL3_STEP = 101, HL3_BADSUM = 102 };
+
+#ifndef HL3_READ_RUN
+#define HL3_READ_RUN (256 << 10) /* most bytes of one coalesced read: hashed while in cache */
+#endif
+
+/* The ABI of this file's calls (slab format 2: marker records apart from the data); the
+ * Python side refuses a library without it or with another value. */
+int hl3_abi(void)
 {
-    int n = at[j + 1] - at[j];
-    if (n < 1 || n >= HL3_MAX_IOV)
-        return -EINVAL;
-    v[0].iov_base = headers + (size_t)j * hdr_len;
-    v[0].iov_len = (size_t)hdr_len;
-    memcpy(v + 1, segs + at[j], (size_t)n * sizeof *v);
-    return n + 1;
+    return 2;
 }
 
-/* Read one page (its n iovecs v, header first); HL3_* or -errno. */
-static int32_t read_one(int fd, off_t off, const struct iovec *v, int n, const unsigned char *expect,
-                        int64_t hdr_len, uint64_t csum, const struct hl3_xxh3 *x, void **state)
+/* Move the slot markers of items lo..hi-1 whose status is `from`, each len bytes at offs[j]
+ * of fds[j] and in bufs[j * len ..]: items with consecutive indices, the same fd and
+ * adjacent offsets go in one pread / pwrite (the marker records of a group's consecutive
+ * slots are adjacent). A moved item's status becomes `to`; a failed one's HL3_SHORT or
+ * -errno (a coalesced call that fails is retried item by item, for exact statuses). */
+static void move_markers(int writing, int lo, int hi, const int32_t *fds, const int64_t *offs,
+                         unsigned char *bufs, int64_t len, int32_t *status, int32_t from, int32_t to)
 {
-    ssize_t got = transfer(0, fd, v, n, off);
-    if (got < 0)
-        return (int32_t)got;
-    if ((size_t)got != total(v, n))
-        return HL3_SHORT;
-    if (memcmp(v[0].iov_base, expect, (size_t)hdr_len) != 0)
-        return HL3_HEADER;
-    if (csum == 0)
-        return HL3_OK;
-    uint64_t c = checksum(x, state, v + 1, n - 1);
-    return c == 0 ? HL3_NOMEM : (c == csum ? HL3_OK : HL3_CHECKSUM);
+    int j = lo;
+    while (j < hi) {
+        if (status[j] != from) {
+            j++;
+            continue;
+        }
+        int k = j + 1;
+        while (k < hi && status[k] == from && fds[k] == fds[j] && offs[k] == offs[k - 1] + len)
+            k++;
+        struct iovec v = {bufs + (size_t)j * len, (size_t)(k - j) * (size_t)len};
+        ssize_t r = transfer(writing, fds[j], &v, 1, offs[j]);
+        if (r == (ssize_t)v.iov_len) {
+            for (int i = j; i < k; i++)
+                status[i] = to;
+        } else {
+            for (int i = j; i < k; i++) {
+                struct iovec one = {bufs + (size_t)i * len, (size_t)len};
+                r = k - j == 1 ? r : transfer(writing, fds[i], &one, 1, offs[i]);
+                status[i] = r < 0 ? (int32_t)r : r == len ? to : HL3_SHORT;
+            }
+        }
+        j = k;
+    }
 }
 
-/* Write one page (its n iovecs v, header first, with room for one more): checksum it into
- * csum and its header when with_csum, then write it. Without a checksum the end marker goes
- * first, in its own pwrite, then header + segments: a reader that overlaps the rewrite and
- * saw any new byte then reads the new end marker (it reads the marker last). With a
- * checksum, and the marker right after the data, header + segments + end marker go in one
- * pwritev: every reader of a checksummed entry verifies the checksum, which catches an
- * overlapped (torn) read without the marker's ordering. HL3_* or -errno. */
-static int32_t write_one(int fd, off_t off, struct iovec *v, int n, const unsigned char *end_marker,
-                         off_t end_off, int64_t hdr_len, int with_csum, uint64_t *csum,
-                         const struct hl3_xxh3 *x, void **state)
+/* Move the data of pages lo..hi-1 whose status is `from`: page j's segments
+ * segs[at[j] .. at[j+1]) at offs[j] of fds[j]. Pages with consecutive indices, the same fd
+ * and each starting where the previous one ends in the file go in one preadv / pwritev
+ * (their iovecs are already adjacent in segs), up to HL3_MAX_IOV iovecs and, when
+ * max_bytes > 0, until a call holds max_bytes or more. A moved page's status becomes `to`;
+ * a failed one's HL3_SHORT or -errno (retried page by page). Where csums is not NULL (a
+ * read), each moved page with csums[i] != 0 is hashed right after its call: HL3_CHECKSUM
+ * (or HL3_NOMEM) when the XXH3 differs, `to` when it matches. */
+static void move_pages(int writing, int lo, int hi, const int32_t *fds, const int64_t *offs,
+                       const struct iovec *segs, const int32_t *at, int32_t *status, int32_t from,
+                       int32_t to, int64_t max_bytes, const uint64_t *csums,
+                       const struct hl3_xxh3 *x, void **state)
 {
+    int j = lo;
+    while (j < hi) {
+        if (status[j] != from) {
+            j++;
+            continue;
+        }
+        int nv = at[j + 1] - at[j];
+        int64_t end = offs[j] + (int64_t)total(segs + at[j], nv);
+        int k = j + 1;
+        while (k < hi && status[k] == from && fds[k] == fds[j] && offs[k] == end) {
+            int m = at[k + 1] - at[k];
+            if (nv + m > HL3_MAX_IOV || (max_bytes > 0 && end - offs[j] >= max_bytes))
+                break;
+            nv += m;
+            end += (int64_t)total(segs + at[k], m);
+            k++;
+        }
+        ssize_t r = transfer(writing, fds[j], segs + at[j], nv, offs[j]);
+        if (r == end - offs[j]) {
+            for (int i = j; i < k; i++)
+                status[i] = to;
+        } else {
+            for (int i = j; i < k; i++) {
+                int m = at[i + 1] - at[i];
+                size_t want = total(segs + at[i], m);
+                r = k - j == 1 ? r : transfer(writing, fds[i], segs + at[i], m, offs[i]);
+                status[i] = r < 0 ? (int32_t)r : (size_t)r == want ? to : HL3_SHORT;
+            }
+        }
+        if (csums != NULL) {
+            /* a read: hash the run's pages now, while their bytes are still in cache */
+            for (int i = j; i < k; i++) {
+                if (status[i] != to || csums[i] == 0)
+                    continue;
+                uint64_t c = checksum(x, state, segs + at[i], at[i + 1] - at[i]);
+                status[i] = c == 0 ? HL3_NOMEM : c == csums[i] ? to : HL3_CHECKSUM;
+            }
+        }
+        j = k;
+    }
+}
+
+/* HL3_TODO for pages lo..hi-1 whose segment count fits one call, -EINVAL for the others. */
+static void check_segments(int lo, int hi, const int32_t *at, int32_t *status)
+{
+    for (int j = lo; j < hi; j++) {
+        int n = at[j + 1] - at[j];
+        status[j] = n < 1 || n >= HL3_MAX_IOV ? -EINVAL : HL3_TODO;
+    }
+}
+
+static int count_bad(int lo, int hi, const int32_t *status)
+{
+    int bad = 0;
+    for (int j = lo; j < hi; j++)
+        bad += status[j] != HL3_OK;
+    return bad;
+}
+
+/* Pages lo..hi-1 of a read batch (slab format 2, hicache_l3/slab/format.py "The torn-slot
+ * argument"): first the data of every page (segments segs[at[j] .. at[j+1]) from fds[j] at
+ * data_offs[j]; adjacent pages in one call of up to HL3_READ_RUN bytes, whose pages are
+ * hashed right after it, while their bytes are in cache), then every page's marker record
+ * (mlen bytes at marker_offs[j], into markers[j * mlen ..]; adjacent ones in one call). A
+ * page is HL3_OK when its record equals expect[j * mlen ..] and, where csums[j] != 0, the
+ * XXH3 of its segments equals csums[j]; HL3_HEADER when the record differs (whatever the
+ * checksum: a slot rewritten meanwhile is a miss, not corruption), HL3_CHECKSUM when only
+ * the checksum does. status[j]: HL3_* or -errno; returns the number not OK. */
+int hl3_read_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
+                   const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
+                   unsigned char *markers, const unsigned char *expect, int64_t mlen,
+                   const uint64_t *csums, const struct hl3_xxh3 *x, int32_t *status)
+{
+    void *state = NULL;
+    check_segments(lo, hi, at, status);
+    move_pages(0, lo, hi, fds, data_offs, segs, at, status, HL3_TODO, HL3_STEP, HL3_READ_RUN, csums, x,
+               &state);
+    /* a page that failed its checksum still has its marker read: a marker that differs
+     * (the slot was rewritten meanwhile) makes it a miss of the torn kind, not corruption */
+    for (int j = lo; j < hi; j++)
+        if (status[j] == HL3_CHECKSUM)
+            status[j] = HL3_BADSUM;
+    move_markers(0, lo, hi, fds, marker_offs, markers, mlen, status, HL3_STEP, HL3_TODO);
+    move_markers(0, lo, hi, fds, marker_offs, markers, mlen, status, HL3_BADSUM, HL3_CHECKSUM);
+    for (int j = lo; j < hi; j++) {
+        int32_t s = status[j]; /* HL3_TODO: data and marker read, checksum good or none */
+        if (s != HL3_TODO && s != HL3_CHECKSUM)
+            continue;
+        if (memcmp(markers + (size_t)j * mlen, expect + (size_t)j * mlen, (size_t)mlen) != 0)
+            status[j] = HL3_HEADER;
+        else
+            status[j] = s == HL3_TODO ? HL3_OK : HL3_CHECKSUM;
+    }
+    if (state != NULL)
+        x->free_state(state);
+    return count_bad(lo, hi, status);
+}
+
+/* Pages lo..hi-1 of a write batch (slab format 2): where with_csum, the XXH3 of page j's
+ * segments goes into csums[j] and into its marker record markers[j * mlen ..]
+ * (little-endian at HL3_CSUM_AT); then every page's marker record is written at
+ * marker_offs[j], and only then every page's data at data_offs[j] (a page whose marker
+ * failed writes no data), each call coalescing adjacent pages. status[j]: HL3_OK,
+ * HL3_SHORT, HL3_NOMEM or -errno; returns the number not OK. */
+int hl3_write_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
+                    const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
+                    unsigned char *markers, int64_t mlen, int with_csum, uint64_t *csums,
+                    const struct hl3_xxh3 *x, int32_t *status)
+{
+    void *state = NULL;
+    check_segments(lo, hi, at, status);
     if (with_csum) {
-        uint64_t c = checksum(x, state, v + 1, n - 1);
-        if (c == 0)
-            return HL3_NOMEM;
-        *csum = c;
-        unsigned char *h = v[0].iov_base;
-        for (int b = 0; b < 8; b++)
-            h[HL3_CSUM_AT + b] = (unsigned char)(c >> (8 * b));
-    }
-    size_t body = total(v, n);
-    ssize_t put;
-    if (with_csum && n < HL3_MAX_IOV && end_off == off + (off_t)body) {
-        v[n].iov_base = (void *)end_marker;
-        v[n].iov_len = (size_t)hdr_len;
-        put = transfer(1, fd, v, n + 1, off);
-        if (put < 0)
-            return (int32_t)put;
-        return (size_t)put == body + (size_t)hdr_len ? HL3_OK : HL3_SHORT;
-    }
-    struct iovec end = {(void *)end_marker, (size_t)hdr_len};
-    put = transfer(1, fd, &end, 1, end_off);
-    if (put < 0)
-        return (int32_t)put;
-    if (put != hdr_len)
-        return HL3_SHORT;
-    put = transfer(1, fd, v, n, off);
-    if (put < 0)
-        return (int32_t)put;
-    return (size_t)put == body ? HL3_OK : HL3_SHORT;
-}
-
-/* Pages lo..hi-1 of a batch. Page j reads its start header into headers[j * hdr_len ..]
- * and its segments segs[at[j] .. at[j+1]) from fds[j] at offs[j] in one preadv. The
- * header must equal expect[j * hdr_len ..] and, where csums[j] != 0, the XXH3 of the
- * segments must equal csums[j]. status[j]: HL3_* or -errno; returns the number not OK. */
-int hl3_read_pages(int lo, int hi, const int32_t *fds, const int64_t *offs,
-                   const struct iovec *segs, const int32_t *at, unsigned char *headers,
-                   const unsigned char *expect, int64_t hdr_len, const uint64_t *csums,
-                   const struct hl3_xxh3 *x, int32_t *status)
-{
-    struct iovec v[HL3_MAX_IOV];
-    void *state = NULL;
-    int bad = 0;
-    for (int j = lo; j < hi; j++) {
-        int n = page_iov(v, j, headers, hdr_len, segs, at);
-        status[j] = n < 0 ? n : read_one(fds[j], offs[j], v, n, expect + (size_t)j * hdr_len, hdr_len,
-                                         csums[j], x, &state);
-        bad += status[j] != HL3_OK;
+        for (int j = lo; j < hi; j++) {
+            if (status[j] != HL3_TODO)
+                continue;
+            uint64_t c = checksum(x, &state, segs + at[j], at[j + 1] - at[j]);
+            if (c == 0) {
+                status[j] = HL3_NOMEM;
+                continue;
+            }
+            csums[j] = c;
+            unsigned char *h = markers + (size_t)j * mlen;
+            for (int b = 0; b < 8; b++)
+                h[HL3_CSUM_AT + b] = (unsigned char)(c >> (8 * b));
+        }
     }
     if (state != NULL)
         x->free_state(state);
-    return bad;
-}
-
-/* Pages lo..hi-1: where with_csum, the XXH3 of page j's segments segs[at[j] .. at[j+1])
- * goes into csums[j] and into its start header headers[j * hdr_len ..] (little-endian at
- * HL3_CSUM_AT); then the end marker ends[j * hdr_len ..] is written at end_offs[j] and
- * the header + segments at offs[j]: end marker first, or all three in one pwritev when
- * checksummed and the marker follows the data (write_one; slab/format.py "Slots").
- * status[j]: HL3_OK, HL3_SHORT, HL3_NOMEM or -errno; returns the number not OK. */
-int hl3_write_pages(int lo, int hi, const int32_t *fds, const int64_t *offs,
-                    const struct iovec *segs, const int32_t *at, unsigned char *headers,
-                    const unsigned char *ends, const int64_t *end_offs, int64_t hdr_len,
-                    int with_csum, uint64_t *csums, const struct hl3_xxh3 *x, int32_t *status)
-{
-    struct iovec v[HL3_MAX_IOV + 1]; /* + 1: the end marker (write_one) */
-    void *state = NULL;
-    int bad = 0;
-    for (int j = lo; j < hi; j++) {
-        int n = page_iov(v, j, headers, hdr_len, segs, at);
-        status[j] = n < 0 ? n : write_one(fds[j], offs[j], v, n, ends + (size_t)j * hdr_len, end_offs[j],
-                                          hdr_len, with_csum, csums + j, x, &state);
-        bad += status[j] != HL3_OK;
-    }
-    if (state != NULL)
-        x->free_state(state);
-    return bad;
+    move_markers(1, lo, hi, fds, marker_offs, markers, mlen, status, HL3_TODO, HL3_STEP);
+    move_pages(1, lo, hi, fds, data_offs, segs, at, status, HL3_STEP, HL3_OK, 0, NULL, x, NULL);
+    return count_bad(lo, hi, status);
 }
 
 /* Slot markers lo..hi-1 of a batch, each len bytes: marker j is at offs[j] of fds[j] and
  * in bufs[j * len ..]. writing: pwrite each. Reading: pread each into bufs and, where
  * expect is not NULL, compare it with expect[j * len ..] (HL3_HEADER when it differs).
- * status[j]: HL3_OK, HL3_SHORT, HL3_HEADER or -errno; returns the number not OK. For
- * the NIXL file transport, whose page data move in one NIXL transfer per batch while
- * the markers around it move here, with the GIL released once per batch. */
+ * Adjacent markers move in one call. status[j]: HL3_OK, HL3_SHORT, HL3_HEADER or
+ * -errno; returns the number not OK. For the NIXL file transport, whose page data move
+ * in one NIXL transfer per batch while the marker records move here, with the GIL
+ * released once per batch. */
 int hl3_markers(int writing, int lo, int hi, const int32_t *fds, const int64_t *offs,
                 unsigned char *bufs, const unsigned char *expect, int64_t len, int32_t *status)
 {
-    int bad = 0;
-    for (int j = lo; j < hi; j++) {
-        struct iovec v = {bufs + (size_t)j * len, (size_t)len};
-        ssize_t r = transfer(writing, fds[j], &v, 1, offs[j]);
-        if (r < 0)
-            status[j] = (int32_t)r;
-        else if (r != len)
-            status[j] = HL3_SHORT;
-        else if (!writing && expect != NULL && memcmp(v.iov_base, expect + (size_t)j * len, (size_t)len) != 0)
-            status[j] = HL3_HEADER;
-        else
-            status[j] = HL3_OK;
-        bad += status[j] != HL3_OK;
+    for (int j = lo; j < hi; j++)
+        status[j] = HL3_TODO;
+    move_markers(writing, lo, hi, fds, offs, bufs, len, status, HL3_TODO, HL3_OK);
+    if (!writing && expect != NULL) {
+        for (int j = lo; j < hi; j++) {
+            if (status[j] == HL3_OK && memcmp(bufs + (size_t)j * len, expect + (size_t)j * len, (size_t)len) != 0)
+                status[j] = HL3_HEADER;
+        }
     }
-    return bad;
+    return count_bad(lo, hi, status);
 }

@@ -2,8 +2,8 @@
 written once (file, nixl file mode, hf3fs). The connectors differ in their settings,
 their store (:meth:`SlabConnector._make_store`) and their :attr:`SlabConnector.transport`.
 
-* set: reserve slots for the keys not stored yet -> the transport writes end marker,
-  then header and data -> classify each page -> commit the written, abort the rest;
+* set: reserve slots for the keys not stored yet -> the transport writes each slot's
+  marker record, then the data -> classify each page -> commit the written, abort the rest;
 * get: look the keys up -> size check -> the transport moves and verifies -> a page that
   fails verification is dropped from the index (so ``exists`` stops reporting it and a
   later set stores it again) -> own pages read are touched in the LRU;
@@ -11,7 +11,7 @@ their store (:meth:`SlabConnector._make_store`) and their :attr:`SlabConnector.t
 Integrity policy. A connector that checksums (``detects_corruption``) returns True only
 for pages whose checksum it verified: a page another writer stored without one is a
 miss counted ``unverified`` (and dropped from this process's index). A slot whose
-header or end marker does not match the index (torn, recycled, or evicted by a writer
+marker record does not match the index (torn, recycled, or evicted by a writer
 that crashed before logging it) is a miss counted ``corrupt`` and dropped likewise, so
 ``exists`` may over-report after a crash only until the next get of that key. A slab
 file that cannot be read (missing, unopenable) makes only its own keys miss.
@@ -61,7 +61,7 @@ class SlabConnector:
     page_bytes: int | None
     name: ClassVar[str]
     transport: SlotTransport
-    checksum_writes: bool = False  # write an XXH3 of each page into its start header
+    checksum_writes: bool = False  # write an XXH3 of each page into its marker record
     quarantined_slots = 0  # slots an abandoned transfer may still write: never reused
     metrics: Any
     _log: Any

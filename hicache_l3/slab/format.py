@@ -1,4 +1,4 @@
-"""The slab store's on-disk format: slot geometry, the start header and end marker of a
+"""The slab store's on-disk format (version 2): slot geometry, the marker record of a
 slot, index log records, and ``namespace.json``.
 
 Layout under ``<root>/ns-<namespace digest>/``::
@@ -8,25 +8,46 @@ Layout under ``<root>/ns-<namespace digest>/``::
     writers/wNNNN/index.log   append-only index records of this writer
     writers/wNNNN/slab-NNNNNN.dat   preallocated data files cut into slots
 
-Slots. A slot is a 4 KiB header block, the data, and an end marker::
+Slots (format 2). A slab is cut into groups of :data:`GROUP_SLOTS` slots. A group is a
+table of 128-byte marker records, one per slot (``GROUP_SLOTS * 128`` bytes: 64 KiB, a
+multiple of 4 KiB), then the slots' data areas back to back, each ``data_stride =
+round_up(slot_bytes, 4096)`` bytes, so every page's data is 4 KiB aligned and, where
+the page size is a power of two up to 64 KiB, aligned to its own size::
 
-    [ ... | start header (64 B) ][ data (slot_bytes) ][ end marker (64 B) | pad ]
+    group g: [ marker 0 | marker 1 | ... | marker 511 ][ data 0 ][ data 1 ] ... [ data 511 ]
 
-The start header holds (magic, generation, length, checksum, key fingerprint); the
-end marker holds (generation, key fingerprint). Every write gets a new generation,
-unique per writer. A writer fills a slot in two steps: first the end marker, then the
-start header and data. A reader reads header, data and marker and accepts the page only
-if both carry the generation and fingerprint the index gave it. A reader that overlaps a
-rewrite of the slot either reads the new end marker (generation differs: miss) or
-finished reading the data before the rewrite began. A torn write, a recycled slot or a
-crash mid-write therefore reads as a miss, never as somebody else's bytes; checksums add
-detection of bytes altered at rest.
+A marker record is a start header (64 B: magic, format version, generation, length,
+checksum, key fingerprint) followed by an end marker (64 B: magic, generation, key
+fingerprint). Page data lie where the kernel caches a file best (the raw contenders'
+layout: large folios on Linux 6.x ext4), and the markers of consecutive slots are
+contiguous, so a batch's markers move in a few calls.
 
-A checksummed page may be written in one step instead: header, data and end marker in
-one vectored write, in file order. Every reader verifies the checksum of an entry that
-has one, so a reader overlapping that rewrite reads a new header (miss) or data that
-fail the checksum (miss); a write cut short leaves a new header before an old end
-marker, and its page was never published.
+The torn-slot argument. Every write gets a new generation, unique per writer.
+
+* Writer order: the marker record (new generation, key fingerprint, length, checksum)
+  first, then the data. Two calls (the two are no longer adjacent), marker first, always:
+  the one-vectored-write variant of format 1 is gone.
+* Reader order: the data first, then the marker record; the page is accepted only if
+  the record is exactly the one the index entry implies (generation, length, checksum,
+  key fingerprint) and, when the entry has a checksum, the data hash to it.
+
+A reader overlapping a rewrite of the slot: if its marker read returns the old record,
+the rewriter's marker write had not landed when the reader read it, so the rewriter's
+data writes (which follow it) began after the reader had finished reading the data:
+the bytes read are the old page's, whole. If it returns the new record (or a mix), the
+generation differs: a miss. A crash mid-write leaves a new marker and torn data, and
+no PUT record was logged (records are appended only after the data are written): the
+index still names the old generation, whose marker is gone, so the slot reads as a miss
+and the reader drops the entry. A recycled slot (evicted, then reused) carries a new
+generation and another key's fingerprint: a stale entry misses. A reader of a
+checksummed entry also verifies the checksum, which adds detection of bytes altered
+at rest.
+
+Format 1 (a 4 KiB header block, data, end marker per slot) is not read: the start
+header carries the format version, so format-1 bytes never match a format-2 marker,
+and :func:`write_namespace_file` refuses a namespace directory whose
+``namespace.json`` says format 1 (:class:`ConfigError` naming the directory: the store
+is a cache, delete the directory or point ``root`` elsewhere).
 
 Records. An index record is a CRC32 over its body, then kind, key length, (writer, slab,
 slot, generation, length, checksum) and the key: PUT (a page is in that slot), DEL (that
@@ -44,20 +65,23 @@ import os
 import struct
 import threading
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
 
-FORMAT_VERSION = 1
-HEADER_BLOCK = 4096
+FORMAT_VERSION = 2
 MARKER = 64  # bytes of a start header and of an end marker
+RECORD_BYTES = 2 * MARKER  # a slot's marker record: start header, then end marker
+GROUP_SLOTS = 512  # slots per group: a 64 KiB table of marker records
+_GROUP_SHIFT = GROUP_SLOTS.bit_length() - 1  # GROUP_SLOTS is a power of two
 ALIGN = 4096
 START = struct.Struct("<4sHHQQQ16s16x")  # magic, version, flags, gen, length, checksum, key fp
 END = struct.Struct("<4s4xQ16s32x")  # magic, gen, key fp
 START_MAGIC, END_MAGIC = b"HL3S", b"HL3E"
+MARKER_RECORD = struct.Struct(START.format + END.format[1:])  # START then END, packed at once
 # crc, kind, pad, key length, writer, slab, slot, pad, gen, length, checksum
 RECORD = struct.Struct("<IBBHIIIIQQQ")
 PUT, DEL, GEN = 1, 2, 3
@@ -112,44 +136,85 @@ class Record(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class Geometry:
-    """Byte offsets of a slot's parts, derived from the slot size."""
+    """Byte offsets of a slot's parts, derived from the slot size (module docstring,
+    "Slots"): groups of :data:`GROUP_SLOTS` slots, each a marker table then the data.
+
+    ``stride`` is what one slot counts against a capacity: its data area plus its marker
+    record (exact for whole groups; a slab's last, partial group has a table sized for a
+    whole group, at most 64 KiB more per slab file)."""
 
     slot_bytes: int
-    stride: int = 0  # bytes one slot takes in its slab (header block + data + marker, aligned)
+    data_stride: int = 0  # bytes between the data of consecutive slots of a group
+    table: int = 0  # bytes of a group's marker table
+    group: int = 0  # bytes of a whole group
+    stride: int = 0  # data_stride + RECORD_BYTES
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "stride", HEADER_BLOCK + round_up(self.slot_bytes + MARKER, ALIGN))
+        data_stride = round_up(self.slot_bytes, ALIGN)
+        table = GROUP_SLOTS * RECORD_BYTES
+        object.__setattr__(self, "data_stride", data_stride)
+        object.__setattr__(self, "table", table)
+        object.__setattr__(self, "group", table + GROUP_SLOTS * data_stride)
+        object.__setattr__(self, "stride", data_stride + RECORD_BYTES)
 
-    def header_offset(self, slot: int) -> int:
-        """Offset of the start header; the data follows it immediately."""
-        return slot * self.stride + HEADER_BLOCK - MARKER
+    def marker_offset(self, slot: int) -> int:
+        """Offset of the slot's marker record (start header, then end marker)."""
+        g, i = divmod(slot, GROUP_SLOTS)
+        return g * self.group + i * RECORD_BYTES
 
     def data_offset(self, slot: int) -> int:
-        """Offset of the data (4 KiB aligned, so O_DIRECT can move it)."""
-        return slot * self.stride + HEADER_BLOCK
+        """Offset of the slot's data (4 KiB aligned, so O_DIRECT can move it)."""
+        g, i = divmod(slot, GROUP_SLOTS)
+        return g * self.group + self.table + i * self.data_stride
 
-    def end_offset(self, slot: int) -> int:
-        """Offset of the end marker (fixed, after ``slot_bytes`` of data)."""
-        return slot * self.stride + HEADER_BLOCK + self.slot_bytes
+    def offsets(self, slots: Iterable[int]) -> tuple[list[int], list[int]]:
+        """(data offsets, marker offsets) of ``slots``, in order: :meth:`data_offset` and
+        :meth:`marker_offset` of each, without a method call per slot."""
+        slots = list(slots)
+        # with g = slot // GROUP_SLOTS: data = g * group + table + (slot - g * GROUP_SLOTS) *
+        # data_stride = (g + 1) * table + slot * data_stride; marker likewise
+        shift, table, data_stride = _GROUP_SHIFT, self.table, self.data_stride
+        span = GROUP_SLOTS * data_stride
+        return ([((s >> shift) + 1) * table + s * data_stride for s in slots],
+                [(s >> shift) * span + s * RECORD_BYTES for s in slots])
+
+    def bytes_for(self, slots: int) -> int:
+        """Bytes a slab of ``slots`` slots spans: up to the end of the last one's data
+        area (0 for none)."""
+        if slots <= 0:
+            return 0
+        return self.data_offset(slots - 1) + self.data_stride
+
+    def slots_in(self, nbytes: int) -> int:
+        """How many whole slots (marker and data area) the first ``nbytes`` of a slab hold:
+        the inverse of :meth:`bytes_for`."""
+        g, rest = divmod(max(0, nbytes), self.group)
+        partial = 0 if rest < self.table else min(GROUP_SLOTS - 1, (rest - self.table) // self.data_stride)
+        return g * GROUP_SLOTS + partial
 
 
 def encode_start(gen: int, length: int, checksum: int, fingerprint: bytes) -> bytes:
-    """The 64-byte start header of a slot."""
+    """The 64-byte start header of a slot (the first half of its marker record)."""
     return START.pack(START_MAGIC, FORMAT_VERSION, 0, gen, length, checksum, fingerprint)
 
 
 def encode_end(gen: int, fingerprint: bytes) -> bytes:
-    """The 64-byte end marker of a slot."""
+    """The 64-byte end marker of a slot (the second half of its marker record)."""
     return END.pack(END_MAGIC, gen, fingerprint)
 
 
-def check_slot(start: bytes | memoryview, end: bytes | memoryview, entry: Entry,
-               fingerprint: bytes) -> bool:
-    """True when a slot's header and marker both carry ``entry``'s generation, length and
-    checksum and the key's fingerprint: the bytes between them are that page's, untorn."""
-    return start == encode_start(entry.gen, entry.length, entry.checksum, fingerprint) and (
-        end == encode_end(entry.gen, fingerprint)
-    )
+def encode_marker(gen: int, length: int, checksum: int, fingerprint: bytes) -> bytes:
+    """The 128-byte marker record of a slot holding a page of ``length`` bytes with
+    ``checksum`` (0: none) written with generation ``gen`` for the key of ``fingerprint``."""
+    return MARKER_RECORD.pack(START_MAGIC, FORMAT_VERSION, 0, gen, length, checksum, fingerprint,
+                              END_MAGIC, gen, fingerprint)
+
+
+def check_marker(record: bytes | memoryview, entry: Entry, fingerprint: bytes) -> bool:
+    """True when a slot's marker record is the one ``entry`` (generation, length, checksum)
+    and the key's fingerprint imply; read after the data, it vouches for them (module
+    docstring, "The torn-slot argument")."""
+    return record == encode_marker(entry.gen, entry.length, entry.checksum, fingerprint)
 
 
 _RECORD_BODY = struct.Struct(RECORD.format[:1] + RECORD.format[2:])  # RECORD without its CRC
@@ -292,8 +357,23 @@ def write_namespace_file(directory: Path, namespace: Namespace, slot_bytes: int)
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
         existing = read_namespace_file(directory)
+    check_format(directory, existing)
     if existing.get("slot_bytes") != slot_bytes:
         raise ConfigError(
             f"{directory} stores pages of {existing.get('slot_bytes')} bytes, "
             f"not {slot_bytes}: page_bytes differs for the same namespace"
+        )
+
+
+def check_format(directory: str | os.PathLike[str], meta: dict[str, Any]) -> None:
+    """Refuse (:class:`ConfigError`) a namespace directory whose ``namespace.json``
+    (``meta``, as :func:`read_namespace_file` gives it) is of another on-disk format:
+    its slabs are laid out differently and are never read as this format's."""
+    found = meta.get("format", 1)
+    if meta and found != FORMAT_VERSION:
+        raise ConfigError(
+            f"{directory} holds a slab store in on-disk format {found}; this version reads "
+            f"and writes format {FORMAT_VERSION} only (a new slot layout). The store is a "
+            f"cache: delete {directory} (or the whole root) and restart, or point root at "
+            "another directory"
         )

@@ -4,7 +4,7 @@ Every slab connector runs the same orchestration (:mod:`hicache_l3.slab.engine`)
 the transport differs. A transport moves a batch of slots and reports one status code per
 page in the batch's ``status`` array:
 
-* :data:`OK`; :data:`SHORT`, :data:`HEADER` (the start header or end marker does not
+* :data:`OK`; :data:`SHORT`, :data:`HEADER` (the marker record does not
   carry the entry's generation and key fingerprint: torn, stale, recycled) or
   :data:`CHECKSUM` for a page that is not that key's bytes; :data:`NOMEM`;
   :data:`UNREGISTERED`; ``-errno`` for a failed syscall; :data:`FAILED` with a
@@ -12,13 +12,12 @@ page in the batch's ``status`` array:
   timeouts). A page left :data:`PENDING` counts as an engine error: a transport reports
   :data:`OK` only for pages it knows have moved.
 
-A write puts the end marker first, then the start header and data, so that a reader
-overlapping it sees a new end marker; a read takes header and data first and the end
-marker last, and verifies both (and the checksum where the entry has one). A checksummed
-write may instead put header, data and end marker in one vectored call (the local
-transports do: one syscall per page instead of two): every reader verifies the checksum
-of a checksummed entry, so an overlapped read of a slot being rewritten is a miss
-either way, and a write cut short leaves the old end marker after a new header.
+A write puts the slot's marker record first, then the data; a read takes the data first
+and the marker record last, and accepts the page only if the record is the one its
+index entry implies (and, where the entry has one, the data match the checksum): the
+torn-slot argument of :mod:`hicache_l3.slab.format` (format 2). The marker and the data
+are not adjacent, so every write is two calls, marker first (the native transport
+coalesces the markers, and the data, of adjacent slots into one call each).
 
 Transports here: :class:`PythonTransport` (``preadv``/``pwritev``, the reference) and
 :class:`NativeTransport` (the C batch library). :func:`select_transport` is the one
@@ -43,20 +42,16 @@ from hicache_l3.common.parallel import BatchPool
 from hicache_l3.slab import native
 from hicache_l3.slab.format import (
     ALIGN,
-    END,
     END_MAGIC,
     FORMAT_VERSION,
-    HEADER_BLOCK,
-    MARKER,
-    START,
+    MARKER_RECORD,
+    RECORD_BYTES,
     START_MAGIC,
     Entry,
     Geometry,
     Located,
     Slot,
-    check_slot,
-    encode_end,
-    encode_start,
+    check_marker,
 )
 from hicache_l3.slab.native import CHECKSUM, HEADER, NOMEM, OK, SHORT
 
@@ -73,7 +68,7 @@ class WriteBatch:
     """Pages to write into reserved slots: ``pages[j]`` of ``keys[j]`` into ``slots[j]``.
 
     The transport fills ``status[j]`` and, when ``checksum``, ``checksums[j]`` (the XXH3
-    it wrote into the start header)."""
+    it wrote into the marker record)."""
 
     __slots__ = ("checksum", "checksums", "geometry", "held", "keys", "pages", "reasons", "slots", "status")
 
@@ -112,11 +107,11 @@ class ReadBatch:
         self.reasons[j] = reason
 
 
-def verify(start: bytes | memoryview, end: bytes | memoryview, entry: Entry, key: str,
-           page: Page | None) -> int:
-    """Status of a slot read whole: :data:`HEADER` unless header and marker carry the
-    entry, :data:`CHECKSUM` when ``page`` is given and the entry's checksum differs."""
-    if not check_slot(start, end, entry, key_fingerprint(key)):
+def verify(record: bytes | memoryview, entry: Entry, key: str, page: Page | None) -> int:
+    """Status of a slot whose data, then marker ``record``, were read: :data:`HEADER`
+    unless the record carries the entry and key, :data:`CHECKSUM` when ``page`` is given
+    and the entry's checksum differs."""
+    if not check_marker(record, entry, key_fingerprint(key)):
         return HEADER
     if page is not None and entry.checksum and page_checksum(page) != entry.checksum:
         return CHECKSUM
@@ -127,7 +122,7 @@ def explain(status: int) -> str:
     """Words for a failed page's status code."""
     if status < 0:
         return os.strerror(-status)
-    return {SHORT: "short transfer", HEADER: "header or end marker mismatch",
+    return {SHORT: "short transfer", HEADER: "marker record mismatch",
             CHECKSUM: "checksum mismatch", NOMEM: "out of memory for a checksum state",
             UNREGISTERED: "page outside registered memory", PENDING: "not moved",
             }.get(status, f"status {status}")
@@ -140,8 +135,8 @@ class SlotTransport(abc.ABC):
 
     @abc.abstractmethod
     def write(self, store: SlabStore, batch: WriteBatch) -> None:
-        """Write every page of ``batch`` into its slot (end marker first); fill its status
-        and checksums."""
+        """Write every page of ``batch`` into its slot (marker record first, then the data);
+        fill its status and checksums."""
 
     @abc.abstractmethod
     def read(self, store: SlabStore, batch: ReadBatch) -> None:
@@ -165,21 +160,19 @@ class PythonTransport(SlotTransport):
         self._write_pool = BatchPool(1, "hicache-file-w")
 
     def write(self, store: SlabStore, batch: WriteBatch) -> None:
-        """Each page: end marker (``pwrite``), then header and data (one ``pwritev``); when
-        checksumming, header, data and end marker in one ``pwritev`` (module docstring)."""
+        """Each page: its marker record (``pwrite``), then its data (``pwritev``)."""
         geometry = batch.geometry
-        nbytes, stride = geometry.slot_bytes, geometry.stride
-        head, tail = HEADER_BLOCK - MARKER, HEADER_BLOCK + nbytes
-        whole = 2 * MARKER + nbytes
+        nbytes = geometry.slot_bytes
         keys, pages, slots = batch.keys, batch.pages, batch.slots
         status, checksums, checksum, direct = batch.status, batch.checksums, batch.checksum, self.direct
-        views_of, pwrite, pwritev = self.regions.views, os.pwrite, os.pwritev
+        views_of, pwrite, pwritev, pack = self.regions.views, os.pwrite, os.pwritev, MARKER_RECORD.pack
         cut = self.regions.batch_views(pages)  # the common case, cut at once
+        data_at, marker_at = geometry.offsets(s[2] for s in slots)
         me = store.me or 0  # reserve made this process a writer
 
         def write(lo: int, hi: int) -> None:
             for j in range(lo, hi):
-                fd, slab, slot, gen = slots[j]
+                fd, slab, _slot, gen = slots[j]
                 page = pages[j]
                 views = cut[j] if cut is not None else views_of(page)
                 if views is None:
@@ -187,23 +180,15 @@ class PythonTransport(SlotTransport):
                     continue
                 csum = page_checksum(page) if checksum else 0
                 fp = key_fingerprint(keys[j])
-                start = encode_start(gen, nbytes, csum, fp)
-                base = slot * stride
+                record = pack(START_MAGIC, FORMAT_VERSION, 0, gen, nbytes, csum, fp, END_MAGIC, gen, fp)
                 try:
-                    if direct and _aligned(page):
-                        pwrite(fd, encode_end(gen, fp), base + tail)
-                        dfd = store.fd(me, slab, direct=True)
-                        ok = pwritev(dfd, views, base + HEADER_BLOCK) == nbytes
-                        ok = ok and pwrite(fd, start, base + head) == MARKER
-                    elif checksum and len(views) < _MAX_IOV - 1:  # one call: the checksum covers it
+                    ok = pwrite(fd, record, marker_at[j]) == RECORD_BYTES
+                    if ok and direct and _aligned(page):
+                        ok = pwritev(store.fd(me, slab, direct=True), views, data_at[j]) == nbytes
+                    elif ok:
                         if direct:
                             self.metrics.count("direct_fallback")
-                        ok = pwritev(fd, [start, *views, encode_end(gen, fp)], base + head) == whole
-                    else:
-                        if direct:
-                            self.metrics.count("direct_fallback")
-                        pwrite(fd, encode_end(gen, fp), base + tail)
-                        ok = pwritev(fd, [start, *views], base + head) == MARKER + nbytes
+                        ok = pwritev(fd, views, data_at[j]) == nbytes
                 except OSError as exc:
                     status[j] = -(exc.errno or errno.EIO)
                     continue
@@ -213,25 +198,23 @@ class PythonTransport(SlotTransport):
         self._write_pool.map(write, len(keys))
 
     def read(self, store: SlabStore, batch: ReadBatch, work: Sequence[int] | None = None) -> None:
-        """Each page (or those of ``work``): header, data and end marker in one ``preadv``
-        (header and data only when the checksum covers a torn read), then verified."""
+        """Each page (or those of ``work``): its data (``preadv``), then its marker record
+        (``pread``), then verified."""
         self.read_some(store, batch, range(len(batch.keys)) if work is None else work)
 
     def read_some(self, store: SlabStore, batch: ReadBatch, work: Sequence[int]) -> None:
         """:meth:`read` of the pages ``work`` of ``batch`` only."""
         geometry = batch.geometry
-        nbytes, stride = geometry.slot_bytes, geometry.stride
-        head = HEADER_BLOCK - MARKER
-        expect, expect_data = 2 * MARKER + nbytes, MARKER + nbytes
+        nbytes = geometry.slot_bytes
         direct = self.direct
         keys, pages, located, status = batch.keys, batch.pages, batch.located, batch.status
         views_of, preadv = self.regions.views, os.preadv
         cut = self.regions.batch_views([pages[j] for j in work])  # the common case, cut at once
-        pack_start, fingerprint, checksum_of = START.pack, key_fingerprint, page_checksum
+        data_at, marker_at = geometry.offsets(located[j][1][2] for j in work)
+        pack, fingerprint, checksum_of = MARKER_RECORD.pack, key_fingerprint, page_checksum
 
         def read(lo: int, hi: int) -> None:
-            scratch = memoryview(bytearray(2 * MARKER))
-            start, end = scratch[:MARKER], scratch[MARKER:]
+            record = memoryview(bytearray(RECORD_BYTES))
             for k in range(lo, hi):
                 j = work[k]
                 fd, entry = located[j]
@@ -244,17 +227,12 @@ class PythonTransport(SlotTransport):
                 try:
                     if direct and _aligned(page):
                         dfd = store.fd(entry.writer, entry.slab, direct=True)
-                        ok = preadv(fd, [start], geometry.header_offset(entry.slot)) == MARKER
-                        ok = ok and preadv(dfd, views, geometry.data_offset(entry.slot)) == nbytes
-                        ok = ok and preadv(fd, [end], geometry.end_offset(entry.slot)) == MARKER
-                        ok = ok and check_slot(start, end, entry, fp)
-                    elif csum:  # the checksum catches a torn read: no end marker needed
-                        ok = preadv(fd, [start, *views], entry.slot * stride + head) == expect_data
-                        ok = ok and start == pack_start(START_MAGIC, FORMAT_VERSION, 0, entry.gen,
-                                                        nbytes, csum, fp)
+                        ok = preadv(dfd, views, data_at[k]) == nbytes
                     else:
-                        ok = preadv(fd, [start, *views, end], entry.slot * stride + head) == expect
-                        ok = ok and check_slot(start, end, entry, fp)
+                        ok = preadv(fd, views, data_at[k]) == nbytes
+                    ok = ok and preadv(fd, [record], marker_at[k]) == RECORD_BYTES  # after the data
+                    ok = ok and record == pack(START_MAGIC, FORMAT_VERSION, 0, entry.gen, entry.length,
+                                               csum, fp, END_MAGIC, entry.gen, fp)
                 except OSError as exc:
                     status[j] = -(exc.errno or errno.EIO)
                     continue
@@ -275,9 +253,8 @@ class PythonTransport(SlotTransport):
 
 class NativeTransport(SlotTransport):
     """The C batch library (:mod:`hicache_l3.slab.native`): a batch in chunks of pages, one
-    call with the GIL released each, claimed by whichever I/O thread is free. Pages without
-    a checksum need their end marker checked after the data: those go through ``python``,
-    the same bytes either way."""
+    call with the GIL released each, claimed by whichever I/O thread is free; within a
+    chunk, the marker records of adjacent slots move in one call, and so do their data."""
 
     name = "native batch I/O (C)"
 
@@ -289,17 +266,13 @@ class NativeTransport(SlotTransport):
     def write(self, store: SlabStore, batch: WriteBatch) -> None:
         """One :class:`~hicache_l3.slab.native.PageBatch`, its shares written in parallel."""
         geometry, slots, lib = batch.geometry, batch.slots, self.lib
-        nbytes, stride = geometry.slot_bytes, geometry.stride
-        head, tail = HEADER_BLOCK - MARKER, HEADER_BLOCK + nbytes
-        fps = list(map(key_fingerprint, batch.keys))
-        gens = [s[3] for s in slots]
-        heads = [s[2] * stride + head for s in slots]
-        pack_start, pack_end = START.pack, END.pack
+        nbytes, pack = geometry.slot_bytes, MARKER_RECORD.pack
+        data_at, marker_at = geometry.offsets(s[2] for s in slots)
         pb = native.PageBatch(
-            MARKER, [s[0] for s in slots], heads, batch.pages,
-            [pack_start(START_MAGIC, FORMAT_VERSION, 0, g, nbytes, 0, fp) for g, fp in zip(gens, fps)],
-            ends=[pack_end(END_MAGIC, g, fp) for g, fp in zip(gens, fps)],
-            end_offsets=[h + (tail - head) for h in heads],
+            RECORD_BYTES, [s[0] for s in slots], data_at, marker_at, batch.pages,
+            [pack(START_MAGIC, FORMAT_VERSION, 0, s[3], nbytes, 0, fp, END_MAGIC, s[3], fp)
+             for s, fp in zip(slots, map(key_fingerprint, batch.keys))],
+            writing=True,
         )
         checksum = batch.checksum
         n = len(pb)
@@ -307,38 +280,18 @@ class NativeTransport(SlotTransport):
         batch.status, batch.checksums = pb.status, pb.checksums
 
     def read(self, store: SlabStore, batch: ReadBatch) -> None:
-        """Checksummed pages through the library; the others through the Python path."""
-        located = batch.located
+        """One :class:`~hicache_l3.slab.native.PageBatch`, its shares read in parallel."""
+        located, lib, pack = batch.located, self.lib, MARKER_RECORD.pack
         entries = [loc[1] for loc in located]
-        sums = [e[5] for e in entries]
-        if all(sums):  # the common batch: every page checksummed, all through the library
-            work: Sequence[int] = range(len(located))
-            fds, keys, pages = [loc[0] for loc in located], batch.keys, batch.pages
-        else:
-            plain = [j for j, c in enumerate(sums) if not c]
-            self.python.read_some(store, batch, plain)
-            if len(plain) == len(located):
-                return
-            work = [j for j, c in enumerate(sums) if c]
-            entries, sums = [entries[j] for j in work], [sums[j] for j in work]
-            fds = [located[j][0] for j in work]
-            keys, pages = [batch.keys[j] for j in work], [batch.pages[j] for j in work]
-        nbytes, stride = batch.geometry.slot_bytes, batch.geometry.stride
-        head = HEADER_BLOCK - MARKER
-        pack_start, lib = START.pack, self.lib
+        data_at, marker_at = batch.geometry.offsets(e[2] for e in entries)
         pb = native.PageBatch(
-            MARKER, fds, [e[2] * stride + head for e in entries], pages,
-            [pack_start(START_MAGIC, FORMAT_VERSION, 0, e[3], nbytes, e[5], fp)
-             for e, fp in zip(entries, map(key_fingerprint, keys))],
-            sums,
+            RECORD_BYTES, [loc[0] for loc in located], data_at, marker_at, batch.pages,
+            [pack(START_MAGIC, FORMAT_VERSION, 0, e[3], e[4], e[5], fp, END_MAGIC, e[3], fp)
+             for e, fp in zip(entries, map(key_fingerprint, batch.keys))],
+            [e[5] for e in entries], writing=False,
         )
         self._pool.run_chunks(lambda lo, hi: lib.read(pb, lo, hi), len(pb), _chunk(len(pb)))
-        if isinstance(work, range):
-            batch.status = pb.status
-            return
-        status = batch.status
-        for k, j in enumerate(work):
-            status[j] = pb.status[k]
+        batch.status = pb.status
 
     def close(self) -> None:
         """Stop the I/O threads (and the Python path's)."""

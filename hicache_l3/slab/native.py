@@ -5,8 +5,10 @@ transport's first use), never at import.
 The pure-Python path (``os.preadv``/``os.pwritev`` plus a ctypes XXH3 call per page) costs
 ~4-8 us of Python per page and, with two I/O threads, ping-pongs the GIL several times per
 page: measured here it moves 64 KiB pages at ~2 GB/s where the same syscalls reach ~5-6.
-``hicache_l3/native/batch_io.c`` runs a whole share of a batch (the read or write, the
-start-header check and the XXH3 checksum) in one call. It is an optional build
+``hicache_l3/native/batch_io.c`` runs a whole share of a batch (the data and the marker
+records, adjacent slots coalesced into one syscall, the record check and the XXH3
+checksum) in one call. A library built for another slab format (no ``hl3_abi``, or
+another value) is refused at load, with the reason, and the Python path is used. It is an optional build
 (``[[tool.setuptools.ext-modules]]`` with ``optional = true``): without a C compiler the
 package installs and every connector keeps its Python path, which stays the reference the
 conformance suite also runs (``native_io = false``, the one switch).
@@ -35,6 +37,7 @@ from hicache_l3.common.integrity import page_checksum, xxh3_function
 from hicache_l3.common.pages import Page
 
 OK, SHORT, HEADER, CHECKSUM, NOMEM = 0, 1, 2, 3, 4
+ABI = 2  # hl3_abi() of a library this module can call (slab format 2)
 
 _vp, _i32, _i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
 
@@ -55,44 +58,39 @@ def _address(buf: array.array | bytearray) -> int:
 class PageBatch:
     """The flat arrays one native call walks, built once per batch from per-page lists.
 
-    Page ``j`` moves ``[header, *pages[j]]`` at file offset ``offsets[j]`` of ``fds[j]``,
-    the header being ``header_len`` bytes. For a read (``ends`` is None), ``headers[j]``
-    is the start header the slot must carry, ``checksums[j]`` (0 = none) the XXH3 its
-    segments must hash to, and the headers read land in scratch space. For a write,
-    ``headers[j]`` is the start header to write (its checksum field is filled in when
-    checksumming, and the checksum lands in :attr:`checksums`), ``ends[j]`` the end
-    marker to write first at ``end_offsets[j]``. :attr:`status` holds one code per page
-    once a call has covered it.
+    Page ``j``'s data are the segments ``pages[j]`` at file offset ``data_offsets[j]`` of
+    ``fds[j]``; its marker record (``marker_len`` bytes) is at ``marker_offsets[j]``
+    (slab format 2: :mod:`hicache_l3.slab.format`). For a read (``writing`` false),
+    ``markers[j]`` is the record the slot must carry, ``checksums[j]`` (0 = none) the XXH3
+    its segments must hash to, and the records read land in scratch space. For a write,
+    ``markers[j]`` is the record to write before the data (its checksum field is filled in
+    when checksumming, and the checksum lands in :attr:`checksums`). :attr:`status` holds
+    one code per page once a call has covered it.
     """
 
-    def __init__(self, header_len: int, fds: list[int], offsets: list[int], pages: Sequence[Page],
-                 headers: list[bytes], checksums: list[int] | None = None,
-                 ends: list[bytes] | None = None, end_offsets: list[int] | None = None) -> None:
+    def __init__(self, marker_len: int, fds: list[int], data_offsets: list[int],
+                 marker_offsets: list[int], pages: Sequence[Page], markers: list[bytes],
+                 checksums: list[int] | None = None, *, writing: bool) -> None:
         n = len(fds)
-        if not (len(offsets) == len(pages) == len(headers) == n):
-            raise ValueError("PageBatch: fds, offsets, pages and headers differ in length")
-        self.header_len = header_len
+        if not (len(data_offsets) == len(marker_offsets) == len(pages) == len(markers) == n):
+            raise ValueError("PageBatch: fds, offsets, pages and markers differ in length")
+        self.marker_len, self.writing = marker_len, writing
         self.fds = array.array("i", fds)
-        self.offsets = array.array("q", offsets)
+        self.data_offsets = array.array("q", data_offsets)
+        self.marker_offsets = array.array("q", marker_offsets)
         self.segments = array.array("Q", chain.from_iterable(chain.from_iterable(pages)))
         self.at = array.array("i", accumulate(map(len, pages), initial=0))
         self.checksums = array.array("Q", checksums if checksums is not None else bytes(8 * n))
-        if ends is None:  # a read: headers land in scratch space and are compared with these
-            self.headers, self.expect = bytearray(n * header_len), bytearray(b"".join(headers))
-            self.ends, self.end_offsets = bytearray(), array.array("q")
-        else:
-            self.headers, self.expect = bytearray(b"".join(headers)), bytearray()
-            self.ends, self.end_offsets = bytearray(b"".join(ends)), array.array("q", end_offsets or ())
-            if len(self.end_offsets) != n or len(self.ends) != n * header_len:
-                raise ValueError("PageBatch: ends and end_offsets must give one marker per page")
-        if len(self.headers) != n * header_len or len(self.expect) not in (0, n * header_len):
-            raise ValueError(f"PageBatch: every header must be {header_len} bytes")
+        joined = bytearray(b"".join(markers))
+        if len(joined) != n * marker_len:
+            raise ValueError(f"PageBatch: every marker record must be {marker_len} bytes")
+        # a write sends `markers`; a read lands the records in `markers` and compares `expect`
+        self.markers, self.expect = (joined, bytearray()) if writing else (bytearray(len(joined)), joined)
         self.status = array.array("i", bytes(4 * n))
         # Addresses taken once: the arrays never grow after this, so they hold for the batch's life.
-        self.addresses = (_address(self.fds), _address(self.offsets), _address(self.segments),
-                          _address(self.at), _address(self.headers))
-        self.expect_at, self.ends_at = _address(self.expect), _address(self.ends)
-        self.end_offsets_at = _address(self.end_offsets)
+        self.addresses = (_address(self.fds), _address(self.data_offsets), _address(self.marker_offsets),
+                          _address(self.segments), _address(self.at), _address(self.markers))
+        self.expect_at = _address(self.expect)
         self.checksums_at, self.status_at = _address(self.checksums), _address(self.status)
 
     def __len__(self) -> int:
@@ -104,44 +102,45 @@ class BatchIO:
 
     def __init__(self, path: str) -> None:
         lib = ctypes.CDLL(path)
+        abi = getattr(lib, "hl3_abi", None)
+        if abi is None or abi() != ABI:
+            raise RuntimeError(f"{path} was built for another slab format (hl3_abi "
+                               f"{'missing' if abi is None else abi()}, want {ABI}): rebuild it "
+                               "(pip install ., or setup.py build_ext --inplace)")
         self._read = lib.hl3_read_pages
         self._read.restype = ctypes.c_int
-        self._read.argtypes = [_i32, _i32, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _vp, _vp, _vp]
+        self._read.argtypes = [_i32, _i32, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _vp, _vp, _vp]
         self._write = lib.hl3_write_pages
         self._write.restype = ctypes.c_int
-        self._write.argtypes = [_i32, _i32, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _i32, _vp, _vp, _vp]
-        # hl3_markers came later than the page calls: a library built before it still serves
-        # the slab transports, and the NIXL transport moves its markers in Python with it
-        self._markers = getattr(lib, "hl3_markers", None)
-        if self._markers is not None:
-            self._markers.restype = ctypes.c_int
-            self._markers.argtypes = [_i32, _i32, _i32, _vp, _vp, _vp, _vp, _i64, _vp]
+        self._write.argtypes = [_i32, _i32, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _i32, _vp, _vp, _vp]
+        self._markers = lib.hl3_markers
+        self._markers.restype = ctypes.c_int
+        self._markers.argtypes = [_i32, _i32, _i32, _vp, _vp, _vp, _vp, _i64, _vp]
         self._xxh3 = _XXH3(*(ctypes.cast(xxh3_function(role), ctypes.c_void_p).value
                              for role in _XXH3_ROLES))
         self._xxh3_at = ctypes.addressof(self._xxh3)
 
     def read(self, batch: PageBatch, lo: int, hi: int) -> int:
-        """Read pages ``lo..hi-1`` of a read batch; the number not OK (0 for an empty share)."""
-        if not _share(batch, lo, hi, "read", bool(batch.expect)):
+        """Read pages ``lo..hi-1`` of a read batch (data, then marker records, then the
+        checks); the number not OK (0 for an empty share)."""
+        if not _share(batch, lo, hi, "read", not batch.writing):
             return 0
-        return int(self._read(lo, hi, *batch.addresses, batch.expect_at, batch.header_len, batch.checksums_at,
-                              self._xxh3_at, batch.status_at))
+        return int(self._read(lo, hi, *batch.addresses, batch.expect_at, batch.marker_len,
+                              batch.checksums_at, self._xxh3_at, batch.status_at))
 
     def write(self, batch: PageBatch, lo: int, hi: int, checksum: bool) -> int:
-        """Write pages ``lo..hi-1`` of a write batch (end marker first, then header and
-        segments), checksumming them first when ``checksum``; the number not OK (0 for an
-        empty share)."""
-        if not _share(batch, lo, hi, "write", bool(batch.ends)):
+        """Write pages ``lo..hi-1`` of a write batch (marker records first, then the data),
+        checksumming them first when ``checksum``; the number not OK (0 for an empty
+        share)."""
+        if not _share(batch, lo, hi, "write", batch.writing):
             return 0
-        return int(self._write(lo, hi, *batch.addresses, batch.ends_at, batch.end_offsets_at,
-                               batch.header_len, int(checksum), batch.checksums_at, self._xxh3_at,
-                               batch.status_at))
-
+        return int(self._write(lo, hi, *batch.addresses, batch.marker_len, int(checksum),
+                               batch.checksums_at, self._xxh3_at, batch.status_at))
 
     @property
     def has_markers(self) -> bool:
-        """Whether this build has the marker calls (:meth:`write_markers`, :meth:`read_markers`)."""
-        return self._markers is not None
+        """Whether this build has the marker calls (always, since ABI 2; kept for callers)."""
+        return True
 
     def write_markers(self, fds: Sequence[int], offsets: Sequence[int], markers: bytes,
                       length: int) -> array.array[int]:
@@ -160,8 +159,6 @@ class BatchIO:
 
     def _marker_call(self, writing: int, fds: Sequence[int], offsets: Sequence[int], bufs: bytearray,
                      expect: bytearray | None, length: int) -> array.array[int]:
-        if self._markers is None:
-            raise RuntimeError("this build of hicache_l3._batch_io has no hl3_markers: rebuild it")
         n = len(fds)
         if len(offsets) != n or len(bufs) != n * length or length <= 0:
             raise ValueError(f"markers: {n} fds, {len(offsets)} offsets, {len(bufs)} bytes of "
@@ -192,14 +189,16 @@ def _self_test(io: BatchIO) -> None:
     data = bytearray(os.urandom(3 * 4096))
     base = _address(data)
     pages: list[Page] = [((base, 4096),), ((base + 4096, 1000), (base + 8192, 3000))]
+    records = [bytes(range(64)) * 2, bytes(range(64, 128)) * 2]
     with tempfile.TemporaryFile() as f:
         fd = f.fileno()
-        w = PageBatch(64, [fd, fd], [0, 8192], pages, [bytes(64)] * 2, ends=[b"E" * 64] * 2,
-                      end_offsets=[6000, 14192])
+        w = PageBatch(128, [fd, fd], [8192, 12288], [0, 128], pages, records, writing=True)
         if io.write(w, 0, len(pages), True) or list(w.checksums) != [page_checksum(p) for p in pages]:
             raise RuntimeError("native batch write disagrees with the Python path")
-        r = PageBatch(64, [fd, fd], [0, 8192], pages, [bytes(w.headers[:64]), bytes(w.headers[64:])],
-                      list(w.checksums))
+        if os.pread(fd, 4096, 8192) != bytes(data[:4096]) or os.pread(fd, 256, 0) != bytes(w.markers):
+            raise RuntimeError("native batch write put bytes elsewhere than asked")
+        r = PageBatch(128, [fd, fd], [8192, 12288], [0, 128], pages,
+                      [bytes(w.markers[:128]), bytes(w.markers[128:])], list(w.checksums), writing=False)
         if io.read(r, 0, len(pages)) or list(r.status) != [OK, OK]:
             raise RuntimeError("native batch read disagrees with the Python path")
 

@@ -32,9 +32,9 @@ logged) after waiting at most ``lease_s`` for another node's claim to expire.
 
 Generations are ``epoch << 40 | counter``: unique across every owner a directory ever
 had, so a slot rewritten after an adoption can never carry a generation that a stale
-index entry (in any process, on any node) expects. A reader checks the slot's header
-and end marker against the index entry's generation and key fingerprint before it
-accepts the bytes (the slab store's protocol), so a recycled slot reads as a miss.
+index entry (in any process, on any node) expects. A reader checks the slot's marker
+record (read after the data) against the index entry's generation and key fingerprint
+before it accepts the bytes (the slab store's protocol), so a recycled slot reads as a miss.
 
 What the index relies on from the filesystem, and what 3FS documents for each (3FS
 design notes, ``docs/design_notes.md``: metadata lives in FoundationDB and every

@@ -69,8 +69,10 @@ class SlabStore:
     offsets it gets from :meth:`reserve_new` (set) and :meth:`lookup` (get), then calls
     :meth:`commit` / :meth:`abort`, or :meth:`invalidate` on a failed check.
 
-    ``capacity_bytes`` bounds this writer's slabs (each writer process has its own);
-    when full, the least recently used own slot is reused. ``fsync`` is ``"none"``
+    ``capacity_bytes`` bounds this writer's slabs (each writer process has its own),
+    counted as :attr:`~hicache_l3.slab.format.Geometry.stride` (data area plus marker
+    record) per slot: a slab file's last, partial group of slots spans up to one marker
+    table (64 KiB) more; when full, the least recently used own slot is reused. ``fsync`` is ``"none"``
     (page cache only), ``"data"`` (slabs synced before index records are published) or
     ``"always"`` (the index log synced too).
     """
@@ -181,7 +183,7 @@ class SlabStore:
                 except OSError as exc:
                     if exc.errno != errno.ENOSPC:
                         raise
-                    usable[slab] = self._allocated.get(slab, 0) // self.geometry.stride
+                    usable[slab] = self.geometry.slots_in(self._allocated.get(slab, 0))
             out, gen, make = [], self._next_gen, Slot._make
             for i, (slab, slot) in enumerate(taken):
                 if slot >= usable[slab]:  # the disk is full: this and the rest get no slot
@@ -218,7 +220,7 @@ class SlabStore:
     def _preallocate(self, fd: int, slab: int, slot: int) -> None:
         """Reserve disk space up to and past this slot, a chunk at a time, so that a full
         disk shows as ``NO_SPACE`` here and a slab's space is allocated only once used."""
-        end = (slot + 1) * self.geometry.stride
+        end = self.geometry.bytes_for(slot + 1)  # its group's marker table lies before its data
         done = self._allocated.get(slab, 0)
         if end <= done:
             return
@@ -272,7 +274,7 @@ class SlabStore:
         if self.max_slots is not None:
             slots = min(slots, self.max_slots - slab * self.slots_per_slab)
         # sparse: space is reserved chunk by chunk as slots are first used
-        self.files.create(me, slab, slots * self.geometry.stride)
+        self.files.create(me, slab, self.geometry.bytes_for(slots))
         self._n_slabs += 1
         self._free.extend((slab, s) for s in reversed(range(slots)))
 
@@ -500,7 +502,7 @@ class SlabStore:
                 break
             slab, size = self._n_slabs, st.st_size
             self._n_slabs += 1
-            self._free.extend((slab, s) for s in reversed(range(size // self.geometry.stride))
+            self._free.extend((slab, s) for s in reversed(range(self.geometry.slots_in(size)))
                               if (slab, s) not in self._lru)
         # pages in slabs that are gone (missing, or a planted link removed) are gone too
         gone = [(k, e) for k, e in index.entries.items() if e.writer == writer and e.slab >= self._n_slabs]

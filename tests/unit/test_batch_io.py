@@ -4,6 +4,7 @@ checksums, the same bytes on disk, and every failure reported per page."""
 from __future__ import annotations
 
 import errno
+import importlib.util
 import os
 import struct
 import subprocess
@@ -18,26 +19,13 @@ from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.pages import Page
 from hicache_l3.conformance.pages import Pages
 from hicache_l3.slab import native as batch_io
-from hicache_l3.slab.format import START
+from hicache_l3.slab.format import MARKER_RECORD, RECORD_BYTES, encode_marker
 from hicache_l3.slab.native import PageBatch
 
-HL = 64
+MR = RECORD_BYTES  # a marker record
+HL = 64  # a marker of hl3_markers (any length)
 SLOT = 3 * 4096
-
-
-def test_library_is_built_and_loaded() -> None:
-    """CI builds it (pyproject's ext-modules); a silent fallback would hide a broken build.
-    The ``native_io`` setting is the one way to turn it off."""
-    assert batch_io.library() is not None, "hicache_l3._batch_io is not built: pip install -e . needs cc"
-    assert "native" in batch_io.describe()
-
-
-def test_importing_the_slab_package_loads_nothing() -> None:
-    """No file I/O or ctypes work at import: the library loads on first use."""
-    code = ("import sys; import hicache_l3.slab.io, hicache_l3.connectors.file; "
-            "from hicache_l3.slab import native; "
-            "assert native._loaded is None and 'hicache_l3._batch_io' not in sys.modules")
-    subprocess.run([sys.executable, "-c", code], check=True)
+DATA0 = 4096  # data after a one-block marker table
 
 
 @pytest.fixture
@@ -59,42 +47,58 @@ def _pages(buf: HostBuffer) -> list[Page]:
     return [((a, 4096),), ((a + 4096, 1000), (a + 3 * 4096, 3096)), ((a + 5 * 4096, 8192),)]
 
 
-def _write(native: batch_io.BatchIO, fd: int, pages: list[Page], checksum: bool = True) -> PageBatch:
+def _data_offsets(pages: list[Page], adjacent: bool) -> list[int]:
+    """Each page right after the previous one (``adjacent``: one call moves them all), or
+    one per SLOT (one call each)."""
+    if not adjacent:
+        return [DATA0 + j * SLOT for j in range(len(pages))]
+    out, at = [], DATA0
+    for page in pages:
+        out.append(at)
+        at += sum(n for _, n in page)
+    return out
+
+
+def _write(native: batch_io.BatchIO, fd: int, pages: list[Page], checksum: bool = True,
+           adjacent: bool = False) -> PageBatch:
     n = len(pages)
-    headers = [START.pack(b"TEST", 1, 0, j + 1, 4096, 0, bytes(16)) for j in range(n)]
-    w = PageBatch(HL, [fd] * n, [j * SLOT for j in range(n)], pages, headers,
-                  ends=[bytes([j + 1]) * HL for j in range(n)],
-                  end_offsets=[j * SLOT + SLOT - HL for j in range(n)])
+    records = [encode_marker(j + 1, 4096, 0, bytes([j]) * 16) for j in range(n)]
+    w = PageBatch(MR, [fd] * n, _data_offsets(pages, adjacent), [j * MR for j in range(n)], pages,
+                  records, writing=True)
     assert native.write(w, 0, n, checksum) == 0
     assert list(w.status) == [batch_io.OK] * n
     return w
 
 
-def _read(native: batch_io.BatchIO, fd: int, pages: list[Page], w: PageBatch) -> PageBatch:
+def _read(native: batch_io.BatchIO, fd: int, pages: list[Page], w: PageBatch,
+          adjacent: bool = False) -> PageBatch:
     n = len(pages)
-    r = PageBatch(HL, [fd] * n, [j * SLOT for j in range(n)], pages,
-                  [bytes(w.headers[j * HL : (j + 1) * HL]) for j in range(n)], list(w.checksums))
+    r = PageBatch(MR, [fd] * n, _data_offsets(pages, adjacent), [j * MR for j in range(n)], pages,
+                  [bytes(w.markers[j * MR : (j + 1) * MR]) for j in range(n)], list(w.checksums),
+                  writing=False)
     native.read(r, 0, n)
     return r
 
 
+@pytest.mark.parametrize("adjacent", [False, True], ids=["apart", "adjacent"])
 def test_round_trip_matches_the_python_checksums_and_layout(native: batch_io.BatchIO, buf: HostBuffer,
-                                                             tmp_path: Path) -> None:
+                                                             tmp_path: Path, adjacent: bool) -> None:
     pages = _pages(buf)
     expected = [page_checksum(p) for p in pages]
     original = bytes(buf.view())
+    offsets = _data_offsets(pages, adjacent)
     with open(tmp_path / "slab", "w+b") as f:
-        w = _write(native, f.fileno(), pages)
+        w = _write(native, f.fileno(), pages, adjacent=adjacent)
         assert list(w.checksums) == expected
         raw = (tmp_path / "slab").read_bytes()
         for j, page in enumerate(pages):
-            header = START.unpack(raw[j * SLOT : j * SLOT + HL])
-            assert header[5] == expected[j]  # the checksum field was filled in
+            record = MARKER_RECORD.unpack(raw[j * MR : (j + 1) * MR])
+            assert record[5] == expected[j]  # the checksum field was filled in
+            assert raw[j * MR : (j + 1) * MR] == encode_marker(j + 1, 4096, expected[j], bytes([j]) * 16)
             data = b"".join(original[a - buf.address : a - buf.address + n] for a, n in page)
-            assert raw[j * SLOT + HL : j * SLOT + HL + len(data)] == data
-            assert raw[j * SLOT + SLOT - HL : (j + 1) * SLOT] == bytes([j + 1]) * HL
+            assert raw[offsets[j] : offsets[j] + len(data)] == data
         buf.view()[:] = bytes(len(original))
-        r = _read(native, f.fileno(), pages, w)
+        r = _read(native, f.fileno(), pages, w, adjacent)
         assert list(r.status) == [batch_io.OK] * 3
         for page in pages:
             for a, n in page:
@@ -102,20 +106,25 @@ def test_round_trip_matches_the_python_checksums_and_layout(native: batch_io.Bat
                     original[a - buf.address : a - buf.address + n]
 
 
+@pytest.mark.parametrize("adjacent", [False, True], ids=["apart", "adjacent"])
 def test_each_failure_is_reported_for_its_page_only(native: batch_io.BatchIO, buf: HostBuffer,
-                                                    tmp_path: Path) -> None:
+                                                    tmp_path: Path, adjacent: bool) -> None:
     pages = _pages(buf)
+    offsets = _data_offsets(pages, adjacent)
     with open(tmp_path / "slab", "w+b") as f:
         fd = f.fileno()
-        w = _write(native, fd, pages)
-        at = 1 * SLOT + HL + 10
+        w = _write(native, fd, pages, adjacent=adjacent)
+        at = offsets[1] + 10
         os.pwrite(fd, bytes([os.pread(fd, 1, at)[0] ^ 0xFF]), at)  # page 1: a flipped data byte
-        w.headers[2 * HL + 8] ^= 1  # page 2: the reader expects another generation
-        r = _read(native, fd, pages, w)
+        w.markers[2 * MR + 8] ^= 1  # page 2: the reader expects another generation
+        r = _read(native, fd, pages, w, adjacent)
         assert list(r.status) == [batch_io.OK, batch_io.CHECKSUM, batch_io.HEADER]
-        os.ftruncate(fd, 2 * SLOT + 100)  # page 2 cut short
-        r = _read(native, fd, pages, w)
-        assert r.status[2] == batch_io.SHORT
+        os.ftruncate(fd, offsets[2] + 100)  # page 2 cut short (a coalesced read is retried per page)
+        r = _read(native, fd, pages, w, adjacent)
+        assert list(r.status) == [batch_io.OK, batch_io.CHECKSUM, batch_io.SHORT]
+        w.markers[1 * MR + 8] ^= 1  # page 1 rewritten meanwhile: bad data and a new record
+        r = _read(native, fd, pages, w, adjacent)
+        assert list(r.status) == [batch_io.OK, batch_io.HEADER, batch_io.SHORT]  # a miss, not corrupt
     closed = os.open(tmp_path / "slab", os.O_RDONLY)
     os.close(closed)
     r = _read(native, closed, pages, w)
@@ -123,8 +132,8 @@ def test_each_failure_is_reported_for_its_page_only(native: batch_io.BatchIO, bu
     ro = os.open(tmp_path / "slab", os.O_RDONLY)
     try:
         n = len(pages)
-        bad = PageBatch(HL, [ro] * n, [0] * n, pages, [bytes(HL)] * n, ends=[bytes(HL)] * n,
-                        end_offsets=[0] * n)
+        bad = PageBatch(MR, [ro] * n, offsets, [j * MR for j in range(n)], pages, [bytes(MR)] * n,
+                        writing=True)
         assert native.write(bad, 0, n, True) == n
         assert list(bad.status) == [-errno.EBADF] * n
     finally:
@@ -134,17 +143,26 @@ def test_each_failure_is_reported_for_its_page_only(native: batch_io.BatchIO, bu
 def test_out_of_range_shares_and_mismatched_lists_are_refused(native: batch_io.BatchIO,
                                                               buf: HostBuffer) -> None:
     pages = _pages(buf)
-    empty = PageBatch(HL, [], [], [], [])
+    empty = PageBatch(MR, [], [], [], [], [], writing=False)
     assert native.read(empty, 0, 0) == 0 and native.write(empty, 0, 0, True) == 0  # nothing to move
-    r = PageBatch(HL, [0, 0, 0], [0, 0, 0], pages, [bytes(HL)] * 3)
+    r = PageBatch(MR, [0, 0, 0], [0, 0, 0], [0, 0, 0], pages, [bytes(MR)] * 3, writing=False)
     with pytest.raises(ValueError, match="read of pages"):
         native.read(r, 0, 4)
     with pytest.raises(ValueError, match="write of pages"):
-        native.write(r, 0, 3, True)  # a read batch has no end markers
+        native.write(r, 0, 3, True)  # a read batch
     with pytest.raises(ValueError, match="differ in length"):
-        PageBatch(HL, [0, 0], [0, 0, 0], pages, [bytes(HL)] * 3)
-    with pytest.raises(ValueError, match="64 bytes"):
-        PageBatch(HL, [0, 0, 0], [0, 0, 0], pages, [bytes(HL - 1)] * 3)
+        PageBatch(MR, [0, 0], [0, 0, 0], [0, 0, 0], pages, [bytes(MR)] * 3, writing=False)
+    with pytest.raises(ValueError, match="128 bytes"):
+        PageBatch(MR, [0, 0, 0], [0, 0, 0], [0, 0, 0], pages, [bytes(MR - 1)] * 3, writing=False)
+
+
+def test_a_library_of_another_format_is_refused() -> None:
+    """A build without hl3_abi (the format-1 library, or any other .so) is refused at load,
+    never called with format-2 arguments."""
+    spec = importlib.util.find_spec("hicache_l3._loopback_bind")
+    assert spec is not None and spec.origin is not None
+    with pytest.raises(RuntimeError, match="another slab format"):
+        batch_io.BatchIO(spec.origin)
 
 
 @pytest.mark.parametrize("writer_native, reader_native", [(True, False), (False, True)])
@@ -164,8 +182,8 @@ def test_native_and_python_paths_read_each_others_pages(tmp_path: Path, writer_n
 
 
 def test_header_struct_matches_the_library() -> None:
-    """The C code patches the checksum at byte 24 of a start header (HL3_CSUM_AT)."""
-    packed = START.pack(b"ABCD", 1, 0, 2, 3, 0x0102030405060708, bytes(16))
+    """The C code patches the checksum at byte 24 of a marker record (HL3_CSUM_AT)."""
+    packed = encode_marker(2, 3, 0x0102030405060708, bytes(16))
     assert struct.unpack_from("<Q", packed, 24)[0] == 0x0102030405060708
     assert f"HL3_CSUM_AT {24}" in Path(batch_io.__file__).parent.parent.joinpath(
         "native", "batch_io.c").read_text()
@@ -179,39 +197,43 @@ def test_stats_name_the_io_path(tmp_path: Path) -> None:
         assert conn.stats()["engine"]["io_path"] == "Python I/O"
 
 
-_ONE_CALL_SCRIPT = r"""
+_ORDER_SCRIPT = r"""
 import os, resource, signal, sys
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.slab import native as batch_io
 from hicache_l3.slab.native import PageBatch
 lib = batch_io.library()
-buf = HostBuffer(4096)
-buf.view()[:] = b"D" * 4096
-page = ((buf.address, 4096),)
-path, checksum = sys.argv[1], sys.argv[2] == "1"
+buf = HostBuffer(2 * 4096)
+buf.view()[:] = b"D" * 8192
+pages = [((buf.address, 4096),), ((buf.address + 4096, 4096),)]
+path, marker_at, data_at, limit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-resource.setrlimit(resource.RLIMIT_FSIZE, (64 + 4096, 64 + 4096))  # room for header + data only
-w = PageBatch(64, [fd], [0], [page], [bytes(64)], ends=[b"E" * 64], end_offsets=[64 + 4096])
-lib.write(w, 0, 1, checksum)
-print(w.status[0], os.fstat(fd).st_size)
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+w = PageBatch(128, [fd, fd], [data_at, data_at + 4096], [marker_at, marker_at + 128], pages,
+              [b"M" * 128] * 2, writing=True)
+lib.write(w, 0, 2, False)
+print(w.status[0], w.status[1], os.fstat(fd).st_size)
 """
 
 
-@pytest.mark.parametrize("checksum", [True, False])
-def test_a_checksummed_write_is_one_call_in_file_order(tmp_path: Path, checksum: bool) -> None:
-    """With a checksum and the end marker right after the data, header, data and marker go
-    in one pwritev, in file order: a write cut short (here by RLIMIT_FSIZE) leaves header
-    and data without the marker. Without a checksum the marker goes first, alone: cut
-    short, nothing else is written."""
-    out = subprocess.run([sys.executable, "-c", _ONE_CALL_SCRIPT, str(tmp_path / "slab"),
-                          "1" if checksum else "0"], check=True, capture_output=True, text=True,
+def _cut_write(tmp_path: Path, marker_at: int, data_at: int, limit: int) -> tuple[int, int, int]:
+    out = subprocess.run([sys.executable, "-c", _ORDER_SCRIPT, str(tmp_path / "slab"), str(marker_at),
+                          str(data_at), str(limit)], check=True, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-    status, size = map(int, out.stdout.split())
-    if checksum:
-        assert (status, size) == (batch_io.SHORT, 64 + 4096)
-    else:
-        assert (status, size) == (-errno.EFBIG, 0)
+    a, b, size = map(int, out.stdout.split())
+    return a, b, size
+
+
+def test_marker_records_are_written_before_any_data(tmp_path: Path) -> None:
+    """The write order of format 2, coalesced or not: the marker records first, then the
+    data; a page whose marker was not written writes no data. Writes are cut short by
+    RLIMIT_FSIZE here."""
+    # markers before the data in the file: the limit lets the markers land, not the data
+    assert _cut_write(tmp_path, 0, 4096, 4096 + 100) == (batch_io.SHORT, -errno.EFBIG, 4096 + 100)
+    assert (tmp_path / "slab").read_bytes()[:256] == b"M" * 256
+    # markers after the data in the file: they fail, and no data byte is written
+    assert _cut_write(tmp_path, 16384, 0, 8192) == (-errno.EFBIG, -errno.EFBIG, 0)
 
 
 def test_marker_calls_report_each_marker(native: batch_io.BatchIO, tmp_path: Path) -> None:
@@ -220,6 +242,13 @@ def test_marker_calls_report_each_marker(native: batch_io.BatchIO, tmp_path: Pat
     with open(tmp_path / "slab", "w+b") as f:
         fd = f.fileno()
         markers = [bytes([j + 1]) * HL for j in range(3)]
+        # adjacent markers move in one call; the results are the same
+        assert list(native.write_markers([fd] * 3, [100, 100 + HL, 100 + 2 * HL], b"".join(markers),
+                                         HL)) == [0, 0, 0]
+        assert os.pread(fd, 3 * HL, 100) == b"".join(markers)
+        got = native.read_markers([fd] * 3, [100, 100 + HL, 100 + 2 * HL],
+                                  b"".join([markers[0], b"y" * HL, markers[2]]), HL)
+        assert list(got) == [batch_io.OK, batch_io.HEADER, batch_io.OK]
         assert list(native.write_markers([fd] * 3, [0, 1000, 5000], b"".join(markers), HL)) == [0, 0, 0]
         assert os.pread(fd, HL, 1000) == markers[1]
         expect = [markers[0], b"x" * HL, markers[2]]

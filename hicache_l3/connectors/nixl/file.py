@@ -8,15 +8,18 @@ bytes move:
   regions) and slab files registered once per agent as ``FILE`` (a slab's descriptor is
   registered the first time a page touches it and kept until close: no per-batch
   registration);
-* slot markers (64-byte start header and end marker): all markers of a batch in one call
-  of the C batch library (:meth:`~hicache_l3.slab.native.BatchIO.write_markers`,
-  :meth:`~hicache_l3.slab.native.BatchIO.read_markers`; GIL released once), or with
-  ``native_io=false`` or no library built, an ``os.pwrite``/``os.pread`` per marker.
-  They are tiny, and the slot protocol needs an order that one NIXL transfer does not
-  give (its descriptors complete in any order): a set writes the end marker, then the
-  data (NIXL), then the start header; a get reads the data (NIXL), then header and end
-  marker, and accepts the page only if both carry the generation and key fingerprint
-  the index gave. A reader overlapping a reuse of the slot sees a new end marker and
+* slot marker records (128 bytes each, in the group tables of slab format 2, apart from
+  the data): all records of a batch in one call of the C batch library
+  (:meth:`~hicache_l3.slab.native.BatchIO.write_markers`,
+  :meth:`~hicache_l3.slab.native.BatchIO.read_markers`; GIL released once, adjacent
+  records in one syscall), or with ``native_io=false`` or no library built, an
+  ``os.pwrite``/``os.pread`` per record. So the NIXL descriptors cover the page data
+  only, exactly as raw NIXL's do. The slot protocol needs an order that one NIXL
+  transfer does not give (its descriptors complete in any order): a set writes the
+  marker records, then the data (NIXL); a get reads the data (NIXL), then the marker
+  records, and accepts a page only if its record carries the generation, length,
+  checksum and key fingerprint the index gave (:mod:`hicache_l3.slab.format`, "The
+  torn-slot argument"). A reader overlapping a reuse of the slot sees a new record and
   misses; a torn or recycled slot is a miss, never somebody else's bytes.
 
 Checksums: ``checksum=auto`` means none here. Measured on this machine, XXH3 over a
@@ -30,6 +33,7 @@ verified).
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import threading
 from collections.abc import Callable
@@ -44,10 +48,11 @@ from hicache_l3.common.parallel import BatchPool
 from hicache_l3.connectors.nixl.base import Agent, NixlConfig, NixlConnector, Unit, run_units
 from hicache_l3.slab import native
 from hicache_l3.slab.engine import SlabConnector
-from hicache_l3.slab.format import MARKER, encode_end, encode_start
+from hicache_l3.slab.format import END_MAGIC, FORMAT_VERSION, MARKER_RECORD, RECORD_BYTES, START_MAGIC
 from hicache_l3.slab.io import CHECKSUM, HEADER, OK, SHORT, ReadBatch, SlotTransport, WriteBatch, verify
 from hicache_l3.slab.store import SlabStore
 
+_new_unit = functools.partial(tuple.__new__, Unit)  # Unit(*fields) without its Python __new__
 ENGINE_PARAMS = {"aio": "use_aio", "uring": "use_uring", "posix_aio": "use_posix_aio"}
 
 
@@ -81,58 +86,53 @@ class NixlTransport(SlotTransport):
 
     @staticmethod
     def _unit(page: Page, fd: int, offset: int) -> Unit:
+        if len(page) == 1:  # the common page: one segment
+            address, length = page[0]
+            return _new_unit(([(address, length, 0)], [(offset, length, fd)]))
         local, remote = [], []
         for address, length in page:
             local.append((address, length, 0))
             remote.append((offset, length, fd))
             offset += length
-        return Unit(local, remote)
+        return _new_unit((local, remote))
 
     def write(self, store: SlabStore, batch: WriteBatch) -> None:
-        """End markers (``pwrite``), the data of every page (one NIXL transfer), then
-        each start header (``pwrite``)."""
+        """Every page's marker record (one library call), then the data of every page
+        whose marker was written (one NIXL transfer)."""
         geometry, slots, status = batch.geometry, batch.slots, batch.status
         nbytes = geometry.slot_bytes
         sums = self._checksums(batch.pages) if batch.checksum else [0] * len(slots)
-        fps = list(map(key_fingerprint, batch.keys))
-        ends = self._put_markers([s[0] for s in slots], [geometry.end_offset(s[2]) for s in slots],
-                                 [encode_end(s[3], fp) for s, fp in zip(slots, fps)])
+        data_at, marker_at = geometry.offsets(s[2] for s in slots)
+        pack = MARKER_RECORD.pack
+        marks = self._put_markers(
+            [s[0] for s in slots], marker_at,
+            [pack(START_MAGIC, FORMAT_VERSION, 0, s[3], nbytes, c, fp, END_MAGIC, s[3], fp)
+             for s, c, fp in zip(slots, sums, map(key_fingerprint, batch.keys))])
         units, staged = [], []
-        for j, (fd, _, slot, _gen) in enumerate(slots):
-            if ends[j] != OK:
-                status[j] = ends[j] if ends[j] < 0 else SHORT
+        for j, (fd, _, _, _) in enumerate(slots):
+            if marks[j] != OK:
+                status[j] = marks[j] if marks[j] < 0 else SHORT
                 continue
-            units.append(self._unit(batch.pages[j], fd, geometry.data_offset(slot)))
+            units.append(self._unit(batch.pages[j], fd, data_at[j]))
             staged.append(j)
         batch.held.update(staged)  # until the transfer is known to have ended
         results = run_units(self._transfer("WRITE"), units, self.max_descs)
-        moved = []
         for j, result in zip(staged, results):
             if result is not Reason.TIMEOUT:
                 batch.held.discard(j)
             if result is not Reason.OK:
                 batch.fail(j, result)
                 continue
-            moved.append(j)
-        heads = self._put_markers([slots[j][0] for j in moved],
-                                  [geometry.header_offset(slots[j][2]) for j in moved],
-                                  [encode_start(slots[j][3], nbytes, sums[j], fps[j]) for j in moved])
-        for j, code in zip(moved, heads):
-            if code == OK:
-                batch.checksums[j] = sums[j]
-                status[j] = OK
-            elif code < 0:
-                status[j] = code
-            else:
-                batch.fail(j, Reason.ENGINE_ERROR)
+            batch.checksums[j] = sums[j]
+            status[j] = OK
 
     def read(self, store: SlabStore, batch: ReadBatch) -> None:
-        """The data of every page (one NIXL transfer), then each header and end marker
-        (a rewrite that began meanwhile shows in the end marker), then checksums."""
+        """The data of every page (one NIXL transfer), then every marker record (a
+        rewrite that began meanwhile shows there), then checksums."""
         geometry, located, status = batch.geometry, batch.located, batch.status
         work = list(range(len(located)))
-        units = [self._unit(batch.pages[j], fd, geometry.data_offset(entry.slot))
-                 for j, (fd, entry) in enumerate(located)]
+        data_at, _ = geometry.offsets(loc[1][2] for loc in located)
+        units = [self._unit(batch.pages[j], located[j][0], data_at[j]) for j in work]
         results = run_units(self._transfer("READ"), units, self.max_descs, reread=True)
         moved = [j for j, r in zip(work, results) if r is Reason.OK]
         check = [j for j in moved if located[j].entry.checksum]
@@ -146,50 +146,44 @@ class NixlTransport(SlotTransport):
                 code = CHECKSUM
             status[j] = code
 
-    def _put_markers(self, fds: list[int], offsets: list[int], markers: list[bytes]) -> list[int]:
-        """Write each marker at its offset; one status per marker (OK, SHORT or -errno)."""
+    def _put_markers(self, fds: list[int], offsets: list[int], records: list[bytes]) -> list[int]:
+        """Write each marker record at its offset; one status per record (OK, SHORT or -errno)."""
         if self.lib is not None:
-            return list(self.lib.write_markers(fds, offsets, b"".join(markers), MARKER))
+            return list(self.lib.write_markers(fds, offsets, b"".join(records), RECORD_BYTES))
         out = []
-        for fd, offset, marker in zip(fds, offsets, markers):
+        for fd, offset, record in zip(fds, offsets, records):
             try:
-                out.append(OK if os.pwrite(fd, marker, offset) == MARKER else SHORT)
+                out.append(OK if os.pwrite(fd, record, offset) == RECORD_BYTES else SHORT)
             except OSError as exc:
                 out.append(-(exc.errno or errno.EIO))
         return out
 
     def _check_markers(self, batch: ReadBatch, moved: list[int]) -> list[int]:
-        """Per page ``moved[k]``: OK when its start header and end marker carry its entry
-        and key (:func:`~hicache_l3.slab.io.verify`), HEADER when not or cut short, -errno."""
+        """Per page ``moved[k]``: OK when its marker record carries its entry and key
+        (:func:`~hicache_l3.slab.io.verify`), HEADER when not or cut short, -errno."""
         geometry, located, keys = batch.geometry, batch.located, batch.keys
+        _, marker_at = geometry.offsets(located[j][1][2] for j in moved)
         if self.lib is None:
-            start, end = memoryview(bytearray(MARKER)), memoryview(bytearray(MARKER))
+            record = memoryview(bytearray(RECORD_BYTES))
             out = []
-            for j in moved:
+            for k, j in enumerate(moved):
                 fd, entry = located[j]
                 try:
-                    ok = os.preadv(fd, [start], geometry.header_offset(entry.slot)) == MARKER
-                    ok = ok and os.preadv(fd, [end], geometry.end_offset(entry.slot)) == MARKER
+                    ok = os.preadv(fd, [record], marker_at[k]) == RECORD_BYTES
                 except OSError as exc:
                     out.append(-(exc.errno or errno.EIO))
                     continue
-                out.append(verify(start, end, entry, keys[j], None) if ok else HEADER)
+                out.append(verify(record, entry, keys[j], None) if ok else HEADER)
             return out
-        fds: list[int] = []
-        offsets: list[int] = []
-        expect: list[bytes] = []
-        for j in moved:  # header then end marker of each page: the same checks as verify()
-            fd, e = located[j]
+        pack = MARKER_RECORD.pack
+        expect = []
+        for j in moved:
+            e = located[j][1]
             fp = key_fingerprint(keys[j])
-            fds += (fd, fd)
-            offsets += (geometry.header_offset(e.slot), geometry.end_offset(e.slot))
-            expect += (encode_start(e.gen, e.length, e.checksum, fp), encode_end(e.gen, fp))
-        got = self.lib.read_markers(fds, offsets, b"".join(expect), MARKER)
-        out = []
-        for k in range(len(moved)):
-            head, tail = got[2 * k], got[2 * k + 1]
-            out.append(head if head < 0 else tail if tail < 0 else OK if head == tail == OK else HEADER)
-        return out
+            expect.append(pack(START_MAGIC, FORMAT_VERSION, 0, e[3], e[4], e[5], fp, END_MAGIC, e[3], fp))
+        got = self.lib.read_markers([located[j][0] for j in moved], marker_at, b"".join(expect),
+                                    RECORD_BYTES)
+        return [code if code <= 0 else HEADER for code in got]
 
     def close(self) -> None:
         """Stop the checksum threads (the agent deregisters the slab files it registered)."""
