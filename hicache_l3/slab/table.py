@@ -44,19 +44,19 @@ from hicache_l3.slab.format import Entry
 
 DIGEST_SEED = 0x6869636163686533  # "hicache3": any fixed non-zero seed; never change it
 DIGEST_BYTES = 16
-_xxh3_128 = xxhash.xxh3_128_digest
+xxh3_128 = xxhash.xxh3_128_digest  # (data, seed) -> 16 bytes
 _make_entry = Entry._make
 Where = tuple[int, int, int]
 
 
 def digest(key: str) -> bytes:
     """The 16-byte table digest of ``key`` (seeded XXH3-128 of its UTF-8 bytes)."""
-    return _xxh3_128(key.encode(), DIGEST_SEED)
+    return xxh3_128(key.encode(), DIGEST_SEED)
 
 
 def digests(keys: Sequence[str]) -> list[bytes]:
     """:func:`digest` of each key."""
-    h, seed = _xxh3_128, DIGEST_SEED
+    h, seed = xxh3_128, DIGEST_SEED
     return [h(k.encode(), seed) for k in keys]
 
 
@@ -120,6 +120,10 @@ class PageTable(Protocol):
     def select(self, writer: int | None = None, slab: int | None = None) -> list[tuple[bytes, Entry]]:
         """``(digest, entry)`` of every page of ``writer`` (any when None) in ``slab`` (any
         when None), in no particular order."""
+        ...
+
+    def count(self, writer: int | None = None, slab: int | None = None) -> int:
+        """How many pages :meth:`select` would return."""
         ...
 
     def slot_items(self) -> list[tuple[Where, bytes]]:
@@ -232,6 +236,10 @@ class DictPageTable:
     def select(self, writer: int | None = None, slab: int | None = None) -> list[tuple[bytes, Entry]]:
         return [(d, e) for d, e in self._pages.items()
                 if (writer is None or e[0] == writer) and (slab is None or e[1] == slab)]
+
+    def count(self, writer: int | None = None, slab: int | None = None) -> int:
+        return sum(1 for e in self._pages.values()
+                   if (writer is None or e[0] == writer) and (slab is None or e[1] == slab))
 
     def slot_items(self) -> list[tuple[Where, bytes]]:
         return list(self._at.items())
@@ -396,6 +404,10 @@ class NativePageTable:
 
     def select(self, writer: int | None = None, slab: int | None = None) -> list[tuple[bytes, Entry]]:
         return list(zip(*split_snapshot(*self._select(writer, slab))))
+
+    def count(self, writer: int | None = None, slab: int | None = None) -> int:
+        return int(self._lib.select(self._t, -1 if writer is None else writer,
+                                    -1 if slab is None else slab, None, None, 0))
 
     def slot_items(self) -> list[tuple[Where, bytes]]:
         n = self._lib.slots(self._t, None, None, 0)

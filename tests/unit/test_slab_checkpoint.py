@@ -6,6 +6,7 @@ crashed writers; a torn, damaged or planted checkpoint is ignored (full replay).
 
 from __future__ import annotations
 
+import array
 import contextlib
 import os
 import tempfile
@@ -23,6 +24,7 @@ from hicache_l3.slab.files import SlabFiles
 from hicache_l3.slab.format import RECORD, Entry
 from hicache_l3.slab.index import SlabIndex
 from hicache_l3.slab.store import SlabStore
+from hicache_l3.slab.table import digest
 
 NS = Namespace(model="ckpt-test", kv_dtype="uint8", layout="page_first", page_size=64, tag="t")
 SLOT = 64
@@ -51,10 +53,11 @@ def fresh_indexes(store: SlabStore) -> tuple[SlabIndex, SlabIndex]:
 
 
 def view(index: SlabIndex) -> dict[str, Any]:
-    """What must agree: entries, the slot inverse, each log's generation and foreign DELs."""
+    """What must agree: entries (by key digest), the slot inverse, each log's generation
+    and foreign DELs."""
     return {
-        "entries": dict(index.entries),
-        "slot_key": dict(index.slot_key),
+        "entries": dict(index.table.select()),
+        "slot_key": dict(index.table.slot_items()),
         "max_gen": {w: t.max_gen for w, t in index.tails.items()},
         "foreign": {w: list(t.foreign_dels) for w, t in index.tails.items() if t.foreign_dels},
     }
@@ -129,7 +132,7 @@ def run_history(root: Path, ops: list[tuple[str, int, Any]]) -> list[SlabStore]:
         elif op == "drop":
             k = key(*arg)
             store.refresh()
-            entry = store.index.entries.get(k)
+            entry = store.index.entry(k)
             if entry is not None:
                 store.invalidate(k, entry)
         elif op == "compact":
@@ -180,9 +183,9 @@ def test_checkpoint_plus_tail_equals_full_replay(ops: list[tuple[str, int, Any]]
                 store.refresh()
             with indexes(stores[0]) as (oracle, _):
                 for store in stores:
-                    live = dict(store.index.entries)
+                    live = dict(store.index.table.select())
                     live.update(store.index.unlogged)
-                    assert live == oracle.entries
+                    assert live == dict(oracle.table.select())
         finally:
             for store in stores:
                 store.close()
@@ -224,7 +227,7 @@ def test_unusable_checkpoint_is_ignored(tmp_path: Path, damage: str,
     elif damage == "directory":
         path.mkdir()
     else:
-        path.write_bytes(data[:8] + (2).to_bytes(4, "little") + data[12:])
+        path.write_bytes(data[:8] + (1).to_bytes(4, "little") + data[12:])  # keys, not digests
     try:
         with indexes(store) as (oracle, candidate):
             assert view(candidate) == view(oracle)
@@ -266,34 +269,44 @@ def test_compacted_log_is_read_again_from_its_start(tmp_path: Path) -> None:
         (store.directory / checkpoint.CHECKPOINT_FILE).write_bytes(ckpt)
         with indexes(store) as (oracle, candidate):
             assert view(candidate) == view(oracle)
-            assert sorted(k for k in candidate.entries if k.startswith("w1")) == keys[2:]
+            assert [candidate.entry(k) is not None for k in keys] == [False] * 2 + [True] * 3
     finally:
         other.close()
         store.close()
 
 
-def test_key_with_nul_writes_no_checkpoint(tmp_path: Path) -> None:
-    store = open_store(tmp_path)
+def test_key_with_nul_writes_no_checkpoint_while_a_foreign_del_holds_it(tmp_path: Path) -> None:
+    """The checkpoint holds digests, not keys, except the keys of DELs for other writers'
+    slots (NUL-separated): a stored key with a NUL is fine, a foreign DEL of one is not."""
+    store, other = open_store(tmp_path), open_store(tmp_path)
     try:
         keys = ["plain", "nul\0inside"]
         plan = store.reserve_new(keys)
         store.commit(keys, plan.slots, [0, 0])
         with store._lock:
-            assert not store.index.save_checkpoint()
+            assert store.index.save_checkpoint()
+        (store.directory / checkpoint.CHECKPOINT_FILE).unlink()
+        assert other.delete(["nul\0inside"]) == [True]
+        with other._lock:
+            assert not other.index.save_checkpoint()
         assert not (store.directory / checkpoint.CHECKPOINT_FILE).exists()
     finally:
+        other.close()
         store.close()
 
 
 def test_encode_decode_round_trip() -> None:
-    entries = {"a": Entry(0, 1, 2, 3, 4, 5), "": Entry(1, 0, 0, 9, 64, 0), "é": Entry(2, 3, 4, 5, 6, 7)}
-    marks = [checkpoint.LogMark(0, 11, 100, 3, 5, 6, [("x", Entry(1, 0, 1, 2, 3, 4))]),
+    entries = {"a": Entry(0, 1, 2, 3, 4, 5), "": Entry(1, 0, 0, 9, 64, 0),
+               "é": Entry(2, 3, 4, 5, 6, 2**64 - 1)}
+    values = array.array("Q", [f for e in entries.values() for f in e])
+    dels = [("x", Entry(1, 0, 1, 2, 3, 4)), ("é", Entry(1, 0, 2, 2, 3, 4))]
+    marks = [checkpoint.LogMark(0, 11, 100, 3, 5, 6, dels),
              checkpoint.LogMark(1, 12, 0, 0, 0, 0, [])]
-    state = checkpoint.IndexState(entries, {(1, 0, 1): 2}, marks)
+    state = checkpoint.IndexState(b"".join(map(digest, entries)), values, {(1, 0, 1): 2}, marks)
     data = checkpoint.encode(state)
     assert data is not None
     assert checkpoint.decode(data) == state
-    empty = checkpoint.IndexState({}, {}, [])
+    empty = checkpoint.IndexState(b"", array.array("Q"), {}, [])
     data = checkpoint.encode(empty)
     assert data is not None and checkpoint.decode(data) == empty
 
@@ -429,7 +442,7 @@ def test_writer_killed_mid_checkpoint_leaves_the_old_one(tmp_path: Path) -> None
         with indexes(reader) as (oracle, candidate):
             assert view(candidate) == view(oracle)
             assert candidate.checkpoint_pages == 20 and candidate.replayed == 20
-            assert len(candidate.entries) == 40
+            assert len(candidate) == 40
     finally:
         reader.close()
 
