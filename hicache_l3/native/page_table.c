@@ -346,8 +346,16 @@ int hl3_pt_put_many(hl3_table *t, size_t n, const uint8_t *digests, const uint64
             return HL3_PT_BADVALUE;
     if (reserve(t, n) != 0)
         return HL3_PT_NOMEM;
-    for (size_t i = 0; i < n; i++)
+    enum { AHEAD = 8 }; /* buckets of later pages are fetched while this one is put */
+    for (size_t i = 0; i < n; i++) {
+        if (i + AHEAD < n) {
+            const uint64_t *v = values + 6 * (i + AHEAD);
+            __builtin_prefetch(&t->pages[page_home(digests + 16 * (i + AHEAD)) & (t->pcap - 1)], 1);
+            __builtin_prefetch(&t->inv[slot_home((uint32_t)v[0], (uint32_t)v[1], (uint32_t)v[2])
+                                      & (t->icap - 1)], 1);
+        }
         put_one(t, digests + 16 * i, values + 6 * i);
+    }
     return 0;
 }
 
@@ -425,6 +433,19 @@ int hl3_pt_at(const hl3_table *t, uint64_t w, uint64_t s, uint64_t sl, uint8_t *
     if (found)
         memcpy(digest, t->inv[i].digest, 16);
     return found;
+}
+
+/* hl3_pt_at of the n slots ``where`` (writer, slab, slot as three uint64 each): found[i]
+ * 1 (digest at ``digests + 16 i``) or 0; how many were found. */
+size_t hl3_pt_at_many(const hl3_table *t, size_t n, const uint64_t *where, uint8_t *digests,
+                      uint8_t *found)
+{
+    size_t hits = 0;
+    for (size_t i = 0; i < n; i++) {
+        found[i] = (uint8_t)hl3_pt_at(t, where[3 * i], where[3 * i + 1], where[3 * i + 2], digests + 16 * i);
+        hits += found[i];
+    }
+    return hits;
 }
 
 /* The pages of ``writer`` (all when negative) in ``slab`` (any when negative), in bucket

@@ -352,6 +352,16 @@ class SlabIndex:
         self.unlogged[d] = entry
         self.unlogged_at[(entry.writer, entry.slab, entry.slot)] = d
 
+    def remove_unlogged_many(self, ds: Sequence[bytes]) -> None:
+        """:meth:`remove_unlogged` of each indexed digest of ``ds`` (with its entry now)."""
+        entries = self.table.get_many(ds)
+        unlogged, unlogged_at = self.unlogged, self.unlogged_at
+        for d, entry in zip(ds, entries):
+            if entry is not None:
+                unlogged[d] = entry
+                unlogged_at[(entry.writer, entry.slab, entry.slot)] = d
+        self.table.pop_many(ds)
+
     def drop(self, d: bytes, entry: Entry) -> bool:
         """Forget digest ``d`` if it still maps to ``entry`` (found unreadable); True if it
         did."""

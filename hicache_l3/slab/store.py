@@ -259,14 +259,10 @@ class SlabStore:
         table = index.table
         n = min(count, len(lru))
         popitem = lru.popitem
-        for _ in range(n):
-            where, _ = popitem(last=False)
-            d = table.at((me, *where))
-            if d is not None:
-                entry = table.get(d)
-                assert entry is not None  # the slot inverse names only indexed pages
-                index.remove_unlogged(d, entry)  # no DEL: the slot's next PUT supersedes it
-            into.append(where)
+        wheres = [popitem(last=False)[0] for _ in range(n)]
+        held = [d for d in table.at_many([(me, slab, slot) for slab, slot in wheres]) if d is not None]
+        index.remove_unlogged_many(held)  # no DEL: each slot's next PUT supersedes its page
+        into.extend(wheres)
         self.evictions += n
         return n
 

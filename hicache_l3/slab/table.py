@@ -33,6 +33,7 @@ from __future__ import annotations
 import array
 import ctypes
 import importlib.util
+import itertools
 import sys
 import threading
 from collections.abc import Sequence
@@ -91,6 +92,10 @@ class PageTable(Protocol):
 
     def at(self, where: Where) -> bytes | None:
         """The digest whose page is in slot ``where`` (writer, slab, slot), or None."""
+        ...
+
+    def at_many(self, wheres: Sequence[Where]) -> list[bytes | None]:
+        """:meth:`at` of each slot."""
         ...
 
     def put(self, d: bytes, entry: Entry) -> None:
@@ -185,6 +190,10 @@ class DictPageTable:
 
     def at(self, where: Where) -> bytes | None:
         return self._at.get(where)
+
+    def at_many(self, wheres: Sequence[Where]) -> list[bytes | None]:
+        get = self._at.get
+        return [get(w) for w in wheres]
 
     def put(self, d: bytes, entry: Entry) -> None:
         _check(entry)
@@ -287,6 +296,7 @@ class _Library:
         self.pop_many = fn("hl3_pt_pop_many", _sz, _vp, _sz, ctypes.c_char_p)
         self.pop = fn("hl3_pt_pop", ctypes.c_int, _vp, ctypes.c_char_p, _vp)
         self.at = fn("hl3_pt_at", ctypes.c_int, _vp, _u64, _u64, _u64, _vp)
+        self.at_many = fn("hl3_pt_at_many", _sz, _vp, _sz, _vp, _vp, _vp)
         self.select = fn("hl3_pt_select", _sz, _vp, _i64, _i64, _vp, _vp, _sz)
         self.slots = fn("hl3_pt_slots", _sz, _vp, _vp, _vp, _sz)
 
@@ -355,6 +365,20 @@ class NativePageTable:
         if not self._lib.at(self._t, w, slab, slot, _address(out)):
             return None
         return bytes(out)
+
+    def at_many(self, wheres: Sequence[Where]) -> list[bytes | None]:
+        n = len(wheres)
+        if not n:
+            return []
+        try:
+            where = array.array("Q", itertools.chain.from_iterable(wheres))
+        except OverflowError:  # a negative number: no such slot
+            return [self.at(w) for w in wheres]
+        if len(where) != 3 * n:
+            raise ValueError("page table: a slot is (writer, slab, slot)")
+        ds, found = bytearray(16 * n), bytearray(n)
+        self._lib.at_many(self._t, n, where.buffer_info()[0], _address(ds), _address(found))
+        return [bytes(ds[16 * i : 16 * i + 16]) if f else None for i, f in enumerate(found)]
 
     def put(self, d: bytes, entry: Entry) -> None:
         self.put_many((d,), (entry,))
@@ -428,10 +452,8 @@ class NativePageTable:
 
 
 def _values(entries: Sequence[Entry]) -> array.array[int]:
-    values = array.array("Q")
     try:
-        for e in entries:
-            values.extend(e)
+        values = array.array("Q", itertools.chain.from_iterable(entries))
     except OverflowError:
         raise ValueError("page table: an entry is out of range (negative or over 64 bits)") from None
     return values

@@ -44,6 +44,8 @@ OP = st.one_of(
     st.tuples(st.just("pop_many"), st.lists(DIG, max_size=30)),
     st.tuples(st.just("get_many"), st.lists(DIG, max_size=30)),
     st.tuples(st.just("at"), st.tuples(st.integers(0, 2), st.integers(0, 2), st.integers(0, 40))),
+    st.tuples(st.just("at_many"), st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2),
+                                                     st.integers(0, 40)), max_size=10)),
     st.tuples(st.just("select"), st.one_of(st.none(), st.integers(0, 2)),
               st.one_of(st.none(), st.integers(0, 2))),
     st.tuples(st.just("reload")),
@@ -69,6 +71,8 @@ def _apply(table: PageTable, op: tuple) -> object:
         return table.get_many(op[1]), table.contains_many(op[1]), [table.get(d) for d in op[1]]
     if kind == "at":
         return table.at(op[1])
+    if kind == "at_many":
+        return table.at_many(op[1])
     if kind == "select":
         return sorted(table.select(op[1], op[2]))
     snapshot = table.export()  # "reload": the export loads into a fresh table identically
