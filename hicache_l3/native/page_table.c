@@ -359,34 +359,6 @@ int hl3_pt_put_many(hl3_table *t, size_t n, const uint8_t *digests, const uint64
     return 0;
 }
 
-/* Put pages in order while each is plain (its digest absent, its slot free, and
- * ``slow[i]`` zero when ``slow`` is given); stops before the first that is not. How many
- * were put, or a negative HL3_PT_* code (nothing applied). */
-long hl3_pt_put_new_run(hl3_table *t, size_t n, const uint8_t *digests, const uint64_t *values,
-                        const uint8_t *slow)
-{
-    for (size_t i = 0; i < n; i++)
-        if (!valid(values + 6 * i))
-            return HL3_PT_BADVALUE;
-    if (reserve(t, n) != 0)
-        return HL3_PT_NOMEM;
-    size_t i = 0;
-    for (; i < n; i++) {
-        const uint64_t *v = values + 6 * i;
-        int found;
-        if (slow != NULL && slow[i])
-            break;
-        page_find(t, digests + 16 * i, &found);
-        if (found)
-            break;
-        inv_find(t, (uint32_t)v[0], (uint32_t)v[1], (uint32_t)v[2], &found);
-        if (found)
-            break;
-        put_one(t, digests + 16 * i, v);
-    }
-    return (long)i;
-}
-
 /* found[i] = 1 where digest i has a page (its values land in values + 6 i when values is
  * not NULL), else 0; the number found. Probes are prefetched a few keys ahead. */
 size_t hl3_pt_get_many(const hl3_table *t, size_t n, const uint8_t *digests, uint64_t *values,

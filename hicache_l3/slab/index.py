@@ -197,41 +197,31 @@ class SlabIndex:
         if skipped:
             log.warning("%s: %d damaged bytes skipped (the records around them are kept)",
                         tail.path, skipped)
-        # runs of plain PUTs (not blocked by a DEL mark, no unlogged page to settle: then a
-        # PUT is exactly table.put) go to the table in one call each
-        h, seed, deleted = xxh3_128, DIGEST_SEED, self.deleted
-        run_d: list[bytes] = []
+        h, seed = xxh3_128, DIGEST_SEED
+        run_d: list[bytes] = []  # the PUTs since the last DEL, applied together
         run_e: list[Entry] = []
         max_gen = tail.max_gen
         for kind, key, entry in records:
             if kind == PUT:
-                d = h(key.encode(), seed)
+                run_d.append(h(key.encode(), seed))
+                run_e.append(entry)
                 if entry.gen > max_gen:
                     max_gen = entry.gen
-                if not self.unlogged and (not deleted or deleted.get(entry[:3], 0) < entry.gen):
-                    run_d.append(d)
-                    run_e.append(entry)
-                    continue
-                self._flush(run_d, run_e)
-                self.apply_put(d, entry)
             elif kind == DEL:
-                self._flush(run_d, run_e)
+                if run_d:
+                    self.apply_puts(run_d, run_e)
+                    run_d, run_e = [], []
                 self.apply_del(h(key.encode(), seed), entry)
                 if entry.writer != writer:
                     tail.foreign_dels.append((key, entry))
             elif kind == GEN:
                 max_gen = max(max_gen, entry.gen)
-        self._flush(run_d, run_e)
+        if run_d:
+            self.apply_puts(run_d, run_e)
         tail.max_gen = max_gen
         tail.offset += used
         self.applied += len(records)
         self.replayed += len(records)
-
-    def _flush(self, run_d: list[bytes], run_e: list[Entry]) -> None:
-        if run_d:
-            self.table.put_many(run_d, run_e)
-            run_d.clear()
-            run_e.clear()
 
     def apply_put(self, d: bytes, entry: Entry) -> None:
         """The key of digest ``d`` is now in ``entry``'s slot (superseding what that slot
@@ -246,11 +236,8 @@ class SlabIndex:
         where = (entry.writer, entry.slab, entry.slot)
         table = self.table
         blocked = self.deleted.get(where, 0) >= entry.gen
-        if self.unlogged:  # the logs' view: this PUT supersedes the key's and the slot's page
-            old = self.unlogged.get(d)
-            if old is not None and (not blocked or (old.writer == entry.writer and old.gen < entry.gen)):
-                self._unlog(d)
-            self._unlog(self.unlogged_at.get(where), where)
+        if self.unlogged:
+            self._settle_unlogged(d, entry, blocked)
         if not blocked:
             table.put(d, entry)  # supersedes the slot's page and the key's former slot
             return
@@ -261,22 +248,34 @@ class SlabIndex:
         if previous is not None and previous.writer == entry.writer and previous.gen < entry.gen:
             table.pop(d)
 
-    def apply_own_puts(self, ds: Sequence[bytes], entries: Sequence[Entry]) -> None:
-        """:meth:`apply_put` of each ``ds[j]``/``entries[j]``, entries this process just
-        wrote into its own reserved slots: runs of the common case (a new key in a slot no
-        key holds) go to the table in one call, the others take :meth:`apply_put`."""
-        slow: bytes | None = None
-        deleted, unlogged, unlogged_at = self.deleted, self.unlogged, self.unlogged_at
-        if deleted or unlogged:
-            slow = bytes([d in unlogged or (e.writer, e.slab, e.slot) in unlogged_at
-                          or deleted.get((e.writer, e.slab, e.slot), 0) >= e.gen
-                          for d, e in zip(ds, entries)])
-        i, n = 0, len(ds)
-        while i < n:
-            i = self.table.put_new_run(ds, entries, i, slow)
-            if i < n:
-                self.apply_put(ds[i], entries[i])
-                i += 1
+    def _settle_unlogged(self, d: bytes, entry: Entry, blocked: bool) -> None:
+        """The logs' view of a PUT: it supersedes the key's and the slot's unlogged page."""
+        where = (entry.writer, entry.slab, entry.slot)
+        old = self.unlogged.get(d)
+        if old is not None and (not blocked or (old.writer == entry.writer and old.gen < entry.gen)):
+            self._unlog(d)
+        self._unlog(self.unlogged_at.get(where), where)
+
+    def apply_puts(self, ds: Sequence[bytes], entries: Sequence[Entry]) -> None:
+        """:meth:`apply_put` of each ``ds[j]``/``entries[j]`` in order. Unblocked PUTs (no
+        DEL mark for their page: then a PUT is exactly ``table.put`` once its unlogged
+        pages are settled) go to the table together, in one call per run."""
+        deleted = self.deleted
+        run_d: list[bytes] = []
+        run_e: list[Entry] = []
+        for d, entry in zip(ds, entries):
+            if deleted and deleted.get(entry[:3], 0) >= entry.gen:
+                if run_d:
+                    self.table.put_many(run_d, run_e)
+                    run_d, run_e = [], []
+                self.apply_put(d, entry)
+                continue
+            if self.unlogged:
+                self._settle_unlogged(d, entry, False)
+            run_d.append(d)
+            run_e.append(entry)
+        if run_d:
+            self.table.put_many(run_d, run_e)
 
     def apply_del(self, d: bytes, entry: Entry) -> None:
         """The exact page ``entry`` of the key of digest ``d`` is gone (a newer page of the

@@ -300,7 +300,7 @@ class SlabStore:
             tail = self.index.tails[me]
             tail.offset += len(records)
             tail.max_gen = max(tail.max_gen, *(e[3] for e in entries))
-            self.index.apply_own_puts(ds, entries)
+            self.index.apply_puts(ds, entries)
             lru = self._lru
             for entry in entries:
                 where = (entry[1], entry[2])

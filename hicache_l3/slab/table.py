@@ -106,14 +106,6 @@ class PageTable(Protocol):
         """:meth:`put` of each pair, in order."""
         ...
 
-    def put_new_run(self, ds: Sequence[bytes], entries: Sequence[Entry], start: int,
-                    slow: bytes | None = None) -> int:
-        """Put pairs from ``start`` on, in order, while each is plain: its digest has no
-        page, its slot holds none, and ``slow[i]`` (when given, indexed like ``ds``) is 0;
-        stop before the first that is not. Returns the index stopped at (``len(ds)`` when
-        all were put)."""
-        ...
-
     def pop(self, d: bytes) -> Entry | None:
         """Remove ``d``'s page (and its inverse); the page it had, or None."""
         ...
@@ -217,22 +209,6 @@ class DictPageTable:
         for d, entry in zip(ds, entries):
             self._put(d, entry)
 
-    def put_new_run(self, ds: Sequence[bytes], entries: Sequence[Entry], start: int,
-                    slow: bytes | None = None) -> int:
-        for entry in entries[start:]:
-            _check(entry)
-        pages, at = self._pages, self._at
-        i = start
-        while i < len(ds):
-            d, entry = ds[i], entries[i]
-            where = (entry[0], entry[1], entry[2])
-            if (slow is not None and slow[i]) or d in pages or where in at:
-                break
-            pages[d] = entry
-            at[where] = d
-            i += 1
-        return i
-
     def pop(self, d: bytes) -> Entry | None:
         entry = self._pages.pop(d, None)
         if entry is not None:
@@ -290,8 +266,6 @@ class _Library:
         self.len = fn("hl3_pt_len", _sz, _vp)
         self.nbytes = fn("hl3_pt_nbytes", _sz, _vp)
         self.put_many = fn("hl3_pt_put_many", ctypes.c_int, _vp, _sz, ctypes.c_char_p, _vp)
-        self.put_new_run = fn("hl3_pt_put_new_run", ctypes.c_long, _vp, _sz, ctypes.c_char_p, _vp,
-                              ctypes.c_char_p)
         self.get_many = fn("hl3_pt_get_many", _sz, _vp, _sz, ctypes.c_char_p, _vp, _vp)
         self.pop_many = fn("hl3_pt_pop_many", _sz, _vp, _sz, ctypes.c_char_p)
         self.pop = fn("hl3_pt_pop", ctypes.c_int, _vp, ctypes.c_char_p, _vp)
@@ -391,18 +365,6 @@ class NativePageTable:
 
     def _load(self, ds: bytes, values: array.array[int]) -> None:
         _raise(self._lib.put_many(self._t, len(ds) // DIGEST_BYTES, ds, values.buffer_info()[0]))
-
-    def put_new_run(self, ds: Sequence[bytes], entries: Sequence[Entry], start: int,
-                    slow: bytes | None = None) -> int:
-        n = len(ds) - start
-        if n <= 0:
-            return len(ds)
-        rest_d = b"".join(ds[start:]) if start else b"".join(ds)
-        values = _values(entries[start:] if start else entries)
-        flags = None if slow is None else bytes(slow[start:])
-        done = self._lib.put_new_run(self._t, n, rest_d, values.buffer_info()[0], flags)
-        _raise(done)
-        return start + int(done)
 
     def pop(self, d: bytes) -> Entry | None:
         out = array.array("Q", _ZERO6)

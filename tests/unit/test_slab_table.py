@@ -38,8 +38,6 @@ ENTRY = st.builds(Entry, st.integers(0, 2), st.integers(0, 2), st.integers(0, 40
 OP = st.one_of(
     st.tuples(st.just("put"), DIG, ENTRY),
     st.tuples(st.just("put_many"), st.lists(st.tuples(DIG, ENTRY), max_size=30)),
-    st.tuples(st.just("put_new_run"), st.lists(st.tuples(DIG, ENTRY, st.booleans()), max_size=30),
-              st.integers(0, 3), st.booleans()),
     st.tuples(st.just("pop"), DIG),
     st.tuples(st.just("pop_many"), st.lists(DIG, max_size=30)),
     st.tuples(st.just("get_many"), st.lists(DIG, max_size=30)),
@@ -58,11 +56,6 @@ def _apply(table: PageTable, op: tuple) -> object:
         return table.put(op[1], op[2])
     if kind == "put_many":
         return table.put_many([d for d, _ in op[1]], [e for _, e in op[1]])
-    if kind == "put_new_run":
-        items, start, use_slow = op[1], op[2], op[3]
-        slow = bytes(int(s) for _, _, s in items) if use_slow else None
-        return table.put_new_run([d for d, _, _ in items], [e for _, e, _ in items], min(start, len(items)),
-                                 slow)
     if kind == "pop":
         return table.pop(op[1])
     if kind == "pop_many":
