@@ -252,6 +252,29 @@ def test_unusable_checkpoint_is_ignored(tmp_path: Path, damage: str,
         store.close()
 
 
+@pytest.mark.parametrize("damage", ["two pages in one slot", "writer out of range"])
+def test_checkpoint_whose_pages_do_not_load_is_ignored(tmp_path: Path, damage: str,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """Whole (CRC right) but not a replay's state: the logs are replayed instead."""
+    store = filled(tmp_path)
+    path = store.directory / checkpoint.CHECKPOINT_FILE
+    state = checkpoint.decode(path.read_bytes())
+    if damage == "two pages in one slot":
+        state.values[6:9] = state.values[0:3]
+    else:
+        state.values[0] = 2**32 - 1
+    data = checkpoint.encode(state)
+    assert data is not None
+    path.write_bytes(data)
+    try:
+        with indexes(store) as (oracle, candidate):
+            assert view(candidate) == view(oracle)
+            assert candidate.applied == oracle.applied == 20  # replayed from the start
+        assert "index checkpoint ignored, the logs are replayed" in caplog.text
+    finally:
+        store.close()
+
+
 def test_checkpoint_is_private_and_atomic(tmp_path: Path) -> None:
     old = os.umask(0)
     try:
