@@ -377,16 +377,15 @@ class SlabIndex:
         """The keys of every indexed page, read from the logs (the table holds digests):
         the keys of the PUT records, up to where each log was read, whose digest the table
         maps to exactly that page. Caller holds ``lock``."""
-        table, out = self.table, []
+        out: list[str] = []
         for tail in self.tails.values():
             if not tail.offset:
                 continue
-            records = decode_records(os.pread(tail.fd, tail.offset, 0))[0]
-            for kind, key, entry in records:
-                if kind == PUT:
-                    current = table.get(digest(key))
-                    if current is not None and current[:4] == entry[:4]:
-                        out.append(key)
+            puts = [(key, entry) for kind, key, entry in
+                    decode_records(os.pread(tail.fd, tail.offset, 0))[0] if kind == PUT]
+            current = self.table.get_many(digests([key for key, _ in puts]))
+            out += [key for (key, entry), now in zip(puts, current)
+                    if now is not None and now[:4] == entry[:4]]
         return out
 
     # ---- checkpoint ---------------------------------------------------------------------

@@ -387,13 +387,13 @@ class SlabStore:
             tail = self.index.tails[me]
             records = [encode_record(GEN, "", Entry(me, 0, 0, self._next_gen - 1, 0, 0))]
             live: set[bytes] = set()
-            for kind, key, e in decode_records(os.pread(tail.fd, tail.offset, 0))[0]:
-                if kind == PUT and e.writer == me:
-                    d = digest(key)
-                    current = table.get(d)
-                    if current is not None and current[:4] == e[:4] and d not in live:
-                        live.add(d)
-                        records.append(encode_record(PUT, key, current))
+            puts = [(key, e) for kind, key, e in decode_records(os.pread(tail.fd, tail.offset, 0))[0]
+                    if kind == PUT and e.writer == me]
+            ds = digests([key for key, _ in puts])
+            for (key, e), d, current in zip(puts, ds, table.get_many(ds)):
+                if current is not None and current[:4] == e[:4] and d not in live:
+                    live.add(d)
+                    records.append(encode_record(PUT, key, current))
             if len(live) < table.count(me):  # own pages whose PUT the old log lost (damage)
                 self._forget_unrecorded(live)
             kept = []

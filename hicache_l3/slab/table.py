@@ -396,10 +396,12 @@ class NativePageTable:
                                     -1 if slab is None else slab, None, None, 0))
 
     def slot_items(self) -> list[tuple[Where, bytes]]:
-        n = self._lib.slots(self._t, None, None, 0)
-        where = array.array("Q", bytes(24 * n))
-        ds = bytearray(16 * n)
-        self._lib.slots(self._t, _address(where), _address(ds), n)
+        while True:
+            n = self._lib.slots(self._t, None, None, 0)
+            where = array.array("Q", bytes(24 * n))
+            ds = bytearray(16 * n)
+            if self._lib.slots(self._t, _address(where), _address(ds), n) == n:
+                break  # (else another thread changed the table between the two calls)
         return [((where[3 * i], where[3 * i + 1], where[3 * i + 2]), bytes(ds[16 * i : 16 * i + 16]))
                 for i in range(n)]
 
