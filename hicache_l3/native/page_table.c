@@ -460,3 +460,101 @@ size_t hl3_pt_slots(const hl3_table *t, uint64_t *where, uint8_t *digests, size_
     }
     return n;
 }
+
+/* ---- live PUT records of an index log ------------------------------------------------- */
+
+/* The xxhash library's XXH3_128bits_withSeed (the caller passes it, as for batch_io.c). */
+typedef struct {
+    uint64_t low64, high64;
+} hl3_xxh128;
+typedef hl3_xxh128 (*hl3_xxh128_fn)(const void *, size_t, uint64_t);
+
+static uint32_t crc_table[256];
+
+static void crc_init(void)
+{
+    if (crc_table[1] != 0)
+        return;
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[i] = c;
+    }
+}
+
+static uint32_t crc32_of(const uint8_t *p, size_t n) /* zlib.crc32 */
+{
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++)
+        c = crc_table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+static uint64_t le64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v; /* little-endian hosts only: the Python side checks sys.byteorder */
+}
+
+static uint32_t le32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+#define HL3_RECORD 48 /* slab/format.py RECORD: crc, kind, pad, key length, w, slab, slot, pad, gen, length, checksum */
+#define HL3_PUT 1
+#define HL3_GEN 3
+
+/* Walk ``n`` bytes of index log records (slab/format.py). When they are all whole records
+ * with a good CRC, a known kind and an ASCII key (what decode_records reads without its
+ * slow path), writes the start and end offsets of every PUT record whose key's digest
+ * (XXH3-128 with ``seed``, through ``hash``) the table maps to exactly that (writer, slab,
+ * slot, generation), and returns how many (at most ``max``, n / 48 always suffices).
+ * Returns -1 when any byte is not such a record: the caller decodes the log in Python. */
+long hl3_pt_live_puts(const hl3_table *t, const uint8_t *data, size_t n, uint64_t seed,
+                      hl3_xxh128_fn hash, uint64_t *starts, uint64_t *ends, size_t max)
+{
+    crc_init();
+    size_t pos = 0, live = 0;
+    while (pos < n) {
+        if (n - pos < HL3_RECORD)
+            return -1;
+        const uint8_t *r = data + pos;
+        uint8_t kind = r[4];
+        size_t keylen = (size_t)r[6] | (size_t)r[7] << 8;
+        if (n - pos - HL3_RECORD < keylen || kind < HL3_PUT || kind > HL3_GEN)
+            return -1;
+        const uint8_t *key = r + HL3_RECORD;
+        for (size_t i = 0; i < keylen; i++)
+            if (key[i] >= 0x80)
+                return -1;
+        if (crc32_of(r + 4, HL3_RECORD - 4 + keylen) != le32(r))
+            return -1;
+        if (kind == HL3_PUT) {
+            hl3_xxh128 h = hash(key, keylen, seed);
+            uint8_t digest[16]; /* the canonical (big-endian) form, as xxhash.xxh3_128_digest */
+            uint64_t hi = __builtin_bswap64(h.high64), lo = __builtin_bswap64(h.low64);
+            memcpy(digest, &hi, 8);
+            memcpy(digest + 8, &lo, 8);
+            int found;
+            size_t b = page_find(t, digest, &found);
+            if (found) {
+                const hl3_page *p = &t->pages[b];
+                if (p->writer == le32(r + 8) && p->slab == le32(r + 12) && p->slot == le32(r + 16)
+                    && p->gen == le64(r + 24)) {
+                    if (live >= max)
+                        return -1;
+                    starts[live] = pos;
+                    ends[live] = pos + HL3_RECORD + keylen;
+                    live++;
+                }
+            }
+        }
+        pos += HL3_RECORD + keylen;
+    }
+    return (long)live;
+}

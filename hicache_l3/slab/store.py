@@ -47,7 +47,7 @@ from hicache_l3.slab.format import (
     write_namespace_file,
 )
 from hicache_l3.slab.index import SlabIndex
-from hicache_l3.slab.table import digest, digests
+from hicache_l3.slab.table import digest, digests, live_put_spans
 
 log = logging.getLogger("hicache_l3.slab")
 
@@ -386,16 +386,12 @@ class SlabStore:
             table = self.index.table
             tail = self.index.tails[me]
             records = [encode_record(GEN, "", Entry(me, 0, 0, self._next_gen - 1, 0, 0))]
-            live: set[bytes] = set()
-            puts = [(key, e) for kind, key, e in decode_records(os.pread(tail.fd, tail.offset, 0))[0]
-                    if kind == PUT and e.writer == me]
-            ds = digests([key for key, _ in puts])
-            for (key, e), d, current in zip(puts, ds, table.get_many(ds)):
-                if current is not None and current[:4] == e[:4] and d not in live:
-                    live.add(d)
-                    records.append(encode_record(PUT, key, current))
-            if len(live) < table.count(me):  # own pages whose PUT the old log lost (damage)
-                self._forget_unrecorded(live)
+            old_log = os.pread(tail.fd, tail.offset, 0)
+            spans = live_put_spans(table, old_log)  # in C, for a log with no damage
+            if spans is not None and len(spans) == table.count(me):
+                records += [old_log[start:end] for start, end in spans]
+            else:
+                records += self._live_puts(me, old_log)
             kept = []
             for key, gone in tail.foreign_dels:
                 holder = table.at((gone.writer, gone.slab, gone.slot))
@@ -422,6 +418,21 @@ class SlabStore:
             self.index.forget_unlogged(me)  # pages the new log no longer holds
             self.compactions += 1
             self.index.save_checkpoint_later()
+
+    def _live_puts(self, me: int, old_log: bytes) -> list[bytes]:
+        """The live PUT records of ``old_log`` (this writer's), decoded in Python (the
+        reference of :func:`~hicache_l3.slab.table.live_put_spans`); own pages without a
+        record there are dropped. Caller holds the lock."""
+        table, live, out = self.index.table, set(), []
+        puts = [(key, e) for kind, key, e in decode_records(old_log)[0] if kind == PUT and e.writer == me]
+        ds = digests([key for key, _ in puts])
+        for (key, e), d, current in zip(puts, ds, table.get_many(ds)):
+            if current is not None and current[:4] == e[:4] and d not in live:
+                live.add(d)
+                out.append(encode_record(PUT, key, current))
+        if len(live) < table.count(me):  # own pages whose PUT the old log lost (damage)
+            self._forget_unrecorded(live)
+        return out
 
     def _forget_unrecorded(self, recorded: set[bytes]) -> None:
         """Drop own pages whose PUT record is not in the log being compacted (its bytes

@@ -273,6 +273,11 @@ class _Library:
         self.at_many = fn("hl3_pt_at_many", _sz, _vp, _sz, _vp, _vp, _vp)
         self.select = fn("hl3_pt_select", _sz, _vp, _i64, _i64, _vp, _vp, _sz)
         self.slots = fn("hl3_pt_slots", _sz, _vp, _vp, _vp, _sz)
+        self.live_puts = fn("hl3_pt_live_puts", ctypes.c_long, _vp, ctypes.c_char_p, _sz, _u64, _vp,
+                            _vp, _vp, _sz)
+        from hicache_l3.common.integrity import xxh3_function
+
+        self.seeded128 = ctypes.cast(xxh3_function("seeded128"), ctypes.c_void_p).value
 
 
 def _raise(code: int) -> None:
@@ -408,11 +413,33 @@ class NativePageTable:
     def export(self) -> tuple[bytes, array.array[int]]:
         return self._select(None, None)
 
+    def _live_puts(self, data: bytes) -> list[tuple[int, int]] | None:
+        """See :func:`live_put_spans`."""
+        cap = len(data) // 48 + 1
+        starts = array.array("Q", bytes(8 * cap))
+        ends = array.array("Q", bytes(8 * cap))
+        n = self._lib.live_puts(self._t, data, len(data), DIGEST_SEED, self._lib.seeded128,
+                                starts.buffer_info()[0], ends.buffer_info()[0], cap)
+        if n < 0:
+            return None
+        return list(zip(starts[:n], ends[:n]))
+
     def load(self, ds: bytes, values: array.array[int]) -> None:
         if len(ds) % DIGEST_BYTES or len(values) != 6 * (len(ds) // DIGEST_BYTES):
             raise ValueError(f"page table snapshot: {len(ds)} digest bytes for {len(values)} values")
         if ds:
             self._load(ds, values)
+
+
+def live_put_spans(table: PageTable, data: bytes) -> list[tuple[int, int]] | None:
+    """The ``(start, end)`` byte spans of the PUT records in index log bytes ``data`` whose
+    key's digest ``table`` maps to exactly that record's (writer, slab, slot, generation),
+    found in C; None where C cannot say (no C table, a big-endian host, or bytes that are
+    not all whole records with good CRCs and ASCII keys): the caller decodes the records
+    in Python then (:func:`hicache_l3.slab.format.decode_records`, the reference)."""
+    if not isinstance(table, NativePageTable) or sys.byteorder != "little" or not data:
+        return None if data else []
+    return table._live_puts(data)
 
 
 def _values(entries: Sequence[Entry]) -> array.array[int]:
@@ -451,11 +478,18 @@ def _load() -> tuple[_Library | None, str]:
 
 
 def _self_test(table: NativePageTable) -> None:
+    from hicache_l3.slab.format import PUT, encode_record
+
     a, b = digest("a"), digest("b")
     table.put_many([a, b], [Entry(0, 1, 2, 3, 4, 5), Entry(0, 1, 2, 6, 4, 0)])  # b supersedes a
     if len(table) != 1 or table.get(a) is not None or table.get(b) != Entry(0, 1, 2, 6, 4, 0) \
             or table.at((0, 1, 2)) != b:
         raise RuntimeError("the C page table disagrees with the reference")
+    log = encode_record(PUT, "a", Entry(0, 1, 2, 3, 4, 5))
+    b_at = len(log)
+    log += encode_record(PUT, "b", Entry(0, 1, 2, 6, 4, 0))
+    if table._live_puts(log) != [(b_at, len(log))]:  # its digests are digest()'s
+        raise RuntimeError("the C log scan disagrees with the reference")
 
 
 def new_table() -> PageTable:

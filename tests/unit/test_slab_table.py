@@ -128,3 +128,38 @@ def test_new_table_is_native_when_built() -> None:
     table = new_table()
     table.load(digest("x"), values)
     assert table.get(digest("x")) == Entry(1, 2, 3, 4, 5, 6)
+
+
+RECORDS = st.lists(st.tuples(st.sampled_from([1, 1, 2, 3]), st.text("abc", max_size=4),
+                             st.integers(0, 3), st.booleans()), max_size=12)
+DAMAGE = st.one_of(st.none(), st.tuples(st.integers(0, 12), st.binary(min_size=1, max_size=20)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=RECORDS, damage=DAMAGE, utf8=st.booleans())
+def test_live_put_spans_agree_with_decoding_the_log(parts: list, damage: tuple[int, bytes] | None,
+                                                     utf8: bool) -> None:
+    """The C scan of a log gives the live PUT records that decode_records + the table
+    give, or None (never a different answer) where the log is not all clean records."""
+    from hicache_l3.slab.format import PUT, RECORD, decode_records, encode_record
+    from hicache_l3.slab.table import live_put_spans
+
+    table, chunks = _native(), []
+    for i, (kind, key, slot, indexed) in enumerate(parts):
+        key = key + "é" if utf8 and i == 0 else key  # a non-ASCII key: the C scan declines
+        entry = Entry(0, 0, slot, i + 1, 64, 0)
+        chunks.append(encode_record(kind, key, entry))
+        if kind == PUT and indexed:
+            table.put(digest(key), entry if i % 3 else entry._replace(gen=i + 2))  # some stale
+    if damage is not None:
+        chunks.insert(min(damage[0], len(chunks)), damage[1])
+    data = b"".join(chunks)
+    records, used, skipped = decode_records(data)
+    expect = [k for kind, k, e in records if kind == PUT and table.get(digest(k)) is not None
+              and table.get(digest(k))[:4] == e[:4]]  # type: ignore[index]
+    spans = live_put_spans(table, data)
+    clean = used == len(data) and not skipped and all(k.isascii() for _, k, _ in records)
+    if spans is None:
+        assert not clean
+    else:
+        assert clean and [data[s + RECORD.size : e].decode() for s, e in spans] == expect
