@@ -17,9 +17,9 @@ NS = Namespace(model="table-test", kv_dtype="uint8", layout="page_first", page_s
 PAGE = 4096
 
 
-def _store(root: Path, slots: int) -> SlabStore:
+def _store(root: Path, slots: int, per_slab: int = 4) -> SlabStore:
     stride = Geometry(64).stride
-    return SlabStore(root, NS, 64, capacity_bytes=slots * stride, slab_bytes=4 * stride)
+    return SlabStore(root, NS, 64, capacity_bytes=slots * stride, slab_bytes=per_slab * stride)
 
 
 def _set(store: SlabStore, keys: list[str]) -> None:
@@ -79,4 +79,45 @@ def test_compaction_copies_the_live_puts_and_clear_finds_every_key(tmp_path: Pat
         assert len(store.index) == 0
     finally:
         other.close()
+        store.close()
+
+
+def test_lookups_without_the_lock_while_a_writer_grows_and_evicts(tmp_path: Path) -> None:
+    """``contains`` reads the C table without the index lock (each table call holds the
+    GIL, as the dict operations did): readers racing a writer whose table grows
+    (rehashes) and evicts see whole answers, and every committed key is found after."""
+    import threading
+
+    store = _store(tmp_path, 3000, per_slab=1024)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    early = [f"e{i}" for i in range(200)]
+    _set(store, early)
+
+    def read() -> None:
+        try:
+            while not stop.is_set():
+                got = store.index.contains(early)
+                assert len(got) == len(early)
+                for entry in store.index.table.get_many([digest(k) for k in early[:20]]):
+                    assert entry is None or entry.length == 64
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    readers = [threading.Thread(target=read) for _ in range(2)]
+    for t in readers:
+        t.start()
+    try:
+        keys = [f"k{i}" for i in range(6000)]  # past the capacity: evictions too
+        for lo in range(0, len(keys), 128):
+            _set(store, keys[lo : lo + 128])
+    finally:
+        stop.set()
+        for t in readers:
+            t.join(30)
+    try:
+        assert not errors, errors
+        assert store.contains(keys[-2800:]) == [True] * 2800
+        assert store.evictions > 0
+    finally:
         store.close()
