@@ -57,6 +57,7 @@ XXH3_ENTRY_POINTS: dict[str, tuple[str, ...]] = {
     "reset": ("XXH3_64bits_reset",),
     "update": ("XXH3_64bits_update_dispatch", "XXH3_64bits_update"),
     "digest": ("XXH3_64bits_digest",),
+    "seeded128": ("XXH3_128bits_withSeed_dispatch", "XXH3_128bits_withSeed"),  # the index digest
 }
 
 

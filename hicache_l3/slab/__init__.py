@@ -7,6 +7,7 @@ Modules, one job each:
   encodings, ``namespace.json``;
 * :mod:`~hicache_l3.slab.files`: slab file paths and the cache of open descriptors;
 * :mod:`~hicache_l3.slab.index`: the index reader every process runs (log tails);
+* :mod:`~hicache_l3.slab.table`: the index's page table (key digest -> entry, C or dict);
 * :mod:`~hicache_l3.slab.store`: the writer (own slots, LRU, eviction, compaction);
 * :mod:`~hicache_l3.slab.shared`: the multi-node store (claims, leases, fencing);
 * :mod:`~hicache_l3.slab.native`: the optional C batch library, loaded lazily;

@@ -2,21 +2,25 @@
 replaying only the log records written since, not every log from its start.
 
 File: ``<namespace dir>/index.ckpt``. It holds the log-derived state of one process's
-:class:`~hicache_l3.slab.index.SlabIndex` (see :class:`IndexState`): every entry
-``key -> Entry``, the ``deleted`` marks, and per writer log how far it was read (the
-log's inode, the offset, the highest generation seen, CRC32s of its first and of its last
-4 KiB before that offset) and the DELs that writer issued for other writers' slots.
+:class:`~hicache_l3.slab.index.SlabIndex` (see :class:`IndexState`): every page as
+``digest(key) -> Entry`` (the page table's digests, :mod:`hicache_l3.slab.table`: the
+keys stay in the logs), the ``deleted`` marks, and per writer log how far it was read
+(the log's inode, the offset, the highest generation seen, CRC32s of its first and of
+its last 4 KiB before that offset) and the DELs that writer issued for other writers'
+slots (with their keys: a writer's log compaction rewrites them).
 
-Layout (little-endian)::
+Layout (little-endian), version 2 (version 1 held keys instead of digests: a version-1
+file is ignored like any other version, the logs are replayed)::
 
     header  magic "HL3INDEX", version u32, CRC32 of the body u32, body length u64
-    body    counts: writers u32, entries u64, deleted u64, foreign DELs u64, key bytes u64
+    body    counts: writers u32, pages u64, deleted u64, foreign DELs u64, key bytes u64
             per writer: writer u32, foreign DELs of it u32, inode u64, offset u64,
                         max generation u64, head CRC u32, anchor CRC u32
-            per entry and then per foreign DEL: writer, slab, slot u32, gen, length,
-                        checksum u64
+            the pages' digests, 16 bytes each
+            the pages' entries: writer, slab, slot, gen, length, checksum u64 each
+            per foreign DEL: writer, slab, slot u32, gen, length, checksum u64
             per deleted mark: writer, slab, slot u32, generation u64
-            keys of the entries, then of the foreign DELs, UTF-8, NUL-separated
+            keys of the foreign DELs, UTF-8, NUL-separated
 
 Crash guarantees. The file is written to a private (0600, ``O_NOFOLLOW | O_EXCL``)
 temporary file, synced, and renamed over the old one: a reader sees the old checkpoint or
@@ -26,11 +30,12 @@ logs from their start, as without a checkpoint. A writer log whose inode, size o
 longer match the checkpoint (compacted, set aside, replaced) is read again from its start
 and the checkpoint's entries of that writer are dropped first, exactly as a running reader
 does when it notices a compaction. Keys holding a NUL character cannot be stored in this
-format: no checkpoint is written while one is indexed (the logs stay the source).
+format: no checkpoint is written while a foreign DEL holds one (the logs stay the source).
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
 import dataclasses
 import functools
@@ -39,6 +44,7 @@ import logging
 import os
 import stat
 import struct
+import sys
 import threading
 import time
 import zlib
@@ -53,7 +59,7 @@ log = logging.getLogger("hicache_l3.slab")
 
 CHECKPOINT_FILE = "index.ckpt"
 MAGIC = b"HL3INDEX"
-VERSION = 1
+VERSION = 2
 STALE_TMP_S = 3600.0  # a temporary checkpoint file this old was left by a crashed writer
 ANCHOR = 4096  # bytes of a log CRC-checked at its start and before the checkpointed offset
 HEADER = struct.Struct("<8sIIQ")
@@ -81,9 +87,12 @@ class LogMark:
 
 @dataclasses.dataclass
 class IndexState:
-    """The log-derived state of an index: entries, deleted marks, and each log's mark."""
+    """The log-derived state of an index: its pages (``digests``: 16 bytes each,
+    concatenated; ``values``: the six fields of each page's entry, flat, same order: a
+    :meth:`~hicache_l3.slab.table.PageTable.export`), deleted marks, and each log's mark."""
 
-    entries: dict[str, Entry]
+    digests: bytes
+    values: array.array[int]
     deleted: dict[tuple[int, int, int], int]
     marks: list[LogMark]
 
@@ -111,21 +120,27 @@ def no_gc() -> Iterator[None]:
 
 
 def encode(state: IndexState) -> bytes | None:
-    """The checkpoint file's bytes for ``state``; None when a key holds a NUL character
-    (this format separates keys with NUL)."""
+    """The checkpoint file's bytes for ``state``; None when a foreign DEL's key holds a
+    NUL character (this format separates keys with NUL)."""
     foreign = [fd for mark in state.marks for fd in mark.foreign_dels]
+    n_pages = len(state.digests) // 16
+    if len(state.digests) != 16 * n_pages or len(state.values) != 6 * n_pages:
+        raise ValueError(f"{len(state.digests)} digest bytes for {len(state.values)} entry values")
     with no_gc():
-        keys = "\0".join([*state.entries, *(k for k, _ in foreign)])
-        n_keys = len(state.entries) + len(foreign)
-        if keys.count("\0") != max(0, n_keys - 1):
+        keys = "\0".join([k for k, _ in foreign])
+        if keys.count("\0") != max(0, len(foreign) - 1):
             return None
         key_bytes = keys.encode()
-        parts = [COUNTS.pack(len(state.marks), len(state.entries), len(state.deleted),
+        values = state.values
+        if sys.byteorder != "little":
+            values = array.array("Q", values)
+            values.byteswap()
+        parts = [COUNTS.pack(len(state.marks), n_pages, len(state.deleted),
                              len(foreign), len(key_bytes))]
         parts += [WRITER.pack(m.writer, len(m.foreign_dels), m.ino, m.offset, m.max_gen,
                               m.head, m.anchor) for m in state.marks]
+        parts += [state.digests, values.tobytes()]
         pack = ENTRY.pack
-        parts += [pack(*e) for e in state.entries.values()]
         parts += [pack(*e) for _, e in foreign]
         pack = DELETED.pack
         parts += [pack(*where, gen) for where, gen in state.deleted.items()]
@@ -161,34 +176,36 @@ def decode(data: bytes | memoryview) -> IndexState:
 def _decode_body(body: memoryview) -> IndexState:
     n_writers, n_entries, n_deleted, n_foreign, n_key_bytes = COUNTS.unpack_from(body)
     pos = COUNTS.size
-    sizes = (n_writers * WRITER.size, n_entries * ENTRY.size, n_foreign * ENTRY.size,
+    sizes = (n_writers * WRITER.size, n_entries * 16, n_entries * 48, n_foreign * ENTRY.size,
              n_deleted * DELETED.size, n_key_bytes)
     if pos + sum(sizes) != len(body):
         raise ValueError("section sizes do not add up to the body")
     writers = list(WRITER.iter_unpack(body[pos : pos + sizes[0]]))
     pos += sizes[0]
+    digests = bytes(body[pos : pos + sizes[1]])
+    pos += sizes[1]
+    values = array.array("Q")
+    values.frombytes(body[pos : pos + sizes[2]])
+    if sys.byteorder != "little":
+        values.byteswap()
+    pos += sizes[2]
     with no_gc():
-        entries = list(map(_make_entry, ENTRY.iter_unpack(body[pos : pos + sizes[1]])))
-        pos += sizes[1]
-        foreign = list(map(_make_entry, ENTRY.iter_unpack(body[pos : pos + sizes[2]])))
-        pos += sizes[2]
-        deleted = {(w, slab, slot): gen for w, slab, slot, gen in
-                   DELETED.iter_unpack(body[pos : pos + sizes[3]])}
+        foreign = list(map(_make_entry, ENTRY.iter_unpack(body[pos : pos + sizes[3]])))
         pos += sizes[3]
-        keys = str(body[pos:], "utf-8").split("\0") if n_entries + n_foreign else []
-        if len(keys) != n_entries + n_foreign:
-            raise ValueError(f"{len(keys)} keys for {n_entries + n_foreign} entries")
-        table = dict(zip(keys, entries))
-        if len(table) != n_entries:
-            raise ValueError("a key appears twice")
-    marks, at = [], n_entries
+        deleted = {(w, slab, slot): gen for w, slab, slot, gen in
+                   DELETED.iter_unpack(body[pos : pos + sizes[4]])}
+        pos += sizes[4]
+        keys = str(body[pos:], "utf-8").split("\0") if n_foreign else []
+        if len(keys) != n_foreign:
+            raise ValueError(f"{len(keys)} keys for {n_foreign} foreign DELs")
+    marks, at = [], 0
     if sum(w[1] for w in writers) != n_foreign:
         raise ValueError("foreign DEL counts do not add up")
     for writer, n_dels, ino, offset, max_gen, head, anchor in writers:
-        dels = list(zip(keys[at : at + n_dels], foreign[at - n_entries : at - n_entries + n_dels]))
+        dels = list(zip(keys[at : at + n_dels], foreign[at : at + n_dels]))
         at += n_dels
         marks.append(LogMark(writer, ino, offset, max_gen, head, anchor, dels))
-    return IndexState(table, deleted, marks)
+    return IndexState(digests, values, deleted, marks)
 
 
 def _remove_stale_temporaries(directory: Path) -> None:
@@ -208,7 +225,7 @@ def write(directory: Path, state: IndexState) -> bool:
     file, synced, renamed); False when ``state`` cannot be encoded (see :func:`encode`)."""
     data = encode(state)
     if data is None:
-        log.info("%s: a key holds a NUL character: no index checkpoint written", directory)
+        log.info("%s: a deleted key holds a NUL character: no index checkpoint written", directory)
         return False
     _remove_stale_temporaries(directory)
     tmp = directory / f".{CHECKPOINT_FILE}.{os.getpid()}.{threading.get_ident()}.tmp"

@@ -1,5 +1,6 @@
 """The index reader every process of a namespace runs: it tails every writer's
-``index.log`` and keeps ``key -> Entry``.
+``index.log`` and keeps ``digest(key) -> Entry`` in a :mod:`~hicache_l3.slab.table` page
+table (C open addressing when built: no Python object per page).
 
 Readers tail every writer's log (one ``stat`` per writer per call, one ``stat`` of
 ``writers/`` to notice new writers), so ``exists`` sees other processes' pages on the next
@@ -18,8 +19,8 @@ mtime that reflect other local processes' writes (multi-node use rescans instead
 
 from __future__ import annotations
 
+import array
 import logging
-import operator
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -27,13 +28,23 @@ from pathlib import Path
 
 from hicache_l3.slab import checkpoint
 from hicache_l3.slab.files import SlabFiles, is_real_dir, open_file, parse_writer_name, writer_name
-from hicache_l3.slab.format import DEL, GEN, PUT, Entry, Located, decode_records
+from hicache_l3.slab.format import DEL, GEN, PUT, RECORD, Entry, Located, decode_records
+from hicache_l3.slab.table import (
+    DIGEST_BYTES,
+    DIGEST_SEED,
+    PageTable,
+    digest,
+    digests,
+    live_put_spans,
+    new_table,
+    split_snapshot,
+    xxh3_128,
+)
 
 log = logging.getLogger("hicache_l3.slab")
 MAX_DROPPED = 1 << 16
 CHECKPOINT_MIN_RECORDS = 1 << 16  # records applied since the last checkpoint before a new one
 CHECKPOINT_FRACTION = 4  # ... and at least 1/this of the indexed pages
-_where = operator.itemgetter(0, 1, 2)  # (writer, slab, slot) of an Entry
 
 
 class LogTail:
@@ -59,18 +70,20 @@ class LogTail:
 
 
 class SlabIndex:
-    """``key -> Entry`` for one namespace, built from every writer's log.
+    """``digest(key) -> Entry`` for one namespace, built from every writer's log.
 
     ``lock`` guards the index and is shared with the writer that composes it. ``own`` is
     the writer this process owns (its log is appended by this process, not tailed);
     ``on_free(slab, slot)`` is called when a DEL read from a log frees one of its slots.
 
-    Log-derived state. ``entries`` is what the logs say, less the pages this process
-    removed on its own judgement without a log record (found unreadable, or evicted by
-    this writer for a slot not rewritten yet): those are kept in ``unlogged`` until a log
-    record supersedes them, so that :meth:`state` -- what a checkpoint stores -- is
-    exactly what a replay of the logs gives, whatever this process found unreadable.
-    ``slot_key`` is the inverse of ``entries``.
+    Log-derived state. ``table`` (a :class:`~hicache_l3.slab.table.PageTable`: page
+    digest -> entry, and its slot inverse) is what the logs say, less the pages this
+    process removed on its own judgement without a log record (found unreadable, or
+    evicted by this writer for a slot not rewritten yet): those are kept in ``unlogged``
+    (by digest) until a log record supersedes them, so that :meth:`state` -- what a
+    checkpoint stores -- is exactly what a replay of the logs gives, whatever this
+    process found unreadable. Internals key on digests (:func:`~hicache_l3.slab.table.digest`);
+    the keys themselves are only in the logs (and in ``foreign_dels``).
     """
 
     def __init__(self, writers_dir: Path, files: SlabFiles) -> None:
@@ -78,21 +91,20 @@ class SlabIndex:
         self.directory = writers_dir.parent
         self.files = files
         self.lock = threading.RLock()
-        self.entries: dict[str, Entry] = {}
-        self.slot_key: dict[tuple[int, int, int], str] = {}
+        self.table: PageTable = new_table()
         self.deleted: dict[tuple[int, int, int], int] = {}  # slot -> newest generation deleted
         self.tails: dict[int, LogTail] = {}
         self.dir_mtime = -1
         self.pending: set[int] = set()  # writer directories seen without an index.log yet
         self.ignored: set[str] = set()  # entries of writers/ that are not writer directories
         self.own: int | None = None
-        # other writers' pages this process found unreadable: when it stores one of these
-        # keys again it logs a DEL for the old page, so that no reader (whatever order it
-        # reads the logs in) keeps preferring the unreadable copy
-        self.dropped: dict[str, Entry] = {}
+        # other writers' pages this process found unreadable, by digest: when it stores one
+        # of these keys again it logs a DEL for the old page, so that no reader (whatever
+        # order it reads the logs in) keeps preferring the unreadable copy
+        self.dropped: dict[bytes, Entry] = {}
         self.on_free: Callable[[int, int], None] = lambda slab, slot: None
-        self.unlogged: dict[str, Entry] = {}
-        self.unlogged_at: dict[tuple[int, int, int], str] = {}
+        self.unlogged: dict[bytes, Entry] = {}
+        self.unlogged_at: dict[tuple[int, int, int], bytes] = {}
         self.loaded = False  # the checkpoint was looked for
         self.applied = 0  # log records applied since the last checkpoint written or loaded
         self.replayed = 0  # log records this process read from logs (not its own appends)
@@ -165,19 +177,16 @@ class SlabIndex:
 
     def forget_writer(self, *writers: int) -> None:
         """Drop every entry of ``writers`` (their logs are about to be read again)."""
-        gone = set(writers)
-        for key, entry in list(self.entries.items()):
-            if entry.writer in gone:
-                del self.entries[key]
-                self.slot_key.pop((entry.writer, entry.slab, entry.slot), None)
+        for writer in set(writers):
+            self.table.pop_many([d for d, _ in self.table.select(writer)])
         self.forget_unlogged(*writers)
 
     def forget_unlogged(self, *writers: int) -> None:
         """Drop the :attr:`unlogged` pages of ``writers`` (their logs no longer hold them,
         or are about to be read again)."""
-        for key, entry in list(self.unlogged.items()):
+        for d, entry in list(self.unlogged.items()):
             if entry.writer in writers:
-                del self.unlogged[key]
+                del self.unlogged[d]
                 self.unlogged_at.pop((entry.writer, entry.slab, entry.slot), None)
 
     def read_tail(self, writer: int, tail: LogTail, size: int) -> None:
@@ -189,23 +198,35 @@ class SlabIndex:
         if skipped:
             log.warning("%s: %d damaged bytes skipped (the records around them are kept)",
                         tail.path, skipped)
+        h, seed = xxh3_128, DIGEST_SEED
+        run_d: list[bytes] = []  # the PUTs since the last DEL, applied together
+        run_e: list[Entry] = []
+        max_gen = tail.max_gen
         for kind, key, entry in records:
             if kind == PUT:
-                self.apply_put(key, entry)
-                tail.max_gen = max(tail.max_gen, entry.gen)
+                run_d.append(h(key.encode(), seed))
+                run_e.append(entry)
+                if entry.gen > max_gen:
+                    max_gen = entry.gen
             elif kind == DEL:
-                self.apply_del(key, entry)
+                if run_d:
+                    self.apply_puts(run_d, run_e)
+                    run_d, run_e = [], []
+                self.apply_del(h(key.encode(), seed), entry)
                 if entry.writer != writer:
                     tail.foreign_dels.append((key, entry))
             elif kind == GEN:
-                tail.max_gen = max(tail.max_gen, entry.gen)
+                max_gen = max(max_gen, entry.gen)
+        if run_d:
+            self.apply_puts(run_d, run_e)
+        tail.max_gen = max_gen
         tail.offset += used
         self.applied += len(records)
         self.replayed += len(records)
 
-    def apply_put(self, key: str, entry: Entry) -> None:
-        """``key`` is now in ``entry``'s slot (superseding what that slot held, and the
-        key's page elsewhere).
+    def apply_put(self, d: bytes, entry: Entry) -> None:
+        """The key of digest ``d`` is now in ``entry``'s slot (superseding what that slot
+        held, and the key's page elsewhere).
 
         A PUT whose exact page a DEL read earlier removed (the DEL came from another
         writer's log, read first) is not indexed, but still supersedes what it superseded
@@ -214,77 +235,86 @@ class SlabIndex:
         stored by one writer; two writers storing one key at once leave either copy, with
         the same bytes)."""
         where = (entry.writer, entry.slab, entry.slot)
-        entries, slot_key = self.entries, self.slot_key
+        table = self.table
         blocked = self.deleted.get(where, 0) >= entry.gen
-        if self.unlogged:  # the logs' view: this PUT supersedes the key's and the slot's page
-            old = self.unlogged.get(key)
-            if old is not None and (not blocked or (old.writer == entry.writer and old.gen < entry.gen)):
-                self._unlog(key)
-            self._unlog(self.unlogged_at.get(where), where)
-        old_key = slot_key.get(where)
-        if old_key is not None:
-            old = entries.get(old_key)
-            if old is not None and (old.writer, old.slab, old.slot) == where:
-                del entries[old_key]
-            if blocked:
-                del slot_key[where]
-        previous = entries.get(key)
-        if blocked:
-            if previous is not None and previous.writer == entry.writer and previous.gen < entry.gen:
-                del entries[key]
-                slot_key.pop((previous.writer, previous.slab, previous.slot), None)
+        if self.unlogged:
+            self._settle_unlogged(d, entry, blocked)
+        if not blocked:
+            table.put(d, entry)  # supersedes the slot's page and the key's former slot
             return
-        if previous is not None:
-            slot_key.pop((previous.writer, previous.slab, previous.slot), None)
-        entries[key] = entry
-        slot_key[where] = key
+        old_d = table.at(where)
+        if old_d is not None:
+            table.pop(old_d)
+        previous = table.get(d)
+        if previous is not None and previous.writer == entry.writer and previous.gen < entry.gen:
+            table.pop(d)
 
-    def apply_own_puts(self, keys: Sequence[str], entries: Sequence[Entry]) -> None:
-        """:meth:`apply_put` of each ``keys[j]``/``entries[j]``, entries this process just
-        wrote into its own reserved slots: the common case (a new key in a slot no key
-        holds) costs two dict stores, the others take :meth:`apply_put`."""
-        index, slot_key, deleted, apply = self.entries, self.slot_key, self.deleted, self.apply_put
-        unlogged, unlogged_at = self.unlogged, self.unlogged_at
-        for key, entry in zip(keys, entries):
-            where = entry[:3]
-            if (key in index or where in slot_key or where in deleted or key in unlogged
-                    or where in unlogged_at):
-                apply(key, entry)
-            else:
-                index[key] = entry
-                slot_key[where] = key
+    def _settle_unlogged(self, d: bytes, entry: Entry, blocked: bool) -> None:
+        """The logs' view of a PUT: it supersedes the key's and the slot's unlogged page."""
+        where = (entry.writer, entry.slab, entry.slot)
+        old = self.unlogged.get(d)
+        if old is not None and (not blocked or (old.writer == entry.writer and old.gen < entry.gen)):
+            self._unlog(d)
+        self._unlog(self.unlogged_at.get(where), where)
 
-    def apply_del(self, key: str, entry: Entry) -> None:
-        """The exact page ``entry`` of ``key`` is gone (a newer page of the slot stays)."""
+    def apply_puts(self, ds: Sequence[bytes], entries: Sequence[Entry]) -> None:
+        """:meth:`apply_put` of each ``ds[j]``/``entries[j]`` in order. Unblocked PUTs (no
+        DEL mark for their page: then a PUT is exactly ``table.put`` once its unlogged
+        pages are settled) go to the table together, in one call per run."""
+        deleted = self.deleted
+        run_d: list[bytes] = []
+        run_e: list[Entry] = []
+        for d, entry in zip(ds, entries):
+            if deleted and deleted.get(entry[:3], 0) >= entry.gen:
+                if run_d:
+                    self.table.put_many(run_d, run_e)
+                    run_d, run_e = [], []
+                self.apply_put(d, entry)
+                continue
+            if self.unlogged:
+                self._settle_unlogged(d, entry, False)
+            run_d.append(d)
+            run_e.append(entry)
+        if run_d:
+            self.table.put_many(run_d, run_e)
+
+    def apply_del(self, d: bytes, entry: Entry) -> None:
+        """The exact page ``entry`` of the key of digest ``d`` is gone (a newer page of the
+        slot stays)."""
         where = (entry.writer, entry.slab, entry.slot)
         if self.deleted.get(where, 0) < entry.gen:
             self.deleted[where] = entry.gen
         if self.unlogged:
-            old = self.unlogged.get(key)
+            old = self.unlogged.get(d)
             if old is not None and old[:4] == entry[:4]:
-                self._unlog(key)
-        current = self.entries.get(key)
+                self._unlog(d)
+        current = self.table.get(d)
         if current is None or current[:4] != entry[:4]:
             return
-        del self.entries[key]
-        self.slot_key.pop(where, None)
+        self.table.pop(d)
         if entry.writer == self.own:
             self.on_free(entry.slab, entry.slot)
 
     # ---- answering ----------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Pages indexed now."""
+        return len(self.table)
+
+    def entry(self, key: str) -> Entry | None:
+        """The entry of ``key`` now, or None."""
+        return self.table.get(digest(key))
+
     def contains(self, keys: Sequence[str]) -> list[bool]:
         """One bool per key: is it indexed now?"""
-        entries = self.entries
-        return [k in entries for k in keys]
+        return self.table.contains_many(digests(keys))
 
     def lookup(self, keys: Sequence[str]) -> list[Located | None]:
         """Per key: a descriptor and entry to read it from, or None. A slab that cannot be
         opened (missing, unreadable) drops its keys from the index: they miss, ``exists``
         stops reporting them and a later set stores them again. Caller holds ``lock``."""
-        get, fd = self.entries.get, self.files.get
+        fd = self.files.get
         out: list[Located | None] = []
-        for key in keys:
-            entry = get(key)
+        for entry in self.table.get_many(digests(keys)):
             if entry is None:
                 out.append(None)
                 continue
@@ -296,44 +326,72 @@ class SlabIndex:
         return out
 
     def _drop_slab(self, writer: int, slab: int, exc: OSError) -> None:
-        lost = [(k, e) for k, e in self.entries.items() if e.writer == writer and e.slab == slab]
-        for key, entry in lost:
-            self.drop(key, entry)
+        lost = self.table.select(writer, slab)
+        for d, entry in lost:
+            self.drop(d, entry)
         log.warning("%s: cannot open (%s): its %d pages dropped from the index",
                     self.files.path(writer, slab), exc.strerror, len(lost))
 
-    def _unlog(self, key: str | None, where: tuple[int, int, int] | None = None) -> None:
-        """Remove ``key`` from :attr:`unlogged` (a log record superseded it); only if its
-        page is in slot ``where`` when given."""
-        if key is None:
+    def _unlog(self, d: bytes | None, where: tuple[int, int, int] | None = None) -> None:
+        """Remove digest ``d`` from :attr:`unlogged` (a log record superseded it); only if
+        its page is in slot ``where`` when given."""
+        if d is None:
             return
-        entry = self.unlogged.get(key)
+        entry = self.unlogged.get(d)
         if entry is None:
             return
         if where is not None and (entry.writer, entry.slab, entry.slot) != where:
             return
-        del self.unlogged[key]
+        del self.unlogged[d]
         self.unlogged_at.pop((entry.writer, entry.slab, entry.slot), None)
 
-    def remove_unlogged(self, key: str, entry: Entry) -> None:
-        """Take ``key`` (mapped to ``entry`` now) out of this process's view without a log
-        record: the logs still hold it (see :attr:`unlogged`)."""
-        where = (entry.writer, entry.slab, entry.slot)
-        del self.entries[key]
-        self.slot_key.pop(where, None)
-        self.unlogged[key] = entry
-        self.unlogged_at[where] = key
+    def remove_unlogged(self, d: bytes, entry: Entry) -> None:
+        """Take digest ``d`` (mapped to ``entry`` now) out of this process's view without a
+        log record: the logs still hold it (see :attr:`unlogged`)."""
+        self.table.pop(d)
+        self.unlogged[d] = entry
+        self.unlogged_at[(entry.writer, entry.slab, entry.slot)] = d
 
-    def drop(self, key: str, entry: Entry) -> bool:
-        """Forget ``key`` if it still maps to ``entry`` (found unreadable); True if it did."""
-        if self.entries.get(key) != entry:
+    def remove_unlogged_many(self, ds: Sequence[bytes]) -> None:
+        """:meth:`remove_unlogged` of each indexed digest of ``ds`` (with its entry now)."""
+        entries = self.table.get_many(ds)
+        unlogged, unlogged_at = self.unlogged, self.unlogged_at
+        for d, entry in zip(ds, entries):
+            if entry is not None:
+                unlogged[d] = entry
+                unlogged_at[(entry.writer, entry.slab, entry.slot)] = d
+        self.table.pop_many(ds)
+
+    def drop(self, d: bytes, entry: Entry) -> bool:
+        """Forget digest ``d`` if it still maps to ``entry`` (found unreadable); True if it
+        did."""
+        if self.table.get(d) != entry:
             return False
-        self.remove_unlogged(key, entry)
+        self.remove_unlogged(d, entry)
         if entry.writer != self.own:
             if len(self.dropped) >= MAX_DROPPED:
                 self.dropped.clear()
-            self.dropped[key] = entry
+            self.dropped[d] = entry
         return True
+
+    def live_keys(self) -> list[str]:
+        """The keys of every indexed page, read from the logs (the table holds digests):
+        the keys of the PUT records, up to where each log was read, whose digest the table
+        maps to exactly that page. Caller holds ``lock``."""
+        out: list[str] = []
+        for tail in self.tails.values():
+            if not tail.offset:
+                continue
+            data = os.pread(tail.fd, tail.offset, 0)
+            spans = live_put_spans(self.table, data)  # in C, for a log with no damage
+            if spans is not None:
+                out += [data[start + RECORD.size : end].decode() for start, end in spans]
+                continue
+            puts = [(key, entry) for kind, key, entry in decode_records(data)[0] if kind == PUT]
+            current = self.table.get_many(digests([key for key, _ in puts]))
+            out += [key for (key, entry), now in zip(puts, current)
+                    if now is not None and now[:4] == entry[:4]]
+        return out
 
     # ---- checkpoint ---------------------------------------------------------------------
     def load_checkpoint(self) -> None:
@@ -344,9 +402,18 @@ class SlabIndex:
         state = checkpoint.read(self.directory)
         if state is None:
             return
-        with checkpoint.no_gc():
-            self.entries = state.entries
-            self.slot_key = dict(zip(map(_where, state.entries.values()), state.entries))
+        table = new_table()
+        n = len(state.digests) // DIGEST_BYTES
+        try:
+            table.load(state.digests, state.values)
+        except ValueError as exc:
+            log.warning("%s: index checkpoint ignored, the logs are replayed (%s)", self.directory, exc)
+            return
+        if len(table) != n:  # two pages of one key or of one slot: not a replay's state
+            log.warning("%s: index checkpoint ignored, the logs are replayed (%d of its %d pages "
+                        "collide)", self.directory, n - len(table), n)
+            return
+        self.table = table
         self.deleted = state.deleted
         stale = []
         for mark in state.marks:
@@ -367,7 +434,7 @@ class SlabIndex:
                 stale.append(mark.writer)  # read from its start by the refresh
                 continue
             tail.offset, tail.max_gen, tail.foreign_dels = mark.offset, mark.max_gen, mark.foreign_dels
-        self.checkpoint_pages = len(self.entries)
+        self.checkpoint_pages = len(self.table)
         if stale:
             self.forget_writer(*stale)
         self.applied = 0
@@ -376,24 +443,23 @@ class SlabIndex:
         """The log-derived state of this index now (see the class docstring), what a
         checkpoint holds. Caller holds ``lock``. Without ``copy`` it shares the live
         dicts (encode it before releasing ``lock``); with ``copy`` it is a snapshot that
-        may be encoded on another thread (dicts copied: ~50 ns a page, the entries and
-        keys themselves are immutable and shared)."""
-        if self.unlogged:
-            entries = {**self.entries, **self.unlogged}
-        else:
-            entries = dict(self.entries) if copy else self.entries
+        may be encoded on another thread (the table is always exported as a copy: ~10 ns
+        a page; the small dicts are copied)."""
+        ds, values = self.table.export()
+        if self.unlogged:  # pages the logs still hold (see the class docstring)
+            ds, values = _with_unlogged(self.table, ds, values, self.unlogged)
         marks = []
         for writer, tail in sorted(self.tails.items()):
             head, anchor = checkpoint.log_crcs(tail.fd, tail.offset)
             dels = list(tail.foreign_dels) if copy else tail.foreign_dels
             marks.append(checkpoint.LogMark(writer, tail.ino, tail.offset, tail.max_gen, head,
                                             anchor, dels))
-        return checkpoint.IndexState(entries, dict(self.deleted) if copy else self.deleted, marks)
+        return checkpoint.IndexState(ds, values, dict(self.deleted) if copy else self.deleted, marks)
 
     def checkpoint_due(self) -> bool:
         """Enough records were applied since the last checkpoint to write a new one:
         :data:`CHECKPOINT_MIN_RECORDS` and a :data:`CHECKPOINT_FRACTION` of the pages."""
-        return self.applied >= max(CHECKPOINT_MIN_RECORDS, len(self.entries) // CHECKPOINT_FRACTION)
+        return self.applied >= max(CHECKPOINT_MIN_RECORDS, len(self.table) // CHECKPOINT_FRACTION)
 
     def save_checkpoint(self) -> bool:
         """Write the namespace's checkpoint from :meth:`state` now (after a background
@@ -433,3 +499,18 @@ class SlabIndex:
         saver = self._saver
         if saver is not None:
             saver.join(timeout)
+
+
+def _with_unlogged(table: PageTable, ds: bytes, values: array.array[int],
+                   unlogged: dict[bytes, Entry]) -> tuple[bytes, array.array[int]]:
+    """An export of ``table`` (``ds``, ``values``) with the ``unlogged`` pages added, each
+    replacing the table's page of its digest if it has one."""
+    extra = list(unlogged.items())
+    if any(table.contains_many([d for d, _ in extra])):
+        merged = dict(zip(*split_snapshot(ds, values)))
+        merged.update(extra)
+        extra, ds, values = list(merged.items()), b"", array.array("Q")
+    values = array.array("Q", values)
+    for _, e in extra:
+        values.extend(e)
+    return ds + b"".join(d for d, _ in extra), values

@@ -40,12 +40,14 @@ from hicache_l3.slab.format import (
     Geometry,
     Located,
     Slot,
+    decode_records,
     encode_puts,
     encode_record,
     namespace_dir,
     write_namespace_file,
 )
 from hicache_l3.slab.index import SlabIndex
+from hicache_l3.slab.table import digest, digests, live_put_spans
 
 log = logging.getLogger("hicache_l3.slab")
 
@@ -110,7 +112,9 @@ class SlabStore:
         self.me: int | None = None
         self._lock_fd = -1
         self._log_fd = -1
-        self._lru: collections.OrderedDict[tuple[int, int], str] = collections.OrderedDict()
+        # own (slab, slot) pages, least recently used first (~100 B a page: an OrderedDict
+        # node and a tuple; the page's key is not held, the index has its digest)
+        self._lru: collections.OrderedDict[tuple[int, int], None] = collections.OrderedDict()
         self._free: list[tuple[int, int]] = []
         self._n_slabs = 0
         self._allocated: dict[int, int] = {}  # own slab -> bytes preallocated from its start
@@ -152,7 +156,7 @@ class SlabStore:
     def invalidate(self, key: str, entry: Entry) -> None:
         """Forget ``key`` if it still maps to ``entry`` (its slot failed a check)."""
         with self._lock:
-            self.index.drop(key, entry)
+            self.index.drop(digest(key), entry)
 
     def fd(self, writer: int, slab: int, direct: bool = False) -> int:
         """A file descriptor on a slab (cached; O_DIRECT when ``direct``)."""
@@ -253,18 +257,14 @@ class SlabStore:
     def _evict(self, me: int, count: int, into: list[tuple[int, int]]) -> int:
         """Evict up to ``count`` least recently used own pages, appending their slots to
         ``into``; how many."""
-        entries, slot_key, lru = self.index.entries, self.index.slot_key, self._lru
+        lru, index = self._lru, self.index
+        table = index.table
         n = min(count, len(lru))
-        index = self.index
-        popitem, get, drop = lru.popitem, entries.get, slot_key.pop
-        for _ in range(n):
-            where, key = popitem(last=False)
-            entry = get(key)
-            if entry is not None and entry[0] == me and entry[1:3] == where:
-                index.remove_unlogged(key, entry)  # no DEL: the slot's next PUT supersedes it
-            else:
-                drop((me, *where), None)
-            into.append(where)
+        popitem = lru.popitem
+        wheres = [popitem(last=False)[0] for _ in range(n)]
+        held = [d for d in table.at_many([(me, slab, slot) for slab, slot in wheres]) if d is not None]
+        index.remove_unlogged_many(held)  # no DEL: each slot's next PUT supersedes its page
+        into.extend(wheres)
         self.evictions += n
         return n
 
@@ -293,31 +293,32 @@ class SlabStore:
         make = Entry._make  # tuple.__new__: no Python-level call per page
         entries = [make((me, s[1], s[2], s[3], length, c)) for s, c in zip(slots, checksums)]
         records = encode_puts(keys, entries)
+        ds = digests(keys)
         with self._lock:
             self._check_open()
             if self.index.dropped:
-                records = self._supersede(keys) + records
+                records = self._supersede(keys, ds) + records
             os.write(self._log_fd, records)
             tail = self.index.tails[me]
             tail.offset += len(records)
             tail.max_gen = max(tail.max_gen, *(e[3] for e in entries))
-            self.index.apply_own_puts(keys, entries)
+            self.index.apply_puts(ds, entries)
             lru = self._lru
-            for key, entry in zip(keys, entries):
+            for entry in entries:
                 where = (entry[1], entry[2])
                 lru.pop(where, None)  # a reserved slot is not in the LRU; be sure it ends last
-                lru[where] = key
+                lru[where] = None
             self.index.applied += len(keys)
             self._maybe_compact(me)
         if self.fsync == "always":
             os.fdatasync(self._log_fd)
 
-    def _supersede(self, keys: Sequence[str]) -> bytes:
-        """DEL records for the unreadable pages of other writers that ``keys`` replace
-        (see :attr:`SlabIndex.dropped`). Caller holds the lock."""
+    def _supersede(self, keys: Sequence[str], ds: Sequence[bytes]) -> bytes:
+        """DEL records for the unreadable pages of other writers that ``keys`` (digests
+        ``ds``) replace (see :attr:`SlabIndex.dropped`). Caller holds the lock."""
         dropped, deleted, out = self.index.dropped, self.index.deleted, []
-        for key in keys:
-            old = dropped.pop(key, None)
+        for key, d in zip(keys, ds):
+            old = dropped.pop(d, None)
             if old is not None:
                 where = (old.writer, old.slab, old.slot)
                 deleted[where] = max(deleted.get(where, 0), old.gen)
@@ -332,7 +333,8 @@ class SlabStore:
                 self._free.append((s.slab, s.slot))
 
     def _release(self, slab: int, slot: int) -> None:
-        if self._lru.pop((slab, slot), None) is not None:
+        if (slab, slot) in self._lru:  # (its values are all None)
+            del self._lru[(slab, slot)]
             self._free.append((slab, slot))
 
     def delete(self, keys: Sequence[str]) -> list[bool]:
@@ -341,13 +343,12 @@ class SlabStore:
         with self._lock:
             me = self._become_writer()
             found, records = [], []
-            entries, slot_key, deleted = self.index.entries, self.index.slot_key, self.index.deleted
-            for key in keys:
-                entry = entries.pop(key, None)
+            table, deleted = self.index.table, self.index.deleted
+            for key, d in zip(keys, digests(keys)):
+                entry = table.pop(d)
                 found.append(entry is not None)
                 if entry is None:
                     continue
-                slot_key.pop((entry.writer, entry.slab, entry.slot), None)
                 deleted[(entry.writer, entry.slab, entry.slot)] = entry.gen
                 records.append(encode_record(DEL, key, entry))
                 if entry.writer == me:
@@ -375,28 +376,32 @@ class SlabStore:
 
     def compact(self) -> None:
         """Rewrite this writer's log with only what is live: a GEN record, a PUT per own
-        page, and the DELs of other writers' slots that no newer PUT superseded. Readers
-        notice the new file (inode) and re-read it; the rename is atomic. Then starts an
-        index checkpoint (the old one names the replaced log: openers would re-read it)."""
+        page, and the DELs of other writers' slots that no newer PUT superseded. The index
+        holds digests, not keys: the live PUTs are those of the old log whose key's digest
+        the index maps to exactly that page. Readers notice the new file (inode) and
+        re-read it; the rename is atomic. Then starts an index checkpoint (the old one
+        names the replaced log: openers would re-read it)."""
         with self._lock:
             me = self.me
             if me is None:
                 return
-            entries, slot_key = self.index.entries, self.index.slot_key
-            records = [encode_record(GEN, "", Entry(me, 0, 0, self._next_gen - 1, 0, 0))]
-            for where, key in self._lru.items():
-                e = entries.get(key)
-                if e is not None and e.writer == me and (e.slab, e.slot) == where:
-                    records.append(encode_record(PUT, key, e))
-            kept = []
-            for key, d in self.index.tails[me].foreign_dels:
-                current = slot_key.get((d.writer, d.slab, d.slot))
-                newer = current is not None and entries[current].gen > d.gen
-                if not newer:
-                    kept.append((key, d))
-                    records.append(encode_record(DEL, key, d))
-            data = b"".join(records)
+            table = self.index.table
             tail = self.index.tails[me]
+            records = [encode_record(GEN, "", Entry(me, 0, 0, self._next_gen - 1, 0, 0))]
+            old_log = os.pread(tail.fd, tail.offset, 0)
+            spans = live_put_spans(table, old_log)  # in C, for a log with no damage
+            if spans is not None and len(spans) == table.count(me):
+                records += [old_log[start:end] for start, end in spans]
+            else:
+                records += self._live_puts(me, old_log)
+            kept = []
+            for key, gone in tail.foreign_dels:
+                holder = table.at((gone.writer, gone.slab, gone.slot))
+                now = table.get(holder) if holder is not None else None
+                if now is None or now.gen <= gone.gen:  # no newer PUT superseded it
+                    kept.append((key, gone))
+                    records.append(encode_record(DEL, key, gone))
+            data = b"".join(records)
             tmp = tail.path.with_name(f"index.log.compact-{os.getpid()}")
             fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             try:
@@ -416,11 +421,37 @@ class SlabStore:
             self.compactions += 1
             self.index.save_checkpoint_later()
 
+    def _live_puts(self, me: int, old_log: bytes) -> list[bytes]:
+        """The live PUT records of ``old_log`` (this writer's), decoded in Python (the
+        reference of :func:`~hicache_l3.slab.table.live_put_spans`); own pages without a
+        record there are dropped. Caller holds the lock."""
+        table, live, out = self.index.table, set(), []
+        puts = [(key, e) for kind, key, e in decode_records(old_log)[0] if kind == PUT and e.writer == me]
+        ds = digests([key for key, _ in puts])
+        for (key, e), d, current in zip(puts, ds, table.get_many(ds)):
+            if current is not None and current[:4] == e[:4] and d not in live:
+                live.add(d)
+                out.append(encode_record(PUT, key, current))
+        if len(live) < table.count(me):  # own pages whose PUT the old log lost (damage)
+            self._forget_unrecorded(live)
+        return out
+
+    def _forget_unrecorded(self, recorded: set[bytes]) -> None:
+        """Drop own pages whose PUT record is not in the log being compacted (its bytes
+        were damaged): the new log will not hold them, so no reader may. Caller holds the
+        lock."""
+        lost = [(d, e) for d, e in self.index.table.select(self.me) if d not in recorded]
+        for d, e in lost:
+            self.index.table.pop(d)
+            self._release(e.slab, e.slot)
+        log.warning("%s: %d own pages whose index records were lost are dropped at compaction",
+                    self.writers_dir, len(lost))
+
     def clear(self) -> int:
         """Delete every key of this namespace known now; returns how many."""
         self.refresh()
         with self._lock:
-            keys = list(self.index.entries)
+            keys = self.index.live_keys()
         return sum(self.delete(keys))
 
     # ---- owning a writer directory ------------------------------------------------------
@@ -486,10 +517,9 @@ class SlabStore:
         # may still be reading through them, so retire them (closed at close) rather than close
         self.files.retire_writer(writer)
         self._next_gen = tail.max_gen + 1
-        owned = sorted((e.gen, (e.slab, e.slot), k) for k, e in index.entries.items()
-                       if e.writer == writer)
-        for _, where, key in owned:
-            self._lru[where] = key
+        owned = sorted((e.gen, (e.slab, e.slot)) for _, e in index.table.select(writer))
+        for _, where in owned:
+            self._lru[where] = None
         while True:
             path = self.files.path(writer, self._n_slabs)
             try:
@@ -505,9 +535,9 @@ class SlabStore:
             self._free.extend((slab, s) for s in reversed(range(self.geometry.slots_in(size)))
                               if (slab, s) not in self._lru)
         # pages in slabs that are gone (missing, or a planted link removed) are gone too
-        gone = [(k, e) for k, e in index.entries.items() if e.writer == writer and e.slab >= self._n_slabs]
-        for key, entry in gone:
-            index.drop(key, entry)
+        gone = [(d, e) for d, e in index.table.select(writer) if e.slab >= self._n_slabs]
+        for d, entry in gone:
+            index.drop(d, entry)
             self._lru.pop((entry.slab, entry.slot), None)
         return True
 
@@ -551,7 +581,7 @@ class SlabStore:
         """Counts of indexed pages, own slots, free slots and evictions."""
         with self._lock:
             return {
-                "indexed_pages": len(self.index.entries),
+                "indexed_pages": len(self.index.table),
                 "writer": self.me,
                 "own_pages": len(self._lru),
                 "free_slots": len(self._free),

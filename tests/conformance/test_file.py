@@ -69,9 +69,9 @@ class TestFileConnector(SlabIntegrityTests, ConnectorTests):
         rpages = Pages(reader, self.page_bytes, 2)
         store = reader._store  # freeze the reader's index: it does not see the reuse yet
         assert store is not None
-        entries = dict(store.index.entries)
+        frozen = store.index.table.export()
         assert writer.batch_set(keys[2:], pages.pages[2:]) == [True, True]  # evicts old-*
-        store.index.entries.update(entries)
+        store.index.table.load(*frozen)  # the stale pages back in their slots
         store.refresh = lambda: None  # type: ignore[method-assign]
         assert reader.batch_get(keys[:2], rpages.pages) == [False, False]
         assert reader.stats()["ops"]["get"]["failed"] == {"corrupt": 2}

@@ -374,12 +374,12 @@ def test_stale_entry_after_takeover_is_a_miss(tmp_path: Path) -> None:
         assert reader.batch_exists(["old-0", "old-1"]) == [True, True]
         store = reader._store
         assert store is not None
-        frozen = dict(store.index.entries)
+        frozen = store.index.table.export()
         with open_connector("hf3fs", ns, settings) as second:  # adopts w0000, epoch 2
             new = ["new-0", "new-1"]
             assert second.batch_set(new, _pages(second, new).pages) == [True, True]
             assert second.stats()["engine"]["evictions"] == 2
-        store.index.entries.update(frozen)
+        store.index.table.load(*frozen)  # the stale pages back in their slots
         store.refresh = lambda: None  # type: ignore[method-assign]
         got = Pages(reader, PAGE, 2)
         assert reader.batch_get(["old-0", "old-1"], got.pages) == [False, False]

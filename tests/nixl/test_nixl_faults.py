@@ -71,7 +71,7 @@ def test_file_get_with_one_unreadable_slab_loads_the_others(opened: list[Any], n
     keys = [f"g{i}" for i in range(8)]
     pages = _stored(conn, keys)
     store = conn._store
-    slab_of = {k: store.index.entries[k].slab for k in keys}
+    slab_of = {k: store.index.entry(k).slab for k in keys}
     assert set(slab_of.values()) == {0, 1}
     os.truncate(store.files.path(store.me, 1), 0)  # slab 1 vanishes under the connector
     pages.wipe()
@@ -89,7 +89,7 @@ def test_file_set_with_one_unwritable_slab_stores_the_others(opened: list[Any], 
     first = [f"a{i}" for i in range(8)]
     _stored(conn, first)
     store = conn._store
-    in_slab1 = [k for k in first if store.index.entries[k].slab == 1]
+    in_slab1 = [k for k in first if store.index.entry(k).slab == 1]
     assert conn.delete(in_slab1) == [True] * len(in_slab1)  # frees slab 1's slots
     fd = store.fd(store.me, 1)
     ro = os.open(store.files.path(store.me, 1), os.O_RDONLY)
@@ -102,7 +102,7 @@ def test_file_set_with_one_unwritable_slab_stores_the_others(opened: list[Any], 
     assert 0 < sum(got) < 8, got
     assert conn.batch_exists(keys) == got
     stored = [k for k, ok in zip(keys, got) if ok]
-    assert all(store.index.entries[k].slab == 0 for k in stored)
+    assert all(store.index.entry(k).slab == 0 for k in stored)
     pages.wipe()
     assert conn.batch_get(keys, pages.pages) == got
     for i, (key, ok) in enumerate(zip(keys, got)):

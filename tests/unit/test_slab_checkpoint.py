@@ -6,12 +6,14 @@ crashed writers; a torn, damaged or planted checkpoint is ignored (full replay).
 
 from __future__ import annotations
 
+import array
 import contextlib
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -23,6 +25,7 @@ from hicache_l3.slab.files import SlabFiles
 from hicache_l3.slab.format import RECORD, Entry
 from hicache_l3.slab.index import SlabIndex
 from hicache_l3.slab.store import SlabStore
+from hicache_l3.slab.table import digest
 
 NS = Namespace(model="ckpt-test", kv_dtype="uint8", layout="page_first", page_size=64, tag="t")
 SLOT = 64
@@ -51,10 +54,11 @@ def fresh_indexes(store: SlabStore) -> tuple[SlabIndex, SlabIndex]:
 
 
 def view(index: SlabIndex) -> dict[str, Any]:
-    """What must agree: entries, the slot inverse, each log's generation and foreign DELs."""
+    """What must agree: entries (by key digest), the slot inverse, each log's generation
+    and foreign DELs."""
     return {
-        "entries": dict(index.entries),
-        "slot_key": dict(index.slot_key),
+        "entries": dict(index.table.select()),
+        "slot_key": dict(index.table.slot_items()),
         "max_gen": {w: t.max_gen for w, t in index.tails.items()},
         "foreign": {w: list(t.foreign_dels) for w, t in index.tails.items() if t.foreign_dels},
     }
@@ -129,7 +133,7 @@ def run_history(root: Path, ops: list[tuple[str, int, Any]]) -> list[SlabStore]:
         elif op == "drop":
             k = key(*arg)
             store.refresh()
-            entry = store.index.entries.get(k)
+            entry = store.index.entry(k)
             if entry is not None:
                 store.invalidate(k, entry)
         elif op == "compact":
@@ -153,11 +157,25 @@ def run_history(root: Path, ops: list[tuple[str, int, Any]]) -> list[SlabStore]:
     return stores
 
 
+@contextlib.contextmanager
+def table_kind(kind: str) -> Iterator[None]:
+    """Indexes built meanwhile use the C page table ("native") or the dict fallback."""
+    from hicache_l3.slab import index as index_module
+    from hicache_l3.slab.table import DictPageTable
+
+    if kind == "native":
+        yield
+        return
+    with mock.patch.object(index_module, "new_table", DictPageTable):
+        yield
+
+
+@pytest.mark.parametrize("kind", ["native", "dict"])
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(OPS, max_size=40), background=st.booleans())
-def test_checkpoint_plus_tail_equals_full_replay(ops: list[tuple[str, int, Any]],
+def test_checkpoint_plus_tail_equals_full_replay(kind: str, ops: list[tuple[str, int, Any]],
                                                  background: bool) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, table_kind(kind):
         root = Path(tmp)
         stores = run_history(root, ops)
         try:
@@ -180,9 +198,9 @@ def test_checkpoint_plus_tail_equals_full_replay(ops: list[tuple[str, int, Any]]
                 store.refresh()
             with indexes(stores[0]) as (oracle, _):
                 for store in stores:
-                    live = dict(store.index.entries)
+                    live = dict(store.index.table.select())
                     live.update(store.index.unlogged)
-                    assert live == oracle.entries
+                    assert live == dict(oracle.table.select())
         finally:
             for store in stores:
                 store.close()
@@ -224,12 +242,35 @@ def test_unusable_checkpoint_is_ignored(tmp_path: Path, damage: str,
     elif damage == "directory":
         path.mkdir()
     else:
-        path.write_bytes(data[:8] + (2).to_bytes(4, "little") + data[12:])
+        path.write_bytes(data[:8] + (1).to_bytes(4, "little") + data[12:])  # keys, not digests
     try:
         with indexes(store) as (oracle, candidate):
             assert view(candidate) == view(oracle)
             assert candidate.applied == oracle.applied == 20  # replayed from the start
         assert "ignored, the logs are replayed" in caplog.text
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("damage", ["two pages in one slot", "writer out of range"])
+def test_checkpoint_whose_pages_do_not_load_is_ignored(tmp_path: Path, damage: str,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """Whole (CRC right) but not a replay's state: the logs are replayed instead."""
+    store = filled(tmp_path)
+    path = store.directory / checkpoint.CHECKPOINT_FILE
+    state = checkpoint.decode(path.read_bytes())
+    if damage == "two pages in one slot":
+        state.values[6:9] = state.values[0:3]
+    else:
+        state.values[0] = 2**32 - 1
+    data = checkpoint.encode(state)
+    assert data is not None
+    path.write_bytes(data)
+    try:
+        with indexes(store) as (oracle, candidate):
+            assert view(candidate) == view(oracle)
+            assert candidate.applied == oracle.applied == 20  # replayed from the start
+        assert "index checkpoint ignored, the logs are replayed" in caplog.text
     finally:
         store.close()
 
@@ -266,34 +307,44 @@ def test_compacted_log_is_read_again_from_its_start(tmp_path: Path) -> None:
         (store.directory / checkpoint.CHECKPOINT_FILE).write_bytes(ckpt)
         with indexes(store) as (oracle, candidate):
             assert view(candidate) == view(oracle)
-            assert sorted(k for k in candidate.entries if k.startswith("w1")) == keys[2:]
+            assert [candidate.entry(k) is not None for k in keys] == [False] * 2 + [True] * 3
     finally:
         other.close()
         store.close()
 
 
-def test_key_with_nul_writes_no_checkpoint(tmp_path: Path) -> None:
-    store = open_store(tmp_path)
+def test_key_with_nul_writes_no_checkpoint_while_a_foreign_del_holds_it(tmp_path: Path) -> None:
+    """The checkpoint holds digests, not keys, except the keys of DELs for other writers'
+    slots (NUL-separated): a stored key with a NUL is fine, a foreign DEL of one is not."""
+    store, other = open_store(tmp_path), open_store(tmp_path)
     try:
         keys = ["plain", "nul\0inside"]
         plan = store.reserve_new(keys)
         store.commit(keys, plan.slots, [0, 0])
         with store._lock:
-            assert not store.index.save_checkpoint()
+            assert store.index.save_checkpoint()
+        (store.directory / checkpoint.CHECKPOINT_FILE).unlink()
+        assert other.delete(["nul\0inside"]) == [True]
+        with other._lock:
+            assert not other.index.save_checkpoint()
         assert not (store.directory / checkpoint.CHECKPOINT_FILE).exists()
     finally:
+        other.close()
         store.close()
 
 
 def test_encode_decode_round_trip() -> None:
-    entries = {"a": Entry(0, 1, 2, 3, 4, 5), "": Entry(1, 0, 0, 9, 64, 0), "é": Entry(2, 3, 4, 5, 6, 7)}
-    marks = [checkpoint.LogMark(0, 11, 100, 3, 5, 6, [("x", Entry(1, 0, 1, 2, 3, 4))]),
+    entries = {"a": Entry(0, 1, 2, 3, 4, 5), "": Entry(1, 0, 0, 9, 64, 0),
+               "é": Entry(2, 3, 4, 5, 6, 2**64 - 1)}
+    values = array.array("Q", [f for e in entries.values() for f in e])
+    dels = [("x", Entry(1, 0, 1, 2, 3, 4)), ("é", Entry(1, 0, 2, 2, 3, 4))]
+    marks = [checkpoint.LogMark(0, 11, 100, 3, 5, 6, dels),
              checkpoint.LogMark(1, 12, 0, 0, 0, 0, [])]
-    state = checkpoint.IndexState(entries, {(1, 0, 1): 2}, marks)
+    state = checkpoint.IndexState(b"".join(map(digest, entries)), values, {(1, 0, 1): 2}, marks)
     data = checkpoint.encode(state)
     assert data is not None
     assert checkpoint.decode(data) == state
-    empty = checkpoint.IndexState({}, {}, [])
+    empty = checkpoint.IndexState(b"", array.array("Q"), {}, [])
     data = checkpoint.encode(empty)
     assert data is not None and checkpoint.decode(data) == empty
 
@@ -429,7 +480,7 @@ def test_writer_killed_mid_checkpoint_leaves_the_old_one(tmp_path: Path) -> None
         with indexes(reader) as (oracle, candidate):
             assert view(candidate) == view(oracle)
             assert candidate.checkpoint_pages == 20 and candidate.replayed == 20
-            assert len(candidate.entries) == 40
+            assert len(candidate) == 40
     finally:
         reader.close()
 
