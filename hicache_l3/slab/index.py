@@ -20,6 +20,7 @@ mtime that reflect other local processes' writes (multi-node use rescans instead
 from __future__ import annotations
 
 import array
+import functools
 import logging
 import os
 import threading
@@ -42,6 +43,7 @@ from hicache_l3.slab.table import (
 )
 
 log = logging.getLogger("hicache_l3.slab")
+_new_located = functools.partial(tuple.__new__, Located)  # no Python-level __new__ per page
 MAX_DROPPED = 1 << 16
 CHECKPOINT_MIN_RECORDS = 1 << 16  # records applied since the last checkpoint before a new one
 CHECKPOINT_FRACTION = 4  # ... and at least 1/this of the indexed pages
@@ -312,17 +314,23 @@ class SlabIndex:
         """Per key: a descriptor and entry to read it from, or None. A slab that cannot be
         opened (missing, unreadable) drops its keys from the index: they miss, ``exists``
         stops reporting them and a later set stores them again. Caller holds ``lock``."""
-        fd = self.files.get
+        fd, located = self.files.get, _new_located
+        fds: dict[tuple[int, int], int] = {}
         out: list[Located | None] = []
         for entry in self.table.get_many(digests(keys)):
             if entry is None:
                 out.append(None)
                 continue
-            try:
-                out.append(Located(fd(entry.writer, entry.slab), entry))
-            except OSError as exc:
-                self._drop_slab(entry.writer, entry.slab, exc)
-                out.append(None)
+            slab = entry[:2]  # (writer, slab): a batch's pages share few slabs
+            f = fds.get(slab)
+            if f is None:
+                try:
+                    f = fds[slab] = fd(*slab)
+                except OSError as exc:
+                    self._drop_slab(entry.writer, entry.slab, exc)
+                    out.append(None)
+                    continue
+            out.append(located((f, entry)))
         return out
 
     def _drop_slab(self, writer: int, slab: int, exc: OSError) -> None:

@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import array
 import ctypes
+import functools
 import importlib.util
 import itertools
+import struct
 import sys
 import threading
 from collections.abc import Sequence
@@ -47,6 +49,8 @@ DIGEST_SEED = 0x6869636163686533  # "hicache3": any fixed non-zero seed; never c
 DIGEST_BYTES = 16
 xxh3_128 = xxhash.xxh3_128_digest  # (data, seed) -> 16 bytes
 _make_entry = Entry._make
+_new_entry = functools.partial(tuple.__new__, Entry)  # Entry from a 6-tuple, no Python frame
+_SIX = struct.Struct("=6Q")  # one entry's six native uint64 values, as the C table writes them
 Where = tuple[int, int, int]
 
 
@@ -326,7 +330,10 @@ class NativePageTable:
         hits = self._lib.get_many(self._t, n, b"".join(ds), values.buffer_info()[0], _address(found))
         if not hits:
             return [None] * n
-        return [_make_entry(values[6 * i : 6 * i + 6]) if f else None for i, f in enumerate(found)]
+        made = map(_new_entry, _SIX.iter_unpack(values))  # C-level: no slice per entry
+        if hits == n:
+            return list(made)
+        return [e if f else None for e, f in zip(made, found)]
 
     def contains_many(self, ds: Sequence[bytes]) -> list[bool]:
         n = len(ds)
