@@ -30,8 +30,9 @@ import ctypes
 import importlib.util
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import accumulate, chain
+from typing import Generic, TypeVar
 
 from hicache_l3.common.integrity import page_checksum, xxh3_function
 from hicache_l3.common.pages import Page
@@ -203,38 +204,61 @@ def _self_test(io: BatchIO) -> None:
             raise RuntimeError("native batch read disagrees with the Python path")
 
 
-_lock = threading.Lock()
-_loaded: tuple[BatchIO | None, str] | None = None
+T = TypeVar("T")
+
+
+class LoadedOnce(Generic[T]):
+    """One view of the ``hicache_l3._batch_io`` library (``make(path)``: the batch I/O
+    calls, the page table's), built and self-tested (``self_test(view)`` raises
+    RuntimeError on a disagreement with the Python reference) on the first :meth:`get`,
+    from any thread, never at import. ``refused`` prefixes the reason when the library
+    loads but fails."""
+
+    def __init__(self, make: Callable[[str], T], self_test: Callable[[T], None], refused: str) -> None:
+        self._make, self._self_test, self._refused = make, self_test, refused
+        self._lock = threading.Lock()
+        self._loaded: tuple[T | None, str] | None = None
+
+    def get(self) -> T | None:
+        """The view, or None when the library is not built or was refused."""
+        loaded = self._loaded
+        if loaded is None:
+            with self._lock:
+                if self._loaded is None:
+                    self._loaded = self._load()
+                loaded = self._loaded
+        return loaded[0]
+
+    def reason(self) -> str:
+        """Why :meth:`get` is None ("" when it is loaded)."""
+        self.get()
+        assert self._loaded is not None
+        return self._loaded[1]
+
+    def _load(self) -> tuple[T | None, str]:
+        spec = importlib.util.find_spec("hicache_l3._batch_io")
+        if spec is None or spec.origin is None:
+            return None, "hicache_l3._batch_io not built: reinstall with a C compiler (cc) present"
+        try:
+            view = self._make(spec.origin)
+            self._self_test(view)
+        except (OSError, AttributeError, RuntimeError) as exc:
+            return None, f"{self._refused}: {exc}"
+        return view, ""
+
+
+_batch_io = LoadedOnce(BatchIO, _self_test, "hicache_l3._batch_io refused")
 
 
 def library() -> BatchIO | None:
     """The library, loaded and self-tested on first call (nothing happens at import);
     None when it is not built or failed its self-test (:func:`unavailable_reason`)."""
-    global _loaded
-    if _loaded is None:
-        with _lock:
-            if _loaded is None:
-                _loaded = _load()
-    return _loaded[0]
+    return _batch_io.get()
 
 
 def unavailable_reason() -> str:
     """Why :func:`library` is None ("" when it is loaded)."""
-    library()
-    assert _loaded is not None
-    return _loaded[1]
-
-
-def _load() -> tuple[BatchIO | None, str]:
-    spec = importlib.util.find_spec("hicache_l3._batch_io")
-    if spec is None or spec.origin is None:
-        return None, "hicache_l3._batch_io not built: reinstall with a C compiler (cc) present"
-    try:
-        io = BatchIO(spec.origin)
-        _self_test(io)
-    except (OSError, AttributeError, RuntimeError) as exc:
-        return None, f"hicache_l3._batch_io refused: {exc}"
-    return io, ""
+    return _batch_io.reason()
 
 
 def describe() -> str:

@@ -33,17 +33,16 @@ from __future__ import annotations
 import array
 import ctypes
 import functools
-import importlib.util
 import itertools
 import struct
 import sys
-import threading
 from collections.abc import Sequence
 from typing import Protocol
 
 import xxhash
 
 from hicache_l3.slab.format import Entry
+from hicache_l3.slab.native import LoadedOnce
 
 DIGEST_SEED = 0x6869636163686533  # "hicache3": any fixed non-zero seed; never change it
 DIGEST_BYTES = 16
@@ -457,36 +456,16 @@ def _values(entries: Sequence[Entry]) -> array.array[int]:
     return values
 
 
-_lock = threading.Lock()
-_loaded: tuple[_Library | None, str] | None = None
-
-
 def native_library() -> _Library | None:
     """The C page table's calls, loaded and self-tested on first use; None when the
     library is not built or lacks them (:func:`describe` says why)."""
-    global _loaded
-    if _loaded is None:
-        with _lock:
-            if _loaded is None:
-                _loaded = _load()
-    return _loaded[0]
+    return _native.get()
 
 
-def _load() -> tuple[_Library | None, str]:
-    spec = importlib.util.find_spec("hicache_l3._batch_io")
-    if spec is None or spec.origin is None:
-        return None, "hicache_l3._batch_io not built"
-    try:
-        lib = _Library(spec.origin)
-        _self_test(NativePageTable(lib))
-    except (OSError, AttributeError, RuntimeError) as exc:
-        return None, f"hicache_l3._batch_io has no usable page table ({exc})"
-    return lib, ""
-
-
-def _self_test(table: NativePageTable) -> None:
+def _self_test(lib: _Library) -> None:
     from hicache_l3.slab.format import PUT, encode_record
 
+    table = NativePageTable(lib)
     a, b = digest("a"), digest("b")
     table.put_many([a, b], [Entry(0, 1, 2, 3, 4, 5), Entry(0, 1, 2, 6, 4, 0)])  # b supersedes a
     if len(table) != 1 or table.get(a) is not None or table.get(b) != Entry(0, 1, 2, 6, 4, 0) \
@@ -507,6 +486,7 @@ def new_table() -> PageTable:
 
 def describe() -> str:
     """Which table :func:`new_table` makes, and why not the C one."""
-    native_library()
-    assert _loaded is not None
-    return "page table in C" if _loaded[0] is not None else f"dict page table ({_loaded[1]})"
+    return "page table in C" if native_library() is not None else f"dict page table ({_native.reason()})"
+
+
+_native = LoadedOnce(_Library, _self_test, "hicache_l3._batch_io has no usable page table")
