@@ -61,6 +61,7 @@ import dataclasses
 import functools
 import json
 import logging
+import operator
 import os
 import struct
 import threading
@@ -70,6 +71,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from hicache_l3.common.errors import ConfigError
+from hicache_l3.common.integrity import key_fingerprint
 from hicache_l3.common.keys import Namespace
 
 FORMAT_VERSION = 2
@@ -107,6 +109,9 @@ class Entry(NamedTuple):
     gen: int
     length: int
     checksum: int
+
+
+_GEN, _LENGTH, _CHECKSUM = (operator.itemgetter(i) for i in (3, 4, 5))  # Entry fields
 
 
 class Slot(NamedTuple):
@@ -203,11 +208,27 @@ def encode_end(gen: int, fingerprint: bytes) -> bytes:
     return END.pack(END_MAGIC, gen, fingerprint)
 
 
+def encode_markers(gens: Iterable[int], lengths: Iterable[int], checksums: Iterable[int],
+                   fingerprints: Iterable[bytes]) -> list[bytes]:
+    """The 128-byte marker records of many slots, one per ``zip`` of the arguments: a page
+    of ``length`` bytes with ``checksum`` (0: none) written with generation ``gen`` for the
+    key of ``fingerprint``. The one spelling of the record (a batch costs no Python call
+    per slot)."""
+    pack = MARKER_RECORD.pack
+    return [pack(START_MAGIC, FORMAT_VERSION, 0, gen, length, checksum, fp, END_MAGIC, gen, fp)
+            for gen, length, checksum, fp in zip(gens, lengths, checksums, fingerprints)]
+
+
 def encode_marker(gen: int, length: int, checksum: int, fingerprint: bytes) -> bytes:
-    """The 128-byte marker record of a slot holding a page of ``length`` bytes with
-    ``checksum`` (0: none) written with generation ``gen`` for the key of ``fingerprint``."""
-    return MARKER_RECORD.pack(START_MAGIC, FORMAT_VERSION, 0, gen, length, checksum, fingerprint,
-                              END_MAGIC, gen, fingerprint)
+    """:func:`encode_markers` of one slot."""
+    return encode_markers((gen,), (length,), (checksum,), (fingerprint,))[0]
+
+
+def expected_markers(entries: Sequence[Entry], keys: Iterable[str]) -> list[bytes]:
+    """The marker record a reader must find in each entry's slot for its key (generation,
+    length and checksum from ``entries[j]``, fingerprint of ``keys[j]``)."""
+    return encode_markers(map(_GEN, entries), map(_LENGTH, entries), map(_CHECKSUM, entries),
+                          map(key_fingerprint, keys))
 
 
 def check_marker(record: bytes | memoryview, entry: Entry, fingerprint: bytes) -> bool:

@@ -31,8 +31,10 @@ from __future__ import annotations
 import abc
 import array
 import errno
+import operator
 import os
 from collections.abc import Sequence
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from hicache_l3.common.errors import Reason
@@ -42,18 +44,19 @@ from hicache_l3.common.parallel import BatchPool
 from hicache_l3.slab import native
 from hicache_l3.slab.format import (
     ALIGN,
-    END_MAGIC,
-    FORMAT_VERSION,
-    MARKER_RECORD,
     RECORD_BYTES,
-    START_MAGIC,
     Entry,
     Geometry,
     Located,
     Slot,
     check_marker,
+    encode_marker,
+    encode_markers,
+    expected_markers,
 )
 from hicache_l3.slab.native import CHECKSUM, HEADER, NOMEM, OK, SHORT
+
+_GEN = operator.itemgetter(3)  # a Slot's generation
 
 if TYPE_CHECKING:
     from hicache_l3.slab.store import SlabStore
@@ -165,7 +168,7 @@ class PythonTransport(SlotTransport):
         nbytes = geometry.slot_bytes
         keys, pages, slots = batch.keys, batch.pages, batch.slots
         status, checksums, checksum, direct = batch.status, batch.checksums, batch.checksum, self.direct
-        views_of, pwrite, pwritev, pack = self.regions.views, os.pwrite, os.pwritev, MARKER_RECORD.pack
+        views_of, pwrite, pwritev = self.regions.views, os.pwrite, os.pwritev
         cut = self.regions.batch_views(pages)  # the common case, cut at once
         data_at, marker_at = geometry.offsets(s[2] for s in slots)
         me = store.me or 0  # reserve made this process a writer
@@ -180,7 +183,7 @@ class PythonTransport(SlotTransport):
                     continue
                 csum = page_checksum(page) if checksum else 0
                 fp = key_fingerprint(keys[j])
-                record = pack(START_MAGIC, FORMAT_VERSION, 0, gen, nbytes, csum, fp, END_MAGIC, gen, fp)
+                record = encode_marker(gen, nbytes, csum, fp)
                 try:
                     ok = pwrite(fd, record, marker_at[j]) == RECORD_BYTES
                     if ok and direct and _aligned(page):
@@ -211,7 +214,7 @@ class PythonTransport(SlotTransport):
         views_of, preadv = self.regions.views, os.preadv
         cut = self.regions.batch_views([pages[j] for j in work])  # the common case, cut at once
         data_at, marker_at = geometry.offsets(located[j][1][2] for j in work)
-        pack, fingerprint, checksum_of = MARKER_RECORD.pack, key_fingerprint, page_checksum
+        fingerprint, checksum_of = key_fingerprint, page_checksum
 
         def read(lo: int, hi: int) -> None:
             record = memoryview(bytearray(RECORD_BYTES))
@@ -231,8 +234,7 @@ class PythonTransport(SlotTransport):
                     else:
                         ok = preadv(fd, views, data_at[k]) == nbytes
                     ok = ok and preadv(fd, [record], marker_at[k]) == RECORD_BYTES  # after the data
-                    ok = ok and record == pack(START_MAGIC, FORMAT_VERSION, 0, entry.gen, entry.length,
-                                               csum, fp, END_MAGIC, entry.gen, fp)
+                    ok = ok and check_marker(record, entry, fp)
                 except OSError as exc:
                     status[j] = -(exc.errno or errno.EIO)
                     continue
@@ -266,12 +268,11 @@ class NativeTransport(SlotTransport):
     def write(self, store: SlabStore, batch: WriteBatch) -> None:
         """One :class:`~hicache_l3.slab.native.PageBatch`, its shares written in parallel."""
         geometry, slots, lib = batch.geometry, batch.slots, self.lib
-        nbytes, pack = geometry.slot_bytes, MARKER_RECORD.pack
         data_at, marker_at = geometry.offsets(s[2] for s in slots)
         pb = native.PageBatch(
             RECORD_BYTES, [s[0] for s in slots], data_at, marker_at, batch.pages,
-            [pack(START_MAGIC, FORMAT_VERSION, 0, s[3], nbytes, 0, fp, END_MAGIC, s[3], fp)
-             for s, fp in zip(slots, map(key_fingerprint, batch.keys))],
+            encode_markers(map(_GEN, slots), repeat(geometry.slot_bytes), repeat(0),
+                           map(key_fingerprint, batch.keys)),  # the C call fills the checksums in
             writing=True,
         )
         checksum = batch.checksum
@@ -281,14 +282,12 @@ class NativeTransport(SlotTransport):
 
     def read(self, store: SlabStore, batch: ReadBatch) -> None:
         """One :class:`~hicache_l3.slab.native.PageBatch`, its shares read in parallel."""
-        located, lib, pack = batch.located, self.lib, MARKER_RECORD.pack
+        located, lib = batch.located, self.lib
         entries = [loc[1] for loc in located]
         data_at, marker_at = batch.geometry.offsets(e[2] for e in entries)
         pb = native.PageBatch(
             RECORD_BYTES, [loc[0] for loc in located], data_at, marker_at, batch.pages,
-            [pack(START_MAGIC, FORMAT_VERSION, 0, e[3], e[4], e[5], fp, END_MAGIC, e[3], fp)
-             for e, fp in zip(entries, map(key_fingerprint, batch.keys))],
-            [e[5] for e in entries], writing=False,
+            expected_markers(entries, batch.keys), [e[5] for e in entries], writing=False,
         )
         self._pool.run_chunks(lambda lo, hi: lib.read(pb, lo, hi), len(pb), _chunk(len(pb)))
         batch.status = pb.status

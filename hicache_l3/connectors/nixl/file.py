@@ -37,6 +37,7 @@ import functools
 import os
 import threading
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
 from hicache_l3.common.connector import Capabilities
@@ -48,7 +49,7 @@ from hicache_l3.common.parallel import BatchPool
 from hicache_l3.connectors.nixl.base import Agent, NixlConfig, NixlConnector, Unit, run_units
 from hicache_l3.slab import native
 from hicache_l3.slab.engine import SlabConnector
-from hicache_l3.slab.format import END_MAGIC, FORMAT_VERSION, MARKER_RECORD, RECORD_BYTES, START_MAGIC
+from hicache_l3.slab.format import RECORD_BYTES, encode_markers, expected_markers
 from hicache_l3.slab.io import CHECKSUM, HEADER, OK, SHORT, ReadBatch, SlotTransport, WriteBatch, verify
 from hicache_l3.slab.store import SlabStore
 
@@ -103,11 +104,9 @@ class NixlTransport(SlotTransport):
         nbytes = geometry.slot_bytes
         sums = self._checksums(batch.pages) if batch.checksum else [0] * len(slots)
         data_at, marker_at = geometry.offsets(s[2] for s in slots)
-        pack = MARKER_RECORD.pack
         marks = self._put_markers(
             [s[0] for s in slots], marker_at,
-            [pack(START_MAGIC, FORMAT_VERSION, 0, s[3], nbytes, c, fp, END_MAGIC, s[3], fp)
-             for s, c, fp in zip(slots, sums, map(key_fingerprint, batch.keys))])
+            encode_markers([s[3] for s in slots], repeat(nbytes), sums, map(key_fingerprint, batch.keys)))
         units, staged = [], []
         for j, (fd, _, _, _) in enumerate(slots):
             if marks[j] != OK:
@@ -175,12 +174,7 @@ class NixlTransport(SlotTransport):
                     continue
                 out.append(verify(record, entry, keys[j], None) if ok else HEADER)
             return out
-        pack = MARKER_RECORD.pack
-        expect = []
-        for j in moved:
-            e = located[j][1]
-            fp = key_fingerprint(keys[j])
-            expect.append(pack(START_MAGIC, FORMAT_VERSION, 0, e[3], e[4], e[5], fp, END_MAGIC, e[3], fp))
+        expect = expected_markers([located[j][1] for j in moved], [keys[j] for j in moved])
         got = self.lib.read_markers([located[j][0] for j in moved], marker_at, b"".join(expect),
                                     RECORD_BYTES)
         return [code if code <= 0 else HEADER for code in got]
