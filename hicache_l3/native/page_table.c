@@ -612,32 +612,48 @@ static void marker_record(uint8_t *r, uint64_t gen, uint64_t length, uint64_t cs
  * ..] (the marker record the slot must carry), csums[j] (the entry's checksum), where[j]
  * (the index i of the key) and slab_of[j], an index into ``slabs``: the distinct (writer,
  * slab) pairs of the pages to read, 2 uint64 each, *nslabs of them (at most n).
- * Returns the number of pages to read, or -1 when ``keys`` is not n '\n'-ended keys. */
+ * Returns the number of pages to read, -1 when ``keys`` is not n '\n'-ended keys, -2
+ * when out of memory (the caller takes its reference path then). */
 long hl3_pt_plan_get(const hl3_table *t, size_t n, const uint8_t *keys, size_t keys_len,
                      uint64_t seed, hl3_xxh128_fn hash, const hl3_geometry *g, int verified_only,
                      uint64_t *values, int32_t *code, int64_t *data_offs, int64_t *marker_offs,
                      uint8_t *expect, uint64_t *csums, int32_t *where, int32_t *slab_of,
                      uint64_t *slabs, size_t *nslabs)
 {
-    size_t pos = 0, read = 0, m = 0;
+    /* Pass 1: split the keys, hash them and prefetch their buckets; pass 2: probe. A batch
+     * follows its data (megabytes) through the cache: probing right after hashing would
+     * wait for one bucket's cache miss at a time. */
+    size_t *at = malloc((n + 1) * sizeof(size_t));
+    uint8_t *digests = malloc(16 * (n ? n : 1));
+    if (at == NULL || digests == NULL) {
+        free(at);
+        free(digests);
+        return -2;
+    }
+    size_t pos = 0, read = 0, m = 0, mask = t->pcap - 1;
+    long out = -1;
     for (size_t i = 0; i < n; i++) {
         const uint8_t *key = keys + pos;
         const uint8_t *nl = pos < keys_len ? memchr(key, '\n', keys_len - pos) : NULL;
         if (nl == NULL)
-            return -1;
-        size_t len = (size_t)(nl - key);
-        pos += len + 1;
-        uint8_t digest[16];
-        canonical128(hash(key, len, seed), digest);
+            goto done;
+        at[i] = pos;
+        pos += (size_t)(nl - key) + 1;
+        canonical128(hash(key, (size_t)(nl - key), seed), digests + 16 * i);
+        __builtin_prefetch(&t->pages[page_home(digests + 16 * i) & mask]);
+    }
+    if (pos != keys_len)
+        goto done;
+    at[n] = pos;
+    for (size_t i = 0; i < n; i++) {
         int found;
-        size_t b = page_find(t, digest, &found);
+        size_t b = page_find(t, digests + 16 * i, &found);
         if (!found) {
             code[i] = HL3_PLAN_MISS;
             continue;
         }
         const hl3_page *p = &t->pages[b];
-        uint64_t *v = values + 6 * i;
-        unpack(p, v);
+        unpack(p, values + 6 * i);
         if ((int64_t)p->length != g->slot_bytes) {
             code[i] = HL3_PLAN_SIZE;
             continue;
@@ -651,7 +667,7 @@ long hl3_pt_plan_get(const hl3_table *t, size_t n, const uint8_t *keys, size_t k
         data_offs[read] = (int64_t)(((s >> g->shift) + 1) * (uint64_t)g->table + s * (uint64_t)g->data_stride);
         marker_offs[read] = (int64_t)((s >> g->shift) * (uint64_t)g->span + s * (uint64_t)g->record);
         uint8_t fp[16];
-        canonical128(hash(key, len, 0), fp);
+        canonical128(hash(keys + at[i], at[i + 1] - at[i] - 1, 0), fp);
         marker_record(expect + 128 * read, p->gen, p->length, p->checksum, fp);
         csums[read] = p->checksum;
         where[read] = (int32_t)i;
@@ -671,8 +687,10 @@ long hl3_pt_plan_get(const hl3_table *t, size_t n, const uint8_t *keys, size_t k
         slab_of[read] = (int32_t)k;
         read++;
     }
-    if (pos != keys_len)
-        return -1;
     *nslabs = m;
-    return (long)read;
+    out = (long)read;
+done:
+    free(at);
+    free(digests);
+    return out;
 }

@@ -124,6 +124,9 @@ def plan_get(table: PageTable, keys: Sequence[str], geometry: Geometry, verified
         data_offs, marker_offs, csums = data_offs[:count], marker_offs[:count], csums[:count]
         where, slab_of = where[:count], slab_of[:count]
         del expect[RECORD_BYTES * count:]
-    fds = array.array("i", [fd if fd is not None else -1 for fd in table_fds])
-    return GetPlan(n, count, values, code, data_offs, marker_offs, expect, csums, where,
-                   array.array("i", map(fds.__getitem__, slab_of)))
+    by_slab = array.array("i", [fd if fd is not None else -1 for fd in table_fds])
+    if m == 1:  # the common batch: one slab, one C-level repeat
+        fds = by_slab * count
+    else:
+        fds = array.array("i", map(by_slab.__getitem__, slab_of))
+    return GetPlan(n, count, values, code, data_offs, marker_offs, expect, csums, where, fds)
