@@ -6,7 +6,12 @@ their store (:meth:`SlabConnector._make_store`) and their :attr:`SlabConnector.t
   marker record, then the data -> classify each page -> commit the written, abort the rest;
 * get: look the keys up -> size check -> the transport moves and verifies -> a page that
   fails verification is dropped from the index (so ``exists`` stops reporting it and a
-  later set stores it again) -> own pages read are touched in the LRU;
+  later set stores it again) -> own pages read are touched in the LRU. With a transport
+  that reads plans (the native one) and the C page table, the lookup and the checks before
+  the read are one C call (:mod:`hicache_l3.slab.plan`) whose arrays the read takes as
+  they are: no Python object per page on the common batch. :meth:`SlabConnector._get_located`
+  (a :class:`~hicache_l3.slab.io.ReadBatch` of looked-up entries) stays the reference and
+  the path of the other transports (3FS USRBIO, NIXL);
 
 Integrity policy. A connector that checksums (``detects_corruption``) returns True only
 for pages whose checksum it verified: a page another writer stored without one is a
@@ -218,6 +223,8 @@ class SlabConnector:
             elif code in _CORRUPT:
                 reasons[i] = Reason.CORRUPT
                 store.invalidate(keys[i], entry)
+            elif code == UNREGISTERED:
+                reasons[i] = Reason.UNREGISTERED
             else:
                 reasons[i] = Reason.ENGINE_ERROR
                 self._log.warning("get-io", "%s: read of %s failed: %s", self.name, keys[i], explain(code))
