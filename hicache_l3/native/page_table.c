@@ -609,9 +609,10 @@ static void marker_record(uint8_t *r, uint64_t gen, uint64_t length, uint64_t cs
  * (``verified_only`` and the entry has no checksum) or HL3_PLAN_READ; for every indexed
  * key values[6 i ..] holds its entry (Entry's order). For the keys to read, packed in
  * order at position j (0.. the returned count): data_offs[j], marker_offs[j], expect[128 j
- * ..] (the marker record the slot must carry), csums[j] (the entry's checksum), where[j]
- * (the index i of the key) and slab_of[j], an index into ``slabs``: the distinct (writer,
- * slab) pairs of the pages to read, 2 uint64 each, *nslabs of them (at most n).
+ * ..] (the marker record the slot must carry), csums[j] (the entry's checksum) and where[j]
+ * (the index i of the key). slab_of[i]: for every indexed key, an index into ``slabs``, the
+ * distinct (writer, slab) pairs of the indexed keys, 2 uint64 each, *nslabs of them (at
+ * most n); -1 for a key not indexed.
  * Returns the number of pages to read, -1 when ``keys`` is not n '\n'-ended keys, -2
  * when out of memory (the caller takes its reference path then). */
 long hl3_pt_plan_get(const hl3_table *t, size_t n, const uint8_t *keys, size_t keys_len,
@@ -650,10 +651,27 @@ long hl3_pt_plan_get(const hl3_table *t, size_t n, const uint8_t *keys, size_t k
         size_t b = page_find(t, digests + 16 * i, &found);
         if (!found) {
             code[i] = HL3_PLAN_MISS;
+            slab_of[i] = -1;
             continue;
         }
         const hl3_page *p = &t->pages[b];
         unpack(p, values + 6 * i);
+        /* the slab of every indexed key (a batch's pages share few: look back at the distinct
+         * ones seen so far): the caller opens each, and an unopenable one makes its keys
+         * miss whatever else they are, as SlabIndex.lookup does */
+        size_t k = m;
+        if (m > 0 && slabs[2 * (m - 1)] == p->writer && slabs[2 * (m - 1) + 1] == p->slab)
+            k = m - 1;
+        else
+            for (k = 0; k < m; k++)
+                if (slabs[2 * k] == p->writer && slabs[2 * k + 1] == p->slab)
+                    break;
+        if (k == m) {
+            slabs[2 * m] = p->writer;
+            slabs[2 * m + 1] = p->slab;
+            m++;
+        }
+        slab_of[i] = (int32_t)k;
         if ((int64_t)p->length != g->slot_bytes) {
             code[i] = HL3_PLAN_SIZE;
             continue;
@@ -671,20 +689,6 @@ long hl3_pt_plan_get(const hl3_table *t, size_t n, const uint8_t *keys, size_t k
         marker_record(expect + 128 * read, p->gen, p->length, p->checksum, fp);
         csums[read] = p->checksum;
         where[read] = (int32_t)i;
-        /* a batch's pages share few slabs: look back at the distinct ones seen so far */
-        size_t k = m;
-        if (m > 0 && slabs[2 * (m - 1)] == p->writer && slabs[2 * (m - 1) + 1] == p->slab)
-            k = m - 1;
-        else
-            for (k = 0; k < m; k++)
-                if (slabs[2 * k] == p->writer && slabs[2 * k + 1] == p->slab)
-                    break;
-        if (k == m) {
-            slabs[2 * m] = p->writer;
-            slabs[2 * m + 1] = p->slab;
-            m++;
-        }
-        slab_of[read] = (int32_t)k;
         read++;
     }
     *nslabs = m;

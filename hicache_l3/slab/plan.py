@@ -2,9 +2,9 @@
 :func:`~hicache_l3.slab.format.expected_markers` plus :meth:`Geometry.offsets` compute
 in Python, without a Python object per page.
 
-Why. On SGLang's call path (batches of 128 pages of 64 KiB) the Python around the C
-read cost ~1.5 ms per 1024 pages before this plan: per key a digest and a fingerprint
-(two ``xxhash`` calls), an :class:`~hicache_l3.slab.format.Entry` and a
+Why. On SGLang's call path (batches of 128 pages of 64 KiB) the lookup and the read batch
+around the C read cost ~1.2-1.6 ms of Python per 1024 pages before this plan: per key a
+digest and a fingerprint (two ``xxhash`` calls), an :class:`~hicache_l3.slab.format.Entry` and a
 :class:`~hicache_l3.slab.format.Located` tuple, a descriptor lookup, a 128-byte marker
 record packed by ``struct``, two offsets, then the flat arrays of a
 :class:`~hicache_l3.slab.native.PageBatch` built again from those objects.
@@ -12,8 +12,8 @@ record packed by ``struct``, two offsets, then the flat arrays of a
 ``bytes`` (``"\\n".join(keys)``: one C-level join; valid page keys hold no newline) and
 writes, per key, its verdict before any I/O (read, miss, size mismatch, unverified) and
 its entry, and per page to read its data and marker offsets, the marker record it must
-carry, its checksum and the distinct slabs involved: the arrays the C read walks. Python
-then opens (from the descriptor cache) one file per distinct slab, not per page.
+carry and its checksum: the arrays the C read walks; and the distinct slabs of the indexed
+keys, of which Python opens (from the descriptor cache) each once, not once per page.
 
 Same semantics as the reference (:meth:`SlabIndex.lookup`, then the checks of
 :meth:`SlabConnector._get <hicache_l3.slab.engine.SlabConnector._get>`): a slab that
@@ -35,10 +35,11 @@ import ctypes
 import sys
 from collections.abc import Callable, Sequence
 
-from hicache_l3.slab.format import _GROUP_SHIFT, RECORD_BYTES, Entry, Geometry
+from hicache_l3.slab.format import GROUP_SLOTS, RECORD_BYTES, Entry, Geometry
 from hicache_l3.slab.table import NativePageTable, PageTable
 
 READ, MISS, SIZE, UNVERIFIED = 0, 1, 2, 3  # a key's verdict before I/O (page_table.c HL3_PLAN_*)
+_GROUP_SHIFT = GROUP_SLOTS.bit_length() - 1  # GROUP_SLOTS is a power of two (format.py)
 _SIZE_T = ctypes.sizeof(ctypes.c_size_t)
 
 
@@ -108,25 +109,23 @@ def plan_get(table: PageTable, keys: Sequence[str], geometry: Geometry, verified
         return None
     table_fds = [open_slab(slabs[2 * k], slabs[2 * k + 1]) for k in range(m)]
     if None in table_fds:  # an unreadable slab: its keys miss (open_slab dropped them)
-        keep = [j for j in range(count) if table_fds[slab_of[j]] is not None]
-        for j in range(count):
-            if table_fds[slab_of[j]] is None:
-                code[where[j]] = MISS
-        pick = keep.__iter__
-        data_offs = array.array("q", (data_offs[j] for j in pick()))
-        marker_offs = array.array("q", (marker_offs[j] for j in pick()))
-        expect = bytearray(b"".join(expect[RECORD_BYTES * j: RECORD_BYTES * (j + 1)] for j in pick()))
-        csums = array.array("Q", (csums[j] for j in pick()))
-        where = array.array("i", (where[j] for j in pick()))
-        slab_of = array.array("i", (slab_of[j] for j in pick()))
+        for i in range(n):
+            if slab_of[i] >= 0 and table_fds[slab_of[i]] is None:
+                code[i] = MISS
+        keep = [j for j in range(count) if code[where[j]] == READ]
+        data_offs = array.array("q", [data_offs[j] for j in keep])
+        marker_offs = array.array("q", [marker_offs[j] for j in keep])
+        expect = bytearray(b"".join(expect[RECORD_BYTES * j: RECORD_BYTES * (j + 1)] for j in keep))
+        csums = array.array("Q", [csums[j] for j in keep])
+        where = array.array("i", [where[j] for j in keep])
         count = len(keep)
     elif count < n:
-        data_offs, marker_offs, csums = data_offs[:count], marker_offs[:count], csums[:count]
-        where, slab_of = where[:count], slab_of[:count]
+        data_offs, marker_offs = data_offs[:count], marker_offs[:count]
+        csums, where = csums[:count], where[:count]
         del expect[RECORD_BYTES * count:]
     by_slab = array.array("i", [fd if fd is not None else -1 for fd in table_fds])
     if m == 1:  # the common batch: one slab, one C-level repeat
         fds = by_slab * count
     else:
-        fds = array.array("i", map(by_slab.__getitem__, slab_of))
+        fds = array.array("i", map(by_slab.__getitem__, map(slab_of.__getitem__, where)))
     return GetPlan(n, count, values, code, data_offs, marker_offs, expect, csums, where, fds)
