@@ -312,6 +312,8 @@ def stage_breakdown(standin: StandIn, keys: list[str], indices: torch.Tensor) ->
              (connector, "_set", "planning"), (connector, "_get", "planning"),
              (connector.transport, "write", "io"), (connector.transport, "read", "io"),
              (store, "commit", "index commit"), (store, "touch", "index commit")]
+    if getattr(connector.transport, "reads_plans", False):  # the planned get (slab/plan.py)
+        wraps.append((connector.transport, "read_plan", "io"))
     out: dict[str, dict[str, float]] = {}
     scale = 1024 / len(keys) / 1e6
     try:

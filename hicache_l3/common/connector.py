@@ -59,14 +59,29 @@ from hicache_l3.common.errors import (
     MemoryRegistrationError,
     Reason,
 )
-from hicache_l3.common.keys import Namespace, all_valid_keys, is_valid_key, prefixed_valid_keys
+from hicache_l3.common.keys import (
+    Namespace,
+    all_valid_keys,
+    common_batch,
+    is_valid_key,
+    prefixed_valid_keys,
+)
 from hicache_l3.common.logs import RateLimitedLogger
 from hicache_l3.common.memory import MemoryRegion, RegionTable
 from hicache_l3.common.metrics import Metrics
-from hicache_l3.common.pages import Page, normalize_page, overlapping, page_nbytes, plain_segments
+from hicache_l3.common.pages import (
+    FlatPages,
+    Page,
+    normalize_page,
+    overlapping,
+    page_nbytes,
+    plain_segments,
+)
 
 log = logging.getLogger("hicache_l3")
 _OK = Reason.OK  # an enum attribute costs a class lookup each time it is named
+_OVERLAP = ("batch_get: destination pages overlap (two keys would be read into the same "
+            "bytes); give each key its own page")
 
 ConfigT = TypeVar("ConfigT", bound=ConnectorConfig)
 
@@ -284,7 +299,13 @@ class Connector(abc.ABC, Generic[ConfigT]):
         self._enter()
         start = time.perf_counter()
         try:
-            reasons: list[Reason] = [Reason.OK] * len(keys)
+            flat = self._common_batch(op, keys, pages)
+            if flat is not None:  # the common batch, checked in one C pass
+                reasons = self._call_hook(op, list(keys), flat)
+                moved = reasons.count(_OK) * (self.page_bytes or 0)
+                self.metrics.observe(op, reasons, moved, time.perf_counter() - start)
+                return reasons
+            reasons = [Reason.OK] * len(keys)
             valid: list[int] = []
             normal: dict[int, Page] = {}
             expected = self.page_bytes
@@ -312,8 +333,7 @@ class Connector(abc.ABC, Generic[ConfigT]):
                         valid.append(i)
                         normal[i] = norm
             if op == "get" and valid and self._destinations_overlap(pages, plain, valid, normal):
-                raise ValueError("batch_get: destination pages overlap (two keys would be read "
-                                 "into the same bytes); give each key its own page")
+                raise ValueError(_OVERLAP)
             if len(valid) != len(keys):
                 self._warn_rejected(op, keys, reasons)
             if valid:
@@ -322,14 +342,7 @@ class Connector(abc.ABC, Generic[ConfigT]):
                 else:
                     vkeys = [keys[i] for i in valid]
                     vpages = [normal[i] for i in valid]
-                try:
-                    hook = self._set if op == "set" else self._get
-                    results = hook(vkeys, vpages)
-                    if len(results) != len(valid):
-                        raise RuntimeError(f"_{op} returned {len(results)} results")
-                except Exception as exc:
-                    self._log.warning(f"{op}-exc", "%s: batch_%s failed: %r", self.name, op, exc)
-                    results = [Reason.ENGINE_ERROR] * len(valid)
+                results = self._call_hook(op, vkeys, vpages)
                 if len(valid) == len(keys):
                     reasons = list(results)
                 else:
@@ -340,6 +353,42 @@ class Connector(abc.ABC, Generic[ConfigT]):
             return reasons
         finally:
             self._leave()
+
+    def _call_hook(self, op: str, keys: list[str], pages: list[Page]) -> list[Reason]:
+        """``_set`` or ``_get`` of checked ``keys`` and ``pages``: one Reason per key,
+        engine_error for all when the hook raises or returns a wrong count (logged,
+        rate-limited)."""
+        try:
+            hook = self._set if op == "set" else self._get
+            results = hook(keys, pages)
+            if len(results) != len(keys):
+                raise RuntimeError(f"_{op} returned {len(results)} results")
+        except Exception as exc:
+            self._log.warning(f"{op}-exc", "%s: batch_%s failed: %r", self.name, op, exc)
+            results = [Reason.ENGINE_ERROR] * len(keys)
+        return results
+
+    def _common_batch(self, op: str, keys: Sequence[str], pages: Sequence[Page]) -> FlatPages | None:
+        """The pages of the common batch -- every key valid, every page ``k`` plain int
+        segments of one size, ``page_bytes`` in all (learned here if unknown), all inside
+        one registered region -- checked in one C pass
+        (:data:`~hicache_l3.common.keys.common_batch`) and handed on as
+        :class:`~hicache_l3.common.pages.FlatPages` (their segments already flattened for
+        the native transport); None when the batch is not that (or the C pass is not
+        built): the key-by-key checks of :meth:`_transfer` then decide, the reference.
+        ValueError for a get whose destinations overlap, as there."""
+        checked = common_batch(keys, pages) if common_batch is not None else None
+        if checked is None:
+            return None
+        segments, per, size, low, end, overlap = checked
+        expected = self.page_bytes
+        if expected is None:
+            expected = self._learn_page_bytes(per * size)
+        if per * size != expected or self.regions.find(low, end - low) is None:
+            return None
+        if op == "get" and overlap:
+            raise ValueError(_OVERLAP)
+        return FlatPages(pages, segments, per)
 
     def _keyed(self, op: str, keys: Sequence[str]) -> list[Reason]:
         self._enter()

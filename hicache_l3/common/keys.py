@@ -92,6 +92,17 @@ all_valid_keys: Callable[[Sequence[object]], bool] = (
 a whole-batch check, in one C pass over the keys when ``hicache_l3._keys`` is built
 (~12 ns a 64-character key), else :func:`_all_valid_keys_py`."""
 
+CommonBatch = tuple[bytes, int, int, int, int, bool]
+common_batch: Callable[[Sequence[object], Sequence[object]], CommonBatch | None] | None = (
+    getattr(_native, "common_batch", None))
+"""``common_batch(keys, pages)`` (C, one pass; None when ``hicache_l3._keys`` is not built
+or predates it): for the common transfer batch -- as many pages as keys, all keys valid,
+every page ``per`` segments of plain ``(address, length)`` int pairs of one ``size`` --
+``(segments, per, size, low, end, overlap)``: the native uint64 pairs of every segment,
+the lowest address, the end of the highest segment and whether two segments share a byte;
+else None (see ``hicache_l3/native/keys.c``). The connector's key-by-key checks are the
+reference (:meth:`~hicache_l3.common.connector.Connector._transfer`)."""
+
 prefixed_valid_keys: Callable[[str, Sequence[object]], list[str] | None] = (
     _native.prefixed_keys if _native is not None else _prefixed_keys_py)
 """``prefixed_valid_keys(prefix, keys)``: ``[prefix + key for key in keys]`` when every key

@@ -17,6 +17,22 @@ Page = Sequence[Segment]
 _SEQUENCES = (tuple, list)
 
 
+class FlatPages(list[Any]):
+    """A checked batch's pages (the list itself, unchanged) carrying every segment already
+    flattened: ``segments``, native uint64 ``(address, length)`` pairs in page order, each
+    page ``per`` segments. Built by the connector's common-batch check
+    (:meth:`~hicache_l3.common.connector.Connector._transfer`) so that a transport that
+    walks flat segments (the native one) takes them as they are instead of flattening the
+    pages again; any other code sees a plain list of pages. A sub-list (a slice, a
+    comprehension) is a plain list: only the whole batch carries ``segments``."""
+
+    __slots__ = ("per", "segments")
+
+    def __init__(self, pages: Sequence[Any], segments: bytes, per: int) -> None:
+        super().__init__(pages)
+        self.segments, self.per = segments, per
+
+
 def normalize_page(page: Any) -> tuple[Segment, ...] | None:
     """``page`` as a tuple of ``(address, length)`` int pairs, or None when it is malformed.
 

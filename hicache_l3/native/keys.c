@@ -9,9 +9,20 @@
  *   prefixed_keys(prefix, keys) -> list[str] | None
  *       [prefix + key for key in keys] when every key is valid, else None;
  *       prefix must be an ASCII str (TypeError otherwise).
+ *   common_batch(keys, pages) -> (segments, per, size, low, end, overlap) | None
+ *       The common transfer batch checked in one pass (common/connector.py _transfer):
+ *       as many pages as keys (at least one), every key valid, every page a tuple or
+ *       list of `per` >= 1 segments, every segment a tuple or list of two plain ints
+ *       (address >= 0, length == size > 0, both below 2**64). Then: `segments`, a bytes
+ *       of the native uint64 pairs (address, length) of every segment in order (what
+ *       the C batch I/O walks), the lowest address, the end of the highest segment, and
+ *       whether two segments share a byte. None when any of it does not hold (the
+ *       caller checks key by key then).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -144,10 +155,125 @@ static PyObject *prefixed_keys(PyObject *self, PyObject *const *args, Py_ssize_t
     return out;
 }
 
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* 1 when two of the m segments at addrs (each `size` bytes) share a byte; -1 on no memory. */
+static int segments_overlap(const uint64_t *flat, Py_ssize_t m, uint64_t size)
+{
+    int sorted = 1;
+    for (Py_ssize_t i = 1; i < m && sorted; i++)
+        sorted = flat[2 * i] > flat[2 * (i - 1)];
+    if (sorted) { /* ascending pages (a contiguous batch): one pass */
+        for (Py_ssize_t i = 1; i < m; i++)
+            if (flat[2 * i] - flat[2 * (i - 1)] < size)
+                return 1;
+        return 0;
+    }
+    uint64_t *a = PyMem_Malloc((size_t)m * sizeof(uint64_t));
+    if (a == NULL)
+        return -1;
+    for (Py_ssize_t i = 0; i < m; i++)
+        a[i] = flat[2 * i];
+    qsort(a, (size_t)m, sizeof(uint64_t), cmp_u64);
+    int hit = 0;
+    for (Py_ssize_t i = 1; i < m && !hit; i++)
+        hit = a[i] - a[i - 1] < size;
+    PyMem_Free(a);
+    return hit;
+}
+
+/* An exact tuple or list of length n: its items, else NULL. */
+static PyObject **exact_items(PyObject *o, Py_ssize_t *n)
+{
+    if (PyTuple_CheckExact(o)) {
+        *n = PyTuple_GET_SIZE(o);
+        return &PyTuple_GET_ITEM(o, 0);
+    }
+    if (PyList_CheckExact(o)) {
+        *n = PyList_GET_SIZE(o);
+        return PySequence_Fast_ITEMS(o);
+    }
+    return NULL;
+}
+
+/* A plain int in [0, 2**64) into *v; 0 (no error set) otherwise. */
+static int plain_u64(PyObject *o, uint64_t *v)
+{
+    if (!PyLong_CheckExact(o))
+        return 0;
+    unsigned long long x = PyLong_AsUnsignedLongLong(o);
+    if (x == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    *v = (uint64_t)x;
+    return 1;
+}
+
+static PyObject *common_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "common_batch(keys, pages) takes 2 arguments");
+        return NULL;
+    }
+    Py_ssize_t n, nk, per, len;
+    PyObject **pages = exact_items(args[1], &n);
+    PyObject **keys = exact_items(args[0], &nk);
+    if (pages == NULL || keys == NULL || n != nk || n == 0)
+        Py_RETURN_NONE;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (valid_key(keys[i], &len) == NULL)
+            Py_RETURN_NONE;
+    if (exact_items(pages[0], &per) == NULL || per < 1 || per > PY_SSIZE_T_MAX / 16 / n)
+        Py_RETURN_NONE;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * per * 16);
+    if (out == NULL)
+        return NULL;
+    uint64_t *flat = (uint64_t *)PyBytes_AS_STRING(out);
+    uint64_t size = 0, low = UINT64_MAX, high = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t k, two;
+        PyObject **segs = exact_items(pages[i], &k);
+        if (segs == NULL || k != per)
+            goto refuse;
+        for (Py_ssize_t j = 0; j < k; j++) {
+            PyObject **pair = exact_items(segs[j], &two);
+            uint64_t *f = flat + 2 * (i * per + j);
+            if (pair == NULL || two != 2 || !plain_u64(pair[0], &f[0]) || !plain_u64(pair[1], &f[1]))
+                goto refuse;
+            if (size == 0)
+                size = f[1];
+            if (f[1] != size || size == 0)
+                goto refuse;
+            low = f[0] < low ? f[0] : low;
+            high = f[0] > high ? f[0] : high;
+        }
+    }
+    if (high + size < high)
+        goto refuse;
+    int overlap = segments_overlap(flat, n * per, size);
+    if (overlap < 0) {
+        Py_DECREF(out);
+        return PyErr_NoMemory();
+    }
+    return Py_BuildValue("(NnKKKO)", out, per, (unsigned long long)size, (unsigned long long)low,
+                         (unsigned long long)(high + size), overlap ? Py_True : Py_False);
+refuse:
+    Py_DECREF(out);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"valid_keys", valid_keys, METH_O, "True when every key of the sequence is a valid page key."},
     {"prefixed_keys", (PyCFunction)(void (*)(void))prefixed_keys, METH_FASTCALL,
      "[prefix + key for key in keys] when every key is valid, else None."},
+    {"common_batch", (PyCFunction)(void (*)(void))common_batch, METH_FASTCALL,
+     "The common transfer batch checked and flattened in one pass, or None (see keys.c)."},
     {NULL, NULL, 0, NULL},
 };
 

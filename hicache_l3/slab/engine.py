@@ -6,7 +6,12 @@ their store (:meth:`SlabConnector._make_store`) and their :attr:`SlabConnector.t
   marker record, then the data -> classify each page -> commit the written, abort the rest;
 * get: look the keys up -> size check -> the transport moves and verifies -> a page that
   fails verification is dropped from the index (so ``exists`` stops reporting it and a
-  later set stores it again) -> own pages read are touched in the LRU;
+  later set stores it again) -> own pages read are touched in the LRU. With a transport
+  that reads plans (the native one) and the C page table, the lookup and the checks before
+  the read are one C call (:mod:`hicache_l3.slab.plan`) whose arrays the read takes as
+  they are: no Python object per page on the common batch. :meth:`SlabConnector._get_located`
+  (a :class:`~hicache_l3.slab.io.ReadBatch` of looked-up entries) stays the reference and
+  the path of the other transports (3FS USRBIO, NIXL);
 
 Integrity policy. A connector that checksums (``detects_corruption``) returns True only
 for pages whose checksum it verified: a page another writer stored without one is a
@@ -44,6 +49,7 @@ from hicache_l3.slab.io import (
     WriteBatch,
     explain,
 )
+from hicache_l3.slab.plan import SIZE, UNVERIFIED, GetPlan
 from hicache_l3.slab.store import SlabStore
 
 _CORRUPT = (SHORT, HEADER, CHECKSUM)
@@ -172,6 +178,62 @@ class SlabConnector:
         store = self._existing_store()
         if store is None:
             return [Reason.MISS] * len(keys)
+        if self.transport.reads_plans:
+            plan = store.plan_get(keys, self.checksum_writes)
+            if plan is not None:
+                return self._get_planned(store, keys, pages, plan)
+        return self._get_located(store, keys, pages)
+
+    def _get_planned(self, store: SlabStore, keys: list[str], pages: list[Page],
+                     plan: GetPlan) -> list[Reason]:
+        """:meth:`_get` from a :class:`~hicache_l3.slab.plan.GetPlan` (the lookup and the
+        checks before the read done in one C call, the read in one more per chunk): the
+        same Reasons, invalidations and LRU touches as :meth:`_get_located`, the
+        reference, with Python per key only for the keys that do not read back OK."""
+        n, count = len(keys), plan.count
+        reasons: list[Reason] | None = None
+        if count != n:  # misses, size mismatches, unverified pages: settled before the read
+            reasons = [Reason.MISS] * n
+            for i, code in enumerate(plan.code):
+                if code == SIZE:
+                    reasons[i] = Reason.SIZE_MISMATCH
+                elif code == UNVERIFIED:  # see _get_located
+                    reasons[i] = Reason.UNVERIFIED
+                    store.invalidate(keys[i], plan.entry(i))
+            if not count:
+                return reasons
+        status = self.transport.read_plan(plan, pages if count == n else [pages[i] for i in plan.where])
+        if status.count(OK) == count:
+            store.touch(plan.own_slots(store.me))
+            if reasons is None:  # the common batch: every key read and verified
+                return [Reason.OK] * n
+            for i in plan.where:
+                reasons[i] = Reason.OK
+            return reasons
+        if reasons is None:
+            reasons = [Reason.MISS] * n
+        hits, me = [], store.me
+        for j, i in enumerate(plan.where):
+            code = status[j]
+            entry = plan.entry(i)
+            if code == OK:
+                reasons[i] = Reason.OK
+                if entry.writer == me:
+                    hits.append((entry.slab, entry.slot))
+            elif code in _CORRUPT:
+                reasons[i] = Reason.CORRUPT
+                store.invalidate(keys[i], entry)
+            elif code == UNREGISTERED:
+                reasons[i] = Reason.UNREGISTERED
+            else:
+                reasons[i] = Reason.ENGINE_ERROR
+                self._log.warning("get-io", "%s: read of %s failed: %s", self.name, keys[i], explain(code))
+        store.touch(hits)
+        return reasons
+
+    def _get_located(self, store: SlabStore, keys: list[str], pages: list[Page]) -> list[Reason]:
+        """:meth:`_get` through :meth:`SlabStore.lookup` and a :class:`ReadBatch`: the
+        reference, and the path of transports that do not read plans (3FS USRBIO, NIXL)."""
         found = store.lookup(keys)
         reasons = [Reason.MISS] * len(keys)
         nbytes = store.geometry.slot_bytes  # == page_bytes: the base class checked every page

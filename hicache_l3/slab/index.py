@@ -29,7 +29,8 @@ from pathlib import Path
 
 from hicache_l3.slab import checkpoint
 from hicache_l3.slab.files import SlabFiles, is_real_dir, open_file, parse_writer_name, writer_name
-from hicache_l3.slab.format import DEL, GEN, PUT, RECORD, Entry, Located, decode_records
+from hicache_l3.slab.format import DEL, GEN, PUT, RECORD, Entry, Geometry, Located, decode_records
+from hicache_l3.slab.plan import GetPlan, plan_get
 from hicache_l3.slab.table import (
     DIGEST_BYTES,
     DIGEST_SEED,
@@ -332,6 +333,20 @@ class SlabIndex:
                     continue
             out.append(located((f, entry)))
         return out
+
+    def plan(self, keys: Sequence[str], geometry: Geometry, verified_only: bool) -> GetPlan | None:
+        """:meth:`lookup` and the checks before a read of ``keys`` in one C call
+        (:mod:`hicache_l3.slab.plan`), or None where the C table cannot plan (the caller
+        takes :meth:`lookup` then). Same semantics: a slab that cannot be opened drops its
+        keys from the index and they miss. Caller holds ``lock``."""
+        def open_slab(writer: int, slab: int) -> int | None:
+            try:
+                return self.files.get(writer, slab)
+            except OSError as exc:
+                self._drop_slab(writer, slab, exc)
+                return None
+
+        return plan_get(self.table, keys, geometry, verified_only, open_slab)
 
     def _drop_slab(self, writer: int, slab: int, exc: OSError) -> None:
         lost = self.table.select(writer, slab)

@@ -59,6 +59,7 @@ from hicache_l3.slab.native import CHECKSUM, HEADER, NOMEM, OK, SHORT
 _GEN = operator.itemgetter(3)  # a Slot's generation
 
 if TYPE_CHECKING:
+    from hicache_l3.slab.plan import GetPlan
     from hicache_l3.slab.store import SlabStore
 
 UNREGISTERED, FAILED, PENDING = 5, 6, 7  # PENDING: not (yet) known to have moved
@@ -148,6 +149,15 @@ class SlotTransport(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release threads and engine resources (the store closes the files)."""
+
+    #: Whether :meth:`read_plan` reads a :class:`~hicache_l3.slab.plan.GetPlan` (the native
+    #: transport); the others take :meth:`read` of a :class:`ReadBatch`.
+    reads_plans: bool = False
+
+    def read_plan(self, plan: GetPlan, pages: Sequence[Page]) -> array.array[int]:
+        """Read the ``plan.count`` planned pages into ``pages`` (page ``j`` for key
+        ``plan.where[j]``) and verify them as :meth:`read` does; one status per page."""
+        raise NotImplementedError(f"{self.name} does not read get plans")
 
 
 class PythonTransport(SlotTransport):
@@ -289,8 +299,24 @@ class NativeTransport(SlotTransport):
             RECORD_BYTES, [loc[0] for loc in located], data_at, marker_at, batch.pages,
             expected_markers(entries, batch.keys), [e[5] for e in entries], writing=False,
         )
-        self._pool.run_chunks(lambda lo, hi: lib.read(pb, lo, hi), len(pb), _chunk(len(pb)))
+        self._pool.run_chunks(lambda lo, hi: lib.read(pb, lo, hi), len(pb), self._read_chunk(len(pb)))
         batch.status = pb.status
+
+    reads_plans = True
+
+    def read_plan(self, plan: GetPlan, pages: Sequence[Page]) -> array.array[int]:
+        """The planned pages as one :class:`~hicache_l3.slab.native.PageBatch` built from the
+        plan's arrays as they are (no per-page Python), its shares read in parallel."""
+        pb = native.PageBatch.for_read(RECORD_BYTES, plan.fds, plan.data_offs, plan.marker_offs,
+                                       pages, plan.expect, plan.csums)
+        lib, n = self.lib, len(pb)
+        self._pool.run_chunks(lambda lo, hi: lib.read(pb, lo, hi), n, self._read_chunk(n))
+        return pb.status
+
+    def _read_chunk(self, n: int) -> int:
+        """Pages per native read call: the whole batch in one call with one I/O thread (a
+        chunk only helps a second thread), else :func:`_chunk`."""
+        return n if self._pool.threads <= 1 else _chunk(n)
 
     def close(self) -> None:
         """Stop the I/O threads (and the Python path's)."""

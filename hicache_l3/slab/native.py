@@ -97,6 +97,41 @@ class PageBatch:
     def __len__(self) -> int:
         return len(self.fds)
 
+    @classmethod
+    def for_read(cls, marker_len: int, fds: array.array[int], data_offsets: array.array[int],
+                 marker_offsets: array.array[int], pages: Sequence[Page], expect: bytearray,
+                 checksums: array.array[int]) -> PageBatch:
+        """A read batch from arrays already in the C layout (a
+        :class:`~hicache_l3.slab.plan.GetPlan`'s: ``fds`` int32, offsets int64,
+        ``checksums`` uint64, ``expect`` the records back to back), taken as they are, not
+        copied; only the segments of ``pages`` are flattened, in C-level passes, or taken
+        as they are from a :class:`~hicache_l3.common.pages.FlatPages`."""
+        n = len(fds)
+        if not (len(data_offsets) == len(marker_offsets) == len(pages) == len(checksums) == n) \
+                or len(expect) != n * marker_len or (fds.typecode, data_offsets.typecode,
+                                                     marker_offsets.typecode, checksums.typecode) \
+                != ("i", "q", "q", "Q"):
+            raise ValueError("PageBatch.for_read: arrays differ in length or type")
+        self = cls.__new__(cls)
+        self.marker_len, self.writing = marker_len, False
+        self.fds, self.data_offsets, self.marker_offsets = fds, data_offsets, marker_offsets
+        flat = getattr(pages, "segments", None)  # FlatPages: flattened by the connector's check
+        if flat is not None and len(flat) == 16 * pages.per * n:  # type: ignore[attr-defined]
+            per = pages.per  # type: ignore[attr-defined]
+            self.segments = array.array("Q")
+            self.segments.frombytes(flat)
+            self.at = array.array("i", range(0, per * n + 1, per))
+        else:
+            self.segments = array.array("Q", chain.from_iterable(chain.from_iterable(pages)))
+            self.at = array.array("i", accumulate(map(len, pages), initial=0))
+        self.checksums, self.markers, self.expect = checksums, bytearray(len(expect)), expect
+        self.status = array.array("i", bytes(4 * n))
+        self.addresses = (_address(self.fds), _address(self.data_offsets), _address(self.marker_offsets),
+                          _address(self.segments), _address(self.at), _address(self.markers))
+        self.expect_at = _address(self.expect)
+        self.checksums_at, self.status_at = _address(self.checksums), _address(self.status)
+        return self
+
 
 class BatchIO:
     """The loaded C library (see module docstring); one instance per process."""

@@ -47,6 +47,7 @@ from hicache_l3.slab.format import (
     write_namespace_file,
 )
 from hicache_l3.slab.index import SlabIndex
+from hicache_l3.slab.plan import GetPlan
 from hicache_l3.slab.table import digest, digests, live_put_spans
 
 log = logging.getLogger("hicache_l3.slab")
@@ -142,6 +143,15 @@ class SlabStore:
         with self._lock:
             self._check_open()
             return self.index.lookup(keys)
+
+    def plan_get(self, keys: Sequence[str], verified_only: bool) -> GetPlan | None:
+        """:meth:`lookup` of ``keys`` and the checks before their read, as one
+        :class:`~hicache_l3.slab.plan.GetPlan` (:meth:`SlabIndex.plan`); None where the
+        page table cannot plan (the caller uses :meth:`lookup`)."""
+        self.refresh()
+        with self._lock:
+            self._check_open()
+            return self.index.plan(keys, self.geometry, verified_only)
 
     def touch(self, own: Sequence[tuple[int, int]]) -> None:
         """Mark own ``(slab, slot)`` pairs as recently used (LRU order)."""

@@ -278,6 +278,14 @@ class _Library:
         self.slots = fn("hl3_pt_slots", _sz, _vp, _vp, _vp, _sz)
         self.live_puts = fn("hl3_pt_live_puts", ctypes.c_long, _vp, ctypes.c_char_p, _sz, _u64, _vp,
                             _vp, _vp, _sz)
+        # the get plan (slab/plan.py); optional, so that a library built before it still
+        # gives the C table (the get path then takes the reference lookup)
+        plan = getattr(lib, "hl3_pt_plan_get", None)
+        if plan is not None:
+            plan.restype = ctypes.c_long
+            plan.argtypes = [_vp, _sz, ctypes.c_char_p, _sz, _u64, _vp, _vp, ctypes.c_int,
+                             *([_vp] * 10)]
+        self.plan_get = plan
         from hicache_l3.common.integrity import xxh3_function
 
         self.seeded128 = ctypes.cast(xxh3_function("seeded128"), ctypes.c_void_p).value
@@ -429,6 +437,23 @@ class NativePageTable:
         if n < 0:
             return None
         return list(zip(starts[:n], ends[:n]))
+
+    @property
+    def plans(self) -> bool:
+        """Whether :meth:`plan_get` is there (a library built with ``hl3_pt_plan_get``)."""
+        return self._lib.plan_get is not None
+
+    def plan_get(self, n: int, keys: bytes, geometry: array.array[int], verified_only: bool,
+                 out: Sequence[array.array[int] | bytearray]) -> tuple[int, int]:
+        """``hl3_pt_plan_get`` (native/page_table.c) of ``n`` keys, each followed by one
+        ``\\n`` in ``keys``, into the ten output buffers ``out`` (values, code, data_offs,
+        marker_offs, expect, csums, where, slab_of, slabs, and a one-item size_t count,
+        sized for ``n`` keys by :mod:`hicache_l3.slab.plan`): (pages to read, distinct
+        slabs), or (-1, 0) when ``keys`` is not ``n`` keys."""
+        assert self._lib.plan_get is not None
+        count = self._lib.plan_get(self._t, n, keys, len(keys), DIGEST_SEED, self._lib.seeded128,
+                                   _address(geometry), int(verified_only), *map(_address, out))
+        return int(count), int(out[-1][0])
 
     def load(self, ds: bytes, values: array.array[int]) -> None:
         if len(ds) % DIGEST_BYTES or len(values) != 6 * (len(ds) // DIGEST_BYTES):

@@ -1,0 +1,131 @@
+"""The plan of a get batch, built by one C call: what :meth:`SlabIndex.lookup` plus
+:func:`~hicache_l3.slab.format.expected_markers` plus :meth:`Geometry.offsets` compute
+in Python, without a Python object per page.
+
+Why. On SGLang's call path (batches of 128 pages of 64 KiB) the lookup and the read batch
+around the C read cost ~1.2-1.6 ms of Python per 1024 pages before this plan: per key a
+digest and a fingerprint (two ``xxhash`` calls), an :class:`~hicache_l3.slab.format.Entry` and a
+:class:`~hicache_l3.slab.format.Located` tuple, a descriptor lookup, a 128-byte marker
+record packed by ``struct``, two offsets, then the flat arrays of a
+:class:`~hicache_l3.slab.native.PageBatch` built again from those objects.
+``hl3_pt_plan_get`` (``hicache_l3/native/page_table.c``) takes the batch's keys as one
+``bytes`` (``"\\n".join(keys)``: one C-level join; valid page keys hold no newline) and
+writes, per key, its verdict before any I/O (read, miss, size mismatch, unverified) and
+its entry, and per page to read its data and marker offsets, the marker record it must
+carry and its checksum: the arrays the C read walks; and the distinct slabs of the indexed
+keys, of which Python opens (from the descriptor cache) each once, not once per page.
+
+Same semantics as the reference (:meth:`SlabIndex.lookup`, then the checks of
+:meth:`SlabConnector._get <hicache_l3.slab.engine.SlabConnector._get>`): a slab that
+cannot be opened drops its keys from the index and they miss; the digests and
+fingerprints are the ones of :func:`~hicache_l3.slab.table.digest` and
+:func:`~hicache_l3.common.integrity.key_fingerprint` (seeded and unseeded XXH3-128 through
+the ``xxhash`` wheel's own library), and the records those of
+:func:`~hicache_l3.slab.format.encode_markers` (tests compare both paths).
+
+:func:`plan_get` returns None where no plan can be made (the dict table: the C library
+not built; a library without ``hl3_pt_plan_get``; a big-endian host; a key that is not
+ASCII or holds a newline): the caller takes the reference path then.
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+import sys
+from collections.abc import Callable, Sequence
+
+from hicache_l3.slab.format import GROUP_SLOTS, RECORD_BYTES, Entry, Geometry
+from hicache_l3.slab.table import NativePageTable, PageTable
+
+READ, MISS, SIZE, UNVERIFIED = 0, 1, 2, 3  # a key's verdict before I/O (page_table.c HL3_PLAN_*)
+_GROUP_SHIFT = GROUP_SLOTS.bit_length() - 1  # GROUP_SLOTS is a power of two (format.py)
+_SIZE_T = ctypes.sizeof(ctypes.c_size_t)
+
+
+class GetPlan:
+    """A planned get batch of ``n`` keys (module docstring).
+
+    ``code[i]``: :data:`READ`, :data:`MISS`, :data:`SIZE` or :data:`UNVERIFIED` for key
+    ``i``; :meth:`entry` its entry where indexed. The ``count`` pages to read, in key order:
+    page ``j`` is key ``where[j]``, in descriptor ``fds[j]`` at ``data_offs[j]`` with its
+    marker record at ``marker_offs[j]``, which must equal ``expect[128 j : 128 (j + 1)]``;
+    ``csums[j]`` its checksum (0: none). Arrays are exactly ``count`` long."""
+
+    __slots__ = ("code", "count", "csums", "data_offs", "expect", "fds", "marker_offs", "n", "values",
+                 "where")
+
+    def __init__(self, n: int, count: int, values: array.array[int], code: array.array[int],
+                 data_offs: array.array[int], marker_offs: array.array[int], expect: bytearray,
+                 csums: array.array[int], where: array.array[int], fds: array.array[int]) -> None:
+        self.n, self.count, self.values, self.code = n, count, values, code
+        self.data_offs, self.marker_offs, self.expect = data_offs, marker_offs, expect
+        self.csums, self.where, self.fds = csums, where, fds
+
+    def entry(self, i: int) -> Entry:
+        """The index entry of key ``i`` (not a :data:`MISS`)."""
+        return Entry._make(self.values[6 * i: 6 * i + 6])
+
+    def own_slots(self, me: int | None) -> list[tuple[int, int]]:
+        """``(slab, slot)`` of the pages to read that writer ``me`` wrote (the LRU touch);
+        C-level slices when every key is read and every page is own (the common batch)."""
+        values = self.values
+        if me is None:
+            return []
+        if self.count == self.n and values[0::6].count(me) == self.n:
+            return list(zip(values[1::6], values[2::6]))
+        return [(values[6 * i + 1], values[6 * i + 2]) for i in self.where if values[6 * i] == me]
+
+
+def plan_get(table: PageTable, keys: Sequence[str], geometry: Geometry, verified_only: bool,
+             open_slab: Callable[[int, int], int | None]) -> GetPlan | None:
+    """The :class:`GetPlan` of ``keys`` (valid page keys) against ``table``, or None where
+    none can be made (module docstring). ``open_slab(writer, slab)`` gives a descriptor, or
+    None when the slab cannot be opened (it has then dropped the slab's keys from the
+    index): those keys are :data:`MISS`. Caller holds the index lock."""
+    if not isinstance(table, NativePageTable) or not table.plans or sys.byteorder != "little" \
+            or _SIZE_T != 8:
+        return None
+    n = len(keys)
+    try:
+        blob = ("\n".join(keys) + "\n").encode("ascii")
+    except UnicodeEncodeError:
+        return None
+    geo = array.array("q", (geometry.slot_bytes, _GROUP_SHIFT, geometry.table, geometry.data_stride,
+                            (1 << _GROUP_SHIFT) * geometry.data_stride, RECORD_BYTES))
+    values = array.array("Q", bytes(48 * n))
+    code = array.array("i", bytes(4 * n))
+    data_offs, marker_offs = array.array("q", bytes(8 * n)), array.array("q", bytes(8 * n))
+    expect = bytearray(RECORD_BYTES * n)
+    csums = array.array("Q", bytes(8 * n))
+    where, slab_of = array.array("i", bytes(4 * n)), array.array("i", bytes(4 * n))
+    slabs = array.array("Q", bytes(16 * n))
+    nslabs = array.array("Q", [0])  # a size_t (64-bit hosts only: checked above)
+    # a key holding a newline splits into more than n: the C call then answers -1
+    count, m = table.plan_get(n, blob, geo, verified_only,
+                              (values, code, data_offs, marker_offs, expect, csums, where, slab_of,
+                               slabs, nslabs))
+    if count < 0:
+        return None
+    table_fds = [open_slab(slabs[2 * k], slabs[2 * k + 1]) for k in range(m)]
+    if None in table_fds:  # an unreadable slab: its keys miss (open_slab dropped them)
+        for i in range(n):
+            if slab_of[i] >= 0 and table_fds[slab_of[i]] is None:
+                code[i] = MISS
+        keep = [j for j in range(count) if code[where[j]] == READ]
+        data_offs = array.array("q", [data_offs[j] for j in keep])
+        marker_offs = array.array("q", [marker_offs[j] for j in keep])
+        expect = bytearray(b"".join(expect[RECORD_BYTES * j: RECORD_BYTES * (j + 1)] for j in keep))
+        csums = array.array("Q", [csums[j] for j in keep])
+        where = array.array("i", [where[j] for j in keep])
+        count = len(keep)
+    elif count < n:
+        data_offs, marker_offs = data_offs[:count], marker_offs[:count]
+        csums, where = csums[:count], where[:count]
+        del expect[RECORD_BYTES * count:]
+    by_slab = array.array("i", [fd if fd is not None else -1 for fd in table_fds])
+    if m == 1:  # the common batch: one slab, one C-level repeat
+        fds = by_slab * count
+    else:
+        fds = array.array("i", map(by_slab.__getitem__, map(slab_of.__getitem__, where)))
+    return GetPlan(n, count, values, code, data_offs, marker_offs, expect, csums, where, fds)
