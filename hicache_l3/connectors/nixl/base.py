@@ -394,43 +394,73 @@ def run_units(
     max_descs: int,
     reread: bool = False,
 ) -> list[Reason]:
+    """Move every unit; one Reason per unit: :func:`run_flat` of the units' descriptors
+    laid end to end."""
+    local = [d for u in units for d in u.local]
+    remote = [d for u in units for d in u.remote]
+    bounds = [0]
+    for u in units:
+        bounds.append(bounds[-1] + len(u.local))
+    return run_flat(transfer, local, remote, bounds, max_descs, reread)
+
+
+def run_flat(
+    transfer: Callable[[list[tuple[int, int, int]], list[tuple[int, int, int]]], None],
+    local: list[tuple[int, int, int]],
+    remote: list[tuple[int, int, int]],
+    bounds: Sequence[int] | None,
+    max_descs: int,
+    reread: bool = False,
+) -> list[Reason]:
     """Move every unit; one Reason per unit.
 
-    Units go in transfers of at most ``max_descs`` descriptors. A failed transfer of
-    several units is split in halves, each retried, until the failing units are found
-    (the others succeed); a timeout is not retried (that would multiply the wait).
-    With ``reread`` (reads), when some units failed, the ones that succeeded are read
-    once more at the end: a failed read may have written into host memory (the S3 SDK
-    writes an error body into the destination), and a batch may name that memory for
-    another key too.
+    Unit ``i`` is the descriptors ``local[bounds[i]:bounds[i + 1]]`` and the same rows of
+    ``remote``; ``bounds=None`` means one descriptor per unit (unit ``i`` is row ``i``),
+    so a batch of one-segment pages is moved without a Python object per page.
+    Units go in transfers of at most ``max_descs`` descriptors (a unit larger than that
+    goes alone). A failed transfer of several units is split in halves, each retried,
+    until the failing units are found (the others succeed); a timeout is not retried
+    (that would multiply the wait). With ``reread`` (reads), when some units failed, the
+    ones that succeeded are read once more at the end: a failed read may have written
+    into host memory (the S3 SDK writes an error body into the destination), and a
+    batch may name that memory for another key too.
     """
-    out = [Reason.OK] * len(units)
+    b: Sequence[int] = range(len(local) + 1) if bounds is None else bounds
+    count = len(b) - 1
+    out = [Reason.OK] * count
 
     def attempt(lo: int, hi: int) -> None:
-        local = [d for u in units[lo:hi] for d in u.local]
-        remote = [d for u in units[lo:hi] for d in u.remote]
         try:
-            transfer(local, remote)
+            if lo == 0 and hi == count:
+                transfer(local, remote)
+            else:
+                transfer(local[b[lo]:b[hi]], remote[b[lo]:b[hi]])
         except TransferError as exc:
             if hi - lo == 1 or exc.reason is Reason.TIMEOUT:
-                for i in range(lo, hi):
-                    out[i] = exc.reason
+                out[lo:hi] = [exc.reason] * (hi - lo)
                 return
             mid = (lo + hi) // 2
             attempt(lo, mid)
             attempt(mid, hi)
 
-    lo = 0
-    while lo < len(units):
-        hi, n = lo, 0
-        while hi < len(units) and (hi == lo or n + len(units[hi].local) <= max_descs):
-            n += len(units[hi].local)
-            hi += 1
-        attempt(lo, hi)
-        lo = hi
+    if count and b[count] - b[0] <= max_descs:  # the common batch: one transfer
+        attempt(0, count)
+    else:
+        lo = 0
+        while lo < count:
+            hi = lo + 1
+            while hi < count and b[hi + 1] - b[lo] <= max_descs:
+                hi += 1
+            attempt(lo, hi)
+            lo = hi
     if reread and Reason.OK in out and any(r is not Reason.OK for r in out):
         good = [i for i, r in enumerate(out) if r is Reason.OK]
-        again = run_units(transfer, [units[i] for i in good], max_descs)
+        rows = [k for i in good for k in range(b[i], b[i + 1])]
+        again_bounds = [0]
+        for i in good:
+            again_bounds.append(again_bounds[-1] + b[i + 1] - b[i])
+        again = run_flat(transfer, [local[k] for k in rows], [remote[k] for k in rows], again_bounds,
+                         max_descs)
         for i, r in zip(good, again):
             out[i] = r
     return out
