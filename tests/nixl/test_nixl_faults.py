@@ -114,6 +114,23 @@ def test_file_set_with_one_unwritable_slab_stores_the_others(opened: list[Any], 
 TIMEOUT_PAGES = 512  # more than the POSIX plugin's queue (64): a transfer spans several polls
 
 
+class Reversed(Pages):
+    """Pages whose batch order runs backwards through the buffer (key ``i`` in page
+    ``n - 1 - i``): no two rows of a transfer continue each other, so the connector
+    cannot join them (:func:`~hicache_l3.connectors.nixl.base.coalesce`) and a batch
+    stays one request per page, a transfer that spans several polls."""
+
+    def __init__(self, conn: Any, page_bytes: int, count: int) -> None:
+        super().__init__(conn, page_bytes, count)
+        self.pages = self.pages[::-1]
+
+    def fill(self, keys: list[str]) -> None:
+        super().fill(keys[::-1])
+
+    def matches(self, i: int, key: str) -> bool:
+        return super().matches(len(self.pages) - 1 - i, key)
+
+
 def _timeout_conn(opened: list[Any], namespace: Namespace, root: Path) -> Any:
     conn = open_connector("nixl", namespace, {"root": str(root), "timeout_s": 1e-6})
     opened.append(conn)
@@ -126,7 +143,7 @@ def test_fault_timeout_set_never_leaves_wrong_bytes(opened: list[Any], namespace
     never handed out again, and no later transfer resumes it (the agent is renewed)."""
     conn = _timeout_conn(opened, namespace, tmp_path)
     lost = [f"late{i}" for i in range(TIMEOUT_PAGES)]
-    pages = Pages(conn, PAGE, TIMEOUT_PAGES)
+    pages = Reversed(conn, PAGE, TIMEOUT_PAGES)
     pages.fill(lost)
     first = conn.batch_set(lost, pages.pages)
     assert not all(first), "the tiny timeout did not expire: the test cannot see the fault"
@@ -137,7 +154,7 @@ def test_fault_timeout_set_never_leaves_wrong_bytes(opened: list[Any], namespace
     time.sleep(0.3)  # whatever the abandoned transfer had in the kernel lands by now
     reader = open_connector("nixl", namespace, {"root": str(tmp_path)})
     opened.append(reader)
-    out = Pages(reader, PAGE, TIMEOUT_PAGES)
+    out = Reversed(reader, PAGE, TIMEOUT_PAGES)
     got = reader.batch_get(keys, out.pages)
     assert got == [True] * TIMEOUT_PAGES
     wrong = [k for i, k in enumerate(keys) if not out.matches(i, k)]
@@ -157,7 +174,9 @@ def test_fault_timeout_get_then_set_and_get_are_exact(opened: list[Any], namespa
     conn = open_connector("nixl", namespace, {"root": str(tmp_path)})
     opened.append(conn)
     old = [f"old{i}" for i in range(TIMEOUT_PAGES)]
-    pages = _stored(conn, old)
+    pages = Reversed(conn, PAGE, TIMEOUT_PAGES)
+    pages.fill(old)
+    assert conn.batch_set(old, pages.pages) == [True] * TIMEOUT_PAGES
     conn.config.timeout_s = 1e-6
     pages.wipe()
     assert not all(conn.batch_get(old, pages.pages)), "the tiny timeout did not expire"

@@ -23,7 +23,7 @@ from hicache_l3.common.pages import strided_pages
 from hicache_l3.common.registry import open_connector
 from hicache_l3.conformance.pages import Pages, page_pattern
 from hicache_l3.conformance.slab_backdoor import slab_location
-from hicache_l3.connectors.nixl.base import TransferError, Unit, run_flat, run_units
+from hicache_l3.connectors.nixl.base import TransferError, Unit, coalesce, run_flat, run_units
 
 PAGE = 16 << 10
 
@@ -109,6 +109,64 @@ def test_run_units_matches_run_flat() -> None:
     rec = Recorder({7})
     assert run_units(rec, units, 64) == [Reason.OK, Reason.ENGINE_ERROR, Reason.OK]
     assert rec.calls[0] == [0, 1, 2, 3]
+
+
+# ---- coalesce and run_flat(merge=True): adjacent rows moved as one -----------------------
+def test_coalesce_joins_only_rows_that_continue_on_both_sides() -> None:
+    local = [(100, 10, 0), (110, 10, 0), (120, 10, 0), (200, 10, 0), (210, 10, 0), (220, 10, 0)]
+    remote = [(0, 10, 5), (10, 10, 5), (20, 10, 6), (30, 10, 6), (50, 10, 6), (60, 10, 6)]
+    # rows 0-1 continue; 2 is on another file; 3 leaves a local gap; 4 a remote gap; 4-5 continue
+    assert coalesce(local, remote) == ([(100, 20, 0), (120, 10, 0), (200, 10, 0), (210, 20, 0)],
+                                       [(0, 20, 5), (20, 10, 6), (30, 10, 6), (50, 20, 6)])
+
+
+def test_coalesce_caps_a_joined_row() -> None:
+    local = [(i * 10, 10, 0) for i in range(7)]
+    remote = [(1000 + i * 10, 10, 3) for i in range(7)]
+    assert coalesce(local, remote, max_bytes=30) == ([(0, 30, 0), (30, 30, 0), (60, 10, 0)],
+                                                     [(1000, 30, 3), (1030, 30, 3), (1060, 10, 3)])
+    backwards = local[::-1], remote[::-1]
+    assert coalesce(*backwards) == backwards  # nothing continues: the rows as given
+
+
+class Failing:
+    """A transfer function failing every call that covers any byte of ``bad`` (an
+    address), with ``reason``; records each call's (address, length) rows."""
+
+    def __init__(self, bad: set[int], reason: Reason = Reason.ENGINE_ERROR) -> None:
+        self.bad, self.reason = bad, reason
+        self.calls: list[list[tuple[int, int]]] = []
+
+    def __call__(self, local: list[tuple[int, int, int]], remote: list[tuple[int, int, int]]) -> None:
+        self.calls.append([(row[0], row[1]) for row in local])
+        if any(row[0] <= b < row[0] + row[1] for row in local for b in self.bad):
+            raise TransferError("bad", self.reason)
+
+
+def test_run_flat_merge_moves_adjacent_rows_as_one() -> None:
+    local = [(i * 10, 10, 0) for i in range(6)]
+    remote = [(i * 10, 10, 1) for i in range(6)]
+    rec = Failing(set())
+    assert run_flat(rec, local, remote, None, 64, merge=True) == [Reason.OK] * 6
+    assert rec.calls == [[(0, 60)]]
+
+
+def test_run_flat_merge_failure_isolates_pages_row_by_row() -> None:
+    local = [(i * 10, 10, 0) for i in range(6)]
+    remote = [(i * 10, 10, 1) for i in range(6)]
+    rec = Failing({45})
+    got = run_flat(rec, local, remote, None, 64, reread=True, merge=True)
+    assert got == [Reason.OK] * 4 + [Reason.ENGINE_ERROR, Reason.OK]
+    assert rec.calls[0] == [(0, 60)]
+    assert rec.calls[1] == [(i * 10, 10) for i in range(6)]  # one row per page from then on
+
+
+def test_run_flat_merge_timeout_fails_every_page_without_retry() -> None:
+    local = [(i * 10, 10, 0) for i in range(4)]
+    remote = [(i * 10, 10, 1) for i in range(4)]
+    rec = Failing({0}, Reason.TIMEOUT)
+    assert run_flat(rec, local, remote, None, 64, merge=True) == [Reason.TIMEOUT] * 4
+    assert rec.calls == [[(0, 40)]]
 
 
 # ---- the connector's batch paths on the real POSIX plugin ---------------------------------

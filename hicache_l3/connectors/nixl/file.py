@@ -46,14 +46,12 @@ from hicache_l3.common.integrity import key_fingerprint, page_checksum
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.pages import Page
 from hicache_l3.common.parallel import BatchPool
-from hicache_l3.connectors.nixl.base import Agent, NixlConfig, NixlConnector, run_flat
+from hicache_l3.connectors.nixl.base import Agent, Desc, NixlConfig, NixlConnector, run_flat
 from hicache_l3.slab import native
 from hicache_l3.slab.engine import SlabConnector
 from hicache_l3.slab.format import RECORD_BYTES, Entry, encode_markers, expected_markers
 from hicache_l3.slab.io import CHECKSUM, HEADER, OK, SHORT, ReadBatch, SlotTransport, WriteBatch, verify
 from hicache_l3.slab.store import SlabStore
-
-Desc = tuple[int, int, int]  # a NIXL transfer descriptor row: (address or offset, length, device)
 
 
 def _all_ok(n: int) -> array.array[int]:
@@ -138,7 +136,7 @@ class NixlTransport(SlotTransport):
             return
         batch.held.update(staged)  # until the transfer is known to have ended
         local, remote, bounds = self._descriptors(pages, fds, data_at)
-        results = run_flat(self._transfer("WRITE"), local, remote, bounds, self.max_descs)
+        results = run_flat(self._transfer("WRITE"), local, remote, bounds, self.max_descs, merge=True)
         if results.count(Reason.OK) == n:  # the common batch: all written
             batch.held.clear()
             status[:] = _all_ok(n)
@@ -163,7 +161,8 @@ class NixlTransport(SlotTransport):
         fds = [loc[0] for loc in located]
         data_at, marker_at = batch.geometry.offsets([e[2] for e in entries])
         local, remote, bounds = self._descriptors(pages, fds, data_at)
-        results = run_flat(self._transfer("READ"), local, remote, bounds, self.max_descs, reread=True)
+        results = run_flat(self._transfer("READ"), local, remote, bounds, self.max_descs, reread=True,
+                           merge=True)
         if results.count(Reason.OK) == n:  # the common batch: every page moved
             moved: list[int] = list(range(n))
             keys = batch.keys
