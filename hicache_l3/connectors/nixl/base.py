@@ -17,10 +17,11 @@ What every mode shares (this module):
   mode, so SGLang's three threads can call at once;
 * host regions registered as DRAM once (:meth:`Connector.register`), storage-side
   registrations cached by the modes;
-* :class:`Transfers`: one NIXL transfer per batch (at most ``max_descs`` descriptors),
-  polled with a short backoff and bounded by ``timeout_s``; NIXL reports one state per
-  transfer and raises for backend errors, so a failed transfer is split in halves and
-  retried until the failing pages are isolated: one bad page never fails its batch.
+* :func:`run_flat`: one NIXL transfer per batch (at most ``max_descs`` descriptors,
+  adjacent rows joined by :func:`coalesce` where the mode asks), polled with a short
+  backoff and bounded by ``timeout_s``; NIXL reports one state per transfer and raises
+  for backend errors, so a failed transfer is retried row per page, split in halves
+  until the failing pages are isolated: one bad page never fails its batch.
 
 Import works with either ``nixl_cu12`` (the ``nixl-cu12`` wheel) or ``nixl`` (the meta
 package); without either, opening the connector raises

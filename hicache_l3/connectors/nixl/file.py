@@ -7,7 +7,9 @@ bytes move:
 * page data: one NIXL transfer per batch between DRAM registered once (the host
   regions) and slab files registered once per agent as ``FILE`` (a slab's descriptor is
   registered the first time a page touches it and kept until close: no per-batch
-  registration);
+  registration); the rows of one-segment pages are built in one pass per batch, and
+  pages adjacent both in host memory and in their slab (consecutive slots of a group)
+  move as one row (:func:`~hicache_l3.connectors.nixl.base.coalesce`);
 * slot marker records (128 bytes each, in the group tables of slab format 2, apart from
   the data): all records of a batch in one call of the C batch library
   (:meth:`~hicache_l3.slab.native.BatchIO.write_markers`,
@@ -55,6 +57,7 @@ from hicache_l3.slab.store import SlabStore
 
 
 def _all_ok(n: int) -> array.array[int]:
+    """``n`` OK statuses (a batch's ``status`` array when every page moved)."""
     return array.array("i", [OK]) * n
 
 
@@ -159,7 +162,7 @@ class NixlTransport(SlotTransport):
         n = len(located)
         entries = [loc[1] for loc in located]
         fds = [loc[0] for loc in located]
-        data_at, marker_at = batch.geometry.offsets([e[2] for e in entries])
+        data_at, marker_at = batch.geometry.offsets([e[2] for e in entries])  # e[2]: e.slot
         local, remote, bounds = self._descriptors(pages, fds, data_at)
         results = run_flat(self._transfer("READ"), local, remote, bounds, self.max_descs, reread=True,
                            merge=True)
@@ -178,7 +181,7 @@ class NixlTransport(SlotTransport):
             keys = [batch.keys[j] for j in moved]
         if not moved:
             return
-        check = [k for k, e in enumerate(entries) if e[5]]  # stored with a checksum: verified
+        check = [k for k, e in enumerate(entries) if e[5]]  # e[5]: e.checksum; such pages are verified
         sums = self._checksums([pages[moved[k]] for k in check]) if check else []
         codes = self._check_markers(fds, marker_at, entries, keys)
         for k, value in zip(check, sums):
