@@ -114,19 +114,44 @@ def test_file_set_with_one_unwritable_slab_stores_the_others(opened: list[Any], 
 TIMEOUT_PAGES = 512  # more than the POSIX plugin's queue (64): a transfer spans several polls
 
 
+class Permuted(Pages):
+    """Pages taken from the buffer in an order that keeps a batch's transfer spanning
+    several polls although the connector joins adjacent rows
+    (:func:`~hicache_l3.connectors.nixl.base.coalesce`): ``backwards`` (key ``i`` in
+    page ``n - 1 - i``: no two rows continue each other, one request per page) or
+    ``pairs`` (pages 2k and 2k + 1 adjacent, the pairs backwards: the merged transfer of
+    rows of two pages is the one that times out)."""
+
+    def __init__(self, conn: Any, page_bytes: int, count: int, layout: str) -> None:
+        super().__init__(conn, page_bytes, count)
+        if layout == "backwards":
+            self.order = list(range(count))[::-1]
+        else:
+            self.order = [p for k in range(count // 2 - 1, -1, -1) for p in (2 * k, 2 * k + 1)]
+        base = self.pages
+        self.pages = [base[i] for i in self.order]
+
+    def fill(self, keys: list[str]) -> None:
+        self.fill_at(self.order, keys)
+
+    def matches(self, i: int, key: str) -> bool:
+        return super().matches(self.order[i], key)
+
+
 def _timeout_conn(opened: list[Any], namespace: Namespace, root: Path) -> Any:
     conn = open_connector("nixl", namespace, {"root": str(root), "timeout_s": 1e-6})
     opened.append(conn)
     return conn
 
 
+@pytest.mark.parametrize("layout", ["backwards", "pairs"])
 def test_fault_timeout_set_never_leaves_wrong_bytes(opened: list[Any], namespace: Namespace,
-                                                    tmp_path: Path) -> None:
+                                                    tmp_path: Path, layout: str) -> None:
     """A set that times out leaves its transfer in flight; the slots it may still write are
     never handed out again, and no later transfer resumes it (the agent is renewed)."""
     conn = _timeout_conn(opened, namespace, tmp_path)
     lost = [f"late{i}" for i in range(TIMEOUT_PAGES)]
-    pages = Pages(conn, PAGE, TIMEOUT_PAGES)
+    pages = Permuted(conn, PAGE, TIMEOUT_PAGES, layout)
     pages.fill(lost)
     first = conn.batch_set(lost, pages.pages)
     assert not all(first), "the tiny timeout did not expire: the test cannot see the fault"
@@ -137,7 +162,7 @@ def test_fault_timeout_set_never_leaves_wrong_bytes(opened: list[Any], namespace
     time.sleep(0.3)  # whatever the abandoned transfer had in the kernel lands by now
     reader = open_connector("nixl", namespace, {"root": str(tmp_path)})
     opened.append(reader)
-    out = Pages(reader, PAGE, TIMEOUT_PAGES)
+    out = Permuted(reader, PAGE, TIMEOUT_PAGES, layout)
     got = reader.batch_get(keys, out.pages)
     assert got == [True] * TIMEOUT_PAGES
     wrong = [k for i, k in enumerate(keys) if not out.matches(i, k)]
@@ -150,14 +175,17 @@ def test_fault_timeout_set_never_leaves_wrong_bytes(opened: list[Any], namespace
     assert conn.stats()["engine"]["quarantined_slots"] == first.count(False)
 
 
+@pytest.mark.parametrize("layout", ["backwards", "pairs"])
 def test_fault_timeout_get_then_set_and_get_are_exact(opened: list[Any], namespace: Namespace,
-                                                      tmp_path: Path) -> None:
+                                                      tmp_path: Path, layout: str) -> None:
     """A get that times out does not let its transfer resume during the next calls of the
     same connector (they once returned True with the abandoned read's bytes)."""
     conn = open_connector("nixl", namespace, {"root": str(tmp_path)})
     opened.append(conn)
     old = [f"old{i}" for i in range(TIMEOUT_PAGES)]
-    pages = _stored(conn, old)
+    pages = Permuted(conn, PAGE, TIMEOUT_PAGES, layout)
+    pages.fill(old)
+    assert conn.batch_set(old, pages.pages) == [True] * TIMEOUT_PAGES
     conn.config.timeout_s = 1e-6
     pages.wipe()
     assert not all(conn.batch_get(old, pages.pages)), "the tiny timeout did not expire"

@@ -17,10 +17,11 @@ What every mode shares (this module):
   mode, so SGLang's three threads can call at once;
 * host regions registered as DRAM once (:meth:`Connector.register`), storage-side
   registrations cached by the modes;
-* :class:`Transfers`: one NIXL transfer per batch (at most ``max_descs`` descriptors),
-  polled with a short backoff and bounded by ``timeout_s``; NIXL reports one state per
-  transfer and raises for backend errors, so a failed transfer is split in halves and
-  retried until the failing pages are isolated: one bad page never fails its batch.
+* :func:`run_flat`: one NIXL transfer per batch (at most ``max_descs`` descriptors,
+  adjacent rows joined by :func:`coalesce` where the mode asks), polled with a short
+  backoff and bounded by ``timeout_s``; NIXL reports one state per transfer and raises
+  for backend errors, so a failed transfer is retried row per page, split in halves
+  until the failing pages are isolated: one bad page never fails its batch.
 
 Import works with either ``nixl_cu12`` (the ``nixl-cu12`` wheel) or ``nixl`` (the meta
 package); without either, opening the connector raises
@@ -52,6 +53,10 @@ DEFAULT_POSIX_ENGINE = "aio"
 
 _agent_ids = itertools.count()
 RETIRE_S = 60.0  # after this, requests an abandoned agent had in flight have given up
+# Most bytes one merged descriptor may cover (:func:`coalesce`): far below the ~2 GiB a
+# single read or write moves on Linux, so one kernel request never comes back short.
+MERGE_MAX_BYTES = 64 << 20
+Desc = tuple[int, int, int]  # a transfer descriptor row: (address or offset, length, device id)
 _retired: list[tuple[float, Any]] = []
 _retired_lock = threading.Lock()
 # Agents with a transfer whose completion was never observed (timeout, interruption): kept
@@ -394,46 +399,123 @@ def run_units(
     max_descs: int,
     reread: bool = False,
 ) -> list[Reason]:
+    """Move every unit; one Reason per unit: :func:`run_flat` of the units' descriptors
+    laid end to end."""
+    local = [d for u in units for d in u.local]
+    remote = [d for u in units for d in u.remote]
+    bounds = [0]
+    for u in units:
+        bounds.append(bounds[-1] + len(u.local))
+    return run_flat(transfer, local, remote, bounds, max_descs, reread)
+
+
+def run_flat(
+    transfer: Callable[[list[tuple[int, int, int]], list[tuple[int, int, int]]], None],
+    local: list[tuple[int, int, int]],
+    remote: list[tuple[int, int, int]],
+    bounds: Sequence[int] | None,
+    max_descs: int,
+    reread: bool = False,
+    merge: bool = False,
+) -> list[Reason]:
     """Move every unit; one Reason per unit.
 
-    Units go in transfers of at most ``max_descs`` descriptors. A failed transfer of
-    several units is split in halves, each retried, until the failing units are found
-    (the others succeed); a timeout is not retried (that would multiply the wait).
-    With ``reread`` (reads), when some units failed, the ones that succeeded are read
-    once more at the end: a failed read may have written into host memory (the S3 SDK
-    writes an error body into the destination), and a batch may name that memory for
-    another key too.
+    With ``merge`` and one row per unit (``bounds=None``), rows that continue each other
+    on both sides are first moved as one (:func:`coalesce`) in a single transfer; if that
+    transfer fails with an engine error, the rows are moved again one per unit as below,
+    which finds the failing ones (a timeout fails every unit, as for one transfer).
+
+    Unit ``i`` is the descriptors ``local[bounds[i]:bounds[i + 1]]`` and the same rows of
+    ``remote``; ``bounds=None`` means one descriptor per unit (unit ``i`` is row ``i``),
+    so a batch of one-segment pages is moved without a Python object per page.
+    Units go in transfers of at most ``max_descs`` descriptors (a unit larger than that
+    goes alone). A failed transfer of several units is split in halves, each retried,
+    until the failing units are found (the others succeed); a timeout is not retried
+    (that would multiply the wait). With ``reread`` (reads), when some units failed, the
+    ones that succeeded are read once more at the end: a failed read may have written
+    into host memory (the S3 SDK writes an error body into the destination), and a
+    batch may name that memory for another key too.
     """
-    out = [Reason.OK] * len(units)
+    b: Sequence[int] = range(len(local) + 1) if bounds is None else bounds
+    count = len(b) - 1
+    if merge and bounds is None and 1 < count <= max_descs:
+        merged_local, merged_remote = coalesce(local, remote)
+        if len(merged_local) < count:
+            try:
+                transfer(merged_local, merged_remote)
+                return [Reason.OK] * count
+            except TransferError as exc:
+                if exc.reason is Reason.TIMEOUT:
+                    return [Reason.TIMEOUT] * count
+    out = [Reason.OK] * count
 
     def attempt(lo: int, hi: int) -> None:
-        local = [d for u in units[lo:hi] for d in u.local]
-        remote = [d for u in units[lo:hi] for d in u.remote]
         try:
-            transfer(local, remote)
+            if lo == 0 and hi == count:
+                transfer(local, remote)
+            else:
+                transfer(local[b[lo]:b[hi]], remote[b[lo]:b[hi]])
         except TransferError as exc:
             if hi - lo == 1 or exc.reason is Reason.TIMEOUT:
-                for i in range(lo, hi):
-                    out[i] = exc.reason
+                out[lo:hi] = [exc.reason] * (hi - lo)
                 return
             mid = (lo + hi) // 2
             attempt(lo, mid)
             attempt(mid, hi)
 
-    lo = 0
-    while lo < len(units):
-        hi, n = lo, 0
-        while hi < len(units) and (hi == lo or n + len(units[hi].local) <= max_descs):
-            n += len(units[hi].local)
-            hi += 1
-        attempt(lo, hi)
-        lo = hi
+    if count and b[count] - b[0] <= max_descs:  # the common batch: one transfer
+        attempt(0, count)
+    else:
+        lo = 0
+        while lo < count:
+            hi = lo + 1
+            while hi < count and b[hi + 1] - b[lo] <= max_descs:
+                hi += 1
+            attempt(lo, hi)
+            lo = hi
     if reread and Reason.OK in out and any(r is not Reason.OK for r in out):
         good = [i for i, r in enumerate(out) if r is Reason.OK]
-        again = run_units(transfer, [units[i] for i in good], max_descs)
+        rows = [k for i in good for k in range(b[i], b[i + 1])]
+        again_bounds = [0]
+        for i in good:
+            again_bounds.append(again_bounds[-1] + b[i + 1] - b[i])
+        again = run_flat(transfer, [local[k] for k in rows], [remote[k] for k in rows], again_bounds,
+                         max_descs)
         for i, r in zip(good, again):
             out[i] = r
     return out
+
+
+def coalesce(local: list[Desc], remote: list[Desc],
+             max_bytes: int = MERGE_MAX_BYTES) -> tuple[list[Desc], list[Desc]]:
+    """The rows of a transfer with every run of rows that continue each other on both
+    sides (the next row starts where this one ends, locally and remotely on the same
+    device) joined into one row of at most ``max_bytes`` (a row longer than that stays
+    alone). The same bytes move to the same places; NIXL's POSIX plugin then submits one
+    request per joined row instead of one per page (measured here, 128 pages of 64 KiB:
+    the transfer takes ~20% less time to read and ~35% less to write)."""
+    n = len(local)
+    if n < 2:
+        return local, remote
+    cuts = [i for i, (a, b, c, d) in enumerate(zip(local, local[1:], remote, remote[1:]), 1)
+            if a[0] + a[1] != b[0] or c[0] + c[1] != d[0] or c[2] != d[2]]
+    if len(cuts) + 1 == n:
+        return local, remote
+    cuts.append(n)
+    merged_local, merged_remote = [], []
+    start = 0
+    for end in cuts:
+        while start < end:
+            size = 0
+            stop = start
+            while stop < end and (stop == start or size + local[stop][1] <= max_bytes):
+                size += local[stop][1]
+                stop += 1
+            row = remote[start]
+            merged_local.append((local[start][0], size, local[start][2]))
+            merged_remote.append((row[0], size, row[2]))
+            start = stop
+    return merged_local, merged_remote
 
 
 class NixlConnector(Connector[NixlConfig]):

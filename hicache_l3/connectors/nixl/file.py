@@ -7,7 +7,9 @@ bytes move:
 * page data: one NIXL transfer per batch between DRAM registered once (the host
   regions) and slab files registered once per agent as ``FILE`` (a slab's descriptor is
   registered the first time a page touches it and kept until close: no per-batch
-  registration);
+  registration); the rows of one-segment pages are built in one pass per batch, and
+  pages adjacent both in host memory and in their slab (consecutive slots of a group)
+  move as one row (:func:`~hicache_l3.connectors.nixl.base.coalesce`);
 * slot marker records (128 bytes each, in the group tables of slab format 2, apart from
   the data): all records of a batch in one call of the C batch library
   (:meth:`~hicache_l3.slab.native.BatchIO.write_markers`,
@@ -32,8 +34,8 @@ verified).
 
 from __future__ import annotations
 
+import array
 import errno
-import functools
 import os
 import threading
 from collections.abc import Callable
@@ -46,14 +48,19 @@ from hicache_l3.common.integrity import key_fingerprint, page_checksum
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.pages import Page
 from hicache_l3.common.parallel import BatchPool
-from hicache_l3.connectors.nixl.base import Agent, NixlConfig, NixlConnector, Unit, run_units
+from hicache_l3.connectors.nixl.base import Agent, Desc, NixlConfig, NixlConnector, run_flat
 from hicache_l3.slab import native
 from hicache_l3.slab.engine import SlabConnector
-from hicache_l3.slab.format import RECORD_BYTES, encode_markers, expected_markers
+from hicache_l3.slab.format import RECORD_BYTES, Entry, encode_markers, expected_markers
 from hicache_l3.slab.io import CHECKSUM, HEADER, OK, SHORT, ReadBatch, SlotTransport, WriteBatch, verify
 from hicache_l3.slab.store import SlabStore
 
-_new_unit = functools.partial(tuple.__new__, Unit)  # Unit(*fields) without its Python __new__
+
+def _all_ok(n: int) -> array.array[int]:
+    """``n`` OK statuses (a batch's ``status`` array when every page moved)."""
+    return array.array("i", [OK]) * n
+
+
 ENGINE_PARAMS = {"aio": "use_aio", "uring": "use_uring", "posix_aio": "use_posix_aio"}
 
 
@@ -86,36 +93,59 @@ class NixlTransport(SlotTransport):
         return [c for share in shares for c in share]
 
     @staticmethod
-    def _unit(page: Page, fd: int, offset: int) -> Unit:
-        if len(page) == 1:  # the common page: one segment
-            address, length = page[0]
-            return _new_unit(([(address, length, 0)], [(offset, length, fd)]))
-        local, remote = [], []
-        for address, length in page:
-            local.append((address, length, 0))
-            remote.append((offset, length, fd))
-            offset += length
-        return _new_unit((local, remote))
+    def _descriptors(pages: list[Page], fds: list[int], offsets: list[int],
+                     ) -> tuple[list[Desc], list[Desc], list[int] | None]:
+        """The local (DRAM) and remote (FILE) rows moving ``pages[j]`` to or from
+        ``offsets[j]`` of ``fds[j]``, and the unit bounds for :func:`run_flat` (None: one
+        row per page, the common batch, built with no Python call per page)."""
+        try:  # every page one segment: one row each
+            local = [(address, length, 0) for ((address, length),) in pages]
+        except ValueError:
+            pass
+        else:
+            return local, [(o, row[1], fd) for o, row, fd in zip(offsets, local, fds)], None
+        local, remote, bounds = [], [], [0]
+        for page, fd, offset in zip(pages, fds, offsets):
+            for address, length in page:
+                local.append((address, length, 0))
+                remote.append((offset, length, fd))
+                offset += length
+            bounds.append(len(local))
+        return local, remote, bounds
 
     def write(self, store: SlabStore, batch: WriteBatch) -> None:
         """Every page's marker record (one library call), then the data of every page
         whose marker was written (one NIXL transfer)."""
-        geometry, slots, status = batch.geometry, batch.slots, batch.status
-        nbytes = geometry.slot_bytes
-        sums = self._checksums(batch.pages) if batch.checksum else [0] * len(slots)
-        data_at, marker_at = geometry.offsets(s[2] for s in slots)
+        geometry, slots, status, pages = batch.geometry, batch.slots, batch.status, batch.pages
+        n, nbytes = len(slots), geometry.slot_bytes
+        sums = self._checksums(pages) if batch.checksum else [0] * n
+        data_at, marker_at = geometry.offsets([s[2] for s in slots])
+        fds = [s[0] for s in slots]
         marks = self._put_markers(
-            [s[0] for s in slots], marker_at,
-            encode_markers([s[3] for s in slots], repeat(nbytes), sums, map(key_fingerprint, batch.keys)))
-        units, staged = [], []
-        for j, (fd, _, _, _) in enumerate(slots):
-            if marks[j] != OK:
-                status[j] = marks[j] if marks[j] < 0 else SHORT
-                continue
-            units.append(self._unit(batch.pages[j], fd, data_at[j]))
-            staged.append(j)
+            fds, marker_at,
+            encode_markers([s[3] for s in slots], repeat(nbytes, n), sums, map(key_fingerprint, batch.keys)))
+        if marks.count(OK) == n:  # the common batch: every marker written
+            staged: list[int] = list(range(n))
+        else:
+            staged = []
+            for j, code in enumerate(marks):
+                if code == OK:
+                    staged.append(j)
+                else:
+                    status[j] = code if code < 0 else SHORT
+            pages, fds, data_at = ([pages[j] for j in staged], [fds[j] for j in staged],
+                                   [data_at[j] for j in staged])
+        if not staged:
+            return
         batch.held.update(staged)  # until the transfer is known to have ended
-        results = run_units(self._transfer("WRITE"), units, self.max_descs)
+        local, remote, bounds = self._descriptors(pages, fds, data_at)
+        results = run_flat(self._transfer("WRITE"), local, remote, bounds, self.max_descs, merge=True)
+        if results.count(Reason.OK) == n:  # the common batch: all written
+            batch.held.clear()
+            status[:] = _all_ok(n)
+            if batch.checksum:
+                batch.checksums[:] = array.array("Q", sums)
+            return
         for j, result in zip(staged, results):
             if result is not Reason.TIMEOUT:
                 batch.held.discard(j)
@@ -128,22 +158,40 @@ class NixlTransport(SlotTransport):
     def read(self, store: SlabStore, batch: ReadBatch) -> None:
         """The data of every page (one NIXL transfer), then every marker record (a
         rewrite that began meanwhile shows there), then checksums."""
-        geometry, located, status = batch.geometry, batch.located, batch.status
-        work = list(range(len(located)))
-        data_at, _ = geometry.offsets(loc[1][2] for loc in located)
-        units = [self._unit(batch.pages[j], located[j][0], data_at[j]) for j in work]
-        results = run_units(self._transfer("READ"), units, self.max_descs, reread=True)
-        moved = [j for j, r in zip(work, results) if r is Reason.OK]
-        check = [j for j in moved if located[j].entry.checksum]
-        sums = dict(zip(check, self._checksums([batch.pages[j] for j in check])))
-        for j, result in zip(work, results):
-            if result is not Reason.OK:
-                batch.fail(j, result)
-        for j, code in zip(moved, self._check_markers(batch, moved)):
-            entry = located[j].entry
-            if code == OK and entry.checksum and sums[j] != entry.checksum:
-                code = CHECKSUM
-            status[j] = code
+        located, status, pages = batch.located, batch.status, batch.pages
+        n = len(located)
+        entries = [loc[1] for loc in located]
+        fds = [loc[0] for loc in located]
+        data_at, marker_at = batch.geometry.offsets([e[2] for e in entries])  # e[2]: e.slot
+        local, remote, bounds = self._descriptors(pages, fds, data_at)
+        results = run_flat(self._transfer("READ"), local, remote, bounds, self.max_descs, reread=True,
+                           merge=True)
+        if results.count(Reason.OK) == n:  # the common batch: every page moved
+            moved: list[int] = list(range(n))
+            keys = batch.keys
+        else:
+            moved = []
+            for j, result in enumerate(results):
+                if result is Reason.OK:
+                    moved.append(j)
+                else:
+                    batch.fail(j, result)
+            entries, fds, marker_at = ([entries[j] for j in moved], [fds[j] for j in moved],
+                                       [marker_at[j] for j in moved])
+            keys = [batch.keys[j] for j in moved]
+        if not moved:
+            return
+        check = [k for k, e in enumerate(entries) if e[5]]  # e[5]: e.checksum; such pages are verified
+        sums = self._checksums([pages[moved[k]] for k in check]) if check else []
+        codes = self._check_markers(fds, marker_at, entries, keys)
+        for k, value in zip(check, sums):
+            if codes[k] == OK and value != entries[k][5]:
+                codes[k] = CHECKSUM
+        if len(moved) == n:
+            status[:] = array.array("i", codes)
+        else:
+            for j, code in zip(moved, codes):
+                status[j] = code
 
     def _put_markers(self, fds: list[int], offsets: list[int], records: list[bytes]) -> list[int]:
         """Write each marker record at its offset; one status per record (OK, SHORT or -errno)."""
@@ -157,26 +205,23 @@ class NixlTransport(SlotTransport):
                 out.append(-(exc.errno or errno.EIO))
         return out
 
-    def _check_markers(self, batch: ReadBatch, moved: list[int]) -> list[int]:
-        """Per page ``moved[k]``: OK when its marker record carries its entry and key
-        (:func:`~hicache_l3.slab.io.verify`), HEADER when not or cut short, -errno."""
-        geometry, located, keys = batch.geometry, batch.located, batch.keys
-        _, marker_at = geometry.offsets(located[j][1][2] for j in moved)
+    def _check_markers(self, fds: list[int], offsets: list[int], entries: list[Entry],
+                       keys: list[str]) -> list[int]:
+        """Per slot ``k``: OK when the marker record at ``offsets[k]`` of ``fds[k]``
+        carries ``entries[k]`` and ``keys[k]`` (:func:`~hicache_l3.slab.io.verify`),
+        HEADER when not or cut short, -errno."""
         if self.lib is None:
             record = memoryview(bytearray(RECORD_BYTES))
             out = []
-            for k, j in enumerate(moved):
-                fd, entry = located[j]
+            for fd, offset, entry, key in zip(fds, offsets, entries, keys):
                 try:
-                    ok = os.preadv(fd, [record], marker_at[k]) == RECORD_BYTES
+                    ok = os.preadv(fd, [record], offset) == RECORD_BYTES
                 except OSError as exc:
                     out.append(-(exc.errno or errno.EIO))
                     continue
-                out.append(verify(record, entry, keys[j], None) if ok else HEADER)
+                out.append(verify(record, entry, key, None) if ok else HEADER)
             return out
-        expect = expected_markers([located[j][1] for j in moved], [keys[j] for j in moved])
-        got = self.lib.read_markers([located[j][0] for j in moved], marker_at, b"".join(expect),
-                                    RECORD_BYTES)
+        got = self.lib.read_markers(fds, offsets, b"".join(expected_markers(entries, keys)), RECORD_BYTES)
         return [code if code <= 0 else HEADER for code in got]
 
     def close(self) -> None:
