@@ -122,7 +122,7 @@ class SlabConnector:
     def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
         store = self._store_for_io()
         reasons = [Reason.OK] * len(keys)
-        todo, slots, full = store.reserve_new(keys)
+        todo, slots, full, ds = store.reserve_new(keys)
         for i in full:
             reasons[i] = Reason.NO_SPACE
         if not todo:
@@ -138,7 +138,7 @@ class SlabConnector:
             raise
         status = batch.status
         if status.count(OK) == len(todo):
-            store.commit(batch.keys, slots, batch.checksums)
+            store.commit(batch.keys, slots, batch.checksums, ds)
             return reasons
         done, failed = [], []
         for j, i in enumerate(todo):
@@ -154,7 +154,7 @@ class SlabConnector:
             self._log.warning("set-io", "%s: write of %s failed: %s", self.name, keys[i],
                               batch.reasons[j].value if code == FAILED else explain(code))
         store.commit([batch.keys[j] for j in done], [slots[j] for j in done],
-                     [batch.checksums[j] for j in done])
+                     [batch.checksums[j] for j in done], [ds[j] for j in done])
         store.abort(failed)
         return reasons
 

@@ -25,6 +25,8 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
+from itertools import repeat
+from operator import itemgetter
 from pathlib import Path
 
 from hicache_l3.slab import checkpoint
@@ -44,6 +46,7 @@ from hicache_l3.slab.table import (
 
 log = logging.getLogger("hicache_l3.slab")
 _new_located = functools.partial(tuple.__new__, Located)  # no Python-level __new__ per page
+_WHERE = itemgetter(0, 1, 2)  # an entry's slot: (writer, slab, slot)
 MAX_DROPPED = 1 << 16
 CHECKPOINT_MIN_RECORDS = 1 << 16  # records applied since the last checkpoint before a new one
 CHECKPOINT_FRACTION = 4  # ... and at least 1/this of the indexed pages
@@ -252,18 +255,50 @@ class SlabIndex:
             table.pop(d)
 
     def _settle_unlogged(self, d: bytes, entry: Entry, blocked: bool) -> None:
-        """The logs' view of a PUT: it supersedes the key's and the slot's unlogged page."""
+        """The logs' view of a PUT: it supersedes the key's and the slot's unlogged page
+        (and whatever :attr:`unlogged_at` said of its slot: nothing unlogged is there now)."""
         where = (entry.writer, entry.slab, entry.slot)
         old = self.unlogged.get(d)
         if old is not None and (not blocked or (old.writer == entry.writer and old.gen < entry.gen)):
             self._unlog(d)
-        self._unlog(self.unlogged_at.get(where), where)
+        self._unlog(self.unlogged_at.pop(where, None), where)
+
+    def settle_unlogged_many(self, ds: Sequence[bytes], entries: Sequence[Entry]) -> None:
+        """:meth:`_settle_unlogged` of each unblocked PUT ``ds[j]``/``entries[j]``, in bulk.
+
+        Settling only removes pages from :attr:`unlogged`, and whether a page goes depends
+        on that page and one PUT alone (a PUT into its slot, or of its key), never on the
+        other removals: so the order does not matter and one pass per kind gives exactly
+        the per-page result. The common batch at capacity rewrites exactly the slots its
+        reservation evicted: every slot's unlogged page goes, by C-level map/pop calls."""
+        unlogged, unlogged_at = self.unlogged, self.unlogged_at
+        wheres = list(map(_WHERE, entries))
+        olds = list(map(unlogged_at.pop, wheres, repeat(None)))  # the slots' unlogged pages
+        if None in olds:
+            pairs = [(d, w) for d, w in zip(olds, wheres) if d is not None]
+            olds, wheres = [d for d, _ in pairs], [w for _, w in pairs]
+        if olds:
+            pop = unlogged.pop
+            gone = list(map(pop, olds, repeat(None)))
+            if list(map(_WHERE, filter(None, gone))) != wheres:  # rare: a page elsewhere, or none
+                for d, e, w in zip(olds, gone, wheres):
+                    if e is not None and _WHERE(e) != w:
+                        unlogged[d] = e  # not in this slot: the PUT does not supersede it
+        if unlogged and not unlogged.keys().isdisjoint(ds):  # the keys' own unlogged pages
+            for d in ds:
+                self._unlog(d)
 
     def apply_puts(self, ds: Sequence[bytes], entries: Sequence[Entry]) -> None:
         """:meth:`apply_put` of each ``ds[j]``/``entries[j]`` in order. Unblocked PUTs (no
         DEL mark for their page: then a PUT is exactly ``table.put`` once its unlogged
-        pages are settled) go to the table together, in one call per run."""
+        pages are settled) go to the table together, in one call per run; a batch with no
+        blocked PUT (the common one) settles its unlogged pages in bulk and is one call."""
         deleted = self.deleted
+        if not deleted or deleted.keys().isdisjoint(map(_WHERE, entries)):
+            if self.unlogged:
+                self.settle_unlogged_many(ds, entries)
+            self.table.put_many(ds, entries)
+            return
         run_d: list[bytes] = []
         run_e: list[Entry] = []
         for d, entry in zip(ds, entries):
@@ -363,11 +398,11 @@ class SlabIndex:
     def remove_unlogged_many(self, ds: Sequence[bytes]) -> None:
         """:meth:`remove_unlogged` of each indexed digest of ``ds`` (with its entry now)."""
         entries = self.table.get_many(ds)
-        unlogged, unlogged_at = self.unlogged, self.unlogged_at
-        for d, entry in zip(ds, entries):
-            if entry is not None:
-                unlogged[d] = entry
-                unlogged_at[(entry.writer, entry.slab, entry.slot)] = d
+        if None in entries:
+            pairs = [(d, e) for d, e in zip(ds, entries) if e is not None]
+            ds, entries = [d for d, _ in pairs], [e for _, e in pairs]
+        self.unlogged.update(zip(ds, entries))
+        self.unlogged_at.update(zip(map(_WHERE, entries), ds))
         self.table.pop_many(ds)
 
     def drop(self, d: bytes, entry: Entry) -> bool:
