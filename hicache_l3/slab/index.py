@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from itertools import repeat
 from operator import itemgetter
 from pathlib import Path
+from typing import NamedTuple
 
 from hicache_l3.slab import checkpoint
 from hicache_l3.slab.files import SlabFiles, is_real_dir, open_file, parse_writer_name, writer_name
@@ -50,6 +51,16 @@ _WHERE = itemgetter(0, 1, 2)  # an entry's slot: (writer, slab, slot)
 MAX_DROPPED = 1 << 16
 CHECKPOINT_MIN_RECORDS = 1 << 16  # records applied since the last checkpoint before a new one
 CHECKPOINT_FRACTION = 4  # ... and at least 1/this of the indexed pages
+
+
+class Evicted(NamedTuple):
+    """Own pages one eviction took out of the table without a log record, kept flat (no
+    object per page) until a commit rewrites exactly their slots -- then they are settled
+    at once -- or anything else needs :attr:`SlabIndex.unlogged`, which takes them in."""
+
+    wheres: list[tuple[int, int, int]]  # their slots, in order
+    ds: bytes  # their digests, concatenated
+    values: array.array[int]  # their entries, six values each
 
 
 class LogTail:
@@ -108,13 +119,61 @@ class SlabIndex:
         # order it reads the logs in) keeps preferring the unreadable copy
         self.dropped: dict[bytes, Entry] = {}
         self.on_free: Callable[[int, int], None] = lambda slab, slot: None
-        self.unlogged: dict[bytes, Entry] = {}
-        self.unlogged_at: dict[tuple[int, int, int], bytes] = {}
+        self._unlogged: dict[bytes, Entry] = {}
+        self._unlogged_at: dict[tuple[int, int, int], bytes] = {}
+        self._evicted: list[Evicted] = []  # unlogged too, not yet in the dicts (flat)
         self.loaded = False  # the checkpoint was looked for
         self.applied = 0  # log records applied since the last checkpoint written or loaded
         self.replayed = 0  # log records this process read from logs (not its own appends)
         self.checkpoint_pages = -1  # pages the loaded checkpoint held (-1: none loaded)
         self._saver: threading.Thread | None = None  # a background checkpoint write
+
+    # ---- unlogged pages -------------------------------------------------------------------
+    @property
+    def unlogged(self) -> dict[bytes, Entry]:
+        """Pages taken out of the table without a log record, by digest (class
+        docstring). Caller holds ``lock``."""
+        if self._evicted:
+            self._take_in_evicted()
+        return self._unlogged
+
+    @property
+    def unlogged_at(self) -> dict[tuple[int, int, int], bytes]:
+        """The slots of :attr:`unlogged`'s pages -> their digests. Caller holds ``lock``."""
+        if self._evicted:
+            self._take_in_evicted()
+        return self._unlogged_at
+
+    def _take_in_evicted(self) -> None:
+        """Move the flat :class:`Evicted` batches into the unlogged dicts."""
+        batches, self._evicted = self._evicted, []
+        for batch in batches:
+            ds, entries = split_snapshot(batch.ds, batch.values)
+            self._unlogged.update(zip(ds, entries))
+            self._unlogged_at.update(zip(batch.wheres, ds))
+
+    def remove_unlogged_at(self, wheres: Sequence[tuple[int, int, int]]) -> None:
+        """:meth:`remove_unlogged` of the pages in slots ``wheres`` (an eviction): kept as
+        one flat :class:`Evicted` batch, which the commit that rewrites exactly these
+        slots (the common case) settles as a whole."""
+        ds, values = self.table.take_at_many(wheres)
+        if not ds:
+            return
+        if len(values) != 6 * len(wheres):  # some slots held no page
+            wheres = [(values[i], values[i + 1], values[i + 2]) for i in range(0, len(values), 6)]
+        self._evicted.append(Evicted(list(wheres), ds, values))
+
+    def _settle_evicted(self, entries: Sequence[Entry]) -> None:
+        """PUTs ``entries`` (unblocked) settle an :class:`Evicted` batch of exactly their
+        slots: every page of it is superseded by the PUT into its slot. Any other batch
+        is taken into the dicts, where the per-page rules apply."""
+        wheres = list(map(_WHERE, entries))
+        for k, batch in enumerate(self._evicted):
+            if batch.wheres == wheres:
+                del self._evicted[k]
+                break
+        if self._evicted:
+            self._take_in_evicted()
 
     # ---- following the logs -------------------------------------------------------------
     def refresh(self) -> None:
@@ -295,7 +354,9 @@ class SlabIndex:
         blocked PUT (the common one) settles its unlogged pages in bulk and is one call."""
         deleted = self.deleted
         if not deleted or deleted.keys().isdisjoint(map(_WHERE, entries)):
-            if self.unlogged:
+            if self._evicted:
+                self._settle_evicted(entries)
+            if self._unlogged:
                 self.settle_unlogged_many(ds, entries)
             self.table.put_many(ds, entries)
             return

@@ -286,9 +286,8 @@ class SlabStore:
         wheres = self._clock.evict(count)
         if not wheres:
             return 0
-        held = [d for d in index.table.at_many([(me, slab, slot) for slab, slot in wheres])
-                if d is not None]
-        index.remove_unlogged_many(held)  # no DEL: each slot's next PUT supersedes its page
+        # no DEL: each slot's next PUT supersedes its page
+        index.remove_unlogged_at([(me, slab, slot) for slab, slot in wheres])
         into.extend(wheres)
         self.evictions += len(wheres)
         return len(wheres)
