@@ -94,7 +94,8 @@ def test_bulk_settle_equals_per_page_settle(dict_table: bool, history: list[tupl
             else:  # a DEL mark read from a log (without its page)
                 for index in (bulk, ref):
                     index.deleted[op[1]] = max(index.deleted.get(op[1], 0), op[2])
-            assert state(bulk) == state(ref)
+            # (the tables only: reading bulk's unlogged would take its flat batches in)
+            assert dict(bulk.table.select()) == dict(ref.table.select())
         if final == "rewrite":  # the common batch: exactly the slots the last eviction freed
             taken = [w for w in last_evicted]
             puts = [(k, w) for k, w in zip(final_keys, taken)]
