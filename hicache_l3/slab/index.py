@@ -331,13 +331,14 @@ class SlabIndex:
         the per-page result. The common batch at capacity rewrites exactly the slots its
         reservation evicted: every slot's unlogged page goes, by C-level map/pop calls."""
         unlogged, unlogged_at = self.unlogged, self.unlogged_at
-        wheres = list(map(_WHERE, entries))
-        olds = list(map(unlogged_at.pop, wheres, repeat(None)))  # the slots' unlogged pages
-        if None in olds:
-            pairs = [(d, w) for d, w in zip(olds, wheres) if d is not None]
-            olds, wheres = [d for d, _ in pairs], [w for _, w in pairs]
+        wheres: list[tuple[int, int, int]] = list(map(_WHERE, entries))
+        pop_at: Callable[[tuple[int, int, int], None], bytes | None] = unlogged_at.pop
+        found = list(map(pop_at, wheres, repeat(None)))  # the slots' unlogged pages
+        olds = [d for d in found if d is not None]
+        if len(olds) != len(found):
+            wheres = [w for d, w in zip(found, wheres) if d is not None]
         if olds:
-            pop = unlogged.pop
+            pop: Callable[[bytes, None], Entry | None] = unlogged.pop
             gone = list(map(pop, olds, repeat(None)))
             if list(map(_WHERE, filter(None, gone))) != wheres:  # rare: a page elsewhere, or none
                 for d, e, w in zip(olds, gone, wheres):
@@ -455,16 +456,6 @@ class SlabIndex:
         self.table.pop(d)
         self.unlogged[d] = entry
         self.unlogged_at[(entry.writer, entry.slab, entry.slot)] = d
-
-    def remove_unlogged_many(self, ds: Sequence[bytes]) -> None:
-        """:meth:`remove_unlogged` of each indexed digest of ``ds`` (with its entry now)."""
-        entries = self.table.get_many(ds)
-        if None in entries:
-            pairs = [(d, e) for d, e in zip(ds, entries) if e is not None]
-            ds, entries = [d for d, _ in pairs], [e for _, e in pairs]
-        self.unlogged.update(zip(ds, entries))
-        self.unlogged_at.update(zip(map(_WHERE, entries), ds))
-        self.table.pop_many(ds)
 
     def drop(self, d: bytes, entry: Entry) -> bool:
         """Forget digest ``d`` if it still maps to ``entry`` (found unreadable); True if it

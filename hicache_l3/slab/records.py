@@ -15,7 +15,8 @@ import sys
 from collections.abc import Sequence
 from itertools import accumulate, chain
 
-from hicache_l3.slab.format import RECORD, Entry, encode_puts as python_encode_puts
+from hicache_l3.slab.format import RECORD, Entry
+from hicache_l3.slab.format import encode_puts as python_encode_puts
 from hicache_l3.slab.native import LoadedOnce
 
 _vp, _sz = ctypes.c_void_p, ctypes.c_size_t
