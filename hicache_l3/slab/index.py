@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
-from itertools import repeat
+from itertools import chain, repeat
 from operator import itemgetter
 from pathlib import Path
 from typing import NamedTuple
@@ -58,9 +58,8 @@ class Evicted(NamedTuple):
     object per page) until a commit rewrites exactly their slots -- then they are settled
     at once -- or anything else needs :attr:`SlabIndex.unlogged`, which takes them in."""
 
-    wheres: list[tuple[int, int, int]]  # their slots, in order
     ds: bytes  # their digests, concatenated
-    values: array.array[int]  # their entries, six values each
+    values: array.array[int]  # their entries, six values each (writer, slab, slot first)
 
 
 class LogTail:
@@ -150,26 +149,28 @@ class SlabIndex:
         for batch in batches:
             ds, entries = split_snapshot(batch.ds, batch.values)
             self._unlogged.update(zip(ds, entries))
-            self._unlogged_at.update(zip(batch.wheres, ds))
+            self._unlogged_at.update(zip(map(_WHERE, entries), ds))
 
     def remove_unlogged_at(self, wheres: Sequence[tuple[int, int, int]]) -> None:
         """:meth:`remove_unlogged` of the pages in slots ``wheres`` (an eviction): kept as
         one flat :class:`Evicted` batch, which the commit that rewrites exactly these
         slots (the common case) settles as a whole."""
         ds, values = self.table.take_at_many(wheres)
-        if not ds:
-            return
-        if len(values) != 6 * len(wheres):  # some slots held no page
-            wheres = [(values[i], values[i + 1], values[i + 2]) for i in range(0, len(values), 6)]
-        self._evicted.append(Evicted(list(wheres), ds, values))
+        if ds:
+            self._evicted.append(Evicted(ds, values))
 
-    def _settle_evicted(self, entries: Sequence[Entry]) -> None:
-        """PUTs ``entries`` (unblocked) settle an :class:`Evicted` batch of exactly their
-        slots: every page of it is superseded by the PUT into its slot. Any other batch
-        is taken into the dicts, where the per-page rules apply."""
-        wheres = list(map(_WHERE, entries))
+    def _settle_evicted(self, values: array.array[int]) -> None:
+        """PUTs of entries ``values`` (unblocked; six values each) settle an
+        :class:`Evicted` batch of exactly their slots, in order: every page of it is
+        superseded by the PUT into its slot. Any other batch is taken into the dicts,
+        where the per-page rules apply. (Compared as strided array slices: no object per
+        page.)"""
+        n = len(values)
+        slabs, slots = values[1::6], values[2::6]
         for k, batch in enumerate(self._evicted):
-            if batch.wheres == wheres:
+            theirs = batch.values
+            if (len(theirs) == n and theirs[2::6] == slots and theirs[1::6] == slabs
+                    and theirs[0::6] == values[0::6]):
                 del self._evicted[k]
                 break
         if self._evicted:
@@ -348,6 +349,23 @@ class SlabIndex:
             for d in ds:
                 self._unlog(d)
 
+    def apply_put_values(self, ds: Sequence[bytes], values: array.array[int]) -> None:
+        """:meth:`apply_puts` of a batch shaped as a table export: ``ds[j]`` with the six
+        values ``values[6j : 6j + 6]`` (a writer's commit builds no Entry per page). A
+        batch with no blocked PUT (the common one) settles its unlogged pages in bulk and
+        goes to the table in one call; any other takes the per-page path."""
+        if len(values) != 6 * len(ds):
+            raise ValueError(f"apply_put_values: {len(ds)} digests for {len(values)} values")
+        deleted, blob = self.deleted, b"".join(ds)
+        if deleted and not deleted.keys().isdisjoint(zip(values[0::6], values[1::6], values[2::6])):
+            self.apply_puts(ds, split_snapshot(blob, values)[1])
+            return
+        if self._evicted:
+            self._settle_evicted(values)
+        if self._unlogged:
+            self.settle_unlogged_many(ds, split_snapshot(blob, values)[1])
+        self.table.load(blob, values)
+
     def apply_puts(self, ds: Sequence[bytes], entries: Sequence[Entry]) -> None:
         """:meth:`apply_put` of each ``ds[j]``/``entries[j]`` in order. Unblocked PUTs (no
         DEL mark for their page: then a PUT is exactly ``table.put`` once its unlogged
@@ -356,7 +374,12 @@ class SlabIndex:
         deleted = self.deleted
         if not deleted or deleted.keys().isdisjoint(map(_WHERE, entries)):
             if self._evicted:
-                self._settle_evicted(entries)
+                try:
+                    values = array.array("Q", chain.from_iterable(entries))
+                except OverflowError:
+                    raise ValueError("page table: an entry is out of range (negative or over "
+                                     "64 bits)") from None
+                self._settle_evicted(values)
             if self._unlogged:
                 self.settle_unlogged_many(ds, entries)
             self.table.put_many(ds, entries)

@@ -18,6 +18,7 @@ from itertools import accumulate, chain
 from hicache_l3.slab.format import RECORD, Entry
 from hicache_l3.slab.format import encode_puts as python_encode_puts
 from hicache_l3.slab.native import LoadedOnce
+from hicache_l3.slab.table import split_snapshot
 
 _vp, _sz = ctypes.c_void_p, ctypes.c_size_t
 
@@ -34,9 +35,12 @@ class _Library:
         self.encode.argtypes = [_sz, ctypes.c_char_p, _vp, _vp, _vp, _sz]
 
 
-def _native_encode(lib: _Library, keys: Sequence[str], entries: Sequence[Entry]) -> bytes | None:
-    """The records from C, or None when C cannot encode them (then the reference must)."""
+def _native_encode(lib: _Library, keys: Sequence[str], values: array.array[int]) -> bytes | None:
+    """The records of ``keys`` with the entries ``values`` (six each) from C, or None when
+    C cannot encode them (then the reference must)."""
     n = len(keys)
+    if len(values) != 6 * n or values.typecode != "Q":
+        return None
     blob = "".join(keys).encode()
     if len(blob) == sum(map(len, keys)):  # all ASCII (SGLang's hex keys): one encode
         ends = array.array("Q", accumulate(map(len, keys)))
@@ -44,12 +48,6 @@ def _native_encode(lib: _Library, keys: Sequence[str], entries: Sequence[Entry])
         kbs = [k.encode() for k in keys]
         blob = b"".join(kbs)
         ends = array.array("Q", accumulate(map(len, kbs)))
-    try:
-        values = array.array("Q", chain.from_iterable(entries))
-    except (OverflowError, TypeError):
-        return None
-    if len(values) != 6 * n:
-        return None
     cap = RECORD.size * n + len(blob)
     out = ctypes.create_string_buffer(cap)
     got = lib.encode(n, blob, ends.buffer_info()[0], values.buffer_info()[0], out, cap)
@@ -61,17 +59,33 @@ def encode_puts(keys: Sequence[str], entries: Sequence[Entry]) -> bytes:
     :func:`hicache_l3.slab.format.encode_puts`'s bytes (and errors), in C when it can."""
     lib = _native.get()
     if lib is not None and keys and len(keys) == len(entries):
-        data = _native_encode(lib, keys, entries)
+        try:
+            values = array.array("Q", chain.from_iterable(entries))
+        except (OverflowError, TypeError):
+            return python_encode_puts(keys, entries)
+        data = _native_encode(lib, keys, values)
         if data is not None:
             return data
     return python_encode_puts(keys, entries)
+
+
+def encode_put_values(keys: Sequence[str], values: array.array[int]) -> bytes:
+    """:func:`encode_puts` with the entries given as six values each (``array('Q')``, a
+    table export's shape), as a writer's commit builds them."""
+    lib = _native.get()
+    if lib is not None and keys:
+        data = _native_encode(lib, keys, values)
+        if data is not None:
+            return data
+    return python_encode_puts(keys, split_snapshot(bytes(16 * len(keys)), values)[1])
 
 
 def _self_test(lib: _Library) -> None:
     keys = ["a", "key-é", "", "x" * 300]
     entries = [Entry(0, 1, 2, 3, 4, 5), Entry(7, 0, 9, 1 << 40, 65536, (1 << 64) - 1),
                Entry(0, 0, 0, 0, 0, 0), Entry(0xFFFFFFFE, 0xFFFFFFFF, 5, 6, 7, 8)]
-    if _native_encode(lib, keys, entries) != python_encode_puts(keys, entries):
+    if _native_encode(lib, keys, array.array("Q", chain.from_iterable(entries))) != python_encode_puts(
+            keys, entries):
         raise RuntimeError("the C record encoder disagrees with the reference")
 
 

@@ -17,6 +17,7 @@ owner per log; ``flock`` to adopt a writer directory; ``mkdir`` atomicity to cre
 
 from __future__ import annotations
 
+import array
 import contextlib
 import errno
 import fcntl
@@ -25,7 +26,7 @@ import logging
 import os
 import stat
 from collections.abc import Iterable, Sequence
-from itertools import repeat
+from itertools import chain, repeat
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -49,11 +50,10 @@ from hicache_l3.slab.format import (
     write_namespace_file,
 )
 from hicache_l3.slab.index import SlabIndex
-from hicache_l3.slab.records import encode_puts
+from hicache_l3.slab.records import encode_put_values
 from hicache_l3.slab.table import digest, digests, live_put_spans
 
 log = logging.getLogger("hicache_l3.slab")
-_new_entry = functools.partial(tuple.__new__, Entry)  # from a 6-tuple, no Python frame per page
 _new_slot = functools.partial(tuple.__new__, Slot)
 _SLAB, _SLOT, _GEN = itemgetter(1), itemgetter(2), itemgetter(3)  # of a Slot
 
@@ -319,13 +319,16 @@ class SlabStore:
                 os.fdatasync(fd)
         slabs = list(map(_SLAB, slots))
         slot_nos = list(map(_SLOT, slots))
-        entries = list(map(_new_entry, zip(repeat(me), slabs, slot_nos, map(_GEN, slots),
-                                           repeat(length), checksums)))
-        records = encode_puts(keys, entries)
+        gens = list(map(_GEN, slots))
         if ds is None:
             ds = digests(keys)
-        if len(ds) != len(keys) or len(entries) != len(keys):
-            raise ValueError(f"commit: {len(keys)} keys, {len(slots)} slots, {len(ds)} digests")
+        if not (len(ds) == len(slots) == len(checksums) == len(keys)):
+            raise ValueError(f"commit: {len(keys)} keys, {len(slots)} slots, {len(checksums)} "
+                             f"checksums, {len(ds)} digests")
+        # the entries, six values each (a table export's shape): no object per page
+        values = array.array("Q", chain.from_iterable(zip(repeat(me), slabs, slot_nos, gens,
+                                                          repeat(length), checksums)))
+        records = encode_put_values(keys, values)
         with self._lock:
             self._check_open()
             if self.index.dropped:
@@ -333,8 +336,8 @@ class SlabStore:
             os.write(self._log_fd, records)
             tail = self.index.tails[me]
             tail.offset += len(records)
-            tail.max_gen = max(tail.max_gen, max(map(_GEN, slots)))
-            self.index.apply_puts(ds, entries)
+            tail.max_gen = max(tail.max_gen, max(gens))
+            self.index.apply_put_values(ds, values)
             self._clock.add(list(zip(slabs, slot_nos)))  # reserved slots are ABSENT: now own
             self.index.applied += len(keys)
             self._maybe_compact(me)

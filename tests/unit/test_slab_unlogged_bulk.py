@@ -8,6 +8,8 @@ tables (C and dict) are driven."""
 
 from __future__ import annotations
 
+import array
+import itertools
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -53,15 +55,24 @@ def state(index: SlabIndex) -> dict[str, Any]:
     ), max_size=12),
     final=st.one_of(st.just("rewrite"), st.lists(put_st, min_size=1, max_size=6)),
     final_keys=st.lists(st.integers(0, len(KEYS) - 1), min_size=5, max_size=5),
+    flat=st.booleans(),
 )
 def test_bulk_settle_equals_per_page_settle(dict_table: bool, history: list[tuple],
-                                            final: Any, final_keys: list[int]) -> None:
+                                            final: Any, final_keys: list[int], flat: bool) -> None:
+    """``flat``: the bulk index takes batches as a commit gives them (apply_put_values),
+    else as a log read does (apply_puts)."""
     if not dict_table and table_mod.native_library() is None:
         pytest.skip("the C page table is not built (the dict table case still runs)")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         bulk, ref = make_index(root, dict_table), make_index(root, dict_table)
         gen = 0
+
+        def apply(index: SlabIndex, ds: list[bytes], es: list[Entry]) -> None:
+            if flat:
+                index.apply_put_values(ds, array.array("Q", itertools.chain.from_iterable(es)))
+            else:
+                index.apply_puts(ds, es)
         last_evicted: list[tuple[int, int, int]] = []
 
         def entries_of(puts: list[tuple[int, tuple[int, int, int]]]) -> tuple[list[bytes], list[Entry]]:
@@ -76,7 +87,7 @@ def test_bulk_settle_equals_per_page_settle(dict_table: bool, history: list[tupl
         for op in history:
             if op[0] == "put":
                 ds, es = entries_of(op[1])
-                bulk.apply_puts(ds, es)
+                apply(bulk, ds, es)
                 ref.apply_puts(ds, es)
             elif op[0] == "evict":  # own slots: the writer's eviction
                 last_evicted = [(OWN, slab, slot) for slab, slot in op[1]]
@@ -102,7 +113,7 @@ def test_bulk_settle_equals_per_page_settle(dict_table: bool, history: list[tupl
         else:
             puts = final
         ds, es = entries_of(puts)
-        bulk.apply_puts(ds, es)
+        apply(bulk, ds, es)
         for d, e in zip(ds, es):  # the reference: one PUT at a time
             ref.apply_put(d, e)
         assert state(bulk) == state(ref)
