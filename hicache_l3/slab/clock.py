@@ -75,18 +75,22 @@ class Clock:
 
     def add(self, wheres: Sequence[tuple[int, int]], state: int = COLD) -> None:
         """Own pages now in these ``(slab, slot)`` slots (just written: COLD)."""
-        if not wheres:
+        self.add_slots([slab for slab, _ in wheres], [slot for _, slot in wheres], state)
+
+    def add_slots(self, slabs: Sequence[int], slots: Sequence[int], state: int = COLD) -> None:
+        """:meth:`add` of ``(slabs[j], slots[j])`` for each ``j`` (a commit's columns)."""
+        n = len(slots)
+        if not n:
             return
         st = self.state
-        slab0, first = wheres[0]
-        n = len(wheres)
-        if (first + n <= self.stride and wheres[-1] == (slab0, first + n - 1)
-                and list(wheres) == list(zip(repeat(slab0), range(first, first + n)))):
+        slab0, first = slabs[0], slots[0]
+        if (first + n <= self.stride and slots[-1] == first + n - 1 and slabs.count(slab0) == n
+                and list(slots) == list(range(first, first + n))):
             lo = self.index(slab0, first)  # one run in one slab: the batch of an eviction pass
             self.count += st.count(ABSENT, lo, lo + n)
             st[lo : lo + n] = bytes((state,)) * n
             return
-        for slab, slot in wheres:
+        for slab, slot in zip(slabs, slots):
             i = self.index(slab, slot)
             if st[i] == ABSENT:
                 self.count += 1

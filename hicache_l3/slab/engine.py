@@ -127,7 +127,9 @@ class SlabConnector:
             reasons[i] = Reason.NO_SPACE
         if not todo:
             return reasons
-        batch = WriteBatch([keys[i] for i in todo], [pages[i] for i in todo], slots,
+        everything = len(todo) == len(keys)  # (todo: increasing indices, so then all of them)
+        batch = WriteBatch(keys if everything else [keys[i] for i in todo],
+                           pages if everything else [pages[i] for i in todo], slots,
                            store.geometry, self.checksum_writes)
         held = batch.held
         try:

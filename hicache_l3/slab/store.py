@@ -338,7 +338,7 @@ class SlabStore:
             tail.offset += len(records)
             tail.max_gen = max(tail.max_gen, max(gens))
             self.index.apply_put_values(ds, values)
-            self._clock.add(list(zip(slabs, slot_nos)))  # reserved slots are ABSENT: now own
+            self._clock.add_slots(slabs, slot_nos)  # reserved slots are ABSENT: now own
             self.index.applied += len(keys)
             self._maybe_compact(me)
         if self.fsync == "always":
