@@ -29,7 +29,9 @@ class _Library:
     def __init__(self, path: str) -> None:
         if sys.byteorder != "little":
             raise RuntimeError("the C record encoder writes little-endian hosts' bytes only")
-        lib = ctypes.CDLL(path)  # the GIL is released during the call
+        # the GIL stays held (PyDLL): the call takes microseconds, and taking the GIL back
+        # after releasing it can wait a whole switch interval behind a busy thread
+        lib = ctypes.PyDLL(path)
         self.encode = lib.hl3_encode_puts
         self.encode.restype = ctypes.c_long
         self.encode.argtypes = [_sz, ctypes.c_char_p, _vp, _vp, _vp, _sz]
