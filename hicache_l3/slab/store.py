@@ -301,7 +301,7 @@ class SlabStore:
         self.files.create(me, slab, self.geometry.bytes_for(slots))
         self._n_slabs += 1
         self._clock.grow(self._n_slabs)
-        self._free.extend((slab, s) for s in reversed(range(slots)))
+        self._free.extend(zip(repeat(slab), reversed(range(slots))))  # C-level: no frame per slot
 
     def commit(self, keys: Sequence[str], slots: Sequence[Slot], checksums: Sequence[int],
                ds: Sequence[bytes] | None = None) -> None:
