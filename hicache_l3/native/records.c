@@ -98,3 +98,59 @@ long hl3_encode_puts(size_t n, const char *keys, const uint64_t *key_ends, const
     }
     return (long)pos;
 }
+
+/* ---- the key hashes and marker records of a set batch (slab/records.py) ---------------- */
+
+/* xxhash's XXH3_128bits_withSeed (the wheel's library; slab/table.py passes its address). */
+typedef struct {
+    uint64_t low64, high64;
+} hl3_rec_xxh128;
+typedef hl3_rec_xxh128 (*hl3_rec_xxh128_fn)(const void *, size_t, uint64_t);
+
+static void rec_canonical128(hl3_rec_xxh128 h, unsigned char *out) /* xxh3_128_digest's bytes */
+{
+    uint64_t hi = __builtin_bswap64(h.high64), lo = __builtin_bswap64(h.low64);
+    memcpy(out, &hi, 8);
+    memcpy(out + 8, &lo, 8);
+}
+
+/* What a set batch writes before its data (slab/io.py NativeTransport.write): for page j
+ * of n, in slot slots[j] with generation gens[j], its data offset, its marker offset and
+ * its marker record (128 bytes at records + 128 j, slab/format.py MARKER_RECORD: START
+ * "<4sHHQQQ16s16x" then END "<4s4xQ16s32x", checksum 0: the write fills it in), the key
+ * fingerprint being XXH3-128 with seed 0 of key j (common/integrity.key_fingerprint).
+ * geo: shift (log2 GROUP_SLOTS), table, data_stride, span (GROUP_SLOTS * data_stride),
+ * record (RECORD_BYTES), as slab/format.py Geometry.offsets computes them.
+ * 0, or -1 when keys is not n '\n'-ended keys. */
+long hl3_write_markers(size_t n, const unsigned char *keys, size_t keys_len, hl3_rec_xxh128_fn hash,
+                       const uint64_t *gens, const uint64_t *slots, uint64_t length,
+                       const int64_t *geo, unsigned char *records, int64_t *data_offs,
+                       int64_t *marker_offs)
+{
+    uint64_t shift = (uint64_t)geo[0], table = (uint64_t)geo[1], stride = (uint64_t)geo[2];
+    uint64_t span = (uint64_t)geo[3], record = (uint64_t)geo[4];
+    size_t pos = 0;
+    for (size_t j = 0; j < n; j++) {
+        const unsigned char *nl = pos < keys_len ? memchr(keys + pos, '\n', keys_len - pos) : NULL;
+        if (nl == NULL)
+            return -1;
+        unsigned char fp[16], *r = records + 128 * j;
+        rec_canonical128(hash(keys + pos, (size_t)(nl - keys) - pos, 0), fp);
+        pos = (size_t)(nl - keys) + 1;
+        uint64_t s = slots[j], gen = gens[j], zero = 0;
+        uint16_t version = 2; /* FORMAT_VERSION */
+        data_offs[j] = (int64_t)(((s >> shift) + 1) * table + s * stride);
+        marker_offs[j] = (int64_t)((s >> shift) * span + s * record);
+        memset(r, 0, 128);
+        memcpy(r, "HL3S", 4);
+        memcpy(r + 4, &version, 2);
+        memcpy(r + 8, &gen, 8);
+        memcpy(r + 16, &length, 8);
+        memcpy(r + 24, &zero, 8);
+        memcpy(r + 32, fp, 16);
+        memcpy(r + 64, "HL3E", 4);
+        memcpy(r + 72, &gen, 8);
+        memcpy(r + 80, fp, 16);
+    }
+    return pos == keys_len ? 0 : -1;
+}

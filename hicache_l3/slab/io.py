@@ -34,7 +34,6 @@ import errno
 import operator
 import os
 from collections.abc import Sequence
-from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from hicache_l3.common.errors import Reason
@@ -51,12 +50,12 @@ from hicache_l3.slab.format import (
     Slot,
     check_marker,
     encode_marker,
-    encode_markers,
     expected_markers,
 )
 from hicache_l3.slab.native import CHECKSUM, HEADER, NOMEM, OK, SHORT
+from hicache_l3.slab.records import write_markers
 
-_GEN = operator.itemgetter(3)  # a Slot's generation
+_FD, _SLOT, _GEN = operator.itemgetter(0), operator.itemgetter(2), operator.itemgetter(3)  # of a Slot
 
 if TYPE_CHECKING:
     from hicache_l3.slab.plan import GetPlan
@@ -276,15 +275,15 @@ class NativeTransport(SlotTransport):
         self._write_pool = BatchPool(write_threads, "hicache-file-w")
 
     def write(self, store: SlabStore, batch: WriteBatch) -> None:
-        """One :class:`~hicache_l3.slab.native.PageBatch`, its shares written in parallel."""
-        geometry, slots, lib = batch.geometry, batch.slots, self.lib
-        data_at, marker_at = geometry.offsets(s[2] for s in slots)
-        pb = native.PageBatch(
-            RECORD_BYTES, [s[0] for s in slots], data_at, marker_at, batch.pages,
-            encode_markers(map(_GEN, slots), repeat(geometry.slot_bytes), repeat(0),
-                           map(key_fingerprint, batch.keys)),  # the C call fills the checksums in
-            writing=True,
-        )
+        """One :class:`~hicache_l3.slab.native.PageBatch` (its marker records and offsets
+        made in one C call: :func:`~hicache_l3.slab.records.write_markers`; the segments
+        of a :class:`~hicache_l3.common.pages.FlatPages` taken as they are), its shares
+        written in parallel."""
+        slots, lib = batch.slots, self.lib
+        made = write_markers(batch.keys, array.array("Q", map(_GEN, slots)),
+                             array.array("Q", map(_SLOT, slots)), batch.geometry)
+        pb = native.PageBatch.for_write(RECORD_BYTES, array.array("i", map(_FD, slots)), made.data_offsets,
+                                        made.marker_offsets, batch.pages, made.records)
         checksum = batch.checksum
         n = len(pb)
         self._write_pool.run_chunks(lambda lo, hi: lib.write(pb, lo, hi, checksum), n, _chunk(n))

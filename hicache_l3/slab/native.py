@@ -133,6 +133,48 @@ class PageBatch:
         return self
 
 
+    @classmethod
+    def for_write(cls, marker_len: int, fds: array.array[int], data_offsets: array.array[int],
+                  marker_offsets: array.array[int], pages: Sequence[Page], markers: bytearray) -> PageBatch:
+        """A write batch from arrays already in the C layout (``fds`` int32, offsets int64,
+        ``markers`` the records back to back, as
+        :func:`~hicache_l3.slab.records.write_markers` makes them), taken as they are, not
+        copied (the write fills the records' checksum fields in); only the segments of
+        ``pages`` are flattened, in C-level passes, or taken as they are from a
+        :class:`~hicache_l3.common.pages.FlatPages`."""
+        n = len(fds)
+        if not (len(data_offsets) == len(marker_offsets) == len(pages) == n) \
+                or len(markers) != n * marker_len or (fds.typecode, data_offsets.typecode,
+                                                      marker_offsets.typecode) != ("i", "q", "q"):
+            raise ValueError("PageBatch.for_write: arrays differ in length or type")
+        self = cls.__new__(cls)
+        self.marker_len, self.writing = marker_len, True
+        self.fds, self.data_offsets, self.marker_offsets = fds, data_offsets, marker_offsets
+        self.segments, self.at = _flat_segments(pages, n)
+        self.checksums = array.array("Q", bytes(8 * n))
+        self.markers, self.expect = markers, bytearray()
+        self.status = array.array("i", bytes(4 * n))
+        self.addresses = (_address(self.fds), _address(self.data_offsets), _address(self.marker_offsets),
+                          _address(self.segments), _address(self.at), _address(self.markers))
+        self.expect_at = _address(self.expect)
+        self.checksums_at, self.status_at = _address(self.checksums), _address(self.status)
+        return self
+
+
+def _flat_segments(pages: Sequence[Page], n: int) -> tuple[array.array[int], array.array[int]]:
+    """``(segments, at)`` of ``n`` pages as :class:`PageBatch` walks them: a
+    :class:`~hicache_l3.common.pages.FlatPages`' flattened segments as they are, else
+    flattened in C-level passes."""
+    flat = getattr(pages, "segments", None)
+    if flat is not None and len(flat) == 16 * pages.per * n:  # type: ignore[attr-defined]
+        per = pages.per  # type: ignore[attr-defined]
+        segments = array.array("Q")
+        segments.frombytes(flat)
+        return segments, array.array("i", range(0, per * n + 1, per))
+    return (array.array("Q", chain.from_iterable(chain.from_iterable(pages))),
+            array.array("i", accumulate(map(len, pages), initial=0)))
+
+
 class BatchIO:
     """The loaded C library (see module docstring); one instance per process."""
 

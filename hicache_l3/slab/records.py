@@ -1,10 +1,18 @@
-"""A batch's PUT records for the index log, encoded in one C call when the library is
-built (``hicache_l3/native/records.c`` in ``hicache_l3._batch_io``): the commit of 1024
-pages spent ~0.4 ms in the per-record Python of
-:func:`~hicache_l3.slab.format.encode_puts`, which stays the reference and the fallback
-(no library, a big-endian host, a key or value that does not fit: it raises its own
-error then). The library is checked against it when it loads, like the other views of
-``_batch_io`` (:class:`~hicache_l3.slab.native.LoadedOnce`).
+"""A set batch's per-key bytes in one C call each when the library is built
+(``hicache_l3/native/records.c`` in ``hicache_l3._batch_io``):
+
+* the PUT records for the index log (:func:`encode_puts`, :func:`encode_put_values`): the
+  commit of 1024 pages spent ~0.4 ms in the per-record Python of
+  :func:`~hicache_l3.slab.format.encode_puts`;
+* the marker records the write puts before the data, with the slots' offsets
+  (:func:`write_markers`, the reference :func:`~hicache_l3.slab.format.encode_markers` of
+  :func:`~hicache_l3.common.integrity.key_fingerprint` and
+  :meth:`~hicache_l3.slab.format.Geometry.offsets`).
+
+The Python functions stay the reference and the fallback (no library, a big-endian host,
+a key that is not ASCII or holds a newline, a key or value that does not fit: the
+reference raises its own error then). The library is checked against them when it
+loads, like the other views of ``_batch_io`` (:class:`~hicache_l3.slab.native.LoadedOnce`).
 """
 
 from __future__ import annotations
@@ -13,9 +21,11 @@ import array
 import ctypes
 import sys
 from collections.abc import Sequence
-from itertools import accumulate, chain
+from itertools import accumulate, chain, repeat
+from typing import NamedTuple
 
-from hicache_l3.slab.format import RECORD, Entry
+from hicache_l3.common.integrity import key_fingerprint, xxh3_function
+from hicache_l3.slab.format import _GROUP_SHIFT, RECORD, RECORD_BYTES, Entry, Geometry, encode_markers
 from hicache_l3.slab.format import encode_puts as python_encode_puts
 from hicache_l3.slab.native import LoadedOnce
 from hicache_l3.slab.table import split_snapshot
@@ -35,6 +45,11 @@ class _Library:
         self.encode = lib.hl3_encode_puts
         self.encode.restype = ctypes.c_long
         self.encode.argtypes = [_sz, ctypes.c_char_p, _vp, _vp, _vp, _sz]
+        self.markers = lib.hl3_write_markers
+        self.markers.restype = ctypes.c_long
+        self.markers.argtypes = [_sz, ctypes.c_char_p, _sz, _vp, _vp, _vp, ctypes.c_uint64, _vp, _vp,
+                                 _vp, _vp]
+        self.seeded128 = ctypes.cast(xxh3_function("seeded128"), ctypes.c_void_p).value
 
 
 def _native_encode(lib: _Library, keys: Sequence[str], values: array.array[int]) -> bytes | None:
@@ -82,6 +97,69 @@ def encode_put_values(keys: Sequence[str], values: array.array[int]) -> bytes:
     return python_encode_puts(keys, split_snapshot(bytes(16 * len(keys)), values)[1])
 
 
+def _key_blob(keys: Sequence[str]) -> bytes | None:
+    """The keys as the C calls take them (ASCII, each followed by a newline), or None when
+    one is not ASCII (a key holding a newline: the C call answers -1)."""
+    try:
+        return ("\n".join(keys) + "\n").encode("ascii")
+    except UnicodeEncodeError:
+        return None
+
+
+class SetMarkers(NamedTuple):
+    """What a set batch writes before its data, in the C batch's layout: ``records`` (the
+    128-byte marker records back to back, checksum fields 0), ``data_offsets`` and
+    ``marker_offsets`` (int64, :meth:`~hicache_l3.slab.format.Geometry.offsets`)."""
+
+    records: bytearray
+    data_offsets: array.array[int]
+    marker_offsets: array.array[int]
+
+
+def _native_markers(lib: _Library, keys: Sequence[str], gens: array.array[int], slots: array.array[int],
+                    geometry: Geometry) -> SetMarkers | None:
+    n = len(keys)
+    blob = _key_blob(keys)
+    if blob is None or len(gens) != n or len(slots) != n or gens.typecode != "Q" or slots.typecode != "Q":
+        return None
+    geo = array.array("q", (_GROUP_SHIFT, geometry.table, geometry.data_stride,
+                            (1 << _GROUP_SHIFT) * geometry.data_stride, RECORD_BYTES))
+    out = SetMarkers(bytearray(RECORD_BYTES * n), array.array("q", bytes(8 * n)),
+                     array.array("q", bytes(8 * n)))
+    if lib.markers(n, blob, len(blob), lib.seeded128, gens.buffer_info()[0], slots.buffer_info()[0],
+                   geometry.slot_bytes, geo.buffer_info()[0], _address(out.records),
+                   out.data_offsets.buffer_info()[0], out.marker_offsets.buffer_info()[0]) != 0:
+        return None
+    return out
+
+
+def write_markers(keys: Sequence[str], gens: array.array[int], slots: array.array[int],
+                  geometry: Geometry) -> SetMarkers:
+    """The marker records (checksum 0) and offsets of a set batch writing ``keys[j]`` into
+    slot ``slots[j]`` with generation ``gens[j]`` (both ``array('Q')``): exactly the
+    reference's bytes (:func:`~hicache_l3.slab.format.encode_markers` of the keys'
+    :func:`~hicache_l3.common.integrity.key_fingerprint`, and
+    :meth:`~hicache_l3.slab.format.Geometry.offsets`), in one C call when it can."""
+    lib = _native.get()
+    if lib is not None and keys:
+        made = _native_markers(lib, keys, gens, slots, geometry)
+        if made is not None:
+            return made
+    return python_write_markers(keys, gens, slots, geometry)
+
+
+def python_write_markers(keys: Sequence[str], gens: Sequence[int], slots: Sequence[int],
+                         geometry: Geometry) -> SetMarkers:
+    """:func:`write_markers` in Python: the reference."""
+    data_at, marker_at = geometry.offsets(slots)
+    records = encode_markers(gens, repeat(geometry.slot_bytes), repeat(0), map(key_fingerprint, keys))
+    return SetMarkers(bytearray(b"".join(records)), array.array("q", data_at), array.array("q", marker_at))
+
+
+def _address(buf: bytearray) -> int:
+    return ctypes.addressof(ctypes.c_char.from_buffer(buf)) if buf else 0
+
+
 def _self_test(lib: _Library) -> None:
     keys = ["a", "key-é", "", "x" * 300]
     entries = [Entry(0, 1, 2, 3, 4, 5), Entry(7, 0, 9, 1 << 40, 65536, (1 << 64) - 1),
@@ -89,6 +167,12 @@ def _self_test(lib: _Library) -> None:
     if _native_encode(lib, keys, array.array("Q", chain.from_iterable(entries))) != python_encode_puts(
             keys, entries):
         raise RuntimeError("the C record encoder disagrees with the reference")
+    ascii_keys = ["a", "", "k" * 300, "m:0123abcd"]
+    geometry = Geometry(20000)
+    gens, slots = array.array("Q", [1, 2, 1 << 40, 7]), array.array("Q", [0, 1, 300, 70000])
+    if _native_markers(lib, ascii_keys, gens, slots, geometry) != python_write_markers(
+            ascii_keys, gens, slots, geometry):
+        raise RuntimeError("the C marker records disagree with the reference")
 
 
 def describe() -> str:
