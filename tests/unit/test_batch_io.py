@@ -3,6 +3,7 @@ checksums, the same bytes on disk, and every failure reported per page."""
 
 from __future__ import annotations
 
+import array
 import errno
 import importlib.util
 import os
@@ -16,7 +17,7 @@ import pytest
 from hicache_l3 import Namespace, open_connector
 from hicache_l3.common.integrity import page_checksum
 from hicache_l3.common.memory import HostBuffer
-from hicache_l3.common.pages import Page
+from hicache_l3.common.pages import FlatPages, Page
 from hicache_l3.conformance.pages import Pages
 from hicache_l3.slab import native as batch_io
 from hicache_l3.slab.format import MARKER_RECORD, RECORD_BYTES, encode_marker
@@ -259,3 +260,38 @@ def test_marker_calls_report_each_marker(native: batch_io.BatchIO, tmp_path: Pat
     assert list(native.read_markers([closed], [0], markers[0], HL)) == [-errno.EBADF]
     with pytest.raises(ValueError, match="markers"):
         native.write_markers([0, 0], [0], bytes(2 * HL), HL)
+
+
+@pytest.mark.parametrize("flat", [False, True], ids=["lists", "flat-pages"])
+def test_for_write_batches_write_what_per_page_lists_do(native: batch_io.BatchIO, buf: HostBuffer,
+                                                         tmp_path: Path, flat: bool) -> None:
+    """PageBatch.for_write (the native set path's: arrays taken as they are, a FlatPages'
+    segments used as flattened) puts the same bytes on disk, with the same checksums, as a
+    batch built from per-page lists; mismatched arrays are refused."""
+    a = buf.address
+    pages: list[Page] = [((a, 2048), (a + 4096, 2048)), ((a + 3 * 4096, 2048), (a + 5 * 4096, 2048)),
+                         ((a + 6 * 4096, 2048), (a + 2 * 4096, 2048))]
+    segments = b"".join(struct.pack("=QQ", addr, n) for page in pages for addr, n in page)
+    given: list[Page] = FlatPages(pages, segments, 2) if flat else pages
+    records = [encode_marker(j + 7, 4096, 0, bytes([j + 1]) * 16) for j in range(3)]
+    offsets, markers = [DATA0 + j * SLOT for j in range(3)], [j * MR for j in range(3)]
+    files = []
+    for name in ("lists", "arrays"):
+        with open(tmp_path / name, "w+b") as f:
+            fd = f.fileno()
+            if name == "lists":
+                w = PageBatch(MR, [fd] * 3, offsets, markers, pages, records, writing=True)
+            else:
+                w = PageBatch.for_write(MR, array.array("i", [fd] * 3), array.array("q", offsets),
+                                        array.array("q", markers), given, bytearray(b"".join(records)))
+                assert bytes(w.segments) == segments
+            assert native.write(w, 0, 3, True) == 0 and list(w.status) == [batch_io.OK] * 3
+            assert list(w.checksums) == [page_checksum(p) for p in pages]
+        files.append((tmp_path / name).read_bytes())
+    assert files[0] == files[1] and len(files[0]) == DATA0 + 2 * SLOT + 4096
+    with pytest.raises(ValueError, match="for_write"):
+        PageBatch.for_write(MR, array.array("i", [3] * 2), array.array("q", offsets),
+                            array.array("q", markers), pages, bytearray(b"".join(records)))
+    with pytest.raises(ValueError, match="for_write"):
+        PageBatch.for_write(MR, array.array("i", [3] * 3), array.array("q", offsets),
+                            array.array("q", markers), pages, bytearray(b"".join(records)[:-1]))
