@@ -31,7 +31,6 @@ from __future__ import annotations
 import abc
 import array
 import errno
-import operator
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -54,8 +53,7 @@ from hicache_l3.slab.format import (
 )
 from hicache_l3.slab.native import CHECKSUM, HEADER, NOMEM, OK, SHORT
 from hicache_l3.slab.records import write_markers
-
-_FD, _SLOT, _GEN = operator.itemgetter(0), operator.itemgetter(2), operator.itemgetter(3)  # of a Slot
+from hicache_l3.slab.slots import SlotColumns
 
 if TYPE_CHECKING:
     from hicache_l3.slab.plan import GetPlan
@@ -75,7 +73,7 @@ class WriteBatch:
 
     __slots__ = ("checksum", "checksums", "geometry", "held", "keys", "pages", "reasons", "slots", "status")
 
-    def __init__(self, keys: list[str], pages: list[Page], slots: list[Slot], geometry: Geometry,
+    def __init__(self, keys: list[str], pages: list[Page], slots: Sequence[Slot], geometry: Geometry,
                  checksum: bool) -> None:
         n = len(keys)
         self.keys, self.pages, self.slots = keys, pages, slots
@@ -279,11 +277,10 @@ class NativeTransport(SlotTransport):
         made in one C call: :func:`~hicache_l3.slab.records.write_markers`; the segments
         of a :class:`~hicache_l3.common.pages.FlatPages` taken as they are), its shares
         written in parallel."""
-        slots, lib = batch.slots, self.lib
-        made = write_markers(batch.keys, array.array("Q", map(_GEN, slots)),
-                             array.array("Q", map(_SLOT, slots)), batch.geometry)
-        pb = native.PageBatch.for_write(RECORD_BYTES, array.array("i", map(_FD, slots)), made.data_offsets,
-                                        made.marker_offsets, batch.pages, made.records)
+        cols, lib = SlotColumns.of(batch.slots), self.lib  # the reserve's columns, as they are
+        made = write_markers(batch.keys, cols.gens, cols.slots, batch.geometry)
+        pb = native.PageBatch.for_write(RECORD_BYTES, cols.fds, made.data_offsets, made.marker_offsets,
+                                        batch.pages, made.records)
         checksum = batch.checksum
         n = len(pb)
         self._write_pool.run_chunks(lambda lo, hi: lib.write(pb, lo, hi, checksum), n, _chunk(n))

@@ -382,7 +382,7 @@ class SharedSlabStore(SlabStore):
             return False
         return True
 
-    def reserve(self, count: int) -> list[Slot]:
+    def reserve(self, count: int) -> Sequence[Slot]:
         """As the base class; empty (the caller reports ``no_space``) when this process
         cannot own a writer directory."""
         try:

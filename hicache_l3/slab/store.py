@@ -26,7 +26,7 @@ import logging
 import os
 import stat
 from collections.abc import Iterable, Sequence
-from itertools import chain, repeat
+from itertools import repeat
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -52,6 +52,7 @@ from hicache_l3.slab.format import (
 from hicache_l3.slab.index import SlabIndex
 from hicache_l3.slab.plan import GetPlan
 from hicache_l3.slab.records import encode_put_values
+from hicache_l3.slab.slots import SlotColumns
 from hicache_l3.slab.table import digest, digests, live_put_spans
 
 log = logging.getLogger("hicache_l3.slab")
@@ -69,7 +70,7 @@ class WritePlan(NamedTuple):
     them, so a set hashes each key once)."""
 
     todo: list[int]
-    slots: list[Slot]
+    slots: Sequence[Slot]  # a SlotColumns on the common batch
     full: list[int]
     digests: list[bytes]
 
@@ -180,8 +181,9 @@ class SlabStore:
             return self.files.get(writer, slab, direct)
 
     # ---- writing ------------------------------------------------------------------------
-    def reserve(self, count: int) -> list[Slot]:
-        """Up to ``count`` own slots; fewer when full.
+    def reserve(self, count: int) -> Sequence[Slot]:
+        """Up to ``count`` own slots; fewer when full (a
+        :class:`~hicache_l3.slab.slots.SlotColumns` on the common batch).
 
         Evicts least recently used own pages when the capacity is reached; their keys
         are gone from the index at once.
@@ -214,9 +216,13 @@ class SlabStore:
             if all(usable[slab] > slot for slab, slot in highest.items()):  # space for all
                 n = len(taken)
                 self._next_gen = gen + n
-                fd_of = repeat(fds[slabs[0]]) if len(fds) == 1 else map(fds.__getitem__, slabs)
-                return list(map(_new_slot, zip(fd_of, slabs, map(itemgetter(1), taken),
-                                               range(gen, gen + n))))
+                # columns (C-level passes), not a Slot per page: the native write and the
+                # commit take them as they are (hicache_l3/slab/slots.py)
+                fd_col = array.array("i", (fds[slabs[0]],)) * n if len(fds) == 1 else array.array(
+                    "i", map(fds.__getitem__, slabs))
+                return SlotColumns(fd_col, array.array("Q", slabs),
+                                   array.array("Q", map(itemgetter(1), taken)),
+                                   array.array("Q", range(gen, gen + n)))
             out, make = [], _new_slot
             for i, (slab, slot) in enumerate(taken):
                 if slot >= usable[slab]:  # the disk is full: this and the rest get no slot
@@ -324,20 +330,25 @@ class SlabStore:
         me = self.me
         assert me is not None
         length = self.geometry.slot_bytes
+        cols = SlotColumns.of(slots)
         if self.fsync != "none":
-            for fd in {s.fd for s in slots}:
+            for fd in set(cols.fds):
                 os.fdatasync(fd)
-        slabs = list(map(_SLAB, slots))
-        slot_nos = list(map(_SLOT, slots))
-        gens = list(map(_GEN, slots))
         if ds is None:
             ds = digests(keys)
-        if not (len(ds) == len(slots) == len(checksums) == len(keys)):
-            raise ValueError(f"commit: {len(keys)} keys, {len(slots)} slots, {len(checksums)} "
+        n = len(keys)
+        if not (len(ds) == len(cols) == len(checksums) == n):
+            raise ValueError(f"commit: {n} keys, {len(cols)} slots, {len(checksums)} "
                              f"checksums, {len(ds)} digests")
-        # the entries, six values each (a table export's shape): no object per page
-        values = array.array("Q", chain.from_iterable(zip(repeat(me), slabs, slot_nos, gens,
-                                                          repeat(length), checksums)))
+        slabs, slot_nos, gens = cols.slabs, cols.slots, cols.gens
+        # the entries, six values each (a table export's shape), filled a column at a time
+        # by strided slice assignment: no object per page
+        values = array.array("Q", bytes(48 * n))
+        values[0::6] = array.array("Q", (me,)) * n
+        values[1::6], values[2::6], values[3::6] = slabs, slot_nos, gens
+        values[4::6] = array.array("Q", (length,)) * n
+        values[5::6] = checksums if isinstance(checksums, array.array) and checksums.typecode == "Q" \
+            else array.array("Q", checksums)
         records = encode_put_values(keys, values)
         with self._lock:
             self._check_open()
