@@ -22,7 +22,6 @@ not. That is the "least recently used in effect" eviction the store promises.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from itertools import repeat
 
 ABSENT, COLD, HOT = 0, 1, 2
 _COLD, _HOT = b"\x01", b"\x02"
@@ -115,10 +114,18 @@ class Clock:
     def evict(self, n: int) -> list[tuple[int, int]]:
         """Up to ``n`` victims, in the hand's order, as ``(slab, slot)``; their slots become
         ABSENT (the caller reuses them). Fewer only when fewer own pages exist."""
+        return [(slab, slot) for slab, first, count in self.evict_runs(n)
+                for slot in range(first, first + count)]
+
+    def evict_runs(self, n: int) -> list[tuple[int, int, int]]:
+        """:meth:`evict` as runs ``(slab, first, count)``: slots ``first .. first + count -
+        1`` of ``slab``, in the hand's order (a run never spans two slabs); no object per
+        victim."""
         st, stride = self.state, self.stride
         size = len(st)
-        out: list[tuple[int, int]] = []
+        out: list[tuple[int, int, int]] = []
         need = min(n, self.count)
+        taken = need
         hand = self.hand if self.hand < size else 0
         wraps = 0
         while need > 0:
@@ -131,16 +138,17 @@ class Clock:
                 hand = 0
                 continue
             self._cool(hand, i)
-            end = min(i + need, size)
+            slab, first = divmod(i, stride)
+            end = min(i + need, size, i - first + stride)  # within this slab
             for stop in (st.find(ABSENT, i, end), st.find(HOT, i, end)):
                 if stop >= 0:
                     end = min(end, stop)
             run = end - i  # >= 1: st[i] is COLD
             st[i:end] = bytes(run)
-            out += map(divmod, range(i, end), repeat(stride))
+            out.append((slab, first, run))
             need -= run
             hand = end
-        self.count -= len(out)
+        self.count -= taken
         self.hand = hand
         return out
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from hicache_l3.slab import checkpoint
+from hicache_l3.slab.evict import take_run
 from hicache_l3.slab.files import SlabFiles, is_real_dir, open_file, parse_writer_name, writer_name
 from hicache_l3.slab.format import DEL, GEN, PUT, RECORD, Entry, Geometry, Located, decode_records
 from hicache_l3.slab.plan import GetPlan, plan_get
@@ -157,6 +158,22 @@ class SlabIndex:
         one flat :class:`Evicted` batch, which the commit that rewrites exactly these
         slots (the common case) settles as a whole."""
         ds, values = self.table.take_at_many(wheres)
+        if ds:
+            self._evicted.append(Evicted(ds, values))
+
+    def remove_unlogged_runs(self, writer: int, runs: Sequence[tuple[int, int, int]]) -> None:
+        """:meth:`remove_unlogged_at` of the slots of ``runs`` (``(slab, first, count)``:
+        slots ``first .. first + count - 1`` of ``writer``'s ``slab``, in order), each run
+        taken in one C call (:func:`~hicache_l3.slab.evict.take_run`), kept as one flat
+        :class:`Evicted` batch like :meth:`remove_unlogged_at`'s."""
+        parts = [take_run(self.table, writer, slab, first, count) for slab, first, count in runs]
+        if len(parts) == 1:
+            ds, values = parts[0]
+        else:
+            ds = b"".join(d for d, _ in parts)
+            values = array.array("Q")
+            for _, v in parts:
+                values.extend(v)
         if ds:
             self._evicted.append(Evicted(ds, values))
 

@@ -57,7 +57,7 @@ from hicache_l3.slab.table import digest, digests, live_put_spans
 
 log = logging.getLogger("hicache_l3.slab")
 _new_slot = functools.partial(tuple.__new__, Slot)
-_SLAB, _SLOT, _GEN = itemgetter(1), itemgetter(2), itemgetter(3)  # of a Slot
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)  # of a (slab, slot) pair
 
 PREALLOCATE_CHUNK = 32 << 20  # slab space is reserved as slots are first used: doubling, this at most
 COMPACT_MIN_BYTES = 4 << 20  # a writer's log is rewritten once larger than this and 3x its live part
@@ -191,15 +191,15 @@ class SlabStore:
         with self._lock:
             self._check_open()
             me = self._become_writer()
-            taken = self._take_slots(me, count)
-            if not taken:
+            slabs, slot_nos = self._take_slots(me, count)
+            n = len(slot_nos)
+            if not n:
                 return []
-            slabs = list(map(itemgetter(0), taken))
             highest: dict[int, int] = {}
-            if slabs[0] == slabs[-1] and slabs.count(slabs[0]) == len(slabs):  # one slab: the common batch
-                highest[slabs[0]] = max(map(itemgetter(1), taken))
+            if slabs[0] == slabs[-1] and slabs.count(slabs[0]) == n:  # one slab: the common batch
+                highest[slabs[0]] = max(slot_nos)
             else:
-                for slab, slot in taken:
+                for slab, slot in zip(slabs, slot_nos):
                     if slot > highest.get(slab, -1):
                         highest[slab] = slot
             fds, usable = {}, {}  # per slab: its fd, and the slots below this bound have space
@@ -214,19 +214,16 @@ class SlabStore:
                     usable[slab] = self.geometry.slots_in(self._allocated.get(slab, 0))
             gen = self._next_gen
             if all(usable[slab] > slot for slab, slot in highest.items()):  # space for all
-                n = len(taken)
                 self._next_gen = gen + n
                 # columns (C-level passes), not a Slot per page: the native write and the
                 # commit take them as they are (hicache_l3/slab/slots.py)
                 fd_col = array.array("i", (fds[slabs[0]],)) * n if len(fds) == 1 else array.array(
                     "i", map(fds.__getitem__, slabs))
-                return SlotColumns(fd_col, array.array("Q", slabs),
-                                   array.array("Q", map(itemgetter(1), taken)),
-                                   array.array("Q", range(gen, gen + n)))
+                return SlotColumns(fd_col, slabs, slot_nos, array.array("Q", range(gen, gen + n)))
             out, make = [], _new_slot
-            for i, (slab, slot) in enumerate(taken):
+            for i, (slab, slot) in enumerate(zip(slabs, slot_nos)):
                 if slot >= usable[slab]:  # the disk is full: this and the rest get no slot
-                    self._free.extend(reversed(taken[i:]))
+                    self._free.extend(reversed(list(zip(slabs[i:], slot_nos[i:]))))
                     break
                 out.append(make((fds[slab], slab, slot, gen)))
                 gen += 1
@@ -278,35 +275,41 @@ class SlabStore:
                 raise
         self._allocated[slab] = upto
 
-    def _take_slots(self, me: int, count: int) -> list[tuple[int, int]]:
-        """Up to ``count`` own ``(slab, slot)`` pairs: free slots first (last freed first),
-        then a new slab while the capacity allows, then the least recently used pages,
-        evicted (gone from the index at once). Caller holds the lock."""
-        taken: list[tuple[int, int]] = []
+    def _take_slots(self, me: int, count: int) -> tuple[array.array[int], array.array[int]]:
+        """Up to ``count`` own slots, as columns ``(slabs, slots)``: free slots first (last
+        freed first), then a new slab while the capacity allows, then the least recently
+        used pages, evicted (gone from the index at once). Caller holds the lock."""
+        slabs, slots = array.array("Q"), array.array("Q")
         free = self._free
-        while len(taken) < count:
+        while len(slots) < count:
             if free:
-                k = min(count - len(taken), len(free))
-                taken.extend(reversed(free[len(free) - k :]))  # the order pop() would give
+                k = min(count - len(slots), len(free))
+                part = free[len(free) - k :]
+                part.reverse()  # the order pop() would give
                 del free[len(free) - k :]
+                slabs.extend(map(_FIRST, part))
+                slots.extend(map(_SECOND, part))
             elif self.max_slots is None or self._n_slabs * self.slots_per_slab < self.max_slots:
                 self._grow(me)
-            elif not self._evict(me, count - len(taken), taken):
+            elif not self._evict(me, count - len(slots), slabs, slots):
                 break
-        return taken
+        return slabs, slots
 
-    def _evict(self, me: int, count: int, into: list[tuple[int, int]]) -> int:
+    def _evict(self, me: int, count: int, slabs: array.array[int], slots: array.array[int]) -> int:
         """Evict up to ``count`` least recently used own pages, appending their slots to
-        ``into``; how many."""
-        index = self.index
-        wheres = self._clock.evict(count)
-        if not wheres:
+        the columns ``slabs`` and ``slots``; how many."""
+        runs = self._clock.evict_runs(count)
+        if not runs:
             return 0
-        # no DEL: each slot's next PUT supersedes its page
-        index.remove_unlogged_at([(me, slab, slot) for slab, slot in wheres])
-        into.extend(wheres)
-        self.evictions += len(wheres)
-        return len(wheres)
+        # no DEL: each slot's next PUT supersedes its page; one C call per run of slots
+        self.index.remove_unlogged_runs(me, runs)
+        n = 0
+        for slab, first, k in runs:
+            slabs.extend(array.array("Q", (slab,)) * k)
+            slots.extend(range(first, first + k))
+            n += k
+        self.evictions += n
+        return n
 
     def _grow(self, me: int) -> None:
         slab = self._n_slabs
