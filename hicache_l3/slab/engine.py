@@ -202,7 +202,9 @@ class SlabConnector:
                     store.invalidate(keys[i], plan.entry(i))
             if not count:
                 return reasons
-        status = self.transport.read_plan(plan, pages if count == n else [pages[i] for i in plan.where])
+        failed: dict[int, Reason] = {}  # the Reason of a page left FAILED (a NIXL timeout)
+        status = self.transport.read_plan(plan, pages if count == n else [pages[i] for i in plan.where],
+                                          failed)
         if status.count(OK) == count:
             store.touch(plan.own_slots(store.me))
             if reasons is None:  # the common batch: every key read and verified
@@ -226,14 +228,16 @@ class SlabConnector:
             elif code == UNREGISTERED:
                 reasons[i] = Reason.UNREGISTERED
             else:
-                reasons[i] = Reason.ENGINE_ERROR
-                self._log.warning("get-io", "%s: read of %s failed: %s", self.name, keys[i], explain(code))
+                reasons[i] = failed.get(j, Reason.ENGINE_ERROR) if code == FAILED else Reason.ENGINE_ERROR
+                self._log.warning("get-io", "%s: read of %s failed: %s", self.name, keys[i],
+                                  reasons[i].value if code == FAILED else explain(code))
         store.touch(hits)
         return reasons
 
     def _get_located(self, store: SlabStore, keys: list[str], pages: list[Page]) -> list[Reason]:
         """:meth:`_get` through :meth:`SlabStore.lookup` and a :class:`ReadBatch`: the
-        reference, and the path of transports that do not read plans (3FS USRBIO, NIXL)."""
+        reference, and the path of transports that do not read plans (3FS USRBIO, NIXL
+        without its C helpers)."""
         found = store.lookup(keys)
         reasons = [Reason.MISS] * len(keys)
         nbytes = store.geometry.slot_bytes  # == page_bytes: the base class checked every page

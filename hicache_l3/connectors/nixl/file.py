@@ -38,7 +38,7 @@ import array
 import errno
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import repeat
 from typing import Any
 
@@ -48,11 +48,31 @@ from hicache_l3.common.integrity import key_fingerprint, page_checksum
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.pages import Page
 from hicache_l3.common.parallel import BatchPool
-from hicache_l3.connectors.nixl.base import Agent, Desc, NixlConfig, NixlConnector, run_flat
+from hicache_l3.connectors.nixl import batch_lib
+from hicache_l3.connectors.nixl.base import (
+    MERGE_MAX_BYTES,
+    Agent,
+    Desc,
+    NixlConfig,
+    NixlConnector,
+    TransferError,
+    run_flat,
+)
 from hicache_l3.slab import native
 from hicache_l3.slab.engine import SlabConnector
 from hicache_l3.slab.format import RECORD_BYTES, Entry, encode_markers, expected_markers
-from hicache_l3.slab.io import CHECKSUM, HEADER, OK, SHORT, ReadBatch, SlotTransport, WriteBatch, verify
+from hicache_l3.slab.io import (
+    CHECKSUM,
+    FAILED,
+    HEADER,
+    OK,
+    SHORT,
+    ReadBatch,
+    SlotTransport,
+    WriteBatch,
+    verify,
+)
+from hicache_l3.slab.plan import GetPlan
 from hicache_l3.slab.store import SlabStore
 
 
@@ -81,11 +101,16 @@ class NixlTransport(SlotTransport):
     name = "NIXL POSIX transfers"
 
     def __init__(self, transfer: Callable[[str], Callable[[list[Any], list[Any]], None]],
-                 max_descs: int, checksum_threads: int, lib: native.BatchIO | None = None) -> None:
-        self._transfer, self.max_descs, self.lib = transfer, max_descs, lib
+                 max_descs: int, checksum_threads: int, lib: native.BatchIO | None = None,
+                 helpers: batch_lib.NixlBatchLib | None = None) -> None:
+        self._transfer, self.max_descs, self.lib, self.helpers = transfer, max_descs, lib, helpers
         self._pool = BatchPool(checksum_threads, "hicache-nixl-csum", min_share=4)
         if lib is not None:
             self.name = f"{self.name}, markers by the C batch library"
+        # planned gets (read_plan) and the set's records and rows in C need the helpers;
+        # without them (native_io=false, or a library that predates them) the per-page
+        # Python paths run: the reference
+        self.reads_plans = helpers is not None and lib is not None
 
     def _checksums(self, pages: list[Page]) -> list[int]:
         """XXH3 of each page, over ``checksum_threads`` threads (the hash releases the GIL)."""
@@ -121,9 +146,14 @@ class NixlTransport(SlotTransport):
         sums = self._checksums(pages) if batch.checksum else [0] * n
         data_at, marker_at = geometry.offsets([s[2] for s in slots])
         fds = [s[0] for s in slots]
-        marks = self._put_markers(
-            fds, marker_at,
-            encode_markers([s[3] for s in slots], repeat(nbytes, n), sums, map(key_fingerprint, batch.keys)))
+        gens = [s[3] for s in slots]
+        records = None
+        if self.helpers is not None:  # fingerprints and records in one C call
+            records = self.helpers.encode_markers(batch.keys, gens, nbytes, sums if batch.checksum else None)
+        if records is None:
+            records = bytearray(b"".join(encode_markers(gens, repeat(nbytes, n), sums,
+                                                        map(key_fingerprint, batch.keys))))
+        marks = self._put_markers(fds, marker_at, records)
         if marks.count(OK) == n:  # the common batch: every marker written
             staged: list[int] = list(range(n))
         else:
@@ -138,8 +168,7 @@ class NixlTransport(SlotTransport):
         if not staged:
             return
         batch.held.update(staged)  # until the transfer is known to have ended
-        local, remote, bounds = self._descriptors(pages, fds, data_at)
-        results = run_flat(self._transfer("WRITE"), local, remote, bounds, self.max_descs, merge=True)
+        results = self._move("WRITE", pages, fds, data_at)
         if results.count(Reason.OK) == n:  # the common batch: all written
             batch.held.clear()
             status[:] = _all_ok(n)
@@ -163,9 +192,7 @@ class NixlTransport(SlotTransport):
         entries = [loc[1] for loc in located]
         fds = [loc[0] for loc in located]
         data_at, marker_at = batch.geometry.offsets([e[2] for e in entries])  # e[2]: e.slot
-        local, remote, bounds = self._descriptors(pages, fds, data_at)
-        results = run_flat(self._transfer("READ"), local, remote, bounds, self.max_descs, reread=True,
-                           merge=True)
+        results = self._move("READ", pages, fds, data_at)
         if results.count(Reason.OK) == n:  # the common batch: every page moved
             moved: list[int] = list(range(n))
             keys = batch.keys
@@ -193,13 +220,89 @@ class NixlTransport(SlotTransport):
             for j, code in zip(moved, codes):
                 status[j] = code
 
-    def _put_markers(self, fds: list[int], offsets: list[int], records: list[bytes]) -> list[int]:
-        """Write each marker record at its offset; one status per record (OK, SHORT or -errno)."""
-        if self.lib is not None:
-            return list(self.lib.write_markers(fds, offsets, b"".join(records), RECORD_BYTES))
-        out = []
-        for fd, offset, record in zip(fds, offsets, records):
+    def read_plan(self, plan: GetPlan, pages: Sequence[Page],
+                  reasons: dict[int, Reason] | None = None) -> array.array[int]:
+        """:meth:`read` of a :class:`~hicache_l3.slab.plan.GetPlan` (the planned pages,
+        page ``j`` into ``pages[j]``): the plan already holds every page's descriptor, data
+        and marker offsets, expected record and checksum, so no Python runs per page. The
+        data of every page (one NIXL transfer, rows built and joined in C), then every
+        marker record (one C call), then the checksums of the pages that carry one (one
+        C call per share); one status per page, a failed transfer's Reason in
+        ``reasons[j]``."""
+        helpers = self.helpers
+        if helpers is None or not self.reads_plans:
+            raise NotImplementedError(f"{self.name} reads get plans only with the C helpers")
+        pb = native.PageBatch.for_read(RECORD_BYTES, plan.fds, plan.data_offs, plan.marker_offs, pages,
+                                       plan.expect, plan.csums)
+        n = len(pb)
+        if not n:
+            return pb.status
+        results = self._move_flat(self._transfer("READ"), True, pb.segments, pb.at, pb.fds, pb.data_offsets)
+        helpers.read_markers(pb)  # after the data: a rewrite that began meanwhile shows there
+        status = pb.status
+        if results is not None:
+            for j, result in enumerate(results):
+                if result is not Reason.OK:
+                    status[j] = FAILED
+                    if reasons is not None:
+                        reasons[j] = result
+        if status.count(OK) != n:
+            for j, code in enumerate(status):
+                if code == SHORT:  # a record cut short is not the one expected
+                    status[j] = HEADER
+        if plan.csums.count(0) != n:  # pages written with a checksum are verified
+            self._pool.map(lambda lo, hi: helpers.check_sums(pb, lo, hi), n)
+        return status
+
+    def _move(self, op: str, pages: list[Page], fds: list[int], offsets: list[int]) -> list[Reason]:
+        """Move ``pages[j]`` to or from ``offsets[j]`` of ``fds[j]`` (``op`` "READ" or
+        "WRITE"), adjacent rows joined; one Reason per page. Rows built in C with the
+        helpers, by :meth:`_descriptors` and :func:`run_flat` without (the reference)."""
+        transfer, reread = self._transfer(op), op == "READ"
+        if self.helpers is None:
+            local, remote, bounds = self._descriptors(pages, fds, offsets)
+            return run_flat(transfer, local, remote, bounds, self.max_descs, reread=reread, merge=True)
+        segments, at = batch_lib.flatten(pages)
+        results = self._move_flat(transfer, reread, segments, at, array.array("i", fds),
+                                  array.array("q", offsets))
+        return [Reason.OK] * len(pages) if results is None else results
+
+    def _move_flat(self, transfer: Callable[[list[Any], list[Any]], None], reread: bool,
+                   segments: array.array[int], at: array.array[int], fds: array.array[int],
+                   offsets: array.array[int]) -> list[Reason] | None:
+        """:func:`run_flat` with ``merge`` of the pages in flat arrays
+        (:meth:`~hicache_l3.connectors.nixl.batch_lib.NixlBatchLib.rows`): the joined rows
+        in one transfer when they fit ``max_descs``; after an engine error, the rows one
+        per segment through :func:`run_flat`, which isolates the failing pages (a timeout
+        fails every page, as one transfer). None when every page moved, else one Reason
+        per page."""
+        helpers = self.helpers
+        assert helpers is not None
+        n = len(fds)
+        if not n:
+            return None
+        local, remote = helpers.rows(segments, at, fds, offsets, MERGE_MAX_BYTES)
+        if len(local) <= self.max_descs:
             try:
+                transfer(local, remote)
+                return None
+            except TransferError as exc:
+                if exc.reason is Reason.TIMEOUT:
+                    return [Reason.TIMEOUT] * n
+        local, remote = helpers.rows(segments, at, fds, offsets, 0)
+        bounds = None if at[n] == n else at.tolist()  # every page at least one segment
+        results = run_flat(transfer, local, remote, bounds, self.max_descs, reread=reread)
+        return None if results.count(Reason.OK) == n else results
+
+    def _put_markers(self, fds: list[int], offsets: list[int], records: bytearray) -> list[int]:
+        """Write marker record ``j`` (``records[128 j : 128 (j + 1)]``) at ``offsets[j]`` of
+        ``fds[j]``; one status per record (OK, SHORT or -errno)."""
+        if self.lib is not None:
+            return list(self.lib.write_markers(fds, offsets, bytes(records), RECORD_BYTES))
+        out = []
+        for j, (fd, offset) in enumerate(zip(fds, offsets)):
+            try:
+                record = records[RECORD_BYTES * j: RECORD_BYTES * (j + 1)]
                 out.append(OK if os.pwrite(fd, record, offset) == RECORD_BYTES else SHORT)
             except OSError as exc:
                 out.append(-(exc.errno or errno.EIO))
@@ -239,9 +342,11 @@ class NixlFileConnector(SlabConnector, NixlConnector):
         self._renew_lock = threading.Lock()
         self.agent = Agent("POSIX", self._agent_params, abandon_on_timeout=True)
         lib = native.library() if config.native_io else None
+        if lib is not None and not lib.has_markers:
+            lib = None
         self.transport = NixlTransport(lambda op: self._xfer(op, "FILE"), config.max_descs,
-                                       config.checksum_threads,
-                                       lib if lib is not None and lib.has_markers else None)
+                                       config.checksum_threads, lib,
+                                       batch_lib.library() if lib is not None else None)
         self._init_slab_root(config.root, config.capacity_bytes)
 
     @property
