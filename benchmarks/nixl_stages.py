@@ -7,7 +7,8 @@ wrapped in a timer: the connector's validation (``_transfer`` less the page hook
 slab store (reserve, commit, lookup or get plan, touch), the transport (offsets, marker
 records, the C marker calls and helpers, the planned read), ``run_flat`` and the NIXL
 calls (descriptor lists, transfer setup, post, polls, release). Times are inclusive (a
-stage's time holds its sub-stages), in microseconds per batch; the timers themselves cost ~0.3 us per call.
+stage's time holds its sub-stages), in microseconds per batch; the timers themselves
+cost ~0.3 us per call.
 
     PYTHONPATH=$PWD python benchmarks/nixl_stages.py --page-size 65536
 """

@@ -24,6 +24,15 @@ bytes move:
   torn-slot argument"). A reader overlapping a reuse of the slot sees a new record and
   misses; a torn or recycled slot is a miss, never somebody else's bytes.
 
+With the C batch library (and its nixl helpers, :mod:`~hicache_l3.connectors.nixl.batch_lib`)
+no Python runs per page on the common batch: a get reads the batch's
+:class:`~hicache_l3.slab.plan.GetPlan` (:meth:`NixlTransport.read_plan`: descriptors,
+offsets, expected records and checksums from one C call), its NIXL rows built and joined
+in C, its records and checksums checked in C; a set encodes its records, key
+fingerprints included, in one C call. Without them (``native_io=false``, or a library
+that predates the helpers) every step is the per-page Python path: the reference the
+tests compare with (tests/nixl/test_nixl_plan.py).
+
 Checksums: ``checksum=auto`` means none here. Measured on this machine, XXH3 over a
 batch runs at ~10 GB/s on one core and does not overlap with the transfer, which
 would cost 35-45% of get throughput against raw NIXL; the slot markers already catch
