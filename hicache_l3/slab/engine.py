@@ -128,12 +128,14 @@ class SlabConnector:
     def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
         store = self._store_for_io()
         reasons = [Reason.OK] * len(keys)
-        todo, slots, full = store.reserve_new(keys)
+        todo, slots, full, ds = store.reserve_new(keys)
         for i in full:
             reasons[i] = Reason.NO_SPACE
         if not todo:
             return reasons
-        batch = WriteBatch([keys[i] for i in todo], [pages[i] for i in todo], slots,
+        everything = len(todo) == len(keys)  # (todo: increasing indices, so then all of them)
+        batch = WriteBatch(keys if everything else [keys[i] for i in todo],
+                           pages if everything else [pages[i] for i in todo], slots,
                            store.geometry, self.checksum_writes)
         held = batch.held
         try:
@@ -144,7 +146,7 @@ class SlabConnector:
             raise
         status = batch.status
         if status.count(OK) == len(todo):
-            store.commit(batch.keys, slots, batch.checksums)
+            store.commit(batch.keys, slots, batch.checksums, ds)
             return reasons
         done, failed = [], []
         for j, i in enumerate(todo):
@@ -160,7 +162,7 @@ class SlabConnector:
             self._log.warning("set-io", "%s: write of %s failed: %s", self.name, keys[i],
                               batch.reasons[j].value if code == FAILED else explain(code))
         store.commit([batch.keys[j] for j in done], [slots[j] for j in done],
-                     [batch.checksums[j] for j in done])
+                     [batch.checksums[j] for j in done], [ds[j] for j in done])
         store.abort(failed)
         return reasons
 

@@ -25,7 +25,10 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
+from itertools import chain, repeat
+from operator import itemgetter
 from pathlib import Path
+from typing import NamedTuple
 
 from hicache_l3.slab import checkpoint
 from hicache_l3.slab.files import SlabFiles, is_real_dir, open_file, parse_writer_name, writer_name
@@ -45,9 +48,19 @@ from hicache_l3.slab.table import (
 
 log = logging.getLogger("hicache_l3.slab")
 _new_located = functools.partial(tuple.__new__, Located)  # no Python-level __new__ per page
+_WHERE = itemgetter(0, 1, 2)  # an entry's slot: (writer, slab, slot)
 MAX_DROPPED = 1 << 16
 CHECKPOINT_MIN_RECORDS = 1 << 16  # records applied since the last checkpoint before a new one
 CHECKPOINT_FRACTION = 4  # ... and at least 1/this of the indexed pages
+
+
+class Evicted(NamedTuple):
+    """Own pages one eviction took out of the table without a log record, kept flat (no
+    object per page) until a commit rewrites exactly their slots -- then they are settled
+    at once -- or anything else needs :attr:`SlabIndex.unlogged`, which takes them in."""
+
+    ds: bytes  # their digests, concatenated
+    values: array.array[int]  # their entries, six values each (writer, slab, slot first)
 
 
 class LogTail:
@@ -106,13 +119,63 @@ class SlabIndex:
         # order it reads the logs in) keeps preferring the unreadable copy
         self.dropped: dict[bytes, Entry] = {}
         self.on_free: Callable[[int, int], None] = lambda slab, slot: None
-        self.unlogged: dict[bytes, Entry] = {}
-        self.unlogged_at: dict[tuple[int, int, int], bytes] = {}
+        self._unlogged: dict[bytes, Entry] = {}
+        self._unlogged_at: dict[tuple[int, int, int], bytes] = {}
+        self._evicted: list[Evicted] = []  # unlogged too, not yet in the dicts (flat)
         self.loaded = False  # the checkpoint was looked for
         self.applied = 0  # log records applied since the last checkpoint written or loaded
         self.replayed = 0  # log records this process read from logs (not its own appends)
         self.checkpoint_pages = -1  # pages the loaded checkpoint held (-1: none loaded)
         self._saver: threading.Thread | None = None  # a background checkpoint write
+
+    # ---- unlogged pages -------------------------------------------------------------------
+    @property
+    def unlogged(self) -> dict[bytes, Entry]:
+        """Pages taken out of the table without a log record, by digest (class
+        docstring). Caller holds ``lock``."""
+        if self._evicted:
+            self._take_in_evicted()
+        return self._unlogged
+
+    @property
+    def unlogged_at(self) -> dict[tuple[int, int, int], bytes]:
+        """The slots of :attr:`unlogged`'s pages -> their digests. Caller holds ``lock``."""
+        if self._evicted:
+            self._take_in_evicted()
+        return self._unlogged_at
+
+    def _take_in_evicted(self) -> None:
+        """Move the flat :class:`Evicted` batches into the unlogged dicts."""
+        batches, self._evicted = self._evicted, []
+        for batch in batches:
+            ds, entries = split_snapshot(batch.ds, batch.values)
+            self._unlogged.update(zip(ds, entries))
+            self._unlogged_at.update(zip(map(_WHERE, entries), ds))
+
+    def remove_unlogged_at(self, wheres: Sequence[tuple[int, int, int]]) -> None:
+        """:meth:`remove_unlogged` of the pages in slots ``wheres`` (an eviction): kept as
+        one flat :class:`Evicted` batch, which the commit that rewrites exactly these
+        slots (the common case) settles as a whole."""
+        ds, values = self.table.take_at_many(wheres)
+        if ds:
+            self._evicted.append(Evicted(ds, values))
+
+    def _settle_evicted(self, values: array.array[int]) -> None:
+        """PUTs of entries ``values`` (unblocked; six values each) settle an
+        :class:`Evicted` batch of exactly their slots, in order: every page of it is
+        superseded by the PUT into its slot. Any other batch is taken into the dicts,
+        where the per-page rules apply. (Compared as strided array slices: no object per
+        page.)"""
+        n = len(values)
+        slabs, slots = values[1::6], values[2::6]
+        for k, batch in enumerate(self._evicted):
+            theirs = batch.values
+            if (len(theirs) == n and theirs[2::6] == slots and theirs[1::6] == slabs
+                    and theirs[0::6] == values[0::6]):
+                del self._evicted[k]
+                break
+        if self._evicted:
+            self._take_in_evicted()
 
     # ---- following the logs -------------------------------------------------------------
     def refresh(self) -> None:
@@ -253,18 +316,75 @@ class SlabIndex:
             table.pop(d)
 
     def _settle_unlogged(self, d: bytes, entry: Entry, blocked: bool) -> None:
-        """The logs' view of a PUT: it supersedes the key's and the slot's unlogged page."""
+        """The logs' view of a PUT: it supersedes the key's and the slot's unlogged page
+        (and whatever :attr:`unlogged_at` said of its slot: nothing unlogged is there now)."""
         where = (entry.writer, entry.slab, entry.slot)
         old = self.unlogged.get(d)
         if old is not None and (not blocked or (old.writer == entry.writer and old.gen < entry.gen)):
             self._unlog(d)
-        self._unlog(self.unlogged_at.get(where), where)
+        self._unlog(self.unlogged_at.pop(where, None), where)
+
+    def settle_unlogged_many(self, ds: Sequence[bytes], entries: Sequence[Entry]) -> None:
+        """:meth:`_settle_unlogged` of each unblocked PUT ``ds[j]``/``entries[j]``, in bulk.
+
+        Settling only removes pages from :attr:`unlogged`, and whether a page goes depends
+        on that page and one PUT alone (a PUT into its slot, or of its key), never on the
+        other removals: so the order does not matter and one pass per kind gives exactly
+        the per-page result. The common batch at capacity rewrites exactly the slots its
+        reservation evicted: every slot's unlogged page goes, by C-level map/pop calls."""
+        unlogged, unlogged_at = self.unlogged, self.unlogged_at
+        wheres: list[tuple[int, int, int]] = list(map(_WHERE, entries))
+        pop_at: Callable[[tuple[int, int, int], None], bytes | None] = unlogged_at.pop
+        found = list(map(pop_at, wheres, repeat(None)))  # the slots' unlogged pages
+        olds = [d for d in found if d is not None]
+        if len(olds) != len(found):
+            wheres = [w for d, w in zip(found, wheres) if d is not None]
+        if olds:
+            pop: Callable[[bytes, None], Entry | None] = unlogged.pop
+            gone = list(map(pop, olds, repeat(None)))
+            if list(map(_WHERE, filter(None, gone))) != wheres:  # rare: a page elsewhere, or none
+                for d, e, w in zip(olds, gone, wheres):
+                    if e is not None and _WHERE(e) != w:
+                        unlogged[d] = e  # not in this slot: the PUT does not supersede it
+        if unlogged and not unlogged.keys().isdisjoint(ds):  # the keys' own unlogged pages
+            for d in ds:
+                self._unlog(d)
+
+    def apply_put_values(self, ds: Sequence[bytes], values: array.array[int]) -> None:
+        """:meth:`apply_puts` of a batch shaped as a table export: ``ds[j]`` with the six
+        values ``values[6j : 6j + 6]`` (a writer's commit builds no Entry per page). A
+        batch with no blocked PUT (the common one) settles its unlogged pages in bulk and
+        goes to the table in one call; any other takes the per-page path."""
+        if len(values) != 6 * len(ds):
+            raise ValueError(f"apply_put_values: {len(ds)} digests for {len(values)} values")
+        deleted, blob = self.deleted, b"".join(ds)
+        if deleted and not deleted.keys().isdisjoint(zip(values[0::6], values[1::6], values[2::6])):
+            self.apply_puts(ds, split_snapshot(blob, values)[1])
+            return
+        if self._evicted:
+            self._settle_evicted(values)
+        if self._unlogged:
+            self.settle_unlogged_many(ds, split_snapshot(blob, values)[1])
+        self.table.load(blob, values)
 
     def apply_puts(self, ds: Sequence[bytes], entries: Sequence[Entry]) -> None:
         """:meth:`apply_put` of each ``ds[j]``/``entries[j]`` in order. Unblocked PUTs (no
         DEL mark for their page: then a PUT is exactly ``table.put`` once its unlogged
-        pages are settled) go to the table together, in one call per run."""
+        pages are settled) go to the table together, in one call per run; a batch with no
+        blocked PUT (the common one) settles its unlogged pages in bulk and is one call."""
         deleted = self.deleted
+        if not deleted or deleted.keys().isdisjoint(map(_WHERE, entries)):
+            if self._evicted:
+                try:
+                    values = array.array("Q", chain.from_iterable(entries))
+                except OverflowError:
+                    raise ValueError("page table: an entry is out of range (negative or over "
+                                     "64 bits)") from None
+                self._settle_evicted(values)
+            if self._unlogged:
+                self.settle_unlogged_many(ds, entries)
+            self.table.put_many(ds, entries)
+            return
         run_d: list[bytes] = []
         run_e: list[Entry] = []
         for d, entry in zip(ds, entries):
@@ -374,16 +494,6 @@ class SlabIndex:
         self.table.pop(d)
         self.unlogged[d] = entry
         self.unlogged_at[(entry.writer, entry.slab, entry.slot)] = d
-
-    def remove_unlogged_many(self, ds: Sequence[bytes]) -> None:
-        """:meth:`remove_unlogged` of each indexed digest of ``ds`` (with its entry now)."""
-        entries = self.table.get_many(ds)
-        unlogged, unlogged_at = self.unlogged, self.unlogged_at
-        for d, entry in zip(ds, entries):
-            if entry is not None:
-                unlogged[d] = entry
-                unlogged_at[(entry.writer, entry.slab, entry.slot)] = d
-        self.table.pop_many(ds)
 
     def drop(self, d: bytes, entry: Entry) -> bool:
         """Forget digest ``d`` if it still maps to ``entry`` (found unreadable); True if it

@@ -393,11 +393,12 @@ class SharedSlabStore(SlabStore):
             return []
         return super().reserve(count)
 
-    def commit(self, keys: Sequence[str], slots: Sequence[Slot], checksums: Sequence[int]) -> None:
+    def commit(self, keys: Sequence[str], slots: Sequence[Slot], checksums: Sequence[int],
+               ds: Sequence[bytes] | None = None) -> None:
         """Publish written pages, only while this process still owns its directory."""
         if keys:
             self._check_owned()
-        super().commit(keys, slots, checksums)
+        super().commit(keys, slots, checksums, ds)
 
     def delete(self, keys: Sequence[str]) -> list[bool]:
         """As the base class, refusing (raising) when the writer directory was lost."""

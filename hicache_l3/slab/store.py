@@ -17,19 +17,23 @@ owner per log; ``flock`` to adopt a writer directory; ``mkdir`` atomicity to cre
 
 from __future__ import annotations
 
-import collections
+import array
 import contextlib
 import errno
 import fcntl
+import functools
 import logging
 import os
 import stat
 from collections.abc import Iterable, Sequence
+from itertools import chain, repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
+from hicache_l3.slab.clock import Clock
 from hicache_l3.slab.files import SlabFiles, is_real_dir, make_dir, open_file, parse_writer_name, writer_name
 from hicache_l3.slab.format import (
     DEL,
@@ -41,16 +45,18 @@ from hicache_l3.slab.format import (
     Located,
     Slot,
     decode_records,
-    encode_puts,
     encode_record,
     namespace_dir,
     write_namespace_file,
 )
 from hicache_l3.slab.index import SlabIndex
 from hicache_l3.slab.plan import GetPlan
+from hicache_l3.slab.records import encode_put_values
 from hicache_l3.slab.table import digest, digests, live_put_spans
 
 log = logging.getLogger("hicache_l3.slab")
+_new_slot = functools.partial(tuple.__new__, Slot)
+_SLAB, _SLOT, _GEN = itemgetter(1), itemgetter(2), itemgetter(3)  # of a Slot
 
 PREALLOCATE_CHUNK = 32 << 20  # slab space is reserved as slots are first used: doubling, this at most
 COMPACT_MIN_BYTES = 4 << 20  # a writer's log is rewritten once larger than this and 3x its live part
@@ -58,11 +64,14 @@ COMPACT_MIN_BYTES = 4 << 20  # a writer's log is rewritten once larger than this
 
 class WritePlan(NamedTuple):
     """What a set must write: the indices of the keys to write, their reserved slots
-    (same order), and the indices of keys left without a slot because the store is full."""
+    (same order), the indices of keys left without a slot because the store is full, and
+    the table digests of the keys of ``todo`` (same order: :meth:`SlabStore.commit` takes
+    them, so a set hashes each key once)."""
 
     todo: list[int]
     slots: list[Slot]
     full: list[int]
+    digests: list[bytes]
 
 
 class SlabStore:
@@ -113,9 +122,9 @@ class SlabStore:
         self.me: int | None = None
         self._lock_fd = -1
         self._log_fd = -1
-        # own (slab, slot) pages, least recently used first (~100 B a page: an OrderedDict
-        # node and a tuple; the page's key is not held, the index has its digest)
-        self._lru: collections.OrderedDict[tuple[int, int], None] = collections.OrderedDict()
+        # own pages' recency: CLOCK, one byte per slot (the page's key is not held, the
+        # index has its digest)
+        self._clock = Clock(self.slots_per_slab)
         self._free: list[tuple[int, int]] = []
         self._n_slabs = 0
         self._allocated: dict[int, int] = {}  # own slab -> bytes preallocated from its start
@@ -158,10 +167,7 @@ class SlabStore:
         if not own:
             return
         with self._lock:
-            lru = self._lru
-            for where in own:
-                if where in lru:
-                    lru.move_to_end(where)
+            self._clock.touch(own)
 
     def invalidate(self, key: str, entry: Entry) -> None:
         """Forget ``key`` if it still maps to ``entry`` (its slot failed a check)."""
@@ -184,10 +190,16 @@ class SlabStore:
             self._check_open()
             me = self._become_writer()
             taken = self._take_slots(me, count)
+            if not taken:
+                return []
+            slabs = list(map(itemgetter(0), taken))
             highest: dict[int, int] = {}
-            for slab, slot in taken:
-                if slot > highest.get(slab, -1):
-                    highest[slab] = slot
+            if slabs[0] == slabs[-1] and slabs.count(slabs[0]) == len(slabs):  # one slab: the common batch
+                highest[slabs[0]] = max(map(itemgetter(1), taken))
+            else:
+                for slab, slot in taken:
+                    if slot > highest.get(slab, -1):
+                        highest[slab] = slot
             fds, usable = {}, {}  # per slab: its fd, and the slots below this bound have space
             for slab, slot in highest.items():
                 fds[slab] = fd = self.files.get(me, slab)
@@ -198,7 +210,14 @@ class SlabStore:
                     if exc.errno != errno.ENOSPC:
                         raise
                     usable[slab] = self.geometry.slots_in(self._allocated.get(slab, 0))
-            out, gen, make = [], self._next_gen, Slot._make
+            gen = self._next_gen
+            if all(usable[slab] > slot for slab, slot in highest.items()):  # space for all
+                n = len(taken)
+                self._next_gen = gen + n
+                fd_of = repeat(fds[slabs[0]]) if len(fds) == 1 else map(fds.__getitem__, slabs)
+                return list(map(_new_slot, zip(fd_of, slabs, map(itemgetter(1), taken),
+                                               range(gen, gen + n))))
+            out, make = [], _new_slot
             for i, (slab, slot) in enumerate(taken):
                 if slot >= usable[slab]:  # the disk is full: this and the rest get no slot
                     self._free.extend(reversed(taken[i:]))
@@ -213,9 +232,13 @@ class SlabStore:
         need no write (same key, same bytes). This process becomes a writer first: adopting
         a directory may drop pages found gone, which must then be written again."""
         ready = self._writer_ready()
-        present = self.contains(keys)
+        ds = digests(keys)
+        self.refresh()
+        with self._lock:
+            present = self.index.table.contains_many(ds)
         if not any(present) and len(set(keys)) == len(keys):  # the common batch: all new, once each
             todo = list(range(len(keys)))
+            todo_ds = ds
         else:
             seen: set[str] = set()
             todo = []
@@ -223,8 +246,10 @@ class SlabStore:
                 if not present[i] and key not in seen:
                     seen.add(key)
                     todo.append(i)
+            todo_ds = [ds[i] for i in todo]
         slots = self.reserve(len(todo)) if ready else []
-        return WritePlan(todo[: len(slots)], slots, todo[len(slots):])
+        k = len(slots)
+        return WritePlan(todo[:k], slots, todo[k:], todo_ds[:k])
 
     def _writer_ready(self) -> bool:
         """Own a writer directory (adopting or creating one); False if none can be owned."""
@@ -267,16 +292,15 @@ class SlabStore:
     def _evict(self, me: int, count: int, into: list[tuple[int, int]]) -> int:
         """Evict up to ``count`` least recently used own pages, appending their slots to
         ``into``; how many."""
-        lru, index = self._lru, self.index
-        table = index.table
-        n = min(count, len(lru))
-        popitem = lru.popitem
-        wheres = [popitem(last=False)[0] for _ in range(n)]
-        held = [d for d in table.at_many([(me, slab, slot) for slab, slot in wheres]) if d is not None]
-        index.remove_unlogged_many(held)  # no DEL: each slot's next PUT supersedes its page
+        index = self.index
+        wheres = self._clock.evict(count)
+        if not wheres:
+            return 0
+        # no DEL: each slot's next PUT supersedes its page
+        index.remove_unlogged_at([(me, slab, slot) for slab, slot in wheres])
         into.extend(wheres)
-        self.evictions += n
-        return n
+        self.evictions += len(wheres)
+        return len(wheres)
 
     def _grow(self, me: int) -> None:
         slab = self._n_slabs
@@ -286,12 +310,15 @@ class SlabStore:
         # sparse: space is reserved chunk by chunk as slots are first used
         self.files.create(me, slab, self.geometry.bytes_for(slots))
         self._n_slabs += 1
-        self._free.extend((slab, s) for s in reversed(range(slots)))
+        self._clock.grow(self._n_slabs)
+        self._free.extend(zip(repeat(slab), reversed(range(slots))))  # C-level: no frame per slot
 
-    def commit(self, keys: Sequence[str], slots: Sequence[Slot], checksums: Sequence[int]) -> None:
+    def commit(self, keys: Sequence[str], slots: Sequence[Slot], checksums: Sequence[int],
+               ds: Sequence[bytes] | None = None) -> None:
         """Publish written pages: ``keys[j]`` is in ``slots[j]`` with ``checksums[j]``
         (0: none), each of ``slot_bytes``. Call only after the bytes are written; syncs
-        slabs first under ``fsync="data"``."""
+        slabs first under ``fsync="data"``. ``ds``: the keys' table digests when the
+        caller has them (:attr:`WritePlan.digests`), else computed here."""
         if not keys:
             return
         me = self.me
@@ -300,10 +327,18 @@ class SlabStore:
         if self.fsync != "none":
             for fd in {s.fd for s in slots}:
                 os.fdatasync(fd)
-        make = Entry._make  # tuple.__new__: no Python-level call per page
-        entries = [make((me, s[1], s[2], s[3], length, c)) for s, c in zip(slots, checksums)]
-        records = encode_puts(keys, entries)
-        ds = digests(keys)
+        slabs = list(map(_SLAB, slots))
+        slot_nos = list(map(_SLOT, slots))
+        gens = list(map(_GEN, slots))
+        if ds is None:
+            ds = digests(keys)
+        if not (len(ds) == len(slots) == len(checksums) == len(keys)):
+            raise ValueError(f"commit: {len(keys)} keys, {len(slots)} slots, {len(checksums)} "
+                             f"checksums, {len(ds)} digests")
+        # the entries, six values each (a table export's shape): no object per page
+        values = array.array("Q", chain.from_iterable(zip(repeat(me), slabs, slot_nos, gens,
+                                                          repeat(length), checksums)))
+        records = encode_put_values(keys, values)
         with self._lock:
             self._check_open()
             if self.index.dropped:
@@ -311,13 +346,9 @@ class SlabStore:
             os.write(self._log_fd, records)
             tail = self.index.tails[me]
             tail.offset += len(records)
-            tail.max_gen = max(tail.max_gen, *(e[3] for e in entries))
-            self.index.apply_puts(ds, entries)
-            lru = self._lru
-            for entry in entries:
-                where = (entry[1], entry[2])
-                lru.pop(where, None)  # a reserved slot is not in the LRU; be sure it ends last
-                lru[where] = None
+            tail.max_gen = max(tail.max_gen, max(gens))
+            self.index.apply_put_values(ds, values)
+            self._clock.add_slots(slabs, slot_nos)  # reserved slots are ABSENT: now own
             self.index.applied += len(keys)
             self._maybe_compact(me)
         if self.fsync == "always":
@@ -343,8 +374,7 @@ class SlabStore:
                 self._free.append((s.slab, s.slot))
 
     def _release(self, slab: int, slot: int) -> None:
-        if (slab, slot) in self._lru:  # (its values are all None)
-            del self._lru[(slab, slot)]
+        if self._clock.discard(slab, slot):
             self._free.append((slab, slot))
 
     def delete(self, keys: Sequence[str]) -> list[bool]:
@@ -378,7 +408,7 @@ class SlabStore:
         on a background thread) when enough records were applied since the last one
         (compaction starts one too)."""
         tail = self.index.tails[me]
-        live = (len(self._lru) + len(tail.foreign_dels)) * (RECORD.size + 80)
+        live = (len(self._clock) + len(tail.foreign_dels)) * (RECORD.size + 80)
         if tail.offset > COMPACT_MIN_BYTES and tail.offset > 3 * live:
             self.compact()
         elif self.index.checkpoint_due():
@@ -527,9 +557,8 @@ class SlabStore:
         # may still be reading through them, so retire them (closed at close) rather than close
         self.files.retire_writer(writer)
         self._next_gen = tail.max_gen + 1
-        owned = sorted((e.gen, (e.slab, e.slot)) for _, e in index.table.select(writer))
-        for _, where in owned:
-            self._lru[where] = None
+        owned = sorted((e.gen, e.slab, e.slot) for _, e in index.table.select(writer))
+        sizes: list[int] = []  # slots of each slab file found
         while True:
             path = self.files.path(writer, self._n_slabs)
             try:
@@ -540,15 +569,23 @@ class SlabStore:
                 log.warning("%s is not a regular file: removed, the slab is made anew", path)
                 os.unlink(path)
                 break
-            slab, size = self._n_slabs, st.st_size
             self._n_slabs += 1
-            self._free.extend((slab, s) for s in reversed(range(self.geometry.slots_in(size)))
-                              if (slab, s) not in self._lru)
+            sizes.append(self.geometry.slots_in(st.st_size))
         # pages in slabs that are gone (missing, or a planted link removed) are gone too
         gone = [(d, e) for d, e in index.table.select(writer) if e.slab >= self._n_slabs]
         for d, entry in gone:
             index.drop(d, entry)
-            self._lru.pop((entry.slab, entry.slot), None)
+        live = [(slab, slot) for _, slab, slot in owned if slab < self._n_slabs]
+        # one byte per slot of every slab: as wide as the widest slab found (an earlier
+        # run may have used bigger slabs) and the highest own slot
+        stride = max([self.slots_per_slab, *sizes, *(slot + 1 for _, slot in live)])
+        clock = self._clock = Clock(stride)
+        clock.grow(self._n_slabs)
+        clock.add(live)
+        if live:  # the hand starts past the newest page: the oldest pages go first
+            clock.hand = clock.index(*live[-1]) + 1
+        for slab, slots in enumerate(sizes):
+            self._free.extend((slab, s) for s in reversed(range(slots)) if (slab, s) not in clock)
         return True
 
     def _set_aside_tail(self, path: Path, offset: int) -> None:
@@ -593,7 +630,8 @@ class SlabStore:
             return {
                 "indexed_pages": len(self.index.table),
                 "writer": self.me,
-                "own_pages": len(self._lru),
+                "own_pages": len(self._clock),
+                "lru_bytes": self._clock.nbytes,
                 "free_slots": len(self._free),
                 "slabs": self._n_slabs,
                 "max_slots": self.max_slots,

@@ -117,6 +117,11 @@ class PageTable(Protocol):
         """:meth:`pop` of each digest; how many had a page."""
         ...
 
+    def take_at_many(self, wheres: Sequence[Where]) -> tuple[bytes, array.array[int]]:
+        """Remove the pages in slots ``wheres``; those there were, in order, shaped as an
+        :meth:`export` (digests concatenated, six values each)."""
+        ...
+
     def select(self, writer: int | None = None, slab: int | None = None) -> list[tuple[bytes, Entry]]:
         """``(digest, entry)`` of every page of ``writer`` (any when None) in ``slab`` (any
         when None), in no particular order."""
@@ -220,6 +225,9 @@ class DictPageTable:
 
     def pop_many(self, ds: Sequence[bytes]) -> int:
         return sum(self.pop(d) is not None for d in ds)
+
+    def take_at_many(self, wheres: Sequence[Where]) -> tuple[bytes, array.array[int]]:
+        return _take_at(self, wheres)
 
     def select(self, writer: int | None = None, slab: int | None = None) -> list[tuple[bytes, Entry]]:
         return [(d, e) for d, e in self._pages.items()
@@ -396,6 +404,24 @@ class NativePageTable:
             return 0
         return int(self._lib.pop_many(self._t, len(ds), b"".join(ds)))
 
+    def take_at_many(self, wheres: Sequence[Where]) -> tuple[bytes, array.array[int]]:
+        n = len(wheres)
+        try:
+            where = array.array("Q", itertools.chain.from_iterable(wheres))
+        except OverflowError:  # a negative number: no such slot
+            where = None
+        if not n or where is None or len(where) != 3 * n:
+            return _take_at(self, wheres)
+        buf, found = bytearray(16 * n), bytearray(n)
+        hits = self._lib.at_many(self._t, n, where.buffer_info()[0], _address(buf), _address(found))
+        ds = bytes(buf) if hits == n else b"".join(buf[16 * i : 16 * i + 16] for i in range(n) if found[i])
+        values = array.array("Q", bytes(48 * hits))
+        if hits:  # (the GIL is held: nothing changes between the calls)
+            got = bytearray(hits)  # (held: the call writes into it)
+            self._lib.get_many(self._t, hits, ds, values.buffer_info()[0], _address(got))
+            self._lib.pop_many(self._t, hits, ds)
+        return ds, values
+
     def _select(self, writer: int | None, slab: int | None) -> tuple[bytes, array.array[int]]:
         w = -1 if writer is None else writer
         s = -1 if slab is None else slab
@@ -460,6 +486,18 @@ class NativePageTable:
             raise ValueError(f"page table snapshot: {len(ds)} digest bytes for {len(values)} values")
         if ds:
             self._load(ds, values)
+
+
+def _take_at(table: PageTable, wheres: Sequence[Where]) -> tuple[bytes, array.array[int]]:
+    """:meth:`PageTable.take_at_many` through the table's single-page calls."""
+    out_d, values = [], array.array("Q")
+    for where in wheres:
+        d = table.at(where)
+        entry = table.pop(d) if d is not None else None
+        if d is not None and entry is not None:
+            out_d.append(d)
+            values.extend(entry)
+    return b"".join(out_d), values
 
 
 def live_put_spans(table: PageTable, data: bytes) -> list[tuple[int, int]] | None:

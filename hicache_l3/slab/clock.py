@@ -1,0 +1,155 @@
+"""Recency of a writer's own slots: second-chance CLOCK over one byte per slot.
+
+Replaces an ``OrderedDict`` of ``(slab, slot)`` tuples (~100 B a page, and a dict
+operation per page committed, touched or evicted) with a flat ``bytearray`` (1 B a slot,
+whether used or not) that a batch updates with slice operations: evicting ``n`` pages is a
+few ``find`` calls and one slice assignment per run of victims, not a call per page.
+
+States, one byte per slot (``slab * stride + slot``):
+
+* :data:`ABSENT` (0): not an own page (free, reserved for a write, or past the end);
+* :data:`COLD` (1): an own page not used since the hand last passed it (or since written);
+* :data:`HOT` (2): an own page read since the hand last passed it.
+
+The hand sweeps slots in order: a HOT page passed becomes COLD (its second chance), the
+first COLD pages it meets are the victims. Pages written in slots the hand just evicted
+(the common case at capacity) are the last it reaches again, and pages filled into new
+slabs are filled in slot order, so with no reads the order is exactly least recently
+written first; a page read since the hand last passed it outlives every page that was
+not. That is the "least recently used in effect" eviction the store promises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from itertools import repeat
+
+ABSENT, COLD, HOT = 0, 1, 2
+_COLD, _HOT = b"\x01", b"\x02"
+
+
+class Clock:
+    """One byte per own slot of ``slabs`` slabs of ``stride`` slots each (module docstring).
+
+    Not thread-safe: the store calls it under its lock. ``count`` is how many slots hold
+    an own page (COLD or HOT).
+    """
+
+    __slots__ = ("count", "hand", "state", "stride")
+
+    def __init__(self, stride: int) -> None:
+        if stride < 1:
+            raise ValueError(f"clock: stride must be at least 1 slot, got {stride}")
+        self.stride = stride
+        self.state = bytearray()
+        self.hand = 0
+        self.count = 0
+
+    def __len__(self) -> int:
+        """Own pages (COLD or HOT)."""
+        return self.count
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the state array (one per slot of every slab)."""
+        return len(self.state)
+
+    def grow(self, slabs: int) -> None:
+        """Cover ``slabs`` slabs (never shrinks)."""
+        missing = slabs * self.stride - len(self.state)
+        if missing > 0:
+            self.state.extend(bytes(missing))
+
+    def index(self, slab: int, slot: int) -> int:
+        """The state index of ``(slab, slot)``; ValueError for a slot outside the array."""
+        if not (0 <= slot < self.stride) or slab < 0 or slab * self.stride + slot >= len(self.state):
+            raise ValueError(f"clock: slot ({slab}, {slot}) outside {len(self.state)} slots "
+                             f"of {self.stride} per slab")
+        return slab * self.stride + slot
+
+    def __contains__(self, where: tuple[int, int]) -> bool:
+        """Whether ``(slab, slot)`` holds an own page."""
+        slab, slot = where
+        i = slab * self.stride + slot
+        return 0 <= slot < self.stride and 0 <= i < len(self.state) and self.state[i] != ABSENT
+
+    def add(self, wheres: Sequence[tuple[int, int]], state: int = COLD) -> None:
+        """Own pages now in these ``(slab, slot)`` slots (just written: COLD)."""
+        self.add_slots([slab for slab, _ in wheres], [slot for _, slot in wheres], state)
+
+    def add_slots(self, slabs: Sequence[int], slots: Sequence[int], state: int = COLD) -> None:
+        """:meth:`add` of ``(slabs[j], slots[j])`` for each ``j`` (a commit's columns)."""
+        n = len(slots)
+        if not n:
+            return
+        st = self.state
+        slab0, first = slabs[0], slots[0]
+        if (first + n <= self.stride and slots[-1] == first + n - 1 and slabs.count(slab0) == n
+                and list(slots) == list(range(first, first + n))):
+            lo = self.index(slab0, first)  # one run in one slab: the batch of an eviction pass
+            self.count += st.count(ABSENT, lo, lo + n)
+            st[lo : lo + n] = bytes((state,)) * n
+            return
+        for slab, slot in zip(slabs, slots):
+            i = self.index(slab, slot)
+            if st[i] == ABSENT:
+                self.count += 1
+            st[i] = state
+
+    def touch(self, wheres: Iterable[tuple[int, int]]) -> None:
+        """Own pages just read: HOT (slots without an own page are ignored)."""
+        st, stride, size = self.state, self.stride, len(self.state)
+        for slab, slot in wheres:
+            i = slab * stride + slot
+            if 0 <= slot < stride and 0 <= i < size and st[i]:
+                st[i] = HOT
+
+    def discard(self, slab: int, slot: int) -> bool:
+        """Forget the own page of ``(slab, slot)``; True if there was one."""
+        if (slab, slot) not in self:
+            return False
+        self.state[slab * self.stride + slot] = ABSENT
+        self.count -= 1
+        return True
+
+    def evict(self, n: int) -> list[tuple[int, int]]:
+        """Up to ``n`` victims, in the hand's order, as ``(slab, slot)``; their slots become
+        ABSENT (the caller reuses them). Fewer only when fewer own pages exist."""
+        st, stride = self.state, self.stride
+        size = len(st)
+        out: list[tuple[int, int]] = []
+        need = min(n, self.count)
+        hand = self.hand if self.hand < size else 0
+        wraps = 0
+        while need > 0:
+            i = st.find(COLD, hand)
+            if i < 0:  # none ahead: every page passed gets its second chance, then wrap
+                wraps += 1
+                if wraps > 2:  # two wraps cool every page: count is wrong
+                    raise AssertionError("clock: count says own pages exist, the array has none")
+                self._cool(hand, size)
+                hand = 0
+                continue
+            self._cool(hand, i)
+            end = min(i + need, size)
+            for stop in (st.find(ABSENT, i, end), st.find(HOT, i, end)):
+                if stop >= 0:
+                    end = min(end, stop)
+            run = end - i  # >= 1: st[i] is COLD
+            st[i:end] = bytes(run)
+            out += map(divmod, range(i, end), repeat(stride))
+            need -= run
+            hand = end
+        self.count -= len(out)
+        self.hand = hand
+        return out
+
+    def _cool(self, lo: int, hi: int) -> None:
+        """HOT -> COLD over ``[lo, hi)`` (the hand passed them: their second chance)."""
+        if hi > lo and self.state.find(HOT, lo, hi) >= 0:
+            self.state[lo:hi] = self.state[lo:hi].replace(_HOT, _COLD)
+
+    def own(self) -> list[tuple[int, int]]:
+        """Every own ``(slab, slot)``, in slot order (for tests and rebuilds)."""
+        st, stride = self.state, self.stride
+        return [divmod(i, stride) for i in range(len(st)) if st[i]]

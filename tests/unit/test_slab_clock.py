@@ -1,0 +1,145 @@
+"""The writer's own-page recency (hicache_l3/slab/clock.py): the batched CLOCK equals a
+slot-by-slot reference CLOCK for any sequence of writes, reads, frees and evictions, and
+evicts "least recently used in effect": with no reads, in the order pages were written;
+a page read since the hand last passed it outlives every page that was not."""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hicache_l3.common.keys import Namespace
+from hicache_l3.slab.clock import ABSENT, COLD, HOT, Clock
+from hicache_l3.slab.format import Geometry
+from hicache_l3.slab.store import SlabStore
+
+SLABS, STRIDE = 3, 7
+
+
+class ReferenceClock:
+    """Second-chance CLOCK one slot at a time: the model."""
+
+    def __init__(self, slots: int) -> None:
+        self.state = [ABSENT] * slots
+        self.hand = 0
+
+    def evict(self, n: int) -> list[int]:
+        out: list[int] = []
+        n = min(n, sum(1 for s in self.state if s))
+        while len(out) < n:
+            s = self.state[self.hand]
+            if s == HOT:
+                self.state[self.hand] = COLD
+            elif s == COLD:
+                self.state[self.hand] = ABSENT
+                out.append(self.hand)
+            self.hand = (self.hand + 1) % len(self.state)
+        return out
+
+
+ops = st.lists(st.one_of(
+    st.tuples(st.just("add"), st.lists(st.integers(0, SLABS * STRIDE - 1), max_size=10, unique=True)),
+    st.tuples(st.just("run"), st.integers(0, SLABS * STRIDE - 1), st.integers(1, STRIDE)),
+    st.tuples(st.just("touch"), st.lists(st.integers(0, SLABS * STRIDE - 1), max_size=10)),
+    st.tuples(st.just("discard"), st.integers(0, SLABS * STRIDE - 1)),
+    st.tuples(st.just("evict"), st.integers(0, 2 * SLABS * STRIDE)),
+), max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops)
+def test_clock_equals_the_slot_by_slot_reference(program: list[tuple]) -> None:
+    clock, ref = Clock(STRIDE), ReferenceClock(SLABS * STRIDE)
+    clock.grow(SLABS)
+
+    def where(i: int) -> tuple[int, int]:
+        return divmod(i, STRIDE)
+
+    for op in program:
+        if op[0] == "add":
+            clock.add([where(i) for i in op[1]])
+            for i in op[1]:
+                ref.state[i] = COLD
+        elif op[0] == "run":  # a run of slots in one slab: the batched path of add
+            slab, first = where(op[1])
+            n = min(op[2], STRIDE - first)
+            clock.add([(slab, s) for s in range(first, first + n)])
+            for s in range(first, first + n):
+                ref.state[slab * STRIDE + s] = COLD
+        elif op[0] == "touch":
+            clock.touch([where(i) for i in op[1]])
+            for i in op[1]:
+                if ref.state[i]:
+                    ref.state[i] = HOT
+        elif op[0] == "discard":
+            assert clock.discard(*where(op[1])) == bool(ref.state[op[1]])
+            ref.state[op[1]] = ABSENT
+        else:
+            assert clock.evict(op[1]) == [where(i) for i in ref.evict(op[1])]
+            assert clock.hand % len(ref.state) == ref.hand % len(ref.state) or not clock.count
+        assert list(clock.state) == ref.state
+        assert clock.count == sum(1 for s in ref.state if s)
+
+
+def test_clock_rejects_slots_outside_it() -> None:
+    clock = Clock(4)
+    clock.grow(2)
+    with pytest.raises(ValueError, match="outside"):
+        clock.add([(0, 4)])
+    with pytest.raises(ValueError, match="outside"):
+        clock.add([(2, 0)])
+    assert (0, 4) not in clock and not clock.discard(5, 0)
+    clock.touch([(9, 9), (0, 7)])  # ignored
+    assert clock.count == 0 and clock.evict(3) == []
+
+
+def open_store(root: str, slots: int) -> SlabStore:
+    ns = Namespace(model="clock", kv_dtype="uint8", layout="page_first", page_size=64, tag="t")
+    stride = Geometry(64).stride
+    store = SlabStore(root, ns, 64, capacity_bytes=slots * stride, slab_bytes=4 * stride)
+    assert store.max_slots == slots and store.slots_per_slab == 4
+    return store
+
+
+def put(store: SlabStore, keys: list[str]) -> None:
+    plan = store.reserve_new(keys)
+    assert not plan.full
+    store.commit([keys[i] for i in plan.todo], plan.slots, [0] * len(plan.slots), plan.digests)
+
+
+def test_store_evicts_least_recently_used_in_effect() -> None:
+    with tempfile.TemporaryDirectory() as root:
+        store = open_store(root, 10)
+        try:
+            put(store, [f"a{i}" for i in range(10)])  # full
+            put(store, ["b0", "b1", "b2"])  # no reads: the three written first go
+            assert store.contains([f"a{i}" for i in range(10)]) == [False] * 3 + [True] * 7
+            read = [f"a{i}" for i in (3, 4, 5)]
+            found = store.lookup(read)
+            store.touch([(loc.entry.slab, loc.entry.slot) for loc in found if loc is not None])
+            put(store, [f"c{i}" for i in range(4)])  # the read pages outlive the unread ones
+            assert store.contains(read) == [True] * 3
+            assert store.contains(["a6", "a7", "a8", "a9"]) == [False] * 4
+            assert store.contains(["b0", "b1", "b2", "c0", "c3"]) == [True] * 5
+            assert store.stats()["own_pages"] == 10 and store.evictions == 7
+            assert store.stats()["lru_bytes"] <= 12  # one byte a slot (3 slabs of 4)
+        finally:
+            store.close()
+
+
+def test_reopened_writer_evicts_its_oldest_pages_first() -> None:
+    with tempfile.TemporaryDirectory() as root:
+        store = open_store(root, 8)
+        put(store, [f"a{i}" for i in range(8)])
+        put(store, ["b0", "b1"])  # evicts a0, a1; b0, b1 in their slots
+        store.close()
+        store = open_store(root, 8)  # adopts the writer: the hand starts past the newest
+        try:
+            put(store, ["c0", "c1"])
+            assert store.contains(["a2", "a3"]) == [False, False]
+            assert store.contains(["b0", "b1", "c0", "c1", "a4"]) == [True] * 5
+        finally:
+            store.close()

@@ -1,0 +1,99 @@
+"""The writer's batch paths against their references: the C PUT-record encoder
+(hicache_l3/slab/records.py, native/records.c) writes exactly format.encode_puts's bytes
+and raises its errors; ``take_at_many`` of the C page table equals the dict table's; a
+set at capacity keeps per-key NO_SPACE-free plans, abort gives slots back, and a DEL
+read from another process's log frees the owner's slot."""
+
+from __future__ import annotations
+
+import struct
+import tempfile
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hicache_l3.common.keys import Namespace
+from hicache_l3.slab import records
+from hicache_l3.slab import table as table_mod
+from hicache_l3.slab.format import Entry, Geometry, decode_records, encode_puts
+from hicache_l3.slab.store import SlabStore
+from hicache_l3.slab.table import DictPageTable, NativePageTable, digest
+
+u32 = st.integers(0, 0xFFFFFFFE)
+entry_st = st.builds(Entry, u32, u32, u32, st.integers(0, 2**64 - 1), u32, st.integers(0, 2**64 - 1))
+
+
+def native_or_skip() -> None:
+    if records._native.get() is None:
+        pytest.skip(f"no C record encoder: {records.describe()} (the reference is what runs)")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.text(max_size=90), entry_st), min_size=1, max_size=40))
+def test_c_records_equal_the_reference(batch: list[tuple[str, Entry]]) -> None:
+    native_or_skip()
+    keys, entries = [k for k, _ in batch], [e for _, e in batch]
+    data = records.encode_puts(keys, entries)
+    assert data == encode_puts(keys, entries)
+    decoded, used, skipped = decode_records(data)
+    assert used == len(data) and not skipped
+    assert [(key, entry) for _, key, entry in decoded] == batch
+
+
+def test_values_out_of_range_raise_as_the_reference_does() -> None:
+    native_or_skip()
+    too_big = [Entry(2**32, 0, 0, 1, 64, 0)]
+    with pytest.raises(struct.error):
+        encode_puts(["k"], too_big)
+    with pytest.raises(struct.error):
+        records.encode_puts(["k"], too_big)
+    with pytest.raises(struct.error):
+        records.encode_puts(["x" * 70000], [Entry(0, 0, 0, 1, 64, 0)])
+    assert records.encode_puts([], []) == b""
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 20), st.integers(0, 1), st.integers(0, 5)), max_size=30),
+       st.lists(st.tuples(st.integers(0, 1), st.integers(0, 5)), max_size=8))
+def test_take_at_many_equals_the_dict_table(puts: list[tuple[int, int, int]],
+                                            take: list[tuple[int, int]]) -> None:
+    lib = table_mod.native_library()
+    if lib is None:
+        pytest.skip(f"no C page table: {table_mod.describe()}")
+    native, ref = NativePageTable(lib), DictPageTable()
+    for gen, (k, slab, slot) in enumerate(puts, 1):
+        for t in (native, ref):
+            t.put(digest(f"k{k}"), Entry(0, slab, slot, gen, 64, 0))
+    wheres = [(0, slab, slot) for slab, slot in take] + [(-1, 0, 0)]
+    assert native.take_at_many(wheres) == ref.take_at_many(wheres)
+    assert dict(native.select()) == dict(ref.select())
+
+
+def open_store(root: str, slots: int) -> SlabStore:
+    ns = Namespace(model="rec", kv_dtype="uint8", layout="page_first", page_size=64, tag="t")
+    stride = Geometry(64).stride
+    return SlabStore(root, ns, 64, capacity_bytes=slots * stride, slab_bytes=4 * stride)
+
+
+def test_abort_gives_slots_back_and_a_logged_del_frees_the_owners_slot() -> None:
+    with tempfile.TemporaryDirectory() as root:
+        owner, other = open_store(root, 6), open_store(root, 6)
+        try:
+            keys = [f"k{i}" for i in range(6)]
+            plan = owner.reserve_new(keys)
+            owner.commit(keys, plan.slots, [0] * 6, plan.digests)
+            plan = owner.reserve_new(["a", "b"])  # at capacity: evicts two
+            assert len(plan.slots) == 2 and not plan.full and owner.evictions == 2
+            owner.abort(plan.slots)
+            assert owner.stats()["free_slots"] == 2 and owner.stats()["own_pages"] == 4
+            assert other.delete(["k5"]) == [True]  # another process's DEL
+            owner.refresh()  # reads it: the owner's slot is free again
+            assert owner.stats()["free_slots"] == 3 and owner.stats()["own_pages"] == 3
+            plan = owner.reserve_new(["a", "b", "c"])  # free slots first: nothing evicted
+            assert len(plan.slots) == 3 and owner.evictions == 2
+            owner.commit(["a", "b", "c"], plan.slots, [0] * 3, plan.digests)
+            assert owner.contains(["a", "b", "c", "k2", "k5"]) == [True, True, True, True, False]
+        finally:
+            owner.close()
+            other.close()
