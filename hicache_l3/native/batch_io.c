@@ -396,3 +396,19 @@ int hl3_encode_markers(int n, const char *keys, int64_t len, const uint64_t *gen
     }
     return p == end ? 0 : -1;
 }
+
+/* The data and marker offsets of slots[0..n-1] in their slab (slab/format.py
+ * Geometry.offsets: groups of 1 << shift slots, each a table of `record`-byte marker
+ * records, `table` bytes, then the data, data_stride bytes a slot): with g = s >> shift,
+ * data_offs[j] = (g + 1) * table + s * data_stride and marker_offs[j] = g * (1 << shift)
+ * * data_stride + s * record. */
+void hl3_slot_offsets(int n, const int64_t *slots, int64_t shift, int64_t table, int64_t data_stride,
+                      int64_t record, int64_t *data_offs, int64_t *marker_offs)
+{
+    int64_t span = ((int64_t)1 << shift) * data_stride;
+    for (int j = 0; j < n; j++) {
+        int64_t s = slots[j], g = s >> shift;
+        data_offs[j] = (g + 1) * table + s * data_stride;
+        marker_offs[j] = g * span + s * record;
+    }
+}

@@ -24,10 +24,10 @@ from hicache_l3.common.integrity import key_fingerprint, page_checksum
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.pages import FlatPages
-from hicache_l3.conformance.slab_backdoor import SlabBackdoor
+from hicache_l3.conformance.slab_backdoor import SlabBackdoor, slab_location
 from hicache_l3.connectors.nixl import batch_lib
 from hicache_l3.connectors.nixl.base import coalesce
-from hicache_l3.slab.format import RECORD_BYTES, Entry, encode_markers
+from hicache_l3.slab.format import RECORD_BYTES, Entry, Geometry, encode_markers
 from hicache_l3.slab.native import CHECKSUM, HEADER, OK, PageBatch
 from hicache_l3.slab.table import digest
 
@@ -298,3 +298,57 @@ def test_a_marker_record_cut_short_reads_as_another_record(tmp_path: Path) -> No
         reasons: dict[int, Reason] = {}
         status = conn.transport.read_plan(plan, pages, reasons)
         assert list(status) == [OK, HEADER, OK] and reasons == {}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 1 << 40), max_size=40), st.integers(1, 1 << 22))
+def test_slot_offsets_are_the_geometry_offsets(slots: list[int], slot_bytes: int) -> None:
+    assert HELPERS is not None
+    geometry = Geometry(slot_bytes)
+    data, marks = HELPERS.offsets(array.array("q", slots), geometry)
+    assert (list(data), list(marks)) == geometry.offsets(slots)
+
+
+def test_write_markers_puts_each_record_at_its_offset(tmp_path: Path) -> None:
+    assert HELPERS is not None
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        records = bytearray(random.Random(5).randbytes(4 * RECORD_BYTES))
+        offsets = [0, RECORD_BYTES, 5 * RECORD_BYTES, 2 * RECORD_BYTES]  # two runs, one out of order
+        status = HELPERS.write_markers(array.array("i", [fd] * 4), array.array("q", offsets), records)
+        assert list(status) == [OK] * 4
+        for j, off in enumerate(offsets):
+            assert os.pread(fd, RECORD_BYTES, off) == records[j * RECORD_BYTES:(j + 1) * RECORD_BYTES]
+        bad = HELPERS.write_markers(array.array("i", [fd, -1]), array.array("q", [0, 0]),
+                                    records[:2 * RECORD_BYTES])
+        assert bad[0] == OK and bad[1] < 0
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("checksum", ["xxh3", "auto"])
+def test_a_set_writes_the_reference_records_and_bytes(tmp_path: Path, checksum: str) -> None:
+    """The same batch set through the C helpers and through native_io=false (every step
+    in Python) leaves byte-identical slots: records (fingerprints, checksums) and data."""
+    ns = _ns()
+    buf = HostBuffer(N * P)
+    buf.view()[:] = random.Random(6).randbytes(N * P)
+    keys = [f"w-{i}" for i in range(N)]
+    pages = [((buf.address + i * P, P),) for i in range(N)]
+    slots = {}
+    for path in ("c", "python"):
+        root = tmp_path / path
+        with _open(root, ns, checksum=checksum, native_io=path == "c") as w:
+            assert w.transport.reads_plans is (path == "c")
+            w.register(buf)
+            assert w.batch_set(keys, pages) == [True] * N
+        got = []
+        for k in keys:
+            where = slab_location(root, ns, k)
+            assert where is not None
+            file, offset, length, marker = where
+            with open(file, "rb") as f:
+                got.append((os.pread(f.fileno(), RECORD_BYTES, marker), os.pread(f.fileno(), length, offset)))
+        slots[path] = got
+    assert slots["c"] == slots["python"]
+    assert all(d == bytes(buf.view()[i * P:(i + 1) * P]) for i, (_, d) in enumerate(slots["c"]))

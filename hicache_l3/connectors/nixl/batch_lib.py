@@ -1,17 +1,22 @@
 """The C helpers of nixl file mode's batches: per batch one call where Python did per page.
 
-Three functions appended to ``hicache_l3/native/batch_io.c`` (the ``hicache_l3._batch_io``
+Functions appended to ``hicache_l3/native/batch_io.c`` (the ``hicache_l3._batch_io``
 library the slab connectors load, :mod:`hicache_l3.slab.native`):
 
-* ``hl3_join_rows``: a read batch's NIXL descriptor rows straight from the arrays of a
-  :class:`~hicache_l3.slab.native.PageBatch` (segments, offsets, descriptors), adjacent
-  rows joined as :func:`~hicache_l3.connectors.nixl.base.coalesce` joins them;
+* ``hl3_join_rows``: a batch's NIXL descriptor rows straight from flat arrays (the
+  segments, offsets and descriptors of a :class:`~hicache_l3.slab.native.PageBatch` or
+  of :func:`flatten`), adjacent rows joined as :func:`~hicache_l3.connectors.nixl.base.coalesce` joins them;
 * ``hl3_check_sums``: the XXH3 of every read page that carries a checksum, compared in
   one call with the GIL released (after its marker record was checked);
 * ``hl3_encode_markers``: the marker records a set writes, key fingerprints included
   (:func:`~hicache_l3.slab.format.encode_markers` of
   :func:`~hicache_l3.common.integrity.key_fingerprint`), from the batch's keys as one
-  ``bytes``.
+  ``bytes``;
+* ``hl3_slot_offsets``: a set's data and marker offsets
+  (:meth:`~hicache_l3.slab.format.Geometry.offsets`).
+
+The marker records themselves move by ``hl3_markers``, the batch library's marker call,
+bound here on arrays as they are.
 
 Loaded lazily like the batch library (:class:`~hicache_l3.slab.native.LoadedOnce`) and
 self-tested against the Python spellings; a library built before these functions (or
@@ -29,10 +34,11 @@ from itertools import accumulate, chain
 from hicache_l3.common.integrity import key_fingerprint, xxh3_function
 from hicache_l3.common.pages import Page
 from hicache_l3.connectors.nixl.base import Desc, coalesce
-from hicache_l3.slab.format import RECORD_BYTES, encode_markers
+from hicache_l3.slab.format import GROUP_SLOTS, RECORD_BYTES, Geometry, encode_markers
 from hicache_l3.slab.native import LoadedOnce, PageBatch
 
 _vp, _i32, _i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
+_GROUP_SHIFT = GROUP_SLOTS.bit_length() - 1  # GROUP_SLOTS is a power of two (format.py)
 _XXH3_ROLES = ("one", "create", "free", "reset", "update", "digest")  # struct hl3_xxh3's order
 
 
@@ -67,6 +73,9 @@ class NixlBatchLib:
         self._encode = lib.hl3_encode_markers
         self._encode.restype = ctypes.c_int
         self._encode.argtypes = [ctypes.c_int, ctypes.c_char_p, _i64, _vp, ctypes.c_uint64, _vp, _vp, _vp]
+        self._offsets = lib.hl3_slot_offsets
+        self._offsets.restype = None
+        self._offsets.argtypes = [ctypes.c_int, _vp, _i64, _i64, _i64, _i64, _vp, _vp]
         self._markers = lib.hl3_markers
         self._markers.restype = ctypes.c_int
         self._markers.argtypes = [_i32, _i32, _i32, _vp, _vp, _vp, _vp, _i64, _vp]
@@ -94,6 +103,33 @@ class NixlBatchLib:
         m = int(self._join(n, _at(segments), _at(at), _at(fds), _at(offsets), _at(local), _at(remote),
                            max_bytes))
         return _rows(local, m), _rows(remote, m)
+
+    def offsets(self, slots: array.array[int],
+                geometry: Geometry) -> tuple[array.array[int], array.array[int]]:
+        """(data offsets, marker offsets) of ``slots`` (int64) as int64 arrays:
+        :meth:`~hicache_l3.slab.format.Geometry.offsets` in one C call."""
+        n = len(slots)
+        if slots.typecode != "q":
+            raise ValueError("offsets: slots must be an int64 array")
+        data, marks = array.array("q", bytes(8 * n)), array.array("q", bytes(8 * n))
+        if n:
+            self._offsets(n, _at(slots), _GROUP_SHIFT, geometry.table, geometry.data_stride, RECORD_BYTES,
+                          _at(data), _at(marks))
+        return data, marks
+
+    def write_markers(self, fds: array.array[int], offsets: array.array[int],
+                      records: bytearray) -> array.array[int]:
+        """``pwrite`` record ``j`` (``records[128 j : 128 (j + 1)]``) at ``offsets[j]``
+        (int64) of ``fds[j]`` (int32), every ``j`` in one call with the GIL released,
+        adjacent records in one syscall; one status per record (OK, SHORT or -errno)."""
+        n = len(fds)
+        if len(offsets) != n or len(records) != RECORD_BYTES * n or (fds.typecode, offsets.typecode) \
+                != ("i", "q"):
+            raise ValueError("write_markers: arrays differ in length or type")
+        status = array.array("i", bytes(4 * n))
+        if n:
+            self._markers(1, 0, n, _at(fds), _at(offsets), _at(records), None, RECORD_BYTES, _at(status))
+        return status
 
     def read_markers(self, batch: PageBatch) -> None:
         """Read every page's marker record of read ``batch`` into its scratch space, each
@@ -159,6 +195,12 @@ def _self_test(lib: NixlBatchLib) -> None:
             or lib.rows(*arrays, 120) != coalesce(*per_segment, max_bytes=120) \
             or flatten(pages) != (batch.segments, batch.at):
         raise RuntimeError("hl3_join_rows disagrees with connectors.nixl.base.coalesce")
+    for size in (4096, 65536 + 100, 1 << 20):
+        geometry = Geometry(size)
+        slots = [0, 1, GROUP_SLOTS - 1, GROUP_SLOTS, 5 * GROUP_SLOTS + 7]
+        data, marks = lib.offsets(array.array("q", slots), geometry)
+        if (list(data), list(marks)) != geometry.offsets(slots):
+            raise RuntimeError("hl3_slot_offsets disagrees with slab.format.Geometry.offsets")
 
 
 def flatten(pages: Sequence[Page]) -> tuple[array.array[int], array.array[int]]:

@@ -47,7 +47,7 @@ import array
 import errno
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
 from typing import Any
 
@@ -98,6 +98,13 @@ def posix_params(engine: str) -> dict[str, str]:
     return {flag: "true" if name == engine else "false" for name, flag in ENGINE_PARAMS.items()}
 
 
+def _records(gens: Iterable[int], nbytes: int, sums: list[int] | None, keys: list[str]) -> bytearray:
+    """The marker records of a set's slots, back to back (Python: one struct pack and one
+    fingerprint per key; the C helpers' ``encode_markers`` is the same bytes)."""
+    return bytearray(b"".join(encode_markers(gens, repeat(nbytes), sums if sums is not None else repeat(0),
+                                             map(key_fingerprint, keys))))
+
+
 class NixlTransport(SlotTransport):
     """Slot bytes moved by NIXL's POSIX plugin, markers by ``pwrite``/``pread`` (module
     docstring). ``transfer(op)`` gives the connector's transfer function for ``op`` (it
@@ -127,7 +134,7 @@ class NixlTransport(SlotTransport):
         return [c for share in shares for c in share]
 
     @staticmethod
-    def _descriptors(pages: list[Page], fds: list[int], offsets: list[int],
+    def _descriptors(pages: list[Page], fds: Sequence[int], offsets: Sequence[int],
                      ) -> tuple[list[Desc], list[Desc], list[int] | None]:
         """The local (DRAM) and remote (FILE) rows moving ``pages[j]`` to or from
         ``offsets[j]`` of ``fds[j]``, and the unit bounds for :func:`run_flat` (None: one
@@ -149,20 +156,29 @@ class NixlTransport(SlotTransport):
 
     def write(self, store: SlabStore, batch: WriteBatch) -> None:
         """Every page's marker record (one library call), then the data of every page
-        whose marker was written (one NIXL transfer)."""
+        whose marker was written (one NIXL transfer). With the C helpers, the offsets and
+        the records (key fingerprints included) are one C call each, on arrays."""
         geometry, slots, status, pages = batch.geometry, batch.slots, batch.status, batch.pages
         n, nbytes = len(slots), geometry.slot_bytes
-        sums = self._checksums(pages) if batch.checksum else [0] * n
-        data_at, marker_at = geometry.offsets([s[2] for s in slots])
-        fds = [s[0] for s in slots]
-        gens = [s[3] for s in slots]
-        records = None
-        if self.helpers is not None:  # fingerprints and records in one C call
-            records = self.helpers.encode_markers(batch.keys, gens, nbytes, sums if batch.checksum else None)
-        if records is None:
-            records = bytearray(b"".join(encode_markers(gens, repeat(nbytes, n), sums,
-                                                        map(key_fingerprint, batch.keys))))
-        marks = self._put_markers(fds, marker_at, records)
+        if not n:
+            return
+        sums = self._checksums(pages) if batch.checksum else None
+        helpers = self.helpers
+        fds: Sequence[int]
+        data_at: Sequence[int]
+        if helpers is not None and self.lib is not None:
+            fd_col, _slabs, slot_col, gen_col = zip(*slots)
+            fds = array.array("i", fd_col)
+            data_at, marker_at = helpers.offsets(array.array("q", slot_col), geometry)
+            records = helpers.encode_markers(batch.keys, gen_col, nbytes, sums)
+            if records is None:  # a key the C call cannot take (not ASCII)
+                records = _records(gen_col, nbytes, sums, batch.keys)
+            marks: Sequence[int] = helpers.write_markers(fds, marker_at, records)
+        else:  # the reference
+            data_at, marker_list = geometry.offsets([s[2] for s in slots])
+            fds = [s[0] for s in slots]
+            records = _records([s[3] for s in slots], nbytes, sums, batch.keys)
+            marks = self._put_markers(fds, marker_list, records)
         if marks.count(OK) == n:  # the common batch: every marker written
             staged: list[int] = list(range(n))
         else:
@@ -181,7 +197,7 @@ class NixlTransport(SlotTransport):
         if results.count(Reason.OK) == n:  # the common batch: all written
             batch.held.clear()
             status[:] = _all_ok(n)
-            if batch.checksum:
+            if sums is not None:
                 batch.checksums[:] = array.array("Q", sums)
             return
         for j, result in zip(staged, results):
@@ -190,7 +206,8 @@ class NixlTransport(SlotTransport):
             if result is not Reason.OK:
                 batch.fail(j, result)
                 continue
-            batch.checksums[j] = sums[j]
+            if sums is not None:
+                batch.checksums[j] = sums[j]
             status[j] = OK
 
     def read(self, store: SlabStore, batch: ReadBatch) -> None:
@@ -263,7 +280,7 @@ class NixlTransport(SlotTransport):
             self._pool.map(lambda lo, hi: helpers.check_sums(pb, lo, hi), n)
         return status
 
-    def _move(self, op: str, pages: list[Page], fds: list[int], offsets: list[int]) -> list[Reason]:
+    def _move(self, op: str, pages: list[Page], fds: Sequence[int], offsets: Sequence[int]) -> list[Reason]:
         """Move ``pages[j]`` to or from ``offsets[j]`` of ``fds[j]`` (``op`` "READ" or
         "WRITE"), adjacent rows joined; one Reason per page. Rows built in C with the
         helpers, by :meth:`_descriptors` and :func:`run_flat` without (the reference)."""
