@@ -105,6 +105,7 @@ def _get(root: Path, ns: Namespace, keys: list[str], path: str, checksum: str,
     with _open(root, ns, checksum=checksum, native_io=path != "python") as r:
         r.register(dst)
         assert r.transport.reads_plans is (path != "python")
+        assert r.stats()["engine"]["planned_get"] is (path != "python")
         assert r.batch_exists(keys[:1]) is not None  # opens the store
         store = r._store
         _wreck(store, keys)

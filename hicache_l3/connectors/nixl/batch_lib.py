@@ -228,3 +228,10 @@ def library() -> NixlBatchLib | None:
     if sys.byteorder != "little" or ctypes.sizeof(ctypes.c_size_t) != 8:
         return None
     return _loaded.get()
+
+
+def unavailable_reason() -> str:
+    """Why :func:`library` is None ("" when it is loaded)."""
+    if sys.byteorder != "little" or ctypes.sizeof(ctypes.c_size_t) != 8:
+        return "the nixl batch helpers need a 64-bit little-endian host"
+    return _loaded.reason()
