@@ -35,15 +35,10 @@ from hicache_l3.common.integrity import key_fingerprint, xxh3_function
 from hicache_l3.common.pages import Page
 from hicache_l3.connectors.nixl.base import Desc, coalesce
 from hicache_l3.slab.format import GROUP_SLOTS, RECORD_BYTES, Geometry, encode_markers
-from hicache_l3.slab.native import LoadedOnce, PageBatch
+from hicache_l3.slab.native import LoadedOnce, PageBatch, xxh3_entry_points
 
 _vp, _i32, _i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
 _GROUP_SHIFT = GROUP_SLOTS.bit_length() - 1  # GROUP_SLOTS is a power of two (format.py)
-_XXH3_ROLES = ("one", "create", "free", "reset", "update", "digest")  # struct hl3_xxh3's order
-
-
-class _XXH3(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_void_p) for name in _XXH3_ROLES]
 
 
 def _at(buf: array.array[int] | bytearray) -> int:
@@ -79,8 +74,7 @@ class NixlBatchLib:
         self._markers = lib.hl3_markers
         self._markers.restype = ctypes.c_int
         self._markers.argtypes = [_i32, _i32, _i32, _vp, _vp, _vp, _vp, _i64, _vp]
-        self._xxh3 = _XXH3(*(ctypes.cast(xxh3_function(role), ctypes.c_void_p).value
-                             for role in _XXH3_ROLES))
+        self._xxh3 = xxh3_entry_points()
         self._xxh3_at = ctypes.addressof(self._xxh3)
         self._h128 = ctypes.cast(xxh3_function("seeded128"), ctypes.c_void_p).value
 
