@@ -4,10 +4,11 @@ Opens the nixl connector (file mode, a temporary root, capacity one repetition a
 ``hicache-l3 bench``), warms up, then times ``--reps`` repetitions of ``--pages`` pages
 in batches of ``--batch`` through ``batch_set`` then ``batch_get``, with every stage
 wrapped in a timer: the connector's validation (``_transfer`` less the page hook), the
-slab store (reserve, commit, lookup, touch), the transport (offsets, marker records, the
-C marker calls), ``run_flat`` and the NIXL calls (descriptor lists, transfer setup,
-post, polls, release). Times are inclusive (a stage's time holds its sub-stages), in
-microseconds per batch; the timers themselves cost ~0.3 us per call.
+slab store (reserve, commit, lookup or get plan, touch), the transport (offsets, marker
+records, the C marker calls and helpers, the planned read), ``run_flat`` and the NIXL
+calls (descriptor lists, transfer setup, post, polls, release). Times are inclusive (a
+stage's time holds its sub-stages), in microseconds per batch; the timers themselves
+cost ~0.3 us per call.
 
     PYTHONPATH=$PWD python benchmarks/nixl_stages.py --page-size 65536
 """
@@ -28,6 +29,7 @@ import hicache_l3.slab.format as slab_format
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.registry import open_connector
+from hicache_l3.connectors.nixl import batch_lib
 from hicache_l3.slab import native
 from hicache_l3.slab.store import SlabStore
 
@@ -84,10 +86,12 @@ def main() -> None:
         timed(conn, "_transfer", "connector._transfer (validation + hook)")
         for hook in ("_get", "_set"):
             timed(conn, hook, f"engine.{hook}")
-        for name in ("lookup", "reserve_new", "commit", "touch"):
+        for name in ("lookup", "plan_get", "reserve_new", "commit", "touch"):
             timed(SlabStore, name, f"store.{name}")
-        for name in ("read", "write", "_check_markers", "_put_markers"):
+        for name in ("read", "read_plan", "write", "_check_markers", "_put_markers", "_move_flat"):
             timed(nixl_file.NixlTransport, name, f"transport.{name}")
+        for name in ("rows", "read_markers", "check_sums", "encode_markers", "offsets", "write_markers"):
+            timed(batch_lib.NixlBatchLib, name, f"C helpers.{name}")
         for name in ("read_markers", "write_markers"):
             timed(native.BatchIO, name, f"C {name}")
         timed(nixl_base.Agent, "transfer", "Agent.transfer (NIXL setup, post, polls)")

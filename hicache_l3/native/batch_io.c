@@ -284,3 +284,131 @@ int hl3_markers(int writing, int lo, int hi, const int32_t *fds, const int64_t *
     }
     return count_bad(lo, hi, status);
 }
+
+/* ---- the NIXL file transport's batch helpers (hicache_l3/connectors/nixl/file.py) ------ */
+
+/* The NIXL transfer rows of pages 0..n-1: page j's segments segs[at[j] .. at[j+1]) move
+ * to / from offs[j] of fds[j] onward, one row per segment, local (address, length, 0) and
+ * remote (offset, length, fd), 3 uint64 each, written to local[3 m ..] and remote[3 m ..]
+ * (room for at[n] rows). A row that continues the previous one on both sides (the local
+ * address and the remote offset start where the previous row ends, in the same fd) is
+ * joined into it while the joined row stays within max_bytes (max_bytes <= 0: no row is
+ * joined, one per segment). The same rows, in the same order, as
+ * connectors/nixl/base.py coalesce() of one row per segment (a test compares them).
+ * Returns m, the number of rows. */
+int64_t hl3_join_rows(int n, const struct iovec *segs, const int32_t *at, const int32_t *fds,
+                      const int64_t *offs, uint64_t *local, uint64_t *remote, int64_t max_bytes)
+{
+    int64_t m = 0;
+    for (int j = 0; j < n; j++) {
+        uint64_t off = (uint64_t)offs[j], fd = (uint64_t)(int64_t)fds[j];
+        for (int s = at[j]; s < at[j + 1]; s++) {
+            uint64_t addr = (uint64_t)(uintptr_t)segs[s].iov_base, len = (uint64_t)segs[s].iov_len;
+            if (m > 0) {
+                uint64_t *l = local + 3 * (m - 1), *r = remote + 3 * (m - 1);
+                if (l[0] + l[1] == addr && r[0] + r[1] == off && r[2] == fd && max_bytes > 0
+                    && l[1] + len <= (uint64_t)max_bytes) {
+                    l[1] += len;
+                    r[1] += len;
+                    off += len;
+                    continue;
+                }
+            }
+            uint64_t *l = local + 3 * m, *r = remote + 3 * m;
+            l[0] = addr;
+            l[1] = len;
+            l[2] = 0;
+            r[0] = off;
+            r[1] = len;
+            r[2] = fd;
+            off += len;
+            m++;
+        }
+    }
+    return m;
+}
+
+/* The checksums of pages lo..hi-1 whose data and marker record were read (status[j] ==
+ * HL3_OK) and whose csums[j] != 0: the XXH3 of segs[at[j] .. at[j+1]) must equal
+ * csums[j] (HL3_CHECKSUM when not, HL3_NOMEM when no hash state could be made); other
+ * pages keep their status. For a read whose data moved elsewhere (a NIXL transfer) and
+ * whose records were checked (hl3_markers): the last step of the torn-slot check, the
+ * data hashed after its record vouched for it. Returns the number not OK. */
+int hl3_check_sums(int lo, int hi, const struct iovec *segs, const int32_t *at, const uint64_t *csums,
+                   const struct hl3_xxh3 *x, int32_t *status)
+{
+    void *state = NULL;
+    for (int j = lo; j < hi; j++) {
+        if (status[j] != HL3_OK || csums[j] == 0)
+            continue;
+        uint64_t c = checksum(x, &state, segs + at[j], at[j + 1] - at[j]);
+        status[j] = c == 0 ? HL3_NOMEM : c == csums[j] ? HL3_OK : HL3_CHECKSUM;
+    }
+    if (state != NULL)
+        x->free_state(state);
+    return count_bad(lo, hi, status);
+}
+
+/* The xxhash library's XXH3_128bits_withSeed (the caller passes its entry point). */
+typedef struct {
+    uint64_t low64, high64;
+} hl3_h128;
+typedef hl3_h128 (*hl3_h128_fn)(const void *, size_t, uint64_t);
+
+static void le64_at(unsigned char *p, uint64_t v)
+{
+    for (int b = 0; b < 8; b++)
+        p[b] = (unsigned char)(v >> (8 * b));
+}
+
+/* The marker records of n slots to write (slab/format.py encode_markers: START
+ * "<4sHHQQQ16s16x" then END "<4s4xQ16s32x", 128 bytes each, into out[128 j ..]): slot j
+ * holds generation gens[j], length bytes and checksum csums[j] (NULL: 0, none) for key j
+ * of ``keys``, whose fingerprint is its XXH3-128 with seed 0 in canonical (big-endian)
+ * byte order (common/integrity.py key_fingerprint). ``keys`` holds the n keys back to
+ * back in len bytes, each followed by one '\n' (valid page keys hold none). Returns 0, or
+ * -1 when ``keys`` does not split into exactly n keys (nothing meaningful is written). */
+int hl3_encode_markers(int n, const char *keys, int64_t len, const uint64_t *gens, uint64_t length,
+                       const uint64_t *csums, hl3_h128_fn hash, unsigned char *out)
+{
+    const char *p = keys, *end = keys + len;
+    for (int j = 0; j < n; j++) {
+        const char *nl = p < end ? memchr(p, '\n', (size_t)(end - p)) : NULL;
+        if (nl == NULL)
+            return -1;
+        hl3_h128 h = hash(p, (size_t)(nl - p), 0);
+        unsigned char fp[16], *r = out + (size_t)j * 128;
+        for (int b = 0; b < 8; b++) {
+            fp[b] = (unsigned char)(h.high64 >> (56 - 8 * b));
+            fp[8 + b] = (unsigned char)(h.low64 >> (56 - 8 * b));
+        }
+        memset(r, 0, 128);
+        memcpy(r, "HL3S", 4);
+        r[4] = 2; /* FORMAT_VERSION, little-endian uint16 */
+        le64_at(r + 8, gens[j]);
+        le64_at(r + 16, length);
+        le64_at(r + HL3_CSUM_AT, csums != NULL ? csums[j] : 0);
+        memcpy(r + 32, fp, 16);
+        memcpy(r + 64, "HL3E", 4);
+        le64_at(r + 72, gens[j]);
+        memcpy(r + 80, fp, 16);
+        p = nl + 1;
+    }
+    return p == end ? 0 : -1;
+}
+
+/* The data and marker offsets of slots[0..n-1] in their slab (slab/format.py
+ * Geometry.offsets: groups of 1 << shift slots, each a table of `record`-byte marker
+ * records, `table` bytes, then the data, data_stride bytes a slot): with g = s >> shift,
+ * data_offs[j] = (g + 1) * table + s * data_stride and marker_offs[j] = g * (1 << shift)
+ * * data_stride + s * record. */
+void hl3_slot_offsets(int n, const int64_t *slots, int64_t shift, int64_t table, int64_t data_stride,
+                      int64_t record, int64_t *data_offs, int64_t *marker_offs)
+{
+    int64_t span = ((int64_t)1 << shift) * data_stride;
+    for (int j = 0; j < n; j++) {
+        int64_t s = slots[j], g = s >> shift;
+        data_offs[j] = (g + 1) * table + s * data_stride;
+        marker_offs[j] = g * span + s * record;
+    }
+}

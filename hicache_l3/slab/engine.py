@@ -29,6 +29,7 @@ import errno
 import os
 import shutil
 import threading
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
@@ -36,7 +37,7 @@ from hicache_l3.common.errors import ConfigError, Reason
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.pages import Page
 from hicache_l3.common.safe_fs import private_root
-from hicache_l3.slab.format import Located, namespace_dir, read_namespace_file
+from hicache_l3.slab.format import Entry, Located, namespace_dir, read_namespace_file
 from hicache_l3.slab.io import (
     CHECKSUM,
     FAILED,
@@ -204,7 +205,9 @@ class SlabConnector:
                     store.invalidate(keys[i], plan.entry(i))
             if not count:
                 return reasons
-        status = self.transport.read_plan(plan, pages if count == n else [pages[i] for i in plan.where])
+        failed: dict[int, Reason] = {}  # the Reason of a page left FAILED (a NIXL timeout)
+        status = self.transport.read_plan(plan, pages if count == n else [pages[i] for i in plan.where],
+                                          failed)
         if status.count(OK) == count:
             store.touch(plan.own_slots(store.me))
             if reasons is None:  # the common batch: every key read and verified
@@ -214,28 +217,13 @@ class SlabConnector:
             return reasons
         if reasons is None:
             reasons = [Reason.MISS] * n
-        hits, me = [], store.me
-        for j, i in enumerate(plan.where):
-            code = status[j]
-            entry = plan.entry(i)
-            if code == OK:
-                reasons[i] = Reason.OK
-                if entry.writer == me:
-                    hits.append((entry.slab, entry.slot))
-            elif code in _CORRUPT:
-                reasons[i] = Reason.CORRUPT
-                store.invalidate(keys[i], entry)
-            elif code == UNREGISTERED:
-                reasons[i] = Reason.UNREGISTERED
-            else:
-                reasons[i] = Reason.ENGINE_ERROR
-                self._log.warning("get-io", "%s: read of %s failed: %s", self.name, keys[i], explain(code))
-        store.touch(hits)
+        self._settle_reads(store, keys, reasons, ((i, plan.entry(i)) for i in plan.where), status, failed)
         return reasons
 
     def _get_located(self, store: SlabStore, keys: list[str], pages: list[Page]) -> list[Reason]:
         """:meth:`_get` through :meth:`SlabStore.lookup` and a :class:`ReadBatch`: the
-        reference, and the path of transports that do not read plans (3FS USRBIO, NIXL)."""
+        reference, and the path of transports that do not read plans (3FS USRBIO, NIXL
+        without its C helpers)."""
         found = store.lookup(keys)
         reasons = [Reason.MISS] * len(keys)
         nbytes = store.geometry.slot_bytes  # == page_bytes: the base class checked every page
@@ -271,10 +259,20 @@ class SlabConnector:
         if everything and status.count(OK) == len(keys):  # the common batch: all read and verified
             store.touch([(e[1], e[2]) for _, e in located if e[0] == me])
             return [Reason.OK] * len(keys)
-        hits = []
-        for j, i in enumerate(work):
+        self._settle_reads(store, keys, reasons, ((i, loc.entry) for i, loc in zip(work, located)), status,
+                           batch.reasons)
+        return reasons
+
+    def _settle_reads(self, store: SlabStore, keys: list[str], reasons: list[Reason],
+                      read: Iterable[tuple[int, Entry]], status: Sequence[int],
+                      failed: dict[int, Reason]) -> None:
+        """The Reason of each page read (``read``: the key's index ``i`` and its entry, in
+        the order of ``status``): OK (own pages touched in the LRU), corrupt (the key
+        dropped from the index), unregistered, or the transport's Reason of a page left
+        FAILED (``failed``, by position), engine_error otherwise (logged)."""
+        hits, me = [], store.me
+        for j, (i, entry) in enumerate(read):
             code = status[j]
-            entry = located[j].entry
             if code == OK:
                 reasons[i] = Reason.OK
                 if entry.writer == me:
@@ -285,11 +283,10 @@ class SlabConnector:
             elif code == UNREGISTERED:
                 reasons[i] = Reason.UNREGISTERED
             else:
-                reasons[i] = batch.reasons[j] if code == FAILED else Reason.ENGINE_ERROR
+                reasons[i] = failed.get(j, Reason.ENGINE_ERROR) if code == FAILED else Reason.ENGINE_ERROR
                 self._log.warning("get-io", "%s: read of %s failed: %s", self.name, keys[i],
                                   reasons[i].value if code == FAILED else explain(code))
         store.touch(hits)
-        return reasons
 
     def _exists(self, keys: list[str]) -> list[Reason]:
         store = self._existing_store()

@@ -151,9 +151,12 @@ class SlotTransport(abc.ABC):
     #: transport); the others take :meth:`read` of a :class:`ReadBatch`.
     reads_plans: bool = False
 
-    def read_plan(self, plan: GetPlan, pages: Sequence[Page]) -> array.array[int]:
+    def read_plan(self, plan: GetPlan, pages: Sequence[Page],
+                  reasons: dict[int, Reason] | None = None) -> array.array[int]:
         """Read the ``plan.count`` planned pages into ``pages`` (page ``j`` for key
-        ``plan.where[j]``) and verify them as :meth:`read` does; one status per page."""
+        ``plan.where[j]``) and verify them as :meth:`read` does; one status per page, and
+        for a page left :data:`FAILED` its Reason in ``reasons[j]`` (as a
+        :class:`ReadBatch`'s; absent: an engine error)."""
         raise NotImplementedError(f"{self.name} does not read get plans")
 
 
@@ -300,7 +303,8 @@ class NativeTransport(SlotTransport):
 
     reads_plans = True
 
-    def read_plan(self, plan: GetPlan, pages: Sequence[Page]) -> array.array[int]:
+    def read_plan(self, plan: GetPlan, pages: Sequence[Page],
+                  reasons: dict[int, Reason] | None = None) -> array.array[int]:
         """The planned pages as one :class:`~hicache_l3.slab.native.PageBatch` built from the
         plan's arrays as they are (no per-page Python), its shares read in parallel."""
         pb = native.PageBatch.for_read(RECORD_BYTES, plan.fds, plan.data_offs, plan.marker_offs,

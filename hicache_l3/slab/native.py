@@ -50,6 +50,13 @@ class _XXH3(ctypes.Structure):
     _fields_ = [(name, ctypes.c_void_p) for name in _XXH3_ROLES]
 
 
+def xxh3_entry_points() -> ctypes.Structure:
+    """The xxhash wheel's XXH3 entry points as the C library's ``struct hl3_xxh3`` (pass its
+    address to the calls that hash): the library holds no XXH3 of its own, so its
+    checksums are the wheel's."""
+    return _XXH3(*(ctypes.cast(xxh3_function(role), ctypes.c_void_p).value for role in _XXH3_ROLES))
+
+
 def _address(buf: array.array | bytearray) -> int:
     if isinstance(buf, array.array):
         return buf.buffer_info()[0] if buf else 0
@@ -194,8 +201,7 @@ class BatchIO:
         self._markers = lib.hl3_markers
         self._markers.restype = ctypes.c_int
         self._markers.argtypes = [_i32, _i32, _i32, _vp, _vp, _vp, _vp, _i64, _vp]
-        self._xxh3 = _XXH3(*(ctypes.cast(xxh3_function(role), ctypes.c_void_p).value
-                             for role in _XXH3_ROLES))
+        self._xxh3 = xxh3_entry_points()
         self._xxh3_at = ctypes.addressof(self._xxh3)
 
     def read(self, batch: PageBatch, lo: int, hi: int) -> int:

@@ -35,14 +35,6 @@ def namespace() -> Namespace:
                      page_size=16, tag=f"f{uuid.uuid4().hex[:10]}")
 
 
-@pytest.fixture
-def opened() -> Iterator[list[Any]]:
-    conns: list[Any] = []
-    yield conns
-    for c in conns:
-        c.close()
-
-
 @pytest.fixture(scope="module")
 def s3() -> Iterator[S3Engine]:
     with S3Engine() as engine:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +31,6 @@ PAGE = 16 << 10
 def namespace() -> Namespace:
     return Namespace(model="batches/model", kv_dtype="bfloat16", layout="page_first",
                      page_size=16, tag=f"b{uuid.uuid4().hex[:10]}")
-
-
-@pytest.fixture
-def opened() -> Iterator[list[Any]]:
-    conns: list[Any] = []
-    yield conns
-    for c in conns:
-        c.close()
 
 
 # ---- run_flat: which rows go together, which units fail ---------------------------------

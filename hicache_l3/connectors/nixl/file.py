@@ -24,6 +24,15 @@ bytes move:
   torn-slot argument"). A reader overlapping a reuse of the slot sees a new record and
   misses; a torn or recycled slot is a miss, never somebody else's bytes.
 
+With the C batch library (and its nixl helpers, :mod:`~hicache_l3.connectors.nixl.batch_lib`)
+no Python runs per page on the common batch: a get reads the batch's
+:class:`~hicache_l3.slab.plan.GetPlan` (:meth:`NixlTransport.read_plan`: descriptors,
+offsets, expected records and checksums from one C call), its NIXL rows built and joined
+in C, its records and checksums checked in C; a set encodes its records, key
+fingerprints included, in one C call. Without them (``native_io=false``, or a library
+that predates the helpers) every step is the per-page Python path: the reference the
+tests compare with (tests/nixl/test_nixl_plan.py).
+
 Checksums: ``checksum=auto`` means none here. Measured on this machine, XXH3 over a
 batch runs at ~10 GB/s on one core and does not overlap with the transfer, which
 would cost 35-45% of get throughput against raw NIXL; the slot markers already catch
@@ -38,7 +47,7 @@ import array
 import errno
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
 from typing import Any
 
@@ -48,11 +57,31 @@ from hicache_l3.common.integrity import key_fingerprint, page_checksum
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.pages import Page
 from hicache_l3.common.parallel import BatchPool
-from hicache_l3.connectors.nixl.base import Agent, Desc, NixlConfig, NixlConnector, run_flat
+from hicache_l3.connectors.nixl import batch_lib
+from hicache_l3.connectors.nixl.base import (
+    MERGE_MAX_BYTES,
+    Agent,
+    Desc,
+    NixlConfig,
+    NixlConnector,
+    TransferError,
+    run_flat,
+)
 from hicache_l3.slab import native
 from hicache_l3.slab.engine import SlabConnector
 from hicache_l3.slab.format import RECORD_BYTES, Entry, encode_markers, expected_markers
-from hicache_l3.slab.io import CHECKSUM, HEADER, OK, SHORT, ReadBatch, SlotTransport, WriteBatch, verify
+from hicache_l3.slab.io import (
+    CHECKSUM,
+    FAILED,
+    HEADER,
+    OK,
+    SHORT,
+    ReadBatch,
+    SlotTransport,
+    WriteBatch,
+    verify,
+)
+from hicache_l3.slab.plan import GetPlan
 from hicache_l3.slab.store import SlabStore
 
 
@@ -69,6 +98,13 @@ def posix_params(engine: str) -> dict[str, str]:
     return {flag: "true" if name == engine else "false" for name, flag in ENGINE_PARAMS.items()}
 
 
+def _records(gens: Iterable[int], nbytes: int, sums: list[int] | None, keys: list[str]) -> bytearray:
+    """The marker records of a set's slots, back to back (Python: one struct pack and one
+    fingerprint per key; the C helpers' ``encode_markers`` is the same bytes)."""
+    return bytearray(b"".join(encode_markers(gens, repeat(nbytes), sums if sums is not None else repeat(0),
+                                             map(key_fingerprint, keys))))
+
+
 class NixlTransport(SlotTransport):
     """Slot bytes moved by NIXL's POSIX plugin, markers by ``pwrite``/``pread`` (module
     docstring). ``transfer(op)`` gives the connector's transfer function for ``op`` (it
@@ -81,11 +117,16 @@ class NixlTransport(SlotTransport):
     name = "NIXL POSIX transfers"
 
     def __init__(self, transfer: Callable[[str], Callable[[list[Any], list[Any]], None]],
-                 max_descs: int, checksum_threads: int, lib: native.BatchIO | None = None) -> None:
-        self._transfer, self.max_descs, self.lib = transfer, max_descs, lib
+                 max_descs: int, checksum_threads: int, lib: native.BatchIO | None = None,
+                 helpers: batch_lib.NixlBatchLib | None = None) -> None:
+        self._transfer, self.max_descs, self.lib, self.helpers = transfer, max_descs, lib, helpers
         self._pool = BatchPool(checksum_threads, "hicache-nixl-csum", min_share=4)
         if lib is not None:
             self.name = f"{self.name}, markers by the C batch library"
+        # planned gets (read_plan) and the set's records and rows in C need the helpers;
+        # without them (native_io=false, or a library that predates them) the per-page
+        # Python paths run: the reference
+        self.reads_plans = helpers is not None and lib is not None
 
     def _checksums(self, pages: list[Page]) -> list[int]:
         """XXH3 of each page, over ``checksum_threads`` threads (the hash releases the GIL)."""
@@ -93,7 +134,7 @@ class NixlTransport(SlotTransport):
         return [c for share in shares for c in share]
 
     @staticmethod
-    def _descriptors(pages: list[Page], fds: list[int], offsets: list[int],
+    def _descriptors(pages: list[Page], fds: Sequence[int], offsets: Sequence[int],
                      ) -> tuple[list[Desc], list[Desc], list[int] | None]:
         """The local (DRAM) and remote (FILE) rows moving ``pages[j]`` to or from
         ``offsets[j]`` of ``fds[j]``, and the unit bounds for :func:`run_flat` (None: one
@@ -115,15 +156,29 @@ class NixlTransport(SlotTransport):
 
     def write(self, store: SlabStore, batch: WriteBatch) -> None:
         """Every page's marker record (one library call), then the data of every page
-        whose marker was written (one NIXL transfer)."""
+        whose marker was written (one NIXL transfer). With the C helpers, the offsets and
+        the records (key fingerprints included) are one C call each, on arrays."""
         geometry, slots, status, pages = batch.geometry, batch.slots, batch.status, batch.pages
         n, nbytes = len(slots), geometry.slot_bytes
-        sums = self._checksums(pages) if batch.checksum else [0] * n
-        data_at, marker_at = geometry.offsets([s[2] for s in slots])
-        fds = [s[0] for s in slots]
-        marks = self._put_markers(
-            fds, marker_at,
-            encode_markers([s[3] for s in slots], repeat(nbytes, n), sums, map(key_fingerprint, batch.keys)))
+        if not n:
+            return
+        sums = self._checksums(pages) if batch.checksum else None
+        helpers = self.helpers
+        fds: Sequence[int]
+        data_at: Sequence[int]
+        if helpers is not None and self.lib is not None:
+            fd_col, _slabs, slot_col, gen_col = zip(*slots)
+            fds = array.array("i", fd_col)
+            data_at, marker_at = helpers.offsets(array.array("q", slot_col), geometry)
+            records = helpers.encode_markers(batch.keys, gen_col, nbytes, sums)
+            if records is None:  # a key the C call cannot take (not ASCII)
+                records = _records(gen_col, nbytes, sums, batch.keys)
+            marks: Sequence[int] = helpers.write_markers(fds, marker_at, records)
+        else:  # the reference
+            data_at, marker_list = geometry.offsets([s[2] for s in slots])
+            fds = [s[0] for s in slots]
+            records = _records([s[3] for s in slots], nbytes, sums, batch.keys)
+            marks = self._put_markers(fds, marker_list, records)
         if marks.count(OK) == n:  # the common batch: every marker written
             staged: list[int] = list(range(n))
         else:
@@ -138,12 +193,11 @@ class NixlTransport(SlotTransport):
         if not staged:
             return
         batch.held.update(staged)  # until the transfer is known to have ended
-        local, remote, bounds = self._descriptors(pages, fds, data_at)
-        results = run_flat(self._transfer("WRITE"), local, remote, bounds, self.max_descs, merge=True)
+        results = self._move("WRITE", pages, fds, data_at)
         if results.count(Reason.OK) == n:  # the common batch: all written
             batch.held.clear()
             status[:] = _all_ok(n)
-            if batch.checksum:
+            if sums is not None:
                 batch.checksums[:] = array.array("Q", sums)
             return
         for j, result in zip(staged, results):
@@ -152,7 +206,8 @@ class NixlTransport(SlotTransport):
             if result is not Reason.OK:
                 batch.fail(j, result)
                 continue
-            batch.checksums[j] = sums[j]
+            if sums is not None:
+                batch.checksums[j] = sums[j]
             status[j] = OK
 
     def read(self, store: SlabStore, batch: ReadBatch) -> None:
@@ -163,9 +218,7 @@ class NixlTransport(SlotTransport):
         entries = [loc[1] for loc in located]
         fds = [loc[0] for loc in located]
         data_at, marker_at = batch.geometry.offsets([e[2] for e in entries])  # e[2]: e.slot
-        local, remote, bounds = self._descriptors(pages, fds, data_at)
-        results = run_flat(self._transfer("READ"), local, remote, bounds, self.max_descs, reread=True,
-                           merge=True)
+        results = self._move("READ", pages, fds, data_at)
         if results.count(Reason.OK) == n:  # the common batch: every page moved
             moved: list[int] = list(range(n))
             keys = batch.keys
@@ -193,13 +246,89 @@ class NixlTransport(SlotTransport):
             for j, code in zip(moved, codes):
                 status[j] = code
 
-    def _put_markers(self, fds: list[int], offsets: list[int], records: list[bytes]) -> list[int]:
-        """Write each marker record at its offset; one status per record (OK, SHORT or -errno)."""
-        if self.lib is not None:
-            return list(self.lib.write_markers(fds, offsets, b"".join(records), RECORD_BYTES))
-        out = []
-        for fd, offset, record in zip(fds, offsets, records):
+    def read_plan(self, plan: GetPlan, pages: Sequence[Page],
+                  reasons: dict[int, Reason] | None = None) -> array.array[int]:
+        """:meth:`read` of a :class:`~hicache_l3.slab.plan.GetPlan` (the planned pages,
+        page ``j`` into ``pages[j]``): the plan already holds every page's descriptor, data
+        and marker offsets, expected record and checksum, so no Python runs per page. The
+        data of every page (one NIXL transfer, rows built and joined in C), then every
+        marker record (one C call), then the checksums of the pages that carry one (one
+        C call per share); one status per page, a failed transfer's Reason in
+        ``reasons[j]``."""
+        helpers = self.helpers
+        if helpers is None or not self.reads_plans:
+            raise NotImplementedError(f"{self.name} reads get plans only with the C helpers")
+        pb = native.PageBatch.for_read(RECORD_BYTES, plan.fds, plan.data_offs, plan.marker_offs, pages,
+                                       plan.expect, plan.csums)
+        n = len(pb)
+        if not n:
+            return pb.status
+        results = self._move_flat(self._transfer("READ"), True, pb.segments, pb.at, pb.fds, pb.data_offsets)
+        helpers.read_markers(pb)  # after the data: a rewrite that began meanwhile shows there
+        status = pb.status
+        if results is not None:
+            for j, result in enumerate(results):
+                if result is not Reason.OK:
+                    status[j] = FAILED
+                    if reasons is not None:
+                        reasons[j] = result
+        if status.count(OK) != n:
+            for j, code in enumerate(status):
+                if code == SHORT:  # a record cut short is not the one expected
+                    status[j] = HEADER
+        if plan.csums.count(0) != n:  # pages written with a checksum are verified
+            self._pool.map(lambda lo, hi: helpers.check_sums(pb, lo, hi), n)
+        return status
+
+    def _move(self, op: str, pages: list[Page], fds: Sequence[int], offsets: Sequence[int]) -> list[Reason]:
+        """Move ``pages[j]`` to or from ``offsets[j]`` of ``fds[j]`` (``op`` "READ" or
+        "WRITE"), adjacent rows joined; one Reason per page. Rows built in C with the
+        helpers, by :meth:`_descriptors` and :func:`run_flat` without (the reference)."""
+        transfer, reread = self._transfer(op), op == "READ"
+        if self.helpers is None:
+            local, remote, bounds = self._descriptors(pages, fds, offsets)
+            return run_flat(transfer, local, remote, bounds, self.max_descs, reread=reread, merge=True)
+        segments, at = batch_lib.flatten(pages)
+        results = self._move_flat(transfer, reread, segments, at, array.array("i", fds),
+                                  array.array("q", offsets))
+        return [Reason.OK] * len(pages) if results is None else results
+
+    def _move_flat(self, transfer: Callable[[list[Any], list[Any]], None], reread: bool,
+                   segments: array.array[int], at: array.array[int], fds: array.array[int],
+                   offsets: array.array[int]) -> list[Reason] | None:
+        """:func:`run_flat` with ``merge`` of the pages in flat arrays
+        (:meth:`~hicache_l3.connectors.nixl.batch_lib.NixlBatchLib.rows`): the joined rows
+        in one transfer when they fit ``max_descs``; after an engine error, the rows one
+        per segment through :func:`run_flat`, which isolates the failing pages (a timeout
+        fails every page, as one transfer). None when every page moved, else one Reason
+        per page."""
+        helpers = self.helpers
+        assert helpers is not None
+        n = len(fds)
+        if not n:
+            return None
+        local, remote = helpers.rows(segments, at, fds, offsets, MERGE_MAX_BYTES)
+        if len(local) <= self.max_descs:
             try:
+                transfer(local, remote)
+                return None
+            except TransferError as exc:
+                if exc.reason is Reason.TIMEOUT:
+                    return [Reason.TIMEOUT] * n
+        local, remote = helpers.rows(segments, at, fds, offsets, 0)
+        bounds = None if at[n] == n else at.tolist()  # every page at least one segment
+        results = run_flat(transfer, local, remote, bounds, self.max_descs, reread=reread)
+        return None if results.count(Reason.OK) == n else results
+
+    def _put_markers(self, fds: list[int], offsets: list[int], records: bytearray) -> list[int]:
+        """Write marker record ``j`` (``records[128 j : 128 (j + 1)]``) at ``offsets[j]`` of
+        ``fds[j]``; one status per record (OK, SHORT or -errno)."""
+        if self.lib is not None:
+            return list(self.lib.write_markers(fds, offsets, bytes(records), RECORD_BYTES))
+        out = []
+        for j, (fd, offset) in enumerate(zip(fds, offsets)):
+            try:
+                record = records[RECORD_BYTES * j: RECORD_BYTES * (j + 1)]
                 out.append(OK if os.pwrite(fd, record, offset) == RECORD_BYTES else SHORT)
             except OSError as exc:
                 out.append(-(exc.errno or errno.EIO))
@@ -239,9 +368,15 @@ class NixlFileConnector(SlabConnector, NixlConnector):
         self._renew_lock = threading.Lock()
         self.agent = Agent("POSIX", self._agent_params, abandon_on_timeout=True)
         lib = native.library() if config.native_io else None
+        if lib is not None and not lib.has_markers:
+            lib = None
+        helpers = batch_lib.library() if lib is not None else None
+        if lib is not None and helpers is None:
+            self._log.warning("nixl-helpers", "nixl: %s; file mode takes its per-page Python path "
+                              "(about 0.65x raw NIXL at 64 KiB against ~0.8x)",
+                              batch_lib.unavailable_reason())
         self.transport = NixlTransport(lambda op: self._xfer(op, "FILE"), config.max_descs,
-                                       config.checksum_threads,
-                                       lib if lib is not None and lib.has_markers else None)
+                                       config.checksum_threads, lib, helpers)
         self._init_slab_root(config.root, config.capacity_bytes)
 
     @property
@@ -263,4 +398,5 @@ class NixlFileConnector(SlabConnector, NixlConnector):
     def _engine_stats(self) -> dict[str, Any]:
         return {"mode": "file", "posix_engine": self.config.posix_engine,
                 "checksum": self.checksum_writes, "registered_files": self.agent.registered_files,
+                "planned_get": self.transport.reads_plans,
                 "agent_renewals": self.agent_renewals, **self._slab_stats()}

@@ -1,0 +1,231 @@
+"""The C helpers of nixl file mode's batches: per batch one call where Python did per page.
+
+Functions appended to ``hicache_l3/native/batch_io.c`` (the ``hicache_l3._batch_io``
+library the slab connectors load, :mod:`hicache_l3.slab.native`):
+
+* ``hl3_join_rows``: a batch's NIXL descriptor rows straight from flat arrays (the
+  segments, offsets and descriptors of a :class:`~hicache_l3.slab.native.PageBatch` or
+  of :func:`flatten`), adjacent rows joined as :func:`~hicache_l3.connectors.nixl.base.coalesce` joins them;
+* ``hl3_check_sums``: the XXH3 of every read page that carries a checksum, compared in
+  one call with the GIL released (after its marker record was checked);
+* ``hl3_encode_markers``: the marker records a set writes, key fingerprints included
+  (:func:`~hicache_l3.slab.format.encode_markers` of
+  :func:`~hicache_l3.common.integrity.key_fingerprint`), from the batch's keys as one
+  ``bytes``;
+* ``hl3_slot_offsets``: a set's data and marker offsets
+  (:meth:`~hicache_l3.slab.format.Geometry.offsets`).
+
+The marker records themselves move by ``hl3_markers``, the batch library's marker call,
+bound here on arrays as they are.
+
+Loaded lazily like the batch library (:class:`~hicache_l3.slab.native.LoadedOnce`) and
+self-tested against the Python spellings; a library built before these functions (or
+refused) gives None, and nixl file mode keeps its per-page Python path, the reference.
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+import sys
+from collections.abc import Sequence
+from itertools import accumulate, chain
+
+from hicache_l3.common.integrity import key_fingerprint, xxh3_function
+from hicache_l3.common.pages import Page
+from hicache_l3.connectors.nixl.base import Desc, coalesce
+from hicache_l3.slab.format import GROUP_SLOTS, RECORD_BYTES, Geometry, encode_markers
+from hicache_l3.slab.native import LoadedOnce, PageBatch, xxh3_entry_points
+
+_vp, _i32, _i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
+_GROUP_SHIFT = GROUP_SLOTS.bit_length() - 1  # GROUP_SLOTS is a power of two (format.py)
+
+
+def _at(buf: array.array[int] | bytearray) -> int:
+    """Address of a non-empty buffer's first byte (0 for an empty one)."""
+    if isinstance(buf, array.array):
+        return buf.buffer_info()[0] if buf else 0
+    return ctypes.addressof(ctypes.c_char.from_buffer(buf)) if buf else 0
+
+
+def _rows(flat: array.array[int], m: int) -> list[Desc]:
+    """The first ``m`` rows of a flat ``(a, b, c)`` array as tuples (C-level passes)."""
+    it = iter(flat[:3 * m])
+    return list(zip(it, it, it))
+
+
+class NixlBatchLib:
+    """The loaded helpers (module docstring); one instance per process, thread-safe."""
+
+    def __init__(self, path: str) -> None:
+        lib = ctypes.CDLL(path)
+        self._join = lib.hl3_join_rows
+        self._join.restype = ctypes.c_int64
+        self._join.argtypes = [ctypes.c_int, _vp, _vp, _vp, _vp, _vp, _vp, _i64]
+        self._sums = lib.hl3_check_sums
+        self._sums.restype = ctypes.c_int
+        self._sums.argtypes = [ctypes.c_int, ctypes.c_int, _vp, _vp, _vp, _vp, _vp]
+        self._encode = lib.hl3_encode_markers
+        self._encode.restype = ctypes.c_int
+        self._encode.argtypes = [ctypes.c_int, ctypes.c_char_p, _i64, _vp, ctypes.c_uint64, _vp, _vp, _vp]
+        self._offsets = lib.hl3_slot_offsets
+        self._offsets.restype = None
+        self._offsets.argtypes = [ctypes.c_int, _vp, _i64, _i64, _i64, _i64, _vp, _vp]
+        self._markers = lib.hl3_markers
+        self._markers.restype = ctypes.c_int
+        self._markers.argtypes = [_i32, _i32, _i32, _vp, _vp, _vp, _vp, _i64, _vp]
+        self._xxh3 = xxh3_entry_points()
+        self._xxh3_at = ctypes.addressof(self._xxh3)
+        self._h128 = ctypes.cast(xxh3_function("seeded128"), ctypes.c_void_p).value
+
+    def rows(self, segments: array.array[int], at: array.array[int], fds: array.array[int],
+             offsets: array.array[int], max_bytes: int) -> tuple[list[Desc], list[Desc]]:
+        """The local (DRAM) and remote (FILE) rows moving ``n = len(fds)`` pages: page ``j``
+        is the ``(address, length)`` pairs ``segments[2 at[j] : 2 at[j + 1]]`` (uint64),
+        moved to or from ``offsets[j]`` (int64) of ``fds[j]`` (int32) onward; runs of rows
+        that continue each other on both sides are joined up to ``max_bytes`` (0: one row
+        per segment): :func:`~hicache_l3.connectors.nixl.base.coalesce` of the
+        per-segment rows, in one C call."""
+        n = len(fds)
+        if not n:
+            return [], []
+        if not (len(offsets) == n and len(at) == n + 1 and len(segments) == 2 * at[n]) \
+                or (segments.typecode, at.typecode, fds.typecode, offsets.typecode) != ("Q", "i", "i", "q"):
+            raise ValueError("rows: arrays differ in length or type")
+        room = at[n]
+        local, remote = array.array("Q", bytes(24 * room)), array.array("Q", bytes(24 * room))
+        m = int(self._join(n, _at(segments), _at(at), _at(fds), _at(offsets), _at(local), _at(remote),
+                           max_bytes))
+        return _rows(local, m), _rows(remote, m)
+
+    def offsets(self, slots: array.array[int],
+                geometry: Geometry) -> tuple[array.array[int], array.array[int]]:
+        """(data offsets, marker offsets) of ``slots`` (int64) as int64 arrays:
+        :meth:`~hicache_l3.slab.format.Geometry.offsets` in one C call."""
+        n = len(slots)
+        if slots.typecode != "q":
+            raise ValueError("offsets: slots must be an int64 array")
+        data, marks = array.array("q", bytes(8 * n)), array.array("q", bytes(8 * n))
+        if n:
+            self._offsets(n, _at(slots), _GROUP_SHIFT, geometry.table, geometry.data_stride, RECORD_BYTES,
+                          _at(data), _at(marks))
+        return data, marks
+
+    def write_markers(self, fds: array.array[int], offsets: array.array[int],
+                      records: bytearray) -> array.array[int]:
+        """``pwrite`` record ``j`` (``records[128 j : 128 (j + 1)]``) at ``offsets[j]``
+        (int64) of ``fds[j]`` (int32), every ``j`` in one call with the GIL released,
+        adjacent records in one syscall; one status per record (OK, SHORT or -errno)."""
+        n = len(fds)
+        if len(offsets) != n or len(records) != RECORD_BYTES * n or (fds.typecode, offsets.typecode) \
+                != ("i", "q"):
+            raise ValueError("write_markers: arrays differ in length or type")
+        status = array.array("i", bytes(4 * n))
+        if n:
+            self._markers(1, 0, n, _at(fds), _at(offsets), _at(records), None, RECORD_BYTES, _at(status))
+        return status
+
+    def read_markers(self, batch: PageBatch) -> None:
+        """Read every page's marker record of read ``batch`` into its scratch space, each
+        compared with the record expected; :attr:`PageBatch.status` then holds OK,
+        SHORT, HEADER (differs) or ``-errno`` per page (adjacent records in one call)."""
+        n = len(batch)
+        if n:
+            fds, _data, marks, _segs, _at2, buf = batch.addresses
+            self._markers(0, 0, n, fds, marks, buf, batch.expect_at, batch.marker_len, batch.status_at)
+
+    def check_sums(self, batch: PageBatch, lo: int, hi: int) -> int:
+        """Pages ``lo..hi-1`` of read ``batch`` whose status is OK and whose checksum is
+        not 0: CHECKSUM when their XXH3 differs (NOMEM when no hash state could be made);
+        the number not OK in the share."""
+        if not 0 <= lo <= hi <= len(batch):
+            raise ValueError(f"checksums of pages [{lo}, {hi}) of a {len(batch)}-page batch")
+        if lo == hi:
+            return 0
+        _fds, _data, _marks, segs, at, _buf = batch.addresses
+        return int(self._sums(lo, hi, segs, at, batch.checksums_at, self._xxh3_at, batch.status_at))
+
+    def encode_markers(self, keys: Sequence[str], gens: Sequence[int], length: int,
+                       checksums: Sequence[int] | None) -> bytearray | None:
+        """The marker records of ``keys[j]`` written with generation ``gens[j]``, ``length``
+        and ``checksums[j]`` (None: 0 each), back to back: the bytes of
+        :func:`~hicache_l3.slab.format.encode_markers` with the keys' fingerprints. None
+        when a key is not ASCII or holds a newline (the caller encodes in Python)."""
+        n = len(keys)
+        out = bytearray(RECORD_BYTES * n)
+        if not n:
+            return out
+        try:
+            blob = ("\n".join(keys) + "\n").encode("ascii")
+        except UnicodeEncodeError:
+            return None
+        g = array.array("Q", gens)
+        sums = array.array("Q", checksums) if checksums is not None else None
+        if len(g) != n or (sums is not None and len(sums) != n):
+            raise ValueError(f"encode_markers: {n} keys, {len(g)} generations")
+        if self._encode(n, blob, len(blob), _at(g), length, _at(sums) if sums is not None else None,
+                        self._h128, _at(out)):
+            return None  # a key held a newline: it split into more than n
+        return out
+
+
+def _self_test(lib: NixlBatchLib) -> None:
+    """The helpers against their Python spellings on a small batch (refused otherwise)."""
+    keys = ["a", "page-key-1", "x" * 300]
+    got = lib.encode_markers(keys, [1, 2, 1 << 40], 65536, [0, 7, (1 << 64) - 1])
+    want = b"".join(encode_markers([1, 2, 1 << 40], [65536] * 3, [0, 7, (1 << 64) - 1],
+                                   map(key_fingerprint, keys)))
+    if got is None or bytes(got) != want:
+        raise RuntimeError("hl3_encode_markers disagrees with slab.format.encode_markers")
+    base = 1 << 20
+    pages = [((base, 100),), ((base + 100, 50), (base + 150, 10)), ((base + 500, 8),)]
+    batch = PageBatch.for_read(RECORD_BYTES, array.array("i", [3, 3, 4]), array.array("q", [0, 100, 160]),
+                               array.array("q", [0, 0, 0]), pages, bytearray(3 * RECORD_BYTES),
+                               array.array("Q", bytes(24)))
+    per_segment = ([(a, n, 0) for p in pages for a, n in p], [(0, 100, 3), (100, 50, 3), (150, 10, 3),
+                                                               (160, 8, 4)])
+    arrays = (batch.segments, batch.at, batch.fds, batch.data_offsets)
+    if lib.rows(*arrays, 0) != per_segment or lib.rows(*arrays, 1 << 20) != coalesce(*per_segment) \
+            or lib.rows(*arrays, 120) != coalesce(*per_segment, max_bytes=120) \
+            or flatten(pages) != (batch.segments, batch.at):
+        raise RuntimeError("hl3_join_rows disagrees with connectors.nixl.base.coalesce")
+    for size in (4096, 65536 + 100, 1 << 20):
+        geometry = Geometry(size)
+        slots = [0, 1, GROUP_SLOTS - 1, GROUP_SLOTS, 5 * GROUP_SLOTS + 7]
+        data, marks = lib.offsets(array.array("q", slots), geometry)
+        if (list(data), list(marks)) != geometry.offsets(slots):
+            raise RuntimeError("hl3_slot_offsets disagrees with slab.format.Geometry.offsets")
+
+
+def flatten(pages: Sequence[Page]) -> tuple[array.array[int], array.array[int]]:
+    """The segments of ``pages`` as flat uint64 ``(address, length)`` pairs and each page's
+    first segment index (``n + 1`` int32 bounds), as :meth:`NixlBatchLib.rows` takes them;
+    a :class:`~hicache_l3.common.pages.FlatPages`' segments are taken as they are."""
+    n = len(pages)
+    flat = getattr(pages, "segments", None)
+    if flat is not None and len(flat) == 16 * pages.per * n:  # type: ignore[attr-defined]
+        per = pages.per  # type: ignore[attr-defined]
+        segments = array.array("Q")
+        segments.frombytes(flat)
+        return segments, array.array("i", range(0, per * n + 1, per))
+    return (array.array("Q", chain.from_iterable(chain.from_iterable(pages))),
+            array.array("i", accumulate(map(len, pages), initial=0)))
+
+
+_loaded = LoadedOnce(NixlBatchLib, _self_test, "the nixl batch helpers of hicache_l3._batch_io refused")
+
+
+def library() -> NixlBatchLib | None:
+    """The helpers, loaded and self-tested on first call; None when the library is not
+    built, predates them, is refused, or the host is not a 64-bit little-endian one (the
+    arrays' layout)."""
+    if sys.byteorder != "little" or ctypes.sizeof(ctypes.c_size_t) != 8:
+        return None
+    return _loaded.get()
+
+
+def unavailable_reason() -> str:
+    """Why :func:`library` is None ("" when it is loaded)."""
+    if sys.byteorder != "little" or ctypes.sizeof(ctypes.c_size_t) != 8:
+        return "the nixl batch helpers need a 64-bit little-endian host"
+    return _loaded.reason()
