@@ -94,12 +94,7 @@ class PageBatch:
             raise ValueError(f"PageBatch: every marker record must be {marker_len} bytes")
         # a write sends `markers`; a read lands the records in `markers` and compares `expect`
         self.markers, self.expect = (joined, bytearray()) if writing else (bytearray(len(joined)), joined)
-        self.status = array.array("i", bytes(4 * n))
-        # Addresses taken once: the arrays never grow after this, so they hold for the batch's life.
-        self.addresses = (_address(self.fds), _address(self.data_offsets), _address(self.marker_offsets),
-                          _address(self.segments), _address(self.at), _address(self.markers))
-        self.expect_at = _address(self.expect)
-        self.checksums_at, self.status_at = _address(self.checksums), _address(self.status)
+        self._addressed()
 
     def __len__(self) -> int:
         return len(self.fds)
@@ -122,22 +117,9 @@ class PageBatch:
         self = cls.__new__(cls)
         self.marker_len, self.writing = marker_len, False
         self.fds, self.data_offsets, self.marker_offsets = fds, data_offsets, marker_offsets
-        flat = getattr(pages, "segments", None)  # FlatPages: flattened by the connector's check
-        if flat is not None and len(flat) == 16 * pages.per * n:  # type: ignore[attr-defined]
-            per = pages.per  # type: ignore[attr-defined]
-            self.segments = array.array("Q")
-            self.segments.frombytes(flat)
-            self.at = array.array("i", range(0, per * n + 1, per))
-        else:
-            self.segments = array.array("Q", chain.from_iterable(chain.from_iterable(pages)))
-            self.at = array.array("i", accumulate(map(len, pages), initial=0))
+        self.segments, self.at = flat_segments(pages)
         self.checksums, self.markers, self.expect = checksums, bytearray(len(expect)), expect
-        self.status = array.array("i", bytes(4 * n))
-        self.addresses = (_address(self.fds), _address(self.data_offsets), _address(self.marker_offsets),
-                          _address(self.segments), _address(self.at), _address(self.markers))
-        self.expect_at = _address(self.expect)
-        self.checksums_at, self.status_at = _address(self.checksums), _address(self.status)
-        return self
+        return self._addressed()
 
 
     @classmethod
@@ -157,10 +139,15 @@ class PageBatch:
         self = cls.__new__(cls)
         self.marker_len, self.writing = marker_len, True
         self.fds, self.data_offsets, self.marker_offsets = fds, data_offsets, marker_offsets
-        self.segments, self.at = _flat_segments(pages, n)
+        self.segments, self.at = flat_segments(pages)
         self.checksums = array.array("Q", bytes(8 * n))
         self.markers, self.expect = markers, bytearray()
-        self.status = array.array("i", bytes(4 * n))
+        return self._addressed()
+
+    def _addressed(self) -> PageBatch:
+        """Finish a batch whose arrays are set: a status per page, and the addresses the C
+        calls take (the arrays never grow after this, so they hold for the batch's life)."""
+        self.status = array.array("i", bytes(4 * len(self.fds)))
         self.addresses = (_address(self.fds), _address(self.data_offsets), _address(self.marker_offsets),
                           _address(self.segments), _address(self.at), _address(self.markers))
         self.expect_at = _address(self.expect)
@@ -168,10 +155,13 @@ class PageBatch:
         return self
 
 
-def _flat_segments(pages: Sequence[Page], n: int) -> tuple[array.array[int], array.array[int]]:
-    """``(segments, at)`` of ``n`` pages as :class:`PageBatch` walks them: a
-    :class:`~hicache_l3.common.pages.FlatPages`' flattened segments as they are, else
-    flattened in C-level passes."""
+def flat_segments(pages: Sequence[Page]) -> tuple[array.array[int], array.array[int]]:
+    """``(segments, at)`` of ``pages`` as the C calls walk them: every segment as flat
+    uint64 ``(address, length)`` pairs, and each page's first segment index (``n + 1``
+    int32 bounds); a :class:`~hicache_l3.common.pages.FlatPages`' segments (flattened by
+    the connector's check) are taken as they are, other pages flattened in C-level
+    passes."""
+    n = len(pages)
     flat = getattr(pages, "segments", None)
     if flat is not None and len(flat) == 16 * pages.per * n:  # type: ignore[attr-defined]
         per = pages.per  # type: ignore[attr-defined]

@@ -20,14 +20,14 @@ from hypothesis import strategies as st
 
 from hicache_l3 import open_connector
 from hicache_l3.common.errors import Reason
-from hicache_l3.common.integrity import key_fingerprint, page_checksum
+from hicache_l3.common.integrity import page_checksum
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.pages import FlatPages
 from hicache_l3.conformance.slab_backdoor import SlabBackdoor, slab_location
 from hicache_l3.connectors.nixl import batch_lib
 from hicache_l3.connectors.nixl.base import coalesce
-from hicache_l3.slab.format import RECORD_BYTES, Entry, Geometry, encode_markers
+from hicache_l3.slab.format import RECORD_BYTES, Entry
 from hicache_l3.slab.native import CHECKSUM, HEADER, OK, PageBatch
 from hicache_l3.slab.table import digest
 
@@ -196,25 +196,6 @@ def test_a_timed_out_get_reports_timeout_in_both_paths(tmp_path: Path, planned: 
 _KEY = st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=80)
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(_KEY, st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)), max_size=20),
-       st.integers(0, 2**64 - 1), st.booleans())
-def test_encode_markers_is_the_python_records(rows: list[tuple[str, int, int]], length: int,
-                                              with_sums: bool) -> None:
-    assert HELPERS is not None
-    keys, gens, sums = [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
-    got = HELPERS.encode_markers(keys, gens, length, sums if with_sums else None)
-    want = encode_markers(gens, [length] * len(rows), sums if with_sums else [0] * len(rows),
-                          map(key_fingerprint, keys))
-    assert got is not None and bytes(got) == b"".join(want)
-
-
-def test_encode_markers_refuses_keys_it_cannot_split() -> None:
-    assert HELPERS is not None
-    assert HELPERS.encode_markers(["a\nb"], [1], 8, None) is None
-    assert HELPERS.encode_markers(["é"], [1], 8, None) is None
-
-
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 4)), min_size=1, max_size=3),
                           st.integers(0, 1), st.integers(0, 3)), min_size=1, max_size=12),
@@ -299,15 +280,6 @@ def test_a_marker_record_cut_short_reads_as_another_record(tmp_path: Path) -> No
         reasons: dict[int, Reason] = {}
         status = conn.transport.read_plan(plan, pages, reasons)
         assert list(status) == [OK, HEADER, OK] and reasons == {}
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(0, 1 << 40), max_size=40), st.integers(1, 1 << 22))
-def test_slot_offsets_are_the_geometry_offsets(slots: list[int], slot_bytes: int) -> None:
-    assert HELPERS is not None
-    geometry = Geometry(slot_bytes)
-    data, marks = HELPERS.offsets(array.array("q", slots), geometry)
-    assert (list(data), list(marks)) == geometry.offsets(slots)
 
 
 def test_write_markers_puts_each_record_at_its_offset(tmp_path: Path) -> None:

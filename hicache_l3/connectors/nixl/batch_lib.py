@@ -8,15 +8,10 @@ library the slab connectors load, :mod:`hicache_l3.slab.native`):
   of :func:`flatten`), adjacent rows joined as :func:`~hicache_l3.connectors.nixl.base.coalesce` joins them;
 * ``hl3_check_sums``: the XXH3 of every read page that carries a checksum, compared in
   one call with the GIL released (after its marker record was checked);
-* ``hl3_encode_markers``: the marker records a set writes, key fingerprints included
-  (:func:`~hicache_l3.slab.format.encode_markers` of
-  :func:`~hicache_l3.common.integrity.key_fingerprint`), from the batch's keys as one
-  ``bytes``;
-* ``hl3_slot_offsets``: a set's data and marker offsets
-  (:meth:`~hicache_l3.slab.format.Geometry.offsets`).
 
-The marker records themselves move by ``hl3_markers``, the batch library's marker call,
-bound here on arrays as they are.
+A set's marker records and offsets come from the local write's call
+(:func:`hicache_l3.slab.records.write_markers`); the records themselves move by
+``hl3_markers``, the batch library's marker call, bound here on arrays as they are.
 
 Loaded lazily like the batch library (:class:`~hicache_l3.slab.native.LoadedOnce`) and
 self-tested against the Python spellings; a library built before these functions (or
@@ -28,14 +23,10 @@ from __future__ import annotations
 import array
 import ctypes
 import sys
-from collections.abc import Sequence
-from itertools import accumulate, chain
 
-from hicache_l3.common.integrity import key_fingerprint, xxh3_function
-from hicache_l3.common.pages import Page
 from hicache_l3.connectors.nixl.base import Desc, coalesce
-from hicache_l3.slab.format import GROUP_SLOTS, RECORD_BYTES, Geometry, encode_markers
-from hicache_l3.slab.native import LoadedOnce, PageBatch, xxh3_entry_points
+from hicache_l3.slab.format import GROUP_SLOTS, RECORD_BYTES
+from hicache_l3.slab.native import LoadedOnce, PageBatch, flat_segments, xxh3_entry_points
 
 _vp, _i32, _i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
 _GROUP_SHIFT = GROUP_SLOTS.bit_length() - 1  # GROUP_SLOTS is a power of two (format.py)
@@ -65,18 +56,11 @@ class NixlBatchLib:
         self._sums = lib.hl3_check_sums
         self._sums.restype = ctypes.c_int
         self._sums.argtypes = [ctypes.c_int, ctypes.c_int, _vp, _vp, _vp, _vp, _vp]
-        self._encode = lib.hl3_encode_markers
-        self._encode.restype = ctypes.c_int
-        self._encode.argtypes = [ctypes.c_int, ctypes.c_char_p, _i64, _vp, ctypes.c_uint64, _vp, _vp, _vp]
-        self._offsets = lib.hl3_slot_offsets
-        self._offsets.restype = None
-        self._offsets.argtypes = [ctypes.c_int, _vp, _i64, _i64, _i64, _i64, _vp, _vp]
         self._markers = lib.hl3_markers
         self._markers.restype = ctypes.c_int
         self._markers.argtypes = [_i32, _i32, _i32, _vp, _vp, _vp, _vp, _i64, _vp]
         self._xxh3 = xxh3_entry_points()
         self._xxh3_at = ctypes.addressof(self._xxh3)
-        self._h128 = ctypes.cast(xxh3_function("seeded128"), ctypes.c_void_p).value
 
     def rows(self, segments: array.array[int], at: array.array[int], fds: array.array[int],
              offsets: array.array[int], max_bytes: int) -> tuple[list[Desc], list[Desc]]:
@@ -97,19 +81,6 @@ class NixlBatchLib:
         m = int(self._join(n, _at(segments), _at(at), _at(fds), _at(offsets), _at(local), _at(remote),
                            max_bytes))
         return _rows(local, m), _rows(remote, m)
-
-    def offsets(self, slots: array.array[int],
-                geometry: Geometry) -> tuple[array.array[int], array.array[int]]:
-        """(data offsets, marker offsets) of ``slots`` (int64) as int64 arrays:
-        :meth:`~hicache_l3.slab.format.Geometry.offsets` in one C call."""
-        n = len(slots)
-        if slots.typecode != "q":
-            raise ValueError("offsets: slots must be an int64 array")
-        data, marks = array.array("q", bytes(8 * n)), array.array("q", bytes(8 * n))
-        if n:
-            self._offsets(n, _at(slots), _GROUP_SHIFT, geometry.table, geometry.data_stride, RECORD_BYTES,
-                          _at(data), _at(marks))
-        return data, marks
 
     def write_markers(self, fds: array.array[int], offsets: array.array[int],
                       records: bytearray) -> array.array[int]:
@@ -145,38 +116,9 @@ class NixlBatchLib:
         _fds, _data, _marks, segs, at, _buf = batch.addresses
         return int(self._sums(lo, hi, segs, at, batch.checksums_at, self._xxh3_at, batch.status_at))
 
-    def encode_markers(self, keys: Sequence[str], gens: Sequence[int], length: int,
-                       checksums: Sequence[int] | None) -> bytearray | None:
-        """The marker records of ``keys[j]`` written with generation ``gens[j]``, ``length``
-        and ``checksums[j]`` (None: 0 each), back to back: the bytes of
-        :func:`~hicache_l3.slab.format.encode_markers` with the keys' fingerprints. None
-        when a key is not ASCII or holds a newline (the caller encodes in Python)."""
-        n = len(keys)
-        out = bytearray(RECORD_BYTES * n)
-        if not n:
-            return out
-        try:
-            blob = ("\n".join(keys) + "\n").encode("ascii")
-        except UnicodeEncodeError:
-            return None
-        g = array.array("Q", gens)
-        sums = array.array("Q", checksums) if checksums is not None else None
-        if len(g) != n or (sums is not None and len(sums) != n):
-            raise ValueError(f"encode_markers: {n} keys, {len(g)} generations")
-        if self._encode(n, blob, len(blob), _at(g), length, _at(sums) if sums is not None else None,
-                        self._h128, _at(out)):
-            return None  # a key held a newline: it split into more than n
-        return out
-
 
 def _self_test(lib: NixlBatchLib) -> None:
     """The helpers against their Python spellings on a small batch (refused otherwise)."""
-    keys = ["a", "page-key-1", "x" * 300]
-    got = lib.encode_markers(keys, [1, 2, 1 << 40], 65536, [0, 7, (1 << 64) - 1])
-    want = b"".join(encode_markers([1, 2, 1 << 40], [65536] * 3, [0, 7, (1 << 64) - 1],
-                                   map(key_fingerprint, keys)))
-    if got is None or bytes(got) != want:
-        raise RuntimeError("hl3_encode_markers disagrees with slab.format.encode_markers")
     base = 1 << 20
     pages = [((base, 100),), ((base + 100, 50), (base + 150, 10)), ((base + 500, 8),)]
     batch = PageBatch.for_read(RECORD_BYTES, array.array("i", [3, 3, 4]), array.array("q", [0, 100, 160]),
@@ -189,27 +131,9 @@ def _self_test(lib: NixlBatchLib) -> None:
             or lib.rows(*arrays, 120) != coalesce(*per_segment, max_bytes=120) \
             or flatten(pages) != (batch.segments, batch.at):
         raise RuntimeError("hl3_join_rows disagrees with connectors.nixl.base.coalesce")
-    for size in (4096, 65536 + 100, 1 << 20):
-        geometry = Geometry(size)
-        slots = [0, 1, GROUP_SLOTS - 1, GROUP_SLOTS, 5 * GROUP_SLOTS + 7]
-        data, marks = lib.offsets(array.array("q", slots), geometry)
-        if (list(data), list(marks)) != geometry.offsets(slots):
-            raise RuntimeError("hl3_slot_offsets disagrees with slab.format.Geometry.offsets")
 
 
-def flatten(pages: Sequence[Page]) -> tuple[array.array[int], array.array[int]]:
-    """The segments of ``pages`` as flat uint64 ``(address, length)`` pairs and each page's
-    first segment index (``n + 1`` int32 bounds), as :meth:`NixlBatchLib.rows` takes them;
-    a :class:`~hicache_l3.common.pages.FlatPages`' segments are taken as they are."""
-    n = len(pages)
-    flat = getattr(pages, "segments", None)
-    if flat is not None and len(flat) == 16 * pages.per * n:  # type: ignore[attr-defined]
-        per = pages.per  # type: ignore[attr-defined]
-        segments = array.array("Q")
-        segments.frombytes(flat)
-        return segments, array.array("i", range(0, per * n + 1, per))
-    return (array.array("Q", chain.from_iterable(chain.from_iterable(pages))),
-            array.array("i", accumulate(map(len, pages), initial=0)))
+flatten = flat_segments  # the batch library's spelling (rows take what a PageBatch walks)
 
 
 _loaded = LoadedOnce(NixlBatchLib, _self_test, "the nixl batch helpers of hicache_l3._batch_io refused")

@@ -82,6 +82,7 @@ from hicache_l3.slab.io import (
     verify,
 )
 from hicache_l3.slab.plan import GetPlan
+from hicache_l3.slab.records import write_markers
 from hicache_l3.slab.store import SlabStore
 
 
@@ -169,10 +170,11 @@ class NixlTransport(SlotTransport):
         if helpers is not None and self.lib is not None:
             fd_col, _slabs, slot_col, gen_col = zip(*slots)
             fds = array.array("i", fd_col)
-            data_at, marker_at = helpers.offsets(array.array("q", slot_col), geometry)
-            records = helpers.encode_markers(batch.keys, gen_col, nbytes, sums)
-            if records is None:  # a key the C call cannot take (not ASCII)
-                records = _records(gen_col, nbytes, sums, batch.keys)
+            # the local write's call (slab/records.py): records with checksum 0, and offsets
+            made = write_markers(batch.keys, array.array("Q", gen_col), array.array("Q", slot_col), geometry)
+            records, data_at, marker_at = made
+            if sums is not None:  # each record's checksum field: its fourth uint64
+                memoryview(records).cast("Q")[3::RECORD_BYTES // 8] = array.array("Q", sums)
             marks: Sequence[int] = helpers.write_markers(fds, marker_at, records)
         else:  # the reference
             data_at, marker_list = geometry.offsets([s[2] for s in slots])
