@@ -90,7 +90,7 @@ def main() -> None:
             timed(SlabStore, name, f"store.{name}")
         for name in ("read", "read_plan", "write", "_check_markers", "_put_markers", "_move_flat"):
             timed(nixl_file.NixlTransport, name, f"transport.{name}")
-        for name in ("rows", "read_markers", "check_sums", "encode_markers", "offsets", "write_markers"):
+        for name in ("rows", "read_markers", "check_sums", "write_markers"):
             timed(batch_lib.NixlBatchLib, name, f"C helpers.{name}")
         for name in ("read_markers", "write_markers"):
             timed(native.BatchIO, name, f"C {name}")

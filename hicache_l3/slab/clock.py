@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 
 ABSENT, COLD, HOT = 0, 1, 2
 _COLD, _HOT = b"\x01", b"\x02"
+_TO_HOT = bytes((ABSENT, HOT, HOT)) + bytes(range(3, 256))  # own pages HOT, free slots kept
 
 
 class Clock:
@@ -102,6 +103,22 @@ class Clock:
             i = slab * stride + slot
             if 0 <= slot < stride and 0 <= i < size and st[i]:
                 st[i] = HOT
+
+    def touch_slots(self, slabs: Sequence[int], slots: Sequence[int]) -> None:
+        """:meth:`touch` of ``(slabs[j], slots[j])`` for each ``j`` (a planned get's
+        columns). A run of consecutive slots of one slab (a batch read back as it was
+        written: the common case) is one slice translation, not a step per page."""
+        n = len(slots)
+        if not n:
+            return
+        first, slab = slots[0], slabs[0]
+        if (first + n <= self.stride and slots[-1] == first + n - 1 and slabs.count(slab) == n
+                and list(slots) == list(range(first, first + n))):
+            lo = slab * self.stride + first
+            if lo >= 0 and lo + n <= len(self.state):
+                self.state[lo : lo + n] = self.state[lo : lo + n].translate(_TO_HOT)
+                return
+        self.touch(zip(slabs, slots))
 
     def discard(self, slab: int, slot: int) -> bool:
         """Forget the own page of ``(slab, slot)``; True if there was one."""

@@ -209,7 +209,7 @@ class SlabConnector:
         status = self.transport.read_plan(plan, pages if count == n else [pages[i] for i in plan.where],
                                           failed)
         if status.count(OK) == count:
-            store.touch(plan.own_slots(store.me))
+            store.touch_columns(*plan.own_columns(store.me))
             if reasons is None:  # the common batch: every key read and verified
                 return [Reason.OK] * n
             for i in plan.where:

@@ -66,6 +66,16 @@ class GetPlan:
         """The index entry of key ``i`` (not a :data:`MISS`)."""
         return Entry._make(self.values[6 * i: 6 * i + 6])
 
+    def own_columns(self, me: int | None) -> tuple[Sequence[int], Sequence[int]]:
+        """:meth:`own_slots` as columns ``(slabs, slots)``: strided slices of the entries,
+        no object per page, when every key is read and every page is own (the common
+        batch)."""
+        values = self.values
+        if me is not None and self.count == self.n and values[0::6].count(me) == self.n:
+            return values[1::6], values[2::6]
+        own = self.own_slots(me)
+        return [slab for slab, _ in own], [slot for _, slot in own]
+
     def own_slots(self, me: int | None) -> list[tuple[int, int]]:
         """``(slab, slot)`` of the pages to read that writer ``me`` wrote (the LRU touch);
         C-level slices when every key is read and every page is own (the common batch)."""

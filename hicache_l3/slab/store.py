@@ -170,6 +170,13 @@ class SlabStore:
         with self._lock:
             self._clock.touch(own)
 
+    def touch_columns(self, slabs: Sequence[int], slots: Sequence[int]) -> None:
+        """:meth:`touch` of own ``(slabs[j], slots[j])`` (a planned get's columns)."""
+        if not len(slots):
+            return
+        with self._lock:
+            self._clock.touch_slots(slabs, slots)
+
     def invalidate(self, key: str, entry: Entry) -> None:
         """Forget ``key`` if it still maps to ``entry`` (its slot failed a check)."""
         with self._lock:

@@ -5,6 +5,7 @@ a page read since the hand last passed it outlives every page that was not."""
 
 from __future__ import annotations
 
+import array
 import tempfile
 
 import pytest
@@ -44,6 +45,8 @@ ops = st.lists(st.one_of(
     st.tuples(st.just("add"), st.lists(st.integers(0, SLABS * STRIDE - 1), max_size=10, unique=True)),
     st.tuples(st.just("run"), st.integers(0, SLABS * STRIDE - 1), st.integers(1, STRIDE)),
     st.tuples(st.just("touch"), st.lists(st.integers(0, SLABS * STRIDE - 1), max_size=10)),
+    st.tuples(st.just("touch_cols"), st.lists(st.integers(0, SLABS * STRIDE - 1), max_size=10)),
+    st.tuples(st.just("touch_run"), st.integers(0, SLABS * STRIDE - 1), st.integers(1, STRIDE)),
     st.tuples(st.just("discard"), st.integers(0, SLABS * STRIDE - 1)),
     st.tuples(st.just("evict"), st.integers(0, 2 * SLABS * STRIDE)),
 ), max_size=60)
@@ -74,6 +77,17 @@ def test_clock_equals_the_slot_by_slot_reference(program: list[tuple]) -> None:
             for i in op[1]:
                 if ref.state[i]:
                     ref.state[i] = HOT
+        elif op[0] in ("touch_cols", "touch_run"):  # a planned get's columns (slice fast path)
+            if op[0] == "touch_run":
+                slab, first = where(op[1])
+                ids = [slab * STRIDE + s for s in range(first, first + min(op[2], STRIDE - first))]
+            else:
+                ids = op[1]
+            cols = array.array("Q", [where(i)[0] for i in ids]), array.array("Q", [where(i)[1] for i in ids])
+            clock.touch_slots(*cols)
+            for i in ids:
+                if ref.state[i]:
+                    ref.state[i] = HOT
         elif op[0] == "discard":
             assert clock.discard(*where(op[1])) == bool(ref.state[op[1]])
             ref.state[op[1]] = ABSENT
@@ -93,6 +107,8 @@ def test_clock_rejects_slots_outside_it() -> None:
         clock.add([(2, 0)])
     assert (0, 4) not in clock and not clock.discard(5, 0)
     clock.touch([(9, 9), (0, 7)])  # ignored
+    clock.touch_slots([9, 0, 0], [9, 7, 6])  # ignored
+    clock.touch_slots([2, 2], [0, 1])  # a run past the array: ignored
     assert clock.count == 0 and clock.evict(3) == []
 
 
