@@ -49,7 +49,7 @@ import operator
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 from hicache_l3.common.config import ConnectorConfig
 from hicache_l3.common.errors import (
@@ -64,6 +64,7 @@ from hicache_l3.common.keys import (
     all_valid_keys,
     common_batch,
     is_valid_key,
+    pointer_batch,
     prefixed_valid_keys,
 )
 from hicache_l3.common.logs import RateLimitedLogger
@@ -72,6 +73,7 @@ from hicache_l3.common.metrics import Metrics
 from hicache_l3.common.pages import (
     FlatPages,
     Page,
+    PointerPages,
     normalize_page,
     overlapping,
     page_nbytes,
@@ -301,7 +303,8 @@ class Connector(abc.ABC, Generic[ConfigT]):
         try:
             flat = self._common_batch(op, keys, pages)
             if flat is not None:  # the common batch, checked in one C pass
-                reasons = self._call_hook(op, list(keys), flat)
+                # a read-only sequence of pages: the hooks only index and measure it
+                reasons = self._call_hook(op, list(keys), cast("list[Page]", flat))
                 moved = reasons.count(_OK) * (self.page_bytes or 0)
                 self.metrics.observe(op, reasons, moved, time.perf_counter() - start)
                 return reasons
@@ -376,8 +379,13 @@ class Connector(abc.ABC, Generic[ConfigT]):
         :class:`~hicache_l3.common.pages.FlatPages` (their segments already flattened for
         the native transport); None when the batch is not that (or the C pass is not
         built): the key-by-key checks of :meth:`_transfer` then decide, the reference.
-        ValueError for a get whose destinations overlap, as there."""
-        checked = common_batch(keys, pages) if common_batch is not None else None
+        :class:`~hicache_l3.common.pages.PointerPages` are checked from their flat lists
+        (:data:`~hicache_l3.common.keys.pointer_batch`), no page built. ValueError for a
+        get whose destinations overlap, as there."""
+        if type(pages) is PointerPages and pointer_batch is not None:  # SGLang's flat lists
+            checked = pointer_batch(keys, pages.ptrs, pages.sizes, pages.per)
+        else:
+            checked = common_batch(keys, pages) if common_batch is not None else None
         if checked is None:
             return None
         segments, per, size, low, end, overlap = checked

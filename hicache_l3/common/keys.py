@@ -103,6 +103,15 @@ the lowest address, the end of the highest segment and whether two segments shar
 else None (see ``hicache_l3/native/keys.c``). The connector's key-by-key checks are the
 reference (:meth:`~hicache_l3.common.connector.Connector._transfer`)."""
 
+pointer_batch: Callable[[Sequence[object], Sequence[object], Sequence[object], int],
+                        CommonBatch | None] | None = getattr(_native, "pointer_batch", None)
+"""``pointer_batch(keys, ptrs, sizes, per)`` (C, one pass; None when ``hicache_l3._keys`` is
+not built or predates it): :data:`common_batch` of the pages
+:class:`~hicache_l3.common.pages.PointerPages` ``(ptrs, sizes, per)`` gives, read from the
+flat lists without building a page (each page's segments put in address order, as the
+pages are). The reference is :data:`common_batch` of the materialised pages, and above it
+the connector's key-by-key checks."""
+
 prefixed_valid_keys: Callable[[str, Sequence[object]], list[str] | None] = (
     _native.prefixed_keys if _native is not None else _prefixed_keys_py)
 """``prefixed_valid_keys(prefix, keys)``: ``[prefix + key for key in keys]`` when every key

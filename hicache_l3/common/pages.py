@@ -7,8 +7,9 @@ connector accepts both: a page is a ``Sequence[Segment]``.
 
 from __future__ import annotations
 
+import contextlib
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 Segment = tuple[int, int]
@@ -17,20 +18,94 @@ Page = Sequence[Segment]
 _SEQUENCES = (tuple, list)
 
 
-class FlatPages(list[Any]):
-    """A checked batch's pages (the list itself, unchanged) carrying every segment already
-    flattened: ``segments``, native uint64 ``(address, length)`` pairs in page order, each
-    page ``per`` segments. Built by the connector's common-batch check
+class FlatPages(Sequence[Any]):
+    """A checked batch's pages (``pages``, unchanged, indexed through) carrying every
+    segment already flattened: ``segments``, native uint64 ``(address, length)`` pairs in
+    page order, each page ``per`` segments. Built by the connector's common-batch check
     (:meth:`~hicache_l3.common.connector.Connector._transfer`) so that a transport that
     walks flat segments (the native one) takes them as they are instead of flattening the
-    pages again; any other code sees a plain list of pages. A sub-list (a slice, a
-    comprehension) is a plain list: only the whole batch carries ``segments``."""
+    pages again; any other code sees a sequence of pages (of :class:`PointerPages` too,
+    whose pages are then built only when indexed). A slice is a plain list: only the
+    whole batch carries ``segments``."""
 
-    __slots__ = ("per", "segments")
+    __slots__ = ("pages", "per", "segments")
 
     def __init__(self, pages: Sequence[Any], segments: bytes, per: int) -> None:
-        super().__init__(pages)
-        self.segments, self.per = segments, per
+        self.pages, self.segments, self.per = pages, segments, per
+
+    def __len__(self) -> int:
+        return len(self.pages)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return list(self.pages[i])
+        return self.pages[i]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.pages)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, FlatPages):
+            other = other.pages
+        return isinstance(other, (list, tuple, PointerPages)) and list(self.pages) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  # compares by its pages, like a list
+
+    def __repr__(self) -> str:
+        return f"FlatPages({list(self.pages)!r}, per={self.per})"
+
+
+class PointerPages(Sequence[Page]):
+    """``len(ptrs) // per`` pages given as flat lists, the way SGLang's host pools describe
+    them (``get_page_buffer_meta``): page ``i`` is the segments
+    ``(ptrs[j], sizes[j])`` for ``j`` in ``[i * per, (i + 1) * per)``, in address order.
+
+    Address order is the order of SGLang's flat page in every layout that has one (MHA
+    ``layer_first``: all K layers, then all V layers), so a page is byte for byte what the
+    legacy copying path stores. A page is built (a tuple of pairs) only when indexed: the
+    connector's common-batch check reads the flat lists directly
+    (:data:`~hicache_l3.common.keys.pointer_batch`), while every reference path and every
+    other connector sees ordinary pages. Values are taken as given; a page whose addresses
+    do not compare keeps the given order (the connector then refuses it as malformed).
+    ValueError when ``per < 1`` or the lists do not hold ``per`` segments per page.
+    """
+
+    __slots__ = ("n", "per", "ptrs", "sizes")
+
+    def __init__(self, ptrs: Sequence[Any], sizes: Sequence[Any], per: int) -> None:
+        if per < 1 or len(ptrs) != len(sizes) or len(ptrs) % per:
+            raise ValueError(f"PointerPages: {len(ptrs)} addresses and {len(sizes)} lengths "
+                             f"are not {per} segments per page")
+        self.ptrs, self.sizes, self.per, self.n = ptrs, sizes, per, len(ptrs) // per
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _page(self, i: int) -> tuple[Segment, ...]:
+        per = self.per
+        if per == 1:
+            return ((self.ptrs[i], self.sizes[i]),)
+        lo = i * per
+        segs = list(zip(self.ptrs[lo : lo + per], self.sizes[lo : lo + per]))
+        with contextlib.suppress(TypeError):  # addresses that do not compare: refused later
+            segs.sort()
+        return tuple(segs)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self._page(j) for j in range(*i.indices(self.n))]
+        j = operator.index(i)
+        if j < 0:
+            j += self.n
+        if not 0 <= j < self.n:
+            raise IndexError("PointerPages index out of range")
+        return self._page(j)
+
+    def __iter__(self) -> Iterator[tuple[Segment, ...]]:
+        return map(self._page, range(self.n))
+
+    def __repr__(self) -> str:
+        return f"PointerPages({self.n} pages of {self.per} segments)"
 
 
 def normalize_page(page: Any) -> tuple[Segment, ...] | None:

@@ -18,6 +18,12 @@
  *       the C batch I/O walks), the lowest address, the end of the highest segment, and
  *       whether two segments share a byte. None when any of it does not hold (the
  *       caller checks key by key then).
+ *   pointer_batch(keys, ptrs, sizes, per) -> the same as common_batch | None
+ *       common_batch of the pages hicache_l3.common.pages.PointerPages(ptrs, sizes, per)
+ *       materialises, read from the flat lists directly (exact tuples or lists of
+ *       len(keys) * per items): page i is the segments i*per .. i*per+per-1 put in
+ *       address order (sorted in place in `segments` when the pool gave them otherwise,
+ *       as the page's own sort does), so `segments` are the pages' segments, flattened.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -268,12 +274,81 @@ refuse:
     Py_RETURN_NONE;
 }
 
+static int cmp_pair(const void *a, const void *b)
+{
+    const uint64_t *x = a, *y = b;
+    if (x[0] != y[0])
+        return x[0] < y[0] ? -1 : 1;
+    return x[1] < y[1] ? -1 : x[1] > y[1];
+}
+
+static PyObject *pointer_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "pointer_batch(keys, ptrs, sizes, per) takes 4 arguments");
+        return NULL;
+    }
+    Py_ssize_t n, np, ns, len;
+    PyObject **keys = exact_items(args[0], &n);
+    PyObject **ptrs = exact_items(args[1], &np);
+    PyObject **sizes = exact_items(args[2], &ns);
+    Py_ssize_t per = PyLong_AsSsize_t(args[3]);
+    if (per == -1 && PyErr_Occurred())
+        return NULL;
+    if (keys == NULL || ptrs == NULL || sizes == NULL || n == 0 || per < 1
+        || per > PY_SSIZE_T_MAX / 16 / n || np != n * per || ns != np)
+        Py_RETURN_NONE;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (valid_key(keys[i], &len) == NULL)
+            Py_RETURN_NONE;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, np * 16);
+    if (out == NULL)
+        return NULL;
+    uint64_t *flat = (uint64_t *)PyBytes_AS_STRING(out);
+    uint64_t size = 0, low = UINT64_MAX, high = 0;
+    for (Py_ssize_t j = 0; j < np; j++) {
+        uint64_t *f = flat + 2 * j;
+        if (!plain_u64(ptrs[j], &f[0]) || !plain_u64(sizes[j], &f[1]))
+            goto refuse;
+        if (size == 0)
+            size = f[1];
+        if (f[1] != size || size == 0)
+            goto refuse;
+        low = f[0] < low ? f[0] : low;
+        high = f[0] > high ? f[0] : high;
+    }
+    if (high + size < high)
+        goto refuse;
+    if (per > 1)
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint64_t *page = flat + 2 * i * per;
+            for (Py_ssize_t j = 1; j < per; j++)
+                if (page[2 * j] < page[2 * (j - 1)]) { /* pool order is not address order */
+                    qsort(page, (size_t)per, 2 * sizeof(uint64_t), cmp_pair);
+                    break;
+                }
+        }
+    int overlap = segments_overlap(flat, np, size);
+    if (overlap < 0) {
+        Py_DECREF(out);
+        return PyErr_NoMemory();
+    }
+    return Py_BuildValue("(NnKKKO)", out, per, (unsigned long long)size, (unsigned long long)low,
+                         (unsigned long long)(high + size), overlap ? Py_True : Py_False);
+refuse:
+    Py_DECREF(out);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"valid_keys", valid_keys, METH_O, "True when every key of the sequence is a valid page key."},
     {"prefixed_keys", (PyCFunction)(void (*)(void))prefixed_keys, METH_FASTCALL,
      "[prefix + key for key in keys] when every key is valid, else None."},
     {"common_batch", (PyCFunction)(void (*)(void))common_batch, METH_FASTCALL,
      "The common transfer batch checked and flattened in one pass, or None (see keys.c)."},
+    {"pointer_batch", (PyCFunction)(void (*)(void))pointer_batch, METH_FASTCALL,
+     "common_batch of PointerPages(ptrs, sizes, per), from the flat lists, or None (see keys.c)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import operator
 import threading
 import time
 from collections.abc import Sequence
@@ -59,7 +58,7 @@ from hicache_l3.common.connector import Connector
 from hicache_l3.common.errors import ConfigError, MemoryRegistrationError
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.logs import RateLimitedLogger
-from hicache_l3.common.pages import Page
+from hicache_l3.common.pages import PointerPages
 from hicache_l3.common.registry import open_connector
 from hicache_l3.sglang.config import AdapterConfig, build_namespace
 from hicache_l3.sglang.hybrid import (
@@ -304,8 +303,11 @@ class HiCacheL3Storage(HiCacheStorage):
         return PoolTransferResult(ordered[-1] if ordered else 0, hit_count, ordered)
 
     # ---- zero-copy path --------------------------------------------------------------------
-    def _pages(self, n: int, host_indices: torch.Tensor) -> list[Page]:
-        """The segments of the ``n`` pages starting at ``host_indices[i * page_tokens]``."""
+    def _pages(self, n: int, host_indices: torch.Tensor) -> PointerPages:
+        """The segments of the ``n`` pages starting at ``host_indices[i * page_tokens]``:
+        SGLang's flat pointer lists as they are, each page's segments in address order
+        (:class:`~hicache_l3.common.pages.PointerPages`; no page built unless a reference
+        path indexes it)."""
         assert self.mem_pool_host is not None
         indices = host_indices[: n * self.page_tokens]
         if indices.numel() != n * self.page_tokens:
@@ -315,17 +317,9 @@ class HiCacheL3Storage(HiCacheStorage):
             indices = indices.cpu()
         ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(indices)
         per, rest = divmod(len(ptrs), n)
-        if rest or per == 0:
+        if rest or per == 0 or len(sizes) != len(ptrs):
             raise ValueError(f"host pool described {n} pages with {len(ptrs)} segments")
-        if per == 1:
-            return list(zip(zip(ptrs, sizes)))
-        # Address order is the order of SGLang's flat page (get_data_page(flat=True)) in every
-        # layout that has one (MHA layer_first: all K layers, then all V layers), so pages
-        # stored by the zero-copy and by the legacy copying path are the same bytes.
-        if all(all(map(operator.lt, ptrs[r::per], ptrs[r + 1 :: per])) for r in range(per - 1)):
-            return list(zip(*(zip(ptrs[r::per], sizes[r::per]) for r in range(per))))  # sorted already
-        segs = list(zip(ptrs, sizes))
-        return [sorted(segs[i * per : (i + 1) * per]) for i in range(n)]
+        return PointerPages(ptrs, sizes, per)
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
