@@ -309,11 +309,13 @@ class HiCacheL3Storage(HiCacheStorage):
         (:class:`~hicache_l3.common.pages.PointerPages`; no page built unless a reference
         path indexes it)."""
         assert self.mem_pool_host is not None
-        indices = host_indices[: n * self.page_tokens]
-        if indices.numel() != n * self.page_tokens:
+        need = n * self.page_tokens
+        # SGLang's controller sends exactly the batch's indices: no slice (a torch call) then
+        indices = host_indices if host_indices.numel() == need else host_indices[:need]
+        if indices.numel() != need:
             raise ValueError(f"{n} keys but {host_indices.numel()} host indices "
                              f"(page size {self.page_tokens})")
-        if indices.device.type != "cpu":
+        if not indices.is_cpu:
             indices = indices.cpu()
         ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(indices)
         per, rest = divmod(len(ptrs), n)
@@ -351,7 +353,8 @@ class HiCacheL3Storage(HiCacheStorage):
         start = time.perf_counter()
         move = connector.batch_get if op == "get" else connector.batch_set
         try:
-            ok = move(list(keys), self._pages(len(keys), host_indices))
+            # the connector copies the keys for its hooks: no copy of SGLang's list here
+            ok = move(keys if type(keys) is list else list(keys), self._pages(len(keys), host_indices))
         except Exception as exc:
             self._log.warning(f"{op}-exc", "hicache-l3: batch_%s_v1 of %d pages failed: %r",
                               op, len(keys), exc)
@@ -479,7 +482,7 @@ class HiCacheL3Storage(HiCacheStorage):
 
     # ---- housekeeping ----------------------------------------------------------------------
     def _record(self, pgs: list[int], bws: list[float], ok: Sequence[bool], start: float) -> None:
-        hits = sum(ok)
+        hits = ok.count(True) if type(ok) is list else sum(ok)
         if not hits:
             return
         elapsed = max(time.perf_counter() - start, 1e-9)
