@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import array
 import ctypes
+import functools
 import sys
 from collections.abc import Callable, Sequence
 
@@ -87,6 +88,14 @@ class GetPlan:
         return [(values[6 * i + 1], values[6 * i + 2]) for i in self.where if values[6 * i] == me]
 
 
+@functools.lru_cache(maxsize=16)
+def _geometry_array(geometry: Geometry) -> array.array[int]:
+    """The ``hl3_geometry`` the C plan reads (never writes) for ``geometry``: built once
+    per geometry, not once per batch."""
+    return array.array("q", (geometry.slot_bytes, _GROUP_SHIFT, geometry.table, geometry.data_stride,
+                             (1 << _GROUP_SHIFT) * geometry.data_stride, RECORD_BYTES))
+
+
 def plan_get(table: PageTable, keys: Sequence[str], geometry: Geometry, verified_only: bool,
              open_slab: Callable[[int, int], int | None]) -> GetPlan | None:
     """The :class:`GetPlan` of ``keys`` (valid page keys) against ``table``, or None where
@@ -101,8 +110,7 @@ def plan_get(table: PageTable, keys: Sequence[str], geometry: Geometry, verified
         blob = ("\n".join(keys) + "\n").encode("ascii")
     except UnicodeEncodeError:
         return None
-    geo = array.array("q", (geometry.slot_bytes, _GROUP_SHIFT, geometry.table, geometry.data_stride,
-                            (1 << _GROUP_SHIFT) * geometry.data_stride, RECORD_BYTES))
+    geo = _geometry_array(geometry)
     values = array.array("Q", bytes(48 * n))
     code = array.array("i", bytes(4 * n))
     data_offs, marker_offs = array.array("q", bytes(8 * n)), array.array("q", bytes(8 * n))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import array
 import ctypes
+import functools
 import sys
 from collections.abc import Sequence
 from itertools import accumulate, chain, repeat
@@ -119,6 +120,14 @@ class SetMarkers(NamedTuple):
     marker_offsets: array.array[int]
 
 
+@functools.lru_cache(maxsize=16)
+def _marker_geometry(geometry: Geometry) -> array.array[int]:
+    """The geometry array ``hl3_markers`` reads (never writes): built once per geometry,
+    not once per set batch."""
+    return array.array("q", (_GROUP_SHIFT, geometry.table, geometry.data_stride,
+                             (1 << _GROUP_SHIFT) * geometry.data_stride, RECORD_BYTES))
+
+
 def _native_markers(lib: _Library, keys: Sequence[str], gens: array.array[int], slots: array.array[int],
                     geometry: Geometry) -> SetMarkers | None:
     n = len(keys)
@@ -126,8 +135,7 @@ def _native_markers(lib: _Library, keys: Sequence[str], gens: array.array[int], 
     if lib.markers is None or blob is None or len(gens) != n or len(slots) != n \
             or gens.typecode != "Q" or slots.typecode != "Q":
         return None
-    geo = array.array("q", (_GROUP_SHIFT, geometry.table, geometry.data_stride,
-                            (1 << _GROUP_SHIFT) * geometry.data_stride, RECORD_BYTES))
+    geo = _marker_geometry(geometry)
     out = SetMarkers(bytearray(RECORD_BYTES * n), array.array("q", bytes(8 * n)),
                      array.array("q", bytes(8 * n)))
     if lib.markers(n, blob, len(blob), lib.seeded128, gens.buffer_info()[0], slots.buffer_info()[0],
