@@ -27,6 +27,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,9 +168,49 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* 1 when two of the m segments at addrs (each `size` bytes) share a byte; -1 on no memory. */
-static int segments_overlap(const uint64_t *flat, Py_ssize_t m, uint64_t size)
+static int cmp_pair(const void *a, const void *b)
 {
+    const uint64_t *x = a, *y = b;
+    if (x[0] != y[0])
+        return x[0] < y[0] ? -1 : 1;
+    return x[1] < y[1] ? -1 : x[1] > y[1];
+}
+
+/* 1 when the n pages of `per` segments (each `size` bytes, no end past 2**64) are disjoint
+ * by columns: segment j of each page at least `size` above segment j of the page before,
+ * and the spans of the columns pairwise disjoint -- a batch of ascending pool pages in any
+ * layout (page_first's K and V halves, layer_first's layers); 0 when that does not hold,
+ * which proves nothing (the caller sorts then); -1 on no memory. */
+static int columns_disjoint(const uint64_t *flat, Py_ssize_t n, Py_ssize_t per, uint64_t size)
+{
+    uint64_t *spans = PyMem_Malloc((size_t)per * 2 * sizeof(uint64_t));
+    if (spans == NULL)
+        return -1;
+    int ok = 1;
+    for (Py_ssize_t r = 0; r < per && ok; r++) {
+        uint64_t prev = flat[2 * r];
+        for (Py_ssize_t i = 1; i < n && ok; i++) {
+            uint64_t a = flat[2 * (i * per + r)];
+            ok = a > prev && a - prev >= size;
+            prev = a;
+        }
+        spans[2 * r] = flat[2 * r];
+        spans[2 * r + 1] = prev + size;
+    }
+    if (ok && per > 1) {
+        qsort(spans, (size_t)per, 2 * sizeof(uint64_t), cmp_pair);
+        for (Py_ssize_t r = 1; r < per && ok; r++)
+            ok = spans[2 * r] >= spans[2 * (r - 1) + 1];
+    }
+    PyMem_Free(spans);
+    return ok;
+}
+
+/* 1 when two of the n * per segments at flat (each `size` bytes) share a byte; -1 on no
+ * memory. */
+static int segments_overlap(const uint64_t *flat, Py_ssize_t n, Py_ssize_t per, uint64_t size)
+{
+    Py_ssize_t m = n * per;
     int sorted = 1;
     for (Py_ssize_t i = 1; i < m && sorted; i++)
         sorted = flat[2 * i] > flat[2 * (i - 1)];
@@ -179,6 +220,9 @@ static int segments_overlap(const uint64_t *flat, Py_ssize_t m, uint64_t size)
                 return 1;
         return 0;
     }
+    int disjoint = columns_disjoint(flat, n, per, size);
+    if (disjoint != 0)
+        return disjoint < 0 ? -1 : 0;
     uint64_t *a = PyMem_Malloc((size_t)m * sizeof(uint64_t));
     if (a == NULL)
         return -1;
@@ -211,7 +255,11 @@ static int plain_u64(PyObject *o, uint64_t *v)
 {
     if (!PyLong_CheckExact(o))
         return 0;
+#if ULONG_MAX == UINT64_MAX /* PyLong_AsUnsignedLong walks the digits; ...LongLong goes through bytes */
+    unsigned long long x = PyLong_AsUnsignedLong(o);
+#else
     unsigned long long x = PyLong_AsUnsignedLongLong(o);
+#endif
     if (x == (unsigned long long)-1 && PyErr_Occurred()) {
         PyErr_Clear();
         return 0;
@@ -262,7 +310,7 @@ static PyObject *common_batch(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     if (high + size < high)
         goto refuse;
-    int overlap = segments_overlap(flat, n * per, size);
+    int overlap = segments_overlap(flat, n, per, size);
     if (overlap < 0) {
         Py_DECREF(out);
         return PyErr_NoMemory();
@@ -272,14 +320,6 @@ static PyObject *common_batch(PyObject *self, PyObject *const *args, Py_ssize_t 
 refuse:
     Py_DECREF(out);
     Py_RETURN_NONE;
-}
-
-static int cmp_pair(const void *a, const void *b)
-{
-    const uint64_t *x = a, *y = b;
-    if (x[0] != y[0])
-        return x[0] < y[0] ? -1 : 1;
-    return x[1] < y[1] ? -1 : x[1] > y[1];
 }
 
 static PyObject *pointer_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -329,7 +369,7 @@ static PyObject *pointer_batch(PyObject *self, PyObject *const *args, Py_ssize_t
                     break;
                 }
         }
-    int overlap = segments_overlap(flat, np, size);
+    int overlap = segments_overlap(flat, n, per, size);
     if (overlap < 0) {
         Py_DECREF(out);
         return PyErr_NoMemory();

@@ -226,3 +226,23 @@ def test_file_connector_round_trips_pointer_pages(tmp_path: Path) -> None:
         assert read_back(b, pages) == stored
         with pytest.raises(ValueError, match="overlap"):
             a.batch_get(keys[:2], PointerPages(ptrs[:per] * 2, sizes[: 2 * per], per))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 4), st.lists(st.integers(0, 40), min_size=4, max_size=4),
+       st.lists(st.integers(0, 3), min_size=4, max_size=4), st.sampled_from([1, 2, 4]))
+def test_overlap_of_column_batches_is_the_reference(n: int, per: int, bases: list[int], steps: list[int],
+                                                    units: int) -> None:
+    """Batches shaped like a pool's (segment j of page i at base_j + i * step_j): the
+    column-by-column disjointness pass and the sorting fallback agree with the reference
+    (pages.overlapping) on every near miss and every overlap."""
+    from hicache_l3.common.pages import overlapping
+
+    size = SEG * units
+    ptrs = [bases[r] * SEG + i * steps[r] * SEG for i in range(n) for r in range(per)]
+    pages = PointerPages(ptrs, [size] * len(ptrs), per)
+    keys = [f"c{i}" for i in range(n)]
+    assert pointer_batch is not None and common_batch is not None
+    got = pointer_batch(keys, ptrs, [size] * len(ptrs), per)
+    assert got is not None and got[5] is overlapping(list(pages))
+    assert common_batch(keys, list(pages)) == got
