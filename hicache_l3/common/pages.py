@@ -62,47 +62,58 @@ class PointerPages(Sequence[Page]):
 
     Address order is the order of SGLang's flat page in every layout that has one (MHA
     ``layer_first``: all K layers, then all V layers), so a page is byte for byte what the
-    legacy copying path stores. A page is built (a tuple of pairs) only when indexed: the
-    connector's common-batch check reads the flat lists directly
+    legacy copying path stores. Pages (tuples of pairs) are built only when first indexed,
+    all at once, and kept: the connector's common-batch check reads the flat lists directly
     (:data:`~hicache_l3.common.keys.pointer_batch`), while every reference path and every
     other connector sees ordinary pages. Values are taken as given; a page whose addresses
     do not compare keeps the given order (the connector then refuses it as malformed).
     ValueError when ``per < 1`` or the lists do not hold ``per`` segments per page.
     """
 
-    __slots__ = ("n", "per", "ptrs", "sizes")
+    __slots__ = ("_built", "n", "per", "ptrs", "sizes")
 
     def __init__(self, ptrs: Sequence[Any], sizes: Sequence[Any], per: int) -> None:
         if per < 1 or len(ptrs) != len(sizes) or len(ptrs) % per:
             raise ValueError(f"PointerPages: {len(ptrs)} addresses and {len(sizes)} lengths "
                              f"are not {per} segments per page")
         self.ptrs, self.sizes, self.per, self.n = ptrs, sizes, per, len(ptrs) // per
+        self._built: list[tuple[Segment, ...]] | None = None
+
+    def _pages(self) -> list[tuple[Segment, ...]]:
+        """Every page, built on first use, all at once (C-level passes when every page is
+        already in address order), then kept: a connector that indexes pages pays what
+        building them in the adapter cost before, the native path nothing."""
+        built = self._built
+        if built is None:
+            built = self._built = self._build()
+        return built
+
+    def _build(self) -> list[tuple[Segment, ...]]:
+        ptrs, sizes, per = self.ptrs, self.sizes, self.per
+        if per == 1:
+            return list(zip(zip(ptrs, sizes)))
+        try:
+            ordered = all(all(map(operator.lt, ptrs[r::per], ptrs[r + 1 :: per])) for r in range(per - 1))
+        except TypeError:  # addresses that do not compare: malformed, page by page below
+            ordered = False
+        if ordered:
+            return list(zip(*(zip(ptrs[r::per], sizes[r::per]) for r in range(per))))
+        out = []
+        for lo in range(0, len(ptrs), per):
+            segs = list(zip(ptrs[lo : lo + per], sizes[lo : lo + per]))
+            with contextlib.suppress(TypeError):  # addresses that do not compare: refused later
+                segs.sort()
+            out.append(tuple(segs))
+        return out
 
     def __len__(self) -> int:
         return self.n
 
-    def _page(self, i: int) -> tuple[Segment, ...]:
-        per = self.per
-        if per == 1:
-            return ((self.ptrs[i], self.sizes[i]),)
-        lo = i * per
-        segs = list(zip(self.ptrs[lo : lo + per], self.sizes[lo : lo + per]))
-        with contextlib.suppress(TypeError):  # addresses that do not compare: refused later
-            segs.sort()
-        return tuple(segs)
-
     def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [self._page(j) for j in range(*i.indices(self.n))]
-        j = operator.index(i)
-        if j < 0:
-            j += self.n
-        if not 0 <= j < self.n:
-            raise IndexError("PointerPages index out of range")
-        return self._page(j)
+        return self._pages()[i]
 
     def __iter__(self) -> Iterator[tuple[Segment, ...]]:
-        return map(self._page, range(self.n))
+        return iter(self._pages())
 
     def __repr__(self) -> str:
         return f"PointerPages({self.n} pages of {self.per} segments)"

@@ -189,6 +189,7 @@ def test_flat_pages_reach_the_hook_without_building_pages() -> None:
         assert conn.batch_set(["p0", "p1", "p2"], PointerPages(ptrs, sizes, 4)) == [True] * 3
     (given,) = seen
     assert isinstance(given, FlatPages) and type(given.pages) is PointerPages
+    assert given.pages._built is None  # the check read the flat lists: no page was built
     assert given.segments == b"".join(a.to_bytes(8, "little") + n.to_bytes(8, "little")
                                       for page in given for a, n in page)
 
