@@ -314,6 +314,8 @@ def stage_breakdown(standin: StandIn, keys: list[str], indices: torch.Tensor) ->
              (store, "commit", "index commit"), (store, "touch", "index commit")]
     if getattr(connector.transport, "reads_plans", False):  # the planned get (slab/plan.py)
         wraps.append((connector.transport, "read_plan", "io"))
+    if hasattr(store, "touch_columns"):  # the planned get's LRU touch
+        wraps.append((store, "touch_columns", "index commit"))
     out: dict[str, dict[str, float]] = {}
     scale = 1024 / len(keys) / 1e6
     try:
