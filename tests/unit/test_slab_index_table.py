@@ -121,3 +121,29 @@ def test_lookups_without_the_lock_while_a_writer_grows_and_evicts(tmp_path: Path
         assert store.evictions > 0
     finally:
         store.close()
+
+
+def test_the_index_table_is_presized_for_the_store_capacity(tmp_path: Path) -> None:
+    """A store's index table is reserved for its slots (a shared store's for every
+    writer's), so it does not grow while the store fills; without a capacity it starts
+    small."""
+    from hicache_l3.slab.shared import SharedSlabStore
+    from hicache_l3.slab.table import new_table
+
+    for name in "abc":
+        (tmp_path / name).mkdir()
+    store = _store(tmp_path / "a", 5000)
+    shared = SharedSlabStore(tmp_path / "b", NS, 64, max_writers=3,
+                             capacity_bytes=5000 * Geometry(64).stride, node="n1")
+    plain = SlabStore(tmp_path / "c", NS, 64)
+    try:
+        assert store.index.capacity == 5000 and shared.index.capacity == 15000
+        assert plain.index.capacity is None
+        for s, pages in ((store, 5000), (shared, 15000)):
+            assert s.index.table.nbytes == new_table(pages).nbytes > new_table().nbytes
+        before = store.index.table.nbytes
+        _set(store, [f"k{i}" for i in range(4000)])
+        assert store.index.table.nbytes == before and len(store.index.table) == 4000
+    finally:
+        for s in (store, shared, plain):
+            s.close()
