@@ -10,7 +10,8 @@
  * - a header (counts, capacity, the length classes) and two arrays of ``cap`` buckets;
  *   any capacity, not only powers of two: a key's home bucket is (hash * cap) >> 64;
  *   linear probing with wrap-around, backward-shift deletion (no tombstones); both
- *   arrays are rebuilt 1.5 times larger before the load exceeds 0.8, or presized by
+ *   arrays are rebuilt 1.5 times larger before the load exceeds 0.8 (to the expected
+ *   capacity, hl3_pt_expect, when that is within one step), or presized by
  *   hl3_pt_reserve;
  * - the page array: 40-byte buckets (digest, checksum, generation << 16 | length class,
  *   location = (writer + 1) << 48 | slab << 24 | slot), keyed by the digest; a location
@@ -59,7 +60,7 @@ typedef struct {
     uint64_t cap;      /* buckets in each of the two arrays */
     uint64_t len;      /* pages (= inverse entries) */
     uint64_t nclasses; /* distinct lengths seen */
-    uint64_t pad;
+    uint64_t expect;   /* buckets for the pages expected at most (hl3_pt_expect), 0: none */
     uint32_t lengths[HL3_PT_CLASSES + 1];  /* class -> length */
     uint16_t classes[HL3_PT_CLASS_HASH];   /* 1 + the class of a length, 0: free (linear probing, never deleted) */
 } hl3_header;
@@ -228,6 +229,18 @@ static int rebuild(hl3_table *t, uint64_t cap)
 
 static inline int fits(uint64_t pages, uint64_t cap) { return pages * 5 <= cap * 4; } /* load <= 0.8 */
 
+static inline uint64_t cap_of(uint64_t pages) { return (pages * 5 + 3) / 4; } /* load 0.8 */
+
+/* The capacity to rebuild at, for pages that need ``need`` buckets and would get ``cap``:
+ * the expected capacity instead when it holds them and ``cap`` passes it or is within
+ * one growth step of it (the table reaches it without a last rebuild, nor the load of a
+ * step past it). */
+static inline uint64_t toward_expected(const hl3_header *h, uint64_t need, uint64_t cap)
+{
+    uint64_t e = h->expect;
+    return e >= need && (e <= cap || cap + cap / 2 >= e) ? e : cap;
+}
+
 /* Room for ``pages`` pages at load <= 0.8, growing 1.5 times at a time. */
 static int grow(hl3_table *t, uint64_t pages)
 {
@@ -238,7 +251,7 @@ static int grow(hl3_table *t, uint64_t pages)
         return HL3_PT_NOMEM;
     while (!fits(pages, cap))
         cap += cap / 2;
-    return rebuild(t, cap);
+    return rebuild(t, toward_expected(t->h, cap_of(pages), cap));
 }
 
 hl3_table *hl3_pt_new(void)
@@ -264,15 +277,27 @@ void hl3_pt_free(hl3_table *t)
     free(t);
 }
 
-/* Presize both arrays for ``pages`` pages at load <= 0.8 (never shrinks): 0, or
- * HL3_PT_NOMEM (the table is unchanged). */
+/* Presize both arrays for ``pages`` pages at load <= 0.8 now (never shrinks; the
+ * expected capacity instead when that is within one growth step): 0, or HL3_PT_NOMEM
+ * (the table is unchanged). */
 int hl3_pt_reserve(hl3_table *t, uint64_t pages)
 {
     if (fits(pages, t->h->cap))
         return 0;
     if (pages > HL3_PT_MAX_CAP)
         return HL3_PT_NOMEM;
-    return rebuild(t, (pages * 5 + 3) / 4);
+    return rebuild(t, toward_expected(t->h, cap_of(pages), cap_of(pages)));
+}
+
+/* The table is expected to hold at most ``pages`` pages (a capacity hint; 0: none):
+ * nothing is allocated now, but a growth (or reserve) that comes within one 1.5x step
+ * of that capacity goes to it, so that a table at the expected capacity is at load 0.8
+ * and was not rebuilt past it. Presizing at once instead would cost a store far below
+ * its capacity a memory page per indexed page (digests spread over the whole array)
+ * until every page of the arrays is touched. */
+void hl3_pt_expect(hl3_table *t, uint64_t pages)
+{
+    t->h->expect = pages > HL3_PT_MAX_CAP || cap_of(pages) > HL3_PT_MAX_CAP ? 0 : cap_of(pages);
 }
 
 size_t hl3_pt_len(const hl3_table *t) { return t->h->len; }

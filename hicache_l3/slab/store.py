@@ -136,8 +136,9 @@ class SlabStore:
         make_dir(self.writers_dir, exist_ok=True)
 
     def _index_capacity(self) -> int | None:
-        """Pages the namespace's index should be presized for: this writer's slots (other
-        writers' pages make the table grow past it); None without a capacity."""
+        """Pages the namespace's index table is expected to hold at most (its growth
+        lands on that size): this writer's slots (other writers' pages make the table
+        grow past it); None without a capacity."""
         return self.max_slots
 
     # ---- reading ------------------------------------------------------------------------

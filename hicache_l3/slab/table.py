@@ -8,7 +8,8 @@ Two implementations with one API (:class:`PageTable`):
   generation and length class, packed location) and a 4-byte slot inverse (the index of
   a page bucket, hashed by its location), open addressing with linear probing and
   backward-shift deletion over any capacity, rebuilt 1.5 times larger before the load
-  exceeds 0.8, or presized by :meth:`~PageTable.reserve`: 55 B a page at that load, with
+  exceeds 0.8 (to the expected capacity, :meth:`~PageTable.expect`, once that is one
+  step away), or presized by :meth:`~PageTable.reserve`: 55 B a page at that load, with
   no Python object per page, in anonymous mappings that hold no pointers (a later phase
   can put the same layout in a shared file). Called through ``ctypes.PyDLL``: the GIL
   stays held during each (short) call, so threads see every call as atomic, as they saw
@@ -104,9 +105,15 @@ class PageTable(Protocol):
         ...
 
     def reserve(self, pages: int) -> None:
-        """Make room for ``pages`` pages now (a capacity hint: the table still grows past
-        it; never shrinks). :class:`MemoryError` when that room cannot be had (the table
-        is unchanged)."""
+        """Make room for ``pages`` pages now (the table still grows past it; never
+        shrinks). :class:`MemoryError` when that room cannot be had (the table is
+        unchanged)."""
+        ...
+
+    def expect(self, pages: int) -> None:
+        """The table is expected to hold at most ``pages`` pages (a capacity hint, 0:
+        none): nothing is allocated now; growth lands on that capacity once it is one
+        step away, so a table filled to it was sized for it."""
         ...
 
     def get(self, d: bytes) -> Entry | None:
@@ -212,6 +219,9 @@ class DictPageTable:
     def reserve(self, pages: int) -> None:
         """Nothing: a dict grows by itself."""
 
+    def expect(self, pages: int) -> None:
+        """Nothing: a dict grows by itself."""
+
     def get(self, d: bytes) -> Entry | None:
         return self._pages.get(d)
 
@@ -315,6 +325,7 @@ class _Library:
         self.len = fn("hl3_pt_len", _sz, _vp)
         self.nbytes = fn("hl3_pt_nbytes", _sz, _vp)
         self.reserve = fn("hl3_pt_reserve", ctypes.c_int, _vp, _u64)
+        self.expect = fn("hl3_pt_expect", None, _vp, _u64)
         self.check = fn("hl3_pt_check", ctypes.c_int, _vp)
         self.put_many = fn("hl3_pt_put_many", ctypes.c_int, _vp, _sz, ctypes.c_char_p, _vp)
         self.get_many = fn("hl3_pt_get_many", _sz, _vp, _sz, ctypes.c_char_p, _vp, _vp)
@@ -376,6 +387,15 @@ class NativePageTable:
         if pages < 0 or pages >= 1 << 64:
             raise ValueError(f"page table: cannot reserve {pages} pages")
         _raise(self._lib.reserve(self._t, pages))
+
+    def expect(self, pages: int) -> None:
+        """``hl3_pt_expect``: growth (and :meth:`reserve`) within one 1.5x step of ``pages``
+        pages at load 0.8 goes to exactly that; nothing is allocated now (presizing would
+        cost a store far below its capacity a memory page per indexed page, its digests
+        spread over the whole array)."""
+        if pages < 0 or pages >= 1 << 64:
+            raise ValueError(f"page table: cannot expect {pages} pages")
+        self._lib.expect(self._t, pages)
 
     def check(self) -> int:
         """``hl3_pt_check``: 0 when the table's invariants hold (for tests), else which failed."""
@@ -594,14 +614,13 @@ def _self_test(lib: _Library) -> None:
 
 
 def new_table(capacity: int | None = None) -> PageTable:
-    """An empty table: the C one when the library loads, else the dict one; presized for
-    ``capacity`` pages when given (:meth:`PageTable.reserve`; where that room cannot be
-    had, the table grows as pages come)."""
+    """An empty table: the C one when the library loads, else the dict one; expecting at
+    most ``capacity`` pages when given (:meth:`PageTable.expect`)."""
     lib = native_library()
     table: PageTable = NativePageTable(lib) if lib is not None else DictPageTable()
     if capacity:
-        with contextlib.suppress(MemoryError, ValueError):  # a hint: else it grows as pages come
-            table.reserve(capacity)
+        with contextlib.suppress(ValueError):  # a hint past any table: it grows as pages come
+            table.expect(capacity)
     return table
 
 

@@ -123,10 +123,9 @@ def test_lookups_without_the_lock_while_a_writer_grows_and_evicts(tmp_path: Path
         store.close()
 
 
-def test_the_index_table_is_presized_for_the_store_capacity(tmp_path: Path) -> None:
-    """A store's index table is reserved for its slots (a shared store's for every
-    writer's), so it does not grow while the store fills; without a capacity it starts
-    small."""
+def test_the_index_table_expects_the_store_capacity(tmp_path: Path) -> None:
+    """A store's index table expects its slots (a shared store's, every writer's): filled
+    to them, it is sized for them (load 0.8); without a capacity it grows as it goes."""
     from hicache_l3.slab.shared import SharedSlabStore
     from hicache_l3.slab.table import new_table
 
@@ -139,11 +138,11 @@ def test_the_index_table_is_presized_for_the_store_capacity(tmp_path: Path) -> N
     try:
         assert store.index.capacity == 5000 and shared.index.capacity == 15000
         assert plain.index.capacity is None
-        for s, pages in ((store, 5000), (shared, 15000)):
-            assert s.index.table.nbytes == new_table(pages).nbytes > new_table().nbytes
-        before = store.index.table.nbytes
-        _set(store, [f"k{i}" for i in range(4000)])
-        assert store.index.table.nbytes == before and len(store.index.table) == 4000
+        keys = [f"k{i}" for i in range(5000)]
+        _set(store, keys)
+        full = new_table()
+        full.reserve(5000)
+        assert store.index.table.nbytes == full.nbytes and len(store.index.table) == 5000
     finally:
         for s in (store, shared, plain):
             s.close()

@@ -51,6 +51,7 @@ OP = st.one_of(
     st.tuples(st.just("put"), DIG, ANY_ENTRY),
     st.tuples(st.just("put_many"), st.lists(st.tuples(DIG, ANY_ENTRY), max_size=30)),
     st.tuples(st.just("reserve"), st.integers(0, 700)),
+    st.tuples(st.just("expect"), st.integers(0, 700)),
     st.tuples(st.just("pop"), DIG),
     st.tuples(st.just("pop_many"), st.lists(DIG, max_size=30)),
     st.tuples(st.just("get_many"), st.lists(DIG, max_size=30)),
@@ -73,6 +74,8 @@ def _run(table: PageTable, op: tuple) -> object:
     kind = op[0]
     if kind == "reserve":
         return table.reserve(op[1])
+    if kind == "expect":
+        return table.expect(op[1])
     if kind == "put":
         return table.put(op[1], op[2])
     if kind == "put_many":
@@ -212,10 +215,44 @@ def test_deletions_wrap_around_the_array_end() -> None:
         assert table.check() == 0 and _state(table) == _state(ref)
 
 
-def test_new_table_takes_a_capacity_hint() -> None:
-    hinted, plain = new_table(capacity=100_000), new_table()
-    assert hinted.nbytes > 100_000 * 50 > plain.nbytes
-    assert isinstance(new_table(capacity=2**40), NativePageTable)  # past what can be had: grows
+def _reserved(pages: int) -> int:
+    table = _native()
+    table.reserve(pages)
+    return table.nbytes
+
+
+@pytest.mark.parametrize("expected", [5000, 30000, 77777])
+def test_growth_lands_on_the_expected_capacity(expected: int) -> None:
+    """With a capacity hint nothing is allocated at first; the table grows 1.5x at a time
+    and, once one step from the hint, to exactly the hint's size (load 0.8 when full);
+    past it, it grows on."""
+    table = new_table(capacity=expected)
+    assert isinstance(table, NativePageTable) and table.nbytes == new_table().nbytes
+    ds = digests([f"e{i}" for i in range(2 * expected)])
+    entries = [Entry(0, i >> 12, i & 4095, 1, 64, i) for i in range(len(ds))]
+    sizes = []
+    for k in range(0, expected, 37):
+        table.put_many(ds[k : min(k + 37, expected)], entries[k : min(k + 37, expected)])
+        sizes.append(table.nbytes)
+    assert sizes[-1] == _reserved(expected) and table.check() == 0
+    table.put_many(ds[expected:], entries[expected:])
+    assert table.nbytes > sizes[-1] and table.get_many(ds) == entries and table.check() == 0
+    huge = new_table(capacity=2**40)  # past any table: grows as without a hint
+    huge.put_many(ds[:expected], entries[:expected])
+    plain = new_table()
+    plain.put_many(ds[:expected], entries[:expected])
+    assert huge.nbytes == plain.nbytes
+
+
+def test_reserve_goes_to_the_expected_capacity_when_one_step_from_it() -> None:
+    table = _native()
+    table.expect(10000)
+    table.reserve(7000)  # 8750 buckets; 1.5x of that passes the 12500 expected
+    assert table.nbytes == _reserved(10000)
+    table = _native()
+    table.expect(10000)
+    table.reserve(5000)
+    assert table.nbytes == _reserved(5000)
 
 
 def test_digest_is_not_the_slot_fingerprint() -> None:
