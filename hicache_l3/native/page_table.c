@@ -5,8 +5,8 @@
  * which keeps a dict-backed table as the reference and the fallback when this library is
  * not built.
  *
- * Layout (40 + 4 bytes a bucket, so 55 B a page at the 0.8 load a reserved table reaches
- * at its capacity):
+ * Layout (40 + 4 bytes a bucket, so 55 B a page at load 0.8, where a table filled to its
+ * expected or reserved capacity is):
  * - a header (counts, capacity, the length classes) and two arrays of ``cap`` buckets;
  *   any capacity, not only powers of two: a key's home bucket is (hash * cap) >> 64;
  *   linear probing with wrap-around, backward-shift deletion (no tombstones); both
