@@ -5,8 +5,8 @@
  * which keeps a dict-backed table as the reference and the fallback when this library is
  * not built.
  *
- * Layout (40 + 4 bytes a bucket, so 55 B a page at load 0.8, where a table filled to its
- * expected or reserved capacity is):
+ * Layout (40 + 4 + 1 bytes a bucket, so 56 B a page at load 0.8, where a table filled to
+ * its expected or reserved capacity is):
  * - a header (counts, capacity, the length classes) and two arrays of ``cap`` buckets;
  *   any capacity, not only powers of two: a key's home bucket is (hash * cap) >> 64;
  *   linear probing with wrap-around, backward-shift deletion (no tombstones); both
@@ -17,9 +17,11 @@
  *   location = (writer + 1) << 48 | slab << 24 | slot), keyed by the digest; a location
  *   of 0 is a free bucket;
  * - the slot inverse: u32 buckets holding 1 + the index of a page bucket (0: free),
- *   hashed by the page's location; a probe compares that page's location. Every move of
- *   a page bucket (backward shift, rebuild) updates its inverse bucket.
- * The three areas are anonymous private mappings (zero pages, lazy: all-zero is empty)
+ *   hashed by the page's location, and beside them a byte per bucket of that hash's low
+ *   bits: a probe reads the page bucket (another cache miss) only where the byte
+ *   matches, then compares its location. Every move of a page bucket (backward shift,
+ *   rebuild) updates its inverse bucket.
+ * The four areas are anonymous private mappings (zero pages, lazy: all-zero is empty)
  * and hold no pointers (the arrays are addressed by index, the length classes by
  * number), so that the same layout can later live in one shared file mapping.
  *
@@ -65,10 +67,11 @@ typedef struct {
     uint16_t classes[HL3_PT_CLASS_HASH];   /* 1 + the class of a length, 0: free (linear probing, never deleted) */
 } hl3_header;
 
-typedef struct { /* this process's handle: where the three areas are mapped */
+typedef struct { /* this process's handle: where the four areas are mapped */
     hl3_header *h;
     hl3_page *pages;
     uint32_t *inv;
+    uint8_t *tags; /* per inverse bucket: 8 bits of its location's hash (probes skip others) */
 } hl3_table;
 
 _Static_assert(sizeof(hl3_page) == 40, "page bucket layout");
@@ -118,6 +121,9 @@ static inline size_t page_home(const uint8_t *digest, uint64_t cap)
 }
 
 static inline size_t inv_home(uint64_t location, uint64_t cap) { return fastrange(fmix64(location), cap); }
+
+/* Low bits of the hash whose high bits place the location (independent of them). */
+static inline uint8_t inv_tag(uint64_t location) { return (uint8_t)fmix64(location); }
 
 static inline size_t next(size_t i, uint64_t cap) { return i + 1 == cap ? 0 : i + 1; }
 
@@ -185,10 +191,11 @@ static void drop_classes(hl3_header *h, uint64_t keep)
 
 /* ---- the table ------------------------------------------------------------------------ */
 
-static void unmap_arrays(hl3_page *pages, uint32_t *inv, uint64_t cap)
+static void unmap_arrays(hl3_page *pages, uint32_t *inv, uint8_t *tags, uint64_t cap)
 {
     unmap(pages, cap * sizeof(hl3_page));
     unmap(inv, cap * sizeof(uint32_t));
+    unmap(tags, cap);
 }
 
 /* Move every page into new arrays of ``cap`` buckets (>= len / 0.8) and build their inverse. */
@@ -198,8 +205,9 @@ static int rebuild(hl3_table *t, uint64_t cap)
         return HL3_PT_NOMEM;
     hl3_page *pages = map_zero(cap * sizeof(hl3_page));
     uint32_t *inv = map_zero(cap * sizeof(uint32_t));
-    if (pages == NULL || inv == NULL) {
-        unmap_arrays(pages, inv, cap);
+    uint8_t *tags = map_zero(cap);
+    if (pages == NULL || inv == NULL || tags == NULL) {
+        unmap_arrays(pages, inv, tags, cap);
         return HL3_PT_NOMEM;
     }
     hl3_page *old = t->pages;
@@ -219,10 +227,12 @@ static int rebuild(hl3_table *t, uint64_t cap)
         while (inv[j] != 0)
             j = next(j, cap);
         inv[j] = (uint32_t)(i + 1);
+        tags[j] = inv_tag(pages[i].location);
     }
-    unmap_arrays(old, t->inv, oldcap);
+    unmap_arrays(old, t->inv, t->tags, oldcap);
     t->pages = pages;
     t->inv = inv;
+    t->tags = tags;
     t->h->cap = cap;
     return 0;
 }
@@ -272,7 +282,7 @@ void hl3_pt_free(hl3_table *t)
 {
     if (t == NULL)
         return;
-    unmap_arrays(t->pages, t->inv, t->h->cap);
+    unmap_arrays(t->pages, t->inv, t->tags, t->h->cap);
     unmap(t->h, sizeof(hl3_header));
     free(t);
 }
@@ -306,7 +316,8 @@ size_t hl3_pt_len(const hl3_table *t) { return t->h->len; }
 size_t hl3_pt_nbytes(const hl3_table *t)
 {
     uint64_t cap = t->h->cap;
-    return mapped(sizeof(hl3_header)) + mapped(cap * sizeof(hl3_page)) + mapped(cap * sizeof(uint32_t));
+    return mapped(sizeof(hl3_header)) + mapped(cap * sizeof(hl3_page)) + mapped(cap * sizeof(uint32_t))
+           + mapped(cap);
 }
 
 /* ---- the page map and its inverse ----------------------------------------------------- */
@@ -333,8 +344,9 @@ static size_t inv_find(const hl3_table *t, uint64_t location, int *found)
 {
     uint64_t cap = t->h->cap;
     size_t i = inv_home(location, cap);
+    uint8_t tag = inv_tag(location);
     while (t->inv[i] != 0) {
-        if (t->pages[t->inv[i] - 1].location == location) {
+        if (t->tags[i] == tag && t->pages[t->inv[i] - 1].location == location) {
             *found = 1;
             return i;
         }
@@ -366,10 +378,12 @@ static void inv_delete_at(hl3_table *t, size_t i)
         size_t k = inv_home(t->pages[t->inv[j] - 1].location, cap);
         if (!between(i, k, j)) { /* j's entry may fill the hole: shift it back */
             t->inv[i] = t->inv[j];
+            t->tags[i] = t->tags[j];
             i = j;
         }
     }
     t->inv[i] = 0;
+    t->tags[i] = 0;
 }
 
 static void inv_insert(hl3_table *t, uint64_t location, size_t page)
@@ -377,6 +391,7 @@ static void inv_insert(hl3_table *t, uint64_t location, size_t page)
     int found;
     size_t j = inv_find(t, location, &found);
     t->inv[j] = (uint32_t)(page + 1);
+    t->tags[j] = inv_tag(location);
 }
 
 /* Remove page bucket ``i`` and its inverse entry. */
@@ -471,7 +486,9 @@ int hl3_pt_put_many(hl3_table *t, size_t n, const uint8_t *digests, const uint64
         if (i + AHEAD < n) {
             const uint64_t *a = v + 6 * AHEAD;
             __builtin_prefetch(&t->pages[page_home(digests + 16 * (i + AHEAD), cap)], 1);
-            __builtin_prefetch(&t->inv[inv_home(pack_location(a[0], a[1], a[2]), cap)], 1);
+            size_t k = inv_home(pack_location(a[0], a[1], a[2]), cap);
+            __builtin_prefetch(&t->inv[k], 1);
+            __builtin_prefetch(&t->tags[k], 1);
         }
         if (i == 0 || v[4] != last) {
             last = (uint32_t)v[4];
@@ -610,7 +627,8 @@ int hl3_pt_check(const hl3_table *t)
         if (t->inv[i] == 0)
             continue;
         entries++;
-        if (t->inv[i] > cap || t->pages[t->inv[i] - 1].location == 0)
+        if (t->inv[i] > cap || t->pages[t->inv[i] - 1].location == 0
+            || t->tags[i] != inv_tag(t->pages[t->inv[i] - 1].location))
             return 2;
         int found;
         if (inv_find(t, t->pages[t->inv[i] - 1].location, &found) != i || !found)
