@@ -5,8 +5,8 @@
  * which keeps a dict-backed table as the reference and the fallback when this library is
  * not built.
  *
- * Layout (40 + 4 + 1 bytes a bucket, so 56 B a page at load 0.8, where a table filled to
- * its expected or reserved capacity is):
+ * Layout (40 + 4 + 2 bytes a bucket, so 57.5 B a page at load 0.8, where a table filled
+ * to its expected or reserved capacity is):
  * - a header (counts, capacity, the length classes) and two arrays of ``cap`` buckets;
  *   any capacity, not only powers of two: a key's home bucket is (hash * cap) >> 64;
  *   linear probing with wrap-around, backward-shift deletion (no tombstones); both
@@ -17,10 +17,11 @@
  *   location = (writer + 1) << 48 | slab << 24 | slot), keyed by the digest; a location
  *   of 0 is a free bucket;
  * - the slot inverse: u32 buckets holding 1 + the index of a page bucket (0: free),
- *   hashed by the page's location, and beside them a byte per bucket of that hash's low
- *   bits: a probe reads the page bucket (another cache miss) only where the byte
- *   matches, then compares its location. Every move of a page bucket (backward shift,
- *   rebuild) updates its inverse bucket.
+ *   hashed by the page's location, and beside them 16 bits per bucket: a byte of that
+ *   hash's low bits (a probe reads the page bucket, another cache miss, only where it
+ *   matches, then compares its location) and the entry's distance from its home bucket
+ *   (a backward shift needs no page bucket either, unless that is 255 or more). Every
+ *   move of a page bucket (backward shift, rebuild) updates its inverse bucket.
  * The four areas are anonymous private mappings (zero pages, lazy: all-zero is empty)
  * and hold no pointers (the arrays are addressed by index, the length classes by
  * number), so that the same layout can later live in one shared file mapping.
@@ -71,7 +72,8 @@ typedef struct { /* this process's handle: where the four areas are mapped */
     hl3_header *h;
     hl3_page *pages;
     uint32_t *inv;
-    uint8_t *tags; /* per inverse bucket: 8 bits of its location's hash (probes skip others) */
+    uint16_t *meta; /* per inverse bucket: a tag (8 bits of its location's hash: probes skip
+                     * others) | its distance from its home bucket << 8 (HL3_PT_FAR: as far or more) */
 } hl3_table;
 
 _Static_assert(sizeof(hl3_page) == 40, "page bucket layout");
@@ -124,6 +126,16 @@ static inline size_t inv_home(uint64_t location, uint64_t cap) { return fastrang
 
 /* Low bits of the hash whose high bits place the location (independent of them). */
 static inline uint8_t inv_tag(uint64_t location) { return (uint8_t)fmix64(location); }
+
+#ifndef HL3_PT_FAR /* (tests build with a smaller one, to take the far path often) */
+#define HL3_PT_FAR 255 /* an inverse entry this far from its home or more: its home is computed */
+#endif
+
+static inline uint16_t inv_meta(uint8_t tag, size_t home, size_t at, uint64_t cap)
+{
+    uint64_t d = at >= home ? at - home : at + cap - home;
+    return (uint16_t)(tag | (d < HL3_PT_FAR ? d : HL3_PT_FAR) << 8);
+}
 
 static inline size_t next(size_t i, uint64_t cap) { return i + 1 == cap ? 0 : i + 1; }
 
@@ -191,11 +203,11 @@ static void drop_classes(hl3_header *h, uint64_t keep)
 
 /* ---- the table ------------------------------------------------------------------------ */
 
-static void unmap_arrays(hl3_page *pages, uint32_t *inv, uint8_t *tags, uint64_t cap)
+static void unmap_arrays(hl3_page *pages, uint32_t *inv, uint16_t *meta, uint64_t cap)
 {
     unmap(pages, cap * sizeof(hl3_page));
     unmap(inv, cap * sizeof(uint32_t));
-    unmap(tags, cap);
+    unmap(meta, cap * sizeof(uint16_t));
 }
 
 /* Move every page into new arrays of ``cap`` buckets (>= len / 0.8) and build their inverse. */
@@ -205,9 +217,9 @@ static int rebuild(hl3_table *t, uint64_t cap)
         return HL3_PT_NOMEM;
     hl3_page *pages = map_zero(cap * sizeof(hl3_page));
     uint32_t *inv = map_zero(cap * sizeof(uint32_t));
-    uint8_t *tags = map_zero(cap);
-    if (pages == NULL || inv == NULL || tags == NULL) {
-        unmap_arrays(pages, inv, tags, cap);
+    uint16_t *meta = map_zero(cap * sizeof(uint16_t));
+    if (pages == NULL || inv == NULL || meta == NULL) {
+        unmap_arrays(pages, inv, meta, cap);
         return HL3_PT_NOMEM;
     }
     hl3_page *old = t->pages;
@@ -223,16 +235,16 @@ static int rebuild(hl3_table *t, uint64_t cap)
     for (size_t i = 0; i < cap; i++) {
         if (pages[i].location == 0)
             continue;
-        size_t j = inv_home(pages[i].location, cap);
+        size_t home = inv_home(pages[i].location, cap), j = home;
         while (inv[j] != 0)
             j = next(j, cap);
         inv[j] = (uint32_t)(i + 1);
-        tags[j] = inv_tag(pages[i].location);
+        meta[j] = inv_meta(inv_tag(pages[i].location), home, j, cap);
     }
-    unmap_arrays(old, t->inv, t->tags, oldcap);
+    unmap_arrays(old, t->inv, t->meta, oldcap);
     t->pages = pages;
     t->inv = inv;
-    t->tags = tags;
+    t->meta = meta;
     t->h->cap = cap;
     return 0;
 }
@@ -282,7 +294,7 @@ void hl3_pt_free(hl3_table *t)
 {
     if (t == NULL)
         return;
-    unmap_arrays(t->pages, t->inv, t->tags, t->h->cap);
+    unmap_arrays(t->pages, t->inv, t->meta, t->h->cap);
     unmap(t->h, sizeof(hl3_header));
     free(t);
 }
@@ -317,7 +329,7 @@ size_t hl3_pt_nbytes(const hl3_table *t)
 {
     uint64_t cap = t->h->cap;
     return mapped(sizeof(hl3_header)) + mapped(cap * sizeof(hl3_page)) + mapped(cap * sizeof(uint32_t))
-           + mapped(cap);
+           + mapped(cap * sizeof(uint16_t));
 }
 
 /* ---- the page map and its inverse ----------------------------------------------------- */
@@ -346,7 +358,7 @@ static size_t inv_find(const hl3_table *t, uint64_t location, int *found)
     size_t i = inv_home(location, cap);
     uint8_t tag = inv_tag(location);
     while (t->inv[i] != 0) {
-        if (t->tags[i] == tag && t->pages[t->inv[i] - 1].location == location) {
+        if ((uint8_t)t->meta[i] == tag && t->pages[t->inv[i] - 1].location == location) {
             *found = 1;
             return i;
         }
@@ -367,6 +379,15 @@ static size_t inv_of(const hl3_table *t, uint64_t location, size_t page)
     return i;
 }
 
+/* The home bucket of inverse entry ``j``: from its distance, or its page when that is far. */
+static inline size_t inv_home_of(const hl3_table *t, size_t j, uint64_t cap)
+{
+    uint64_t d = t->meta[j] >> 8;
+    if (d == HL3_PT_FAR)
+        return inv_home(t->pages[t->inv[j] - 1].location, cap);
+    return j >= d ? j - d : j + cap - d;
+}
+
 static void inv_delete_at(hl3_table *t, size_t i)
 {
     uint64_t cap = t->h->cap;
@@ -375,15 +396,15 @@ static void inv_delete_at(hl3_table *t, size_t i)
         j = next(j, cap);
         if (t->inv[j] == 0)
             break;
-        size_t k = inv_home(t->pages[t->inv[j] - 1].location, cap);
+        size_t k = inv_home_of(t, j, cap);
         if (!between(i, k, j)) { /* j's entry may fill the hole: shift it back */
             t->inv[i] = t->inv[j];
-            t->tags[i] = t->tags[j];
+            t->meta[i] = inv_meta((uint8_t)t->meta[j], k, i, cap);
             i = j;
         }
     }
     t->inv[i] = 0;
-    t->tags[i] = 0;
+    t->meta[i] = 0;
 }
 
 static void inv_insert(hl3_table *t, uint64_t location, size_t page)
@@ -391,7 +412,7 @@ static void inv_insert(hl3_table *t, uint64_t location, size_t page)
     int found;
     size_t j = inv_find(t, location, &found);
     t->inv[j] = (uint32_t)(page + 1);
-    t->tags[j] = inv_tag(location);
+    t->meta[j] = inv_meta(inv_tag(location), inv_home(location, t->h->cap), j, t->h->cap);
 }
 
 /* Remove page bucket ``i`` and its inverse entry. */
@@ -488,7 +509,7 @@ int hl3_pt_put_many(hl3_table *t, size_t n, const uint8_t *digests, const uint64
             __builtin_prefetch(&t->pages[page_home(digests + 16 * (i + AHEAD), cap)], 1);
             size_t k = inv_home(pack_location(a[0], a[1], a[2]), cap);
             __builtin_prefetch(&t->inv[k], 1);
-            __builtin_prefetch(&t->tags[k], 1);
+            __builtin_prefetch(&t->meta[k], 1);
         }
         if (i == 0 || v[4] != last) {
             last = (uint32_t)v[4];
@@ -628,7 +649,8 @@ int hl3_pt_check(const hl3_table *t)
             continue;
         entries++;
         if (t->inv[i] > cap || t->pages[t->inv[i] - 1].location == 0
-            || t->tags[i] != inv_tag(t->pages[t->inv[i] - 1].location))
+            || t->meta[i] != inv_meta(inv_tag(t->pages[t->inv[i] - 1].location),
+                                      inv_home(t->pages[t->inv[i] - 1].location, cap), i, cap))
             return 2;
         int found;
         if (inv_find(t, t->pages[t->inv[i] - 1].location, &found) != i || !found)

@@ -5,11 +5,12 @@ Two implementations with one API (:class:`PageTable`):
 
 * :class:`NativePageTable`, the C table of ``hicache_l3/native/page_table.c`` (built into
   the optional ``hicache_l3._batch_io`` library): 40-byte page buckets (digest, checksum,
-  generation and length class, packed location) and a 5-byte slot inverse (the index of
-  a page bucket, hashed by its location, and a byte of that hash), open addressing with linear probing and
+  generation and length class, packed location) and a 6-byte slot inverse (the index of
+  a page bucket, hashed by its location, a byte of that hash and the distance from its
+  home bucket), open addressing with linear probing and
   backward-shift deletion over any capacity, rebuilt 1.5 times larger before the load
   exceeds 0.8 (to the expected capacity, :meth:`~PageTable.expect`, once that is one
-  step away), or presized by :meth:`~PageTable.reserve`: 56 B a page at that load, with
+  step away), or presized by :meth:`~PageTable.reserve`: 57.5 B a page at that load, with
   no Python object per page, in anonymous mappings that hold no pointers (a later phase
   can put the same layout in a shared file). Called through ``ctypes.PyDLL``: the GIL
   stays held during each (short) call, so threads see every call as atomic, as they saw

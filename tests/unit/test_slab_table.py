@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import array
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -253,6 +254,38 @@ def test_reserve_goes_to_the_expected_capacity_when_one_step_from_it() -> None:
     table.expect(10000)
     table.reserve(5000)
     assert table.nbytes == _reserved(5000)
+
+
+@pytest.mark.parametrize("far", [1, 2, 255])
+def test_far_inverse_entries_find_their_home_from_the_page(far: int, tmp_path: Path) -> None:
+    """An inverse entry HL3_PT_FAR or more from its home keeps no distance and its home is
+    computed from its page: with the table built with a tiny HL3_PT_FAR most entries take
+    that path, and it still agrees with the reference."""
+    import random
+    import shutil
+    import subprocess
+
+    from hicache_l3.slab.table import _Library
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc is not None, "a C compiler builds the C libraries; this test needs it too"
+    src = Path(__file__).parents[2] / "hicache_l3" / "native" / "page_table.c"
+    lib = tmp_path / "pt_far.so"
+    subprocess.run([cc, "-O1", "-shared", "-fPIC", f"-DHL3_PT_FAR={far}", "-o", str(lib), str(src)],
+                   check=True)
+    rng = random.Random(far)
+    table, ref = NativePageTable(_Library(str(lib))), DictPageTable()
+    ds = [rng.randbytes(16) for _ in range(3000)]
+    for step in range(40):
+        batch = rng.sample(range(3000), 150)
+        entries = [Entry(rng.randrange(3), rng.randrange(4), rng.randrange(300), step + 1, 64, i)
+                   for i in batch]
+        gone = [ds[i] for i in rng.sample(range(3000), 60)]
+        for t in (table, ref):
+            t.put_many([ds[i] for i in batch], entries)
+            t.pop_many(gone)
+        assert table.check() == 0 and _state(table) == _state(ref)
+    assert len(table) > 1000
 
 
 def test_digest_is_not_the_slot_fingerprint() -> None:
