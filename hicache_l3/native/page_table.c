@@ -1,15 +1,36 @@
 /* The slab index's page table: key digest -> (writer, slab, slot, generation, length,
- * checksum), plus the slot inverse (writer, slab, slot) -> digest, as two open-addressing
- * hash tables with linear probing and backward-shift deletion (no tombstones), each
- * doubled before its load exceeds 0.7. Loaded with ctypes.PyDLL (the GIL stays held:
- * every call is short, and the caller's Python threads see each call as atomic, as they
- * saw dict operations): see hicache_l3/slab/table.py, which keeps a dict-backed table as
- * the reference and the fallback when this library is not built.
+ * checksum), plus the slot inverse (writer, slab, slot) -> digest. Loaded with
+ * ctypes.PyDLL (the GIL stays held: every call is short, and the caller's Python threads
+ * see each call as atomic, as they saw dict operations): see hicache_l3/slab/table.py,
+ * which keeps a dict-backed table as the reference and the fallback when this library is
+ * not built.
+ *
+ * Layout (40 + 4 + 2 bytes a bucket, so 57.5 B a page at load 0.8, where a table filled
+ * to its expected or reserved capacity is):
+ * - a header (counts, capacity, the length classes) and two arrays of ``cap`` buckets;
+ *   any capacity, not only powers of two: a key's home bucket is (hash * cap) >> 64;
+ *   linear probing with wrap-around, backward-shift deletion (no tombstones); both
+ *   arrays are rebuilt 1.5 times larger before the load exceeds 0.8 (to the expected
+ *   capacity, hl3_pt_expect, when that is within one step), or presized by
+ *   hl3_pt_reserve;
+ * - the page array: 40-byte buckets (digest, checksum, generation << 16 | length class,
+ *   location = (writer + 1) << 48 | slab << 24 | slot), keyed by the digest; a location
+ *   of 0 is a free bucket;
+ * - the slot inverse: u32 buckets holding 1 + the index of a page bucket (0: free),
+ *   hashed by the page's location, and beside them 16 bits per bucket: a byte of that
+ *   hash's low bits (a probe reads the page bucket, another cache miss, only where it
+ *   matches, then compares its location) and the entry's distance from its home bucket
+ *   (a backward shift needs no page bucket either, unless that is 255 or more). Every
+ *   move of a page bucket (backward shift, rebuild) updates its inverse bucket.
+ * The four areas are anonymous private mappings (zero pages, lazy: all-zero is empty)
+ * and hold no pointers (the arrays are addressed by index, the length classes by
+ * number), so that the same layout can later live in one shared file mapping.
  *
  * Values cross the boundary as six uint64 per page, in Entry's order: writer, slab, slot,
- * generation, length, checksum. A page whose writer, slab or slot does not fit in 32 bits
- * (or whose writer is the empty mark) or whose length does not fit in 32 bits is refused
- * (HL3_PT_BADVALUE): nothing of the call is applied.
+ * generation, length, checksum. A page with writer >= 65535, slab or slot >= 2^24,
+ * generation >= 2^48 or length >= 2^32, or whose length would be the 65536th distinct
+ * length the table has seen, is refused (HL3_PT_BADVALUE): nothing of the call is
+ * applied. A length class, once seen, stays (a namespace has one page size).
  *
  * Invariant: the inverse is exactly the inverse of the page map. Putting digest D at slot
  * W removes the page another digest had at W, and D's former slot from the inverse.
@@ -17,51 +38,71 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
-#define HL3_PT_EMPTY UINT32_MAX /* writer of a free bucket */
 #define HL3_PT_NOMEM (-1)
 #define HL3_PT_BADVALUE (-2)
 #define HL3_PT_MIN_CAP 64
+#define HL3_PT_MAX_CAP ((uint64_t)UINT32_MAX) /* the inverse holds 1 + a bucket index in 32 bits */
+#define HL3_PT_WRITERS 65535                  /* writer + 1 fits in 16 bits */
+#define HL3_PT_SLABS (1u << 24)
+#define HL3_PT_SLOTS (1u << 24)
+#define HL3_PT_GENS (1ULL << 48)
+#define HL3_PT_CLASSES 65535                /* distinct lengths: a class fits in 16 bits */
+#define HL3_PT_CLASS_HASH (1u << 17)        /* buckets of the length -> class hash (load <= 0.5) */
 
 typedef struct {
     uint8_t digest[16];
-    uint64_t gen;
     uint64_t checksum;
-    uint32_t length;
-    uint32_t writer; /* HL3_PT_EMPTY: a free bucket */
-    uint32_t slab;
-    uint32_t slot;
-} hl3_page; /* 48 bytes */
+    uint64_t genlen;   /* generation << 16 | length class */
+    uint64_t location; /* (writer + 1) << 48 | slab << 24 | slot; 0: a free bucket */
+} hl3_page;            /* 40 bytes */
 
 typedef struct {
-    uint32_t writer; /* HL3_PT_EMPTY: a free bucket */
-    uint32_t slab;
-    uint32_t slot;
-    uint32_t pad;
-    uint8_t digest[16];
-} hl3_inv; /* 32 bytes */
+    uint64_t cap;      /* buckets in each of the two arrays */
+    uint64_t len;      /* pages (= inverse entries) */
+    uint64_t nclasses; /* distinct lengths seen */
+    uint64_t expect;   /* buckets for the pages expected at most (hl3_pt_expect), 0: none */
+    uint32_t lengths[HL3_PT_CLASSES + 1];  /* class -> length */
+    uint16_t classes[HL3_PT_CLASS_HASH];   /* 1 + the class of a length, 0: free (linear probing, never deleted) */
+} hl3_header;
 
-typedef struct {
+typedef struct { /* this process's handle: where the four areas are mapped */
+    hl3_header *h;
     hl3_page *pages;
-    size_t pcap, plen; /* pcap: a power of two */
-    hl3_inv *inv;
-    size_t icap, ilen;
+    uint32_t *inv;
+    uint16_t *meta; /* per inverse bucket: a tag (8 bits of its location's hash: probes skip
+                     * others) | its distance from its home bucket << 8 (HL3_PT_FAR: as far or more) */
 } hl3_table;
 
-_Static_assert(sizeof(hl3_page) == 48, "page bucket layout");
-_Static_assert(sizeof(hl3_inv) == 32, "inverse bucket layout");
+_Static_assert(sizeof(hl3_page) == 40, "page bucket layout");
 
-static inline uint64_t page_home(const uint8_t *digest)
+/* ---- mappings ------------------------------------------------------------------------- */
+
+static size_t mapped(size_t bytes)
 {
-    uint64_t h;
-    memcpy(&h, digest, 8); /* a digest is uniformly distributed already */
-    return h;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    return (bytes + page - 1) / page * page;
 }
 
-static inline uint64_t slot_home(uint32_t writer, uint32_t slab, uint32_t slot)
+static void *map_zero(size_t bytes)
 {
-    uint64_t h = ((uint64_t)writer << 32 | slab) * 0x9E3779B97F4A7C15ULL ^ slot;
-    h ^= h >> 33; /* murmur3's fmix64 */
+    void *p = mmap(NULL, mapped(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static void unmap(void *p, size_t bytes)
+{
+    if (p != NULL)
+        munmap(p, mapped(bytes));
+}
+
+/* ---- hashing -------------------------------------------------------------------------- */
+
+static inline uint64_t fmix64(uint64_t h) /* murmur3's finaliser */
+{
+    h ^= h >> 33;
     h *= 0xff51afd7ed558ccdULL;
     h ^= h >> 33;
     h *= 0xc4ceb9fe1a85ec53ULL;
@@ -69,22 +110,170 @@ static inline uint64_t slot_home(uint32_t writer, uint32_t slab, uint32_t slot)
     return h;
 }
 
-static hl3_page *new_pages(size_t cap)
+static inline size_t fastrange(uint64_t h, uint64_t cap)
 {
-    hl3_page *p = malloc(cap * sizeof(hl3_page));
-    if (p != NULL)
-        for (size_t i = 0; i < cap; i++)
-            p[i].writer = HL3_PT_EMPTY;
-    return p;
+    return (size_t)(((unsigned __int128)h * cap) >> 64);
 }
 
-static hl3_inv *new_inv(size_t cap)
+static inline size_t page_home(const uint8_t *digest, uint64_t cap)
 {
-    hl3_inv *p = malloc(cap * sizeof(hl3_inv));
-    if (p != NULL)
-        for (size_t i = 0; i < cap; i++)
-            p[i].writer = HL3_PT_EMPTY;
-    return p;
+    uint64_t h;
+    memcpy(&h, digest, 8); /* a digest is uniformly distributed already */
+    return fastrange(h, cap);
+}
+
+static inline size_t inv_home(uint64_t location, uint64_t cap) { return fastrange(fmix64(location), cap); }
+
+/* Low bits of the hash whose high bits place the location (independent of them). */
+static inline uint8_t inv_tag(uint64_t location) { return (uint8_t)fmix64(location); }
+
+#ifndef HL3_PT_FAR /* (tests build with a smaller one, to take the far path often) */
+#define HL3_PT_FAR 255 /* an inverse entry this far from its home or more: its home is computed */
+#endif
+
+static inline uint16_t inv_meta(uint8_t tag, size_t home, size_t at, uint64_t cap)
+{
+    uint64_t d = at >= home ? at - home : at + cap - home;
+    return (uint16_t)(tag | (d < HL3_PT_FAR ? d : HL3_PT_FAR) << 8);
+}
+
+static inline size_t next(size_t i, uint64_t cap) { return i + 1 == cap ? 0 : i + 1; }
+
+/* Is ``k`` cyclically in (i, j]? (any capacity: indices are in [0, cap)) */
+static inline int between(size_t i, size_t k, size_t j)
+{
+    return i <= j ? (i < k && k <= j) : (k > i || k <= j);
+}
+
+/* ---- values --------------------------------------------------------------------------- */
+
+static inline uint64_t pack_location(uint64_t w, uint64_t s, uint64_t sl)
+{
+    return (w + 1) << 48 | s << 24 | sl;
+}
+
+static inline int in_range(const uint64_t *v)
+{
+    return v[0] < HL3_PT_WRITERS && v[1] < HL3_PT_SLABS && v[2] < HL3_PT_SLOTS && v[3] < HL3_PT_GENS
+           && v[4] <= UINT32_MAX;
+}
+
+static void unpack(const hl3_header *h, const hl3_page *p, uint64_t *v)
+{
+    v[0] = (p->location >> 48) - 1;
+    v[1] = (p->location >> 24) & (HL3_PT_SLABS - 1);
+    v[2] = p->location & (HL3_PT_SLOTS - 1);
+    v[3] = p->genlen >> 16;
+    v[4] = h->lengths[p->genlen & 0xFFFF];
+    v[5] = p->checksum;
+}
+
+/* The bucket of ``length`` in the class hash: its class there, or the free bucket. */
+static size_t class_bucket(const hl3_header *h, uint32_t length)
+{
+    size_t i = (size_t)(fmix64(length) & (HL3_PT_CLASS_HASH - 1));
+    while (h->classes[i] != 0 && h->lengths[h->classes[i] - 1] != length)
+        i = (i + 1) & (HL3_PT_CLASS_HASH - 1);
+    return i;
+}
+
+/* The class of ``length``, added when new; -1 when HL3_PT_CLASSES are taken. */
+static long class_of(hl3_header *h, uint32_t length)
+{
+    size_t i = class_bucket(h, length);
+    if (h->classes[i] != 0)
+        return h->classes[i] - 1;
+    if (h->nclasses >= HL3_PT_CLASSES)
+        return -1;
+    h->lengths[h->nclasses] = length;
+    h->classes[i] = (uint16_t)(h->nclasses + 1);
+    return (long)h->nclasses++;
+}
+
+/* Forget the classes from ``keep`` on (added by a call that is refused), newest first:
+ * no probe run of an older class passes through a newer one, so none is cut. */
+static void drop_classes(hl3_header *h, uint64_t keep)
+{
+    while (h->nclasses > keep) {
+        h->nclasses--;
+        h->classes[class_bucket(h, h->lengths[h->nclasses])] = 0;
+        h->lengths[h->nclasses] = 0;
+    }
+}
+
+/* ---- the table ------------------------------------------------------------------------ */
+
+static void unmap_arrays(hl3_page *pages, uint32_t *inv, uint16_t *meta, uint64_t cap)
+{
+    unmap(pages, cap * sizeof(hl3_page));
+    unmap(inv, cap * sizeof(uint32_t));
+    unmap(meta, cap * sizeof(uint16_t));
+}
+
+/* Move every page into new arrays of ``cap`` buckets (>= len / 0.8) and build their inverse. */
+static int rebuild(hl3_table *t, uint64_t cap)
+{
+    if (cap > HL3_PT_MAX_CAP)
+        return HL3_PT_NOMEM;
+    hl3_page *pages = map_zero(cap * sizeof(hl3_page));
+    uint32_t *inv = map_zero(cap * sizeof(uint32_t));
+    uint16_t *meta = map_zero(cap * sizeof(uint16_t));
+    if (pages == NULL || inv == NULL || meta == NULL) {
+        unmap_arrays(pages, inv, meta, cap);
+        return HL3_PT_NOMEM;
+    }
+    hl3_page *old = t->pages;
+    uint64_t oldcap = old == NULL ? 0 : t->h->cap;
+    for (size_t i = 0; i < oldcap; i++) {
+        if (old[i].location == 0)
+            continue;
+        size_t j = page_home(old[i].digest, cap);
+        while (pages[j].location != 0)
+            j = next(j, cap);
+        pages[j] = old[i];
+    }
+    for (size_t i = 0; i < cap; i++) {
+        if (pages[i].location == 0)
+            continue;
+        size_t home = inv_home(pages[i].location, cap), j = home;
+        while (inv[j] != 0)
+            j = next(j, cap);
+        inv[j] = (uint32_t)(i + 1);
+        meta[j] = inv_meta(inv_tag(pages[i].location), home, j, cap);
+    }
+    unmap_arrays(old, t->inv, t->meta, oldcap);
+    t->pages = pages;
+    t->inv = inv;
+    t->meta = meta;
+    t->h->cap = cap;
+    return 0;
+}
+
+static inline int fits(uint64_t pages, uint64_t cap) { return pages * 5 <= cap * 4; } /* load <= 0.8 */
+
+static inline uint64_t cap_of(uint64_t pages) { return (pages * 5 + 3) / 4; } /* load 0.8 */
+
+/* The capacity to rebuild at, for pages that need ``need`` buckets and would get ``cap``:
+ * the expected capacity instead when it holds them and ``cap`` passes it or is within
+ * one growth step of it (the table reaches it without a last rebuild, nor the load of a
+ * step past it). */
+static inline uint64_t toward_expected(const hl3_header *h, uint64_t need, uint64_t cap)
+{
+    uint64_t e = h->expect;
+    return e >= need && (e <= cap || cap + cap / 2 >= e) ? e : cap;
+}
+
+/* Room for ``pages`` pages at load <= 0.8, growing 1.5 times at a time. */
+static int grow(hl3_table *t, uint64_t pages)
+{
+    uint64_t cap = t->h->cap;
+    if (fits(pages, cap))
+        return 0;
+    if (pages > HL3_PT_MAX_CAP)
+        return HL3_PT_NOMEM;
+    while (!fits(pages, cap))
+        cap += cap / 2;
+    return rebuild(t, toward_expected(t->h, cap_of(pages), cap));
 }
 
 hl3_table *hl3_pt_new(void)
@@ -92,15 +281,12 @@ hl3_table *hl3_pt_new(void)
     hl3_table *t = calloc(1, sizeof(*t));
     if (t == NULL)
         return NULL;
-    t->pages = new_pages(HL3_PT_MIN_CAP);
-    t->inv = new_inv(HL3_PT_MIN_CAP);
-    if (t->pages == NULL || t->inv == NULL) {
-        free(t->pages);
-        free(t->inv);
+    t->h = map_zero(sizeof(hl3_header));
+    if (t->h == NULL || rebuild(t, HL3_PT_MIN_CAP) != 0) {
+        unmap(t->h, sizeof(hl3_header));
         free(t);
         return NULL;
     }
-    t->pcap = t->icap = HL3_PT_MIN_CAP;
     return t;
 }
 
@@ -108,168 +294,149 @@ void hl3_pt_free(hl3_table *t)
 {
     if (t == NULL)
         return;
-    free(t->pages);
-    free(t->inv);
+    unmap_arrays(t->pages, t->inv, t->meta, t->h->cap);
+    unmap(t->h, sizeof(hl3_header));
     free(t);
 }
 
-size_t hl3_pt_len(const hl3_table *t) { return t->plen; }
-
-/* Bytes the two bucket arrays take (what a page costs, with the load factor). */
-size_t hl3_pt_nbytes(const hl3_table *t)
+/* Presize both arrays for ``pages`` pages at load <= 0.8 now (never shrinks; the
+ * expected capacity instead when that is within one growth step): 0, or HL3_PT_NOMEM
+ * (the table is unchanged). */
+int hl3_pt_reserve(hl3_table *t, uint64_t pages)
 {
-    return t->pcap * sizeof(hl3_page) + t->icap * sizeof(hl3_inv) + sizeof(*t);
+    if (fits(pages, t->h->cap))
+        return 0;
+    if (pages > HL3_PT_MAX_CAP)
+        return HL3_PT_NOMEM;
+    return rebuild(t, toward_expected(t->h, cap_of(pages), cap_of(pages)));
 }
 
-/* ---- the page map --------------------------------------------------------------------- */
+/* The table is expected to hold at most ``pages`` pages (a capacity hint; 0: none):
+ * nothing is allocated now, but a growth (or reserve) that comes within one 1.5x step
+ * of that capacity goes to it, so that a table at the expected capacity is at load 0.8
+ * and was not rebuilt past it. Presizing at once instead would cost a store far below
+ * its capacity a memory page per indexed page (digests spread over the whole array)
+ * until every page of the arrays is touched. */
+void hl3_pt_expect(hl3_table *t, uint64_t pages)
+{
+    t->h->expect = pages > HL3_PT_MAX_CAP || cap_of(pages) > HL3_PT_MAX_CAP ? 0 : cap_of(pages);
+}
+
+size_t hl3_pt_len(const hl3_table *t) { return t->h->len; }
+
+/* Bytes mapped for the table (header and the two bucket arrays). */
+size_t hl3_pt_nbytes(const hl3_table *t)
+{
+    uint64_t cap = t->h->cap;
+    return mapped(sizeof(hl3_header)) + mapped(cap * sizeof(hl3_page)) + mapped(cap * sizeof(uint32_t))
+           + mapped(cap * sizeof(uint16_t));
+}
+
+/* ---- the page map and its inverse ----------------------------------------------------- */
 
 /* The bucket holding ``digest`` (*found = 1) or the free bucket ending its probe run. */
 static size_t page_find(const hl3_table *t, const uint8_t *digest, int *found)
 {
-    size_t mask = t->pcap - 1, i = page_home(digest) & mask;
-    while (t->pages[i].writer != HL3_PT_EMPTY) {
+    uint64_t cap = t->h->cap;
+    size_t i = page_home(digest, cap);
+    while (t->pages[i].location != 0) {
         if (memcmp(t->pages[i].digest, digest, 16) == 0) {
             *found = 1;
             return i;
         }
-        i = (i + 1) & mask;
+        i = next(i, cap);
     }
     *found = 0;
     return i;
 }
 
-/* Is ``k`` cyclically in (i, j]? */
-static inline int between(size_t i, size_t k, size_t j)
+/* The inverse bucket of ``location`` (*found = 1: it names the page there) or the free
+ * bucket ending its probe run. */
+static size_t inv_find(const hl3_table *t, uint64_t location, int *found)
 {
-    return i <= j ? (i < k && k <= j) : (k > i || k <= j);
-}
-
-static void page_delete_at(hl3_table *t, size_t i)
-{
-    size_t mask = t->pcap - 1, j = i;
-    for (;;) {
-        j = (j + 1) & mask;
-        if (t->pages[j].writer == HL3_PT_EMPTY)
-            break;
-        size_t k = page_home(t->pages[j].digest) & mask;
-        if (!between(i, k, j)) { /* j's bucket may fill the hole: shift it back */
-            t->pages[i] = t->pages[j];
-            i = j;
-        }
-    }
-    t->pages[i].writer = HL3_PT_EMPTY;
-    t->plen--;
-}
-
-static int page_grow(hl3_table *t, size_t need)
-{
-    if ((need) * 10 <= t->pcap * 7)
-        return 0;
-    size_t cap = t->pcap;
-    while (need * 10 > cap * 7)
-        cap *= 2;
-    hl3_page *old = t->pages, *p = new_pages(cap);
-    if (p == NULL)
-        return HL3_PT_NOMEM;
-    size_t oldcap = t->pcap;
-    t->pages = p;
-    t->pcap = cap;
-    for (size_t i = 0; i < oldcap; i++) {
-        if (old[i].writer == HL3_PT_EMPTY)
-            continue;
-        size_t j = page_home(old[i].digest) & (cap - 1);
-        while (p[j].writer != HL3_PT_EMPTY)
-            j = (j + 1) & (cap - 1);
-        p[j] = old[i];
-    }
-    free(old);
-    return 0;
-}
-
-/* ---- the slot inverse ----------------------------------------------------------------- */
-
-static size_t inv_find(const hl3_table *t, uint32_t w, uint32_t s, uint32_t sl, int *found)
-{
-    size_t mask = t->icap - 1, i = slot_home(w, s, sl) & mask;
-    while (t->inv[i].writer != HL3_PT_EMPTY) {
-        const hl3_inv *b = &t->inv[i];
-        if (b->writer == w && b->slab == s && b->slot == sl) {
+    uint64_t cap = t->h->cap;
+    size_t i = inv_home(location, cap);
+    uint8_t tag = inv_tag(location);
+    while (t->inv[i] != 0) {
+        if ((uint8_t)t->meta[i] == tag && t->pages[t->inv[i] - 1].location == location) {
             *found = 1;
             return i;
         }
-        i = (i + 1) & mask;
+        i = next(i, cap);
     }
     *found = 0;
     return i;
+}
+
+/* The inverse bucket naming page bucket ``page`` (whose location is ``location``): it is
+ * there, by the invariant. Compares indices only, so it holds while a page is copied. */
+static size_t inv_of(const hl3_table *t, uint64_t location, size_t page)
+{
+    uint64_t cap = t->h->cap;
+    size_t i = inv_home(location, cap);
+    while (t->inv[i] != page + 1)
+        i = next(i, cap);
+    return i;
+}
+
+/* The home bucket of inverse entry ``j``: from its distance, or its page when that is far. */
+static inline size_t inv_home_of(const hl3_table *t, size_t j, uint64_t cap)
+{
+    uint64_t d = t->meta[j] >> 8;
+    if (d == HL3_PT_FAR)
+        return inv_home(t->pages[t->inv[j] - 1].location, cap);
+    return j >= d ? j - d : j + cap - d;
 }
 
 static void inv_delete_at(hl3_table *t, size_t i)
 {
-    size_t mask = t->icap - 1, j = i;
+    uint64_t cap = t->h->cap;
+    size_t j = i;
     for (;;) {
-        j = (j + 1) & mask;
-        const hl3_inv *b = &t->inv[j];
-        if (b->writer == HL3_PT_EMPTY)
+        j = next(j, cap);
+        if (t->inv[j] == 0)
             break;
-        size_t k = slot_home(b->writer, b->slab, b->slot) & mask;
-        if (!between(i, k, j)) {
+        size_t k = inv_home_of(t, j, cap);
+        if (!between(i, k, j)) { /* j's entry may fill the hole: shift it back */
             t->inv[i] = t->inv[j];
+            t->meta[i] = inv_meta((uint8_t)t->meta[j], k, i, cap);
             i = j;
         }
     }
-    t->inv[i].writer = HL3_PT_EMPTY;
-    t->ilen--;
+    t->inv[i] = 0;
+    t->meta[i] = 0;
 }
 
-static int inv_grow(hl3_table *t, size_t need)
-{
-    if (need * 10 <= t->icap * 7)
-        return 0;
-    size_t cap = t->icap;
-    while (need * 10 > cap * 7)
-        cap *= 2;
-    hl3_inv *old = t->inv, *p = new_inv(cap);
-    if (p == NULL)
-        return HL3_PT_NOMEM;
-    size_t oldcap = t->icap;
-    t->inv = p;
-    t->icap = cap;
-    for (size_t i = 0; i < oldcap; i++) {
-        if (old[i].writer == HL3_PT_EMPTY)
-            continue;
-        size_t j = slot_home(old[i].writer, old[i].slab, old[i].slot) & (cap - 1);
-        while (p[j].writer != HL3_PT_EMPTY)
-            j = (j + 1) & (cap - 1);
-        p[j] = old[i];
-    }
-    free(old);
-    return 0;
-}
-
-static void inv_remove(hl3_table *t, uint32_t w, uint32_t s, uint32_t sl)
+static void inv_insert(hl3_table *t, uint64_t location, size_t page)
 {
     int found;
-    size_t i = inv_find(t, w, s, sl, &found);
-    if (found)
-        inv_delete_at(t, i);
+    size_t j = inv_find(t, location, &found);
+    t->inv[j] = (uint32_t)(page + 1);
+    t->meta[j] = inv_meta(inv_tag(location), inv_home(location, t->h->cap), j, t->h->cap);
+}
+
+/* Remove page bucket ``i`` and its inverse entry. */
+static void page_delete_at(hl3_table *t, size_t i)
+{
+    uint64_t cap = t->h->cap;
+    inv_delete_at(t, inv_of(t, t->pages[i].location, i));
+    size_t j = i;
+    for (;;) {
+        j = next(j, cap);
+        if (t->pages[j].location == 0)
+            break;
+        size_t k = page_home(t->pages[j].digest, cap);
+        if (!between(i, k, j)) { /* j's bucket may fill the hole: shift it back */
+            t->inv[inv_of(t, t->pages[j].location, j)] = (uint32_t)(i + 1);
+            t->pages[i] = t->pages[j];
+            i = j;
+        }
+    }
+    memset(&t->pages[i], 0, sizeof(hl3_page));
+    t->h->len--;
 }
 
 /* ---- operations ----------------------------------------------------------------------- */
-
-static int valid(const uint64_t *v)
-{
-    return v[0] < HL3_PT_EMPTY && v[1] <= UINT32_MAX && v[2] <= UINT32_MAX && v[4] <= UINT32_MAX;
-}
-
-static void unpack(const hl3_page *p, uint64_t *v)
-{
-    v[0] = p->writer;
-    v[1] = p->slab;
-    v[2] = p->slot;
-    v[3] = p->gen;
-    v[4] = p->length;
-    v[5] = p->checksum;
-}
 
 /* Remove the page of ``digest`` and its inverse; 1 if there was one (its values in v). */
 static int pop_one(hl3_table *t, const uint8_t *digest, uint64_t *v)
@@ -278,62 +445,35 @@ static int pop_one(hl3_table *t, const uint8_t *digest, uint64_t *v)
     size_t i = page_find(t, digest, &found);
     if (!found)
         return 0;
-    hl3_page p = t->pages[i];
     if (v != NULL)
-        unpack(&p, v);
+        unpack(t->h, &t->pages[i], v);
     page_delete_at(t, i);
-    inv_remove(t, p.writer, p.slab, p.slot);
     return 1;
 }
 
-/* Capacity for one more page and inverse entry is there (callers grow first). */
-static void put_one(hl3_table *t, const uint8_t *digest, const uint64_t *v)
+/* Room for one more page is there (callers grow first); v is in range and its length has
+ * the class ``cls``. */
+static void put_one(hl3_table *t, const uint8_t *digest, const uint64_t *v, uint64_t cls)
 {
-    uint32_t w = (uint32_t)v[0], s = (uint32_t)v[1], sl = (uint32_t)v[2];
+    uint64_t location = pack_location(v[0], v[1], v[2]);
     int found;
-    size_t j = inv_find(t, w, s, sl, &found);
-    if (found && memcmp(t->inv[j].digest, digest, 16) != 0) {
-        /* the slot held another key's page: that page is gone */
-        uint8_t other[16];
-        memcpy(other, t->inv[j].digest, 16);
-        int had;
-        size_t k = page_find(t, other, &had);
-        if (had)
-            page_delete_at(t, k);
-        inv_delete_at(t, j);
-    }
+    size_t j = inv_find(t, location, &found);
+    if (found && memcmp(t->pages[t->inv[j] - 1].digest, digest, 16) != 0)
+        page_delete_at(t, t->inv[j] - 1); /* the slot held another key's page: that page is gone */
     size_t i = page_find(t, digest, &found);
-    if (found) {
-        hl3_page *p = &t->pages[i];
-        if (p->writer != w || p->slab != s || p->slot != sl)
-            inv_remove(t, p->writer, p->slab, p->slot); /* the key's former slot */
-    } else {
-        memcpy(t->pages[i].digest, digest, 16);
-        t->plen++;
-    }
     hl3_page *p = &t->pages[i];
-    p->writer = w;
-    p->slab = s;
-    p->slot = sl;
-    p->gen = v[3];
-    p->length = (uint32_t)v[4];
-    p->checksum = v[5];
-    j = inv_find(t, w, s, sl, &found);
     if (!found) {
-        t->inv[j].writer = w;
-        t->inv[j].slab = s;
-        t->inv[j].slot = sl;
-        t->inv[j].pad = 0;
-        t->ilen++;
+        memcpy(p->digest, digest, 16);
+        t->h->len++;
+    } else if (p->location != location) {
+        inv_delete_at(t, inv_of(t, p->location, i)); /* the key's former slot */
     }
-    memcpy(t->inv[j].digest, digest, 16);
-}
-
-static int reserve(hl3_table *t, size_t more)
-{
-    if (page_grow(t, t->plen + more) != 0 || inv_grow(t, t->ilen + more) != 0)
-        return HL3_PT_NOMEM;
-    return 0;
+    int moved = !found || p->location != location;
+    p->location = location;
+    p->genlen = v[3] << 16 | cls;
+    p->checksum = v[5];
+    if (moved)
+        inv_insert(t, location, i);
 }
 
 /* Put pages ``i`` (digest ``digests + 16 i``, values ``values + 6 i``) in order, each
@@ -342,19 +482,40 @@ static int reserve(hl3_table *t, size_t more)
 int hl3_pt_put_many(hl3_table *t, size_t n, const uint8_t *digests, const uint64_t *values)
 {
     for (size_t i = 0; i < n; i++)
-        if (!valid(values + 6 * i))
+        if (!in_range(values + 6 * i))
             return HL3_PT_BADVALUE;
-    if (reserve(t, n) != 0)
+    if (grow(t, t->h->len + n) != 0)
         return HL3_PT_NOMEM;
-    enum { AHEAD = 8 }; /* buckets of later pages are fetched while this one is put */
-    for (size_t i = 0; i < n; i++) {
-        if (i + AHEAD < n) {
-            const uint64_t *v = values + 6 * (i + AHEAD);
-            __builtin_prefetch(&t->pages[page_home(digests + 16 * (i + AHEAD)) & (t->pcap - 1)], 1);
-            __builtin_prefetch(&t->inv[slot_home((uint32_t)v[0], (uint32_t)v[1], (uint32_t)v[2])
-                                      & (t->icap - 1)], 1);
+    hl3_header *h = t->h;
+    uint64_t keep = h->nclasses, cls = 0;
+    uint32_t last = 0;
+    for (size_t i = 0; i < n; i++) { /* every length has a class before anything is put */
+        uint32_t length = (uint32_t)values[6 * i + 4];
+        if (i == 0 || length != last) {
+            long c = class_of(h, length);
+            if (c < 0) {
+                drop_classes(h, keep);
+                return HL3_PT_BADVALUE;
+            }
+            last = length;
         }
-        put_one(t, digests + 16 * i, values + 6 * i);
+    }
+    enum { AHEAD = 8 }; /* buckets of later pages are fetched while this one is put */
+    uint64_t cap = h->cap;
+    for (size_t i = 0; i < n; i++) {
+        const uint64_t *v = values + 6 * i;
+        if (i + AHEAD < n) {
+            const uint64_t *a = v + 6 * AHEAD;
+            __builtin_prefetch(&t->pages[page_home(digests + 16 * (i + AHEAD), cap)], 1);
+            size_t k = inv_home(pack_location(a[0], a[1], a[2]), cap);
+            __builtin_prefetch(&t->inv[k], 1);
+            __builtin_prefetch(&t->meta[k], 1);
+        }
+        if (i == 0 || v[4] != last) {
+            last = (uint32_t)v[4];
+            cls = h->classes[class_bucket(h, last)] - 1u;
+        }
+        put_one(t, digests + 16 * i, v, cls);
     }
     return 0;
 }
@@ -365,19 +526,20 @@ size_t hl3_pt_get_many(const hl3_table *t, size_t n, const uint8_t *digests, uin
                        uint8_t *found)
 {
     enum { AHEAD = 8 };
-    size_t mask = t->pcap - 1, hits = 0;
+    uint64_t cap = t->h->cap;
+    size_t hits = 0;
     for (size_t i = 0; i < n && i < AHEAD; i++)
-        __builtin_prefetch(&t->pages[page_home(digests + 16 * i) & mask]);
+        __builtin_prefetch(&t->pages[page_home(digests + 16 * i, cap)]);
     for (size_t i = 0; i < n; i++) {
         if (i + AHEAD < n)
-            __builtin_prefetch(&t->pages[page_home(digests + 16 * (i + AHEAD)) & mask]);
+            __builtin_prefetch(&t->pages[page_home(digests + 16 * (i + AHEAD), cap)]);
         int f;
         size_t b = page_find(t, digests + 16 * i, &f);
         found[i] = (uint8_t)f;
         if (f) {
             hits++;
             if (values != NULL)
-                unpack(&t->pages[b], values + 6 * i);
+                unpack(t->h, &t->pages[b], values + 6 * i);
         }
     }
     return hits;
@@ -398,12 +560,12 @@ int hl3_pt_pop(hl3_table *t, const uint8_t *digest, uint64_t *v) { return pop_on
 /* The digest of the page in slot (writer, slab, slot): 1 (copied to ``digest``) or 0. */
 int hl3_pt_at(const hl3_table *t, uint64_t w, uint64_t s, uint64_t sl, uint8_t *digest)
 {
-    if (w >= HL3_PT_EMPTY || s > UINT32_MAX || sl > UINT32_MAX)
+    if (w >= HL3_PT_WRITERS || s >= HL3_PT_SLABS || sl >= HL3_PT_SLOTS)
         return 0;
     int found;
-    size_t i = inv_find(t, (uint32_t)w, (uint32_t)s, (uint32_t)sl, &found);
+    size_t i = inv_find(t, pack_location(w, s, sl), &found);
     if (found)
-        memcpy(digest, t->inv[i].digest, 16);
+        memcpy(digest, t->pages[t->inv[i] - 1].digest, 16);
     return found;
 }
 
@@ -427,14 +589,16 @@ size_t hl3_pt_select(const hl3_table *t, int64_t writer, int64_t slab, uint8_t *
                      uint64_t *values, size_t max)
 {
     size_t n = 0;
-    for (size_t i = 0; i < t->pcap; i++) {
+    uint64_t cap = t->h->cap;
+    for (size_t i = 0; i < cap; i++) {
         const hl3_page *p = &t->pages[i];
-        if (p->writer == HL3_PT_EMPTY || (writer >= 0 && p->writer != (uint64_t)writer)
-            || (slab >= 0 && p->slab != (uint64_t)slab))
+        uint64_t loc = p->location;
+        if (loc == 0 || (writer >= 0 && (loc >> 48) - 1 != (uint64_t)writer)
+            || (slab >= 0 && ((loc >> 24) & (HL3_PT_SLABS - 1)) != (uint64_t)slab))
             continue;
         if (digests != NULL && n < max) {
             memcpy(digests + 16 * n, p->digest, 16);
-            unpack(p, values + 6 * n);
+            unpack(t->h, p, values + 6 * n);
         }
         n++;
     }
@@ -442,23 +606,57 @@ size_t hl3_pt_select(const hl3_table *t, int64_t writer, int64_t slab, uint8_t *
 }
 
 /* The inverse: (writer, slab, slot) as three uint64 and the digest, per entry (up to
- * ``max``); how many entries there are. */
+ * ``max``), in inverse bucket order; how many entries there are. */
 size_t hl3_pt_slots(const hl3_table *t, uint64_t *where, uint8_t *digests, size_t max)
 {
     size_t n = 0;
-    for (size_t i = 0; i < t->icap; i++) {
-        const hl3_inv *b = &t->inv[i];
-        if (b->writer == HL3_PT_EMPTY)
+    uint64_t cap = t->h->cap;
+    for (size_t i = 0; i < cap; i++) {
+        if (t->inv[i] == 0)
             continue;
         if (n < max) {
-            where[3 * n] = b->writer;
-            where[3 * n + 1] = b->slab;
-            where[3 * n + 2] = b->slot;
-            memcpy(digests + 16 * n, b->digest, 16);
+            const hl3_page *p = &t->pages[t->inv[i] - 1];
+            uint64_t v[6];
+            unpack(t->h, p, v);
+            memcpy(where + 3 * n, v, 3 * sizeof(uint64_t));
+            memcpy(digests + 16 * n, p->digest, 16);
         }
         n++;
     }
     return n;
+}
+
+/* The table's invariants, for tests: 0 when they hold, else which failed (1: a page is
+ * not found from its home, 2: an inverse entry is not found from its home or names a
+ * free bucket, 3: the counts disagree (pages, inverse entries, len), 4: a page's length
+ * class is not a class). */
+int hl3_pt_check(const hl3_table *t)
+{
+    uint64_t cap = t->h->cap, pages = 0, entries = 0;
+    for (size_t i = 0; i < cap; i++) {
+        const hl3_page *p = &t->pages[i];
+        if (p->location == 0)
+            continue;
+        pages++;
+        int found;
+        if (page_find(t, p->digest, &found) != i || !found)
+            return 1;
+        if ((p->genlen & 0xFFFF) >= t->h->nclasses)
+            return 4;
+    }
+    for (size_t i = 0; i < cap; i++) {
+        if (t->inv[i] == 0)
+            continue;
+        entries++;
+        if (t->inv[i] > cap || t->pages[t->inv[i] - 1].location == 0
+            || t->meta[i] != inv_meta(inv_tag(t->pages[t->inv[i] - 1].location),
+                                      inv_home(t->pages[t->inv[i] - 1].location, cap), i, cap))
+            return 2;
+        int found;
+        if (inv_find(t, t->pages[t->inv[i] - 1].location, &found) != i || !found)
+            return 2;
+    }
+    return pages == entries && pages == t->h->len ? 0 : 3;
 }
 
 /* ---- live PUT records of an index log ------------------------------------------------- */
@@ -543,9 +741,10 @@ long hl3_pt_live_puts(const hl3_table *t, const uint8_t *data, size_t n, uint64_
             int found;
             size_t b = page_find(t, digest, &found);
             if (found) {
-                const hl3_page *p = &t->pages[b];
-                if (p->writer == le32(r + 8) && p->slab == le32(r + 12) && p->slot == le32(r + 16)
-                    && p->gen == le64(r + 24)) {
+                uint64_t v[6];
+                unpack(t->h, &t->pages[b], v);
+                if (v[0] == le32(r + 8) && v[1] == le32(r + 12) && v[2] == le32(r + 16)
+                    && v[3] == le64(r + 24)) {
                     if (live >= max)
                         return -1;
                     starts[live] = pos;
@@ -631,7 +830,8 @@ long hl3_pt_plan_get(const hl3_table *t, size_t n, const uint8_t *keys, size_t k
         free(digests);
         return -2;
     }
-    size_t pos = 0, read = 0, m = 0, mask = t->pcap - 1;
+    size_t pos = 0, read = 0, m = 0;
+    uint64_t cap = t->h->cap;
     long out = -1;
     for (size_t i = 0; i < n; i++) {
         const uint8_t *key = keys + pos;
@@ -641,7 +841,7 @@ long hl3_pt_plan_get(const hl3_table *t, size_t n, const uint8_t *keys, size_t k
         at[i] = pos;
         pos += (size_t)(nl - key) + 1;
         canonical128(hash(key, (size_t)(nl - key), seed), digests + 16 * i);
-        __builtin_prefetch(&t->pages[page_home(digests + 16 * i) & mask]);
+        __builtin_prefetch(&t->pages[page_home(digests + 16 * i, cap)]);
     }
     if (pos != keys_len)
         goto done;
@@ -654,40 +854,40 @@ long hl3_pt_plan_get(const hl3_table *t, size_t n, const uint8_t *keys, size_t k
             slab_of[i] = -1;
             continue;
         }
-        const hl3_page *p = &t->pages[b];
-        unpack(p, values + 6 * i);
+        uint64_t *p = values + 6 * i; /* its entry: writer, slab, slot, gen, length, checksum */
+        unpack(t->h, &t->pages[b], p);
         /* the slab of every indexed key (a batch's pages share few: look back at the distinct
          * ones seen so far): the caller opens each, and an unopenable one makes its keys
          * miss whatever else they are, as SlabIndex.lookup does */
         size_t k = m;
-        if (m > 0 && slabs[2 * (m - 1)] == p->writer && slabs[2 * (m - 1) + 1] == p->slab)
+        if (m > 0 && slabs[2 * (m - 1)] == p[0] && slabs[2 * (m - 1) + 1] == p[1])
             k = m - 1;
         else
             for (k = 0; k < m; k++)
-                if (slabs[2 * k] == p->writer && slabs[2 * k + 1] == p->slab)
+                if (slabs[2 * k] == p[0] && slabs[2 * k + 1] == p[1])
                     break;
         if (k == m) {
-            slabs[2 * m] = p->writer;
-            slabs[2 * m + 1] = p->slab;
+            slabs[2 * m] = p[0];
+            slabs[2 * m + 1] = p[1];
             m++;
         }
         slab_of[i] = (int32_t)k;
-        if ((int64_t)p->length != g->slot_bytes) {
+        if ((int64_t)p[4] != g->slot_bytes) {
             code[i] = HL3_PLAN_SIZE;
             continue;
         }
-        if (verified_only && p->checksum == 0) {
+        if (verified_only && p[5] == 0) {
             code[i] = HL3_PLAN_UNVERIFIED;
             continue;
         }
         code[i] = HL3_PLAN_READ;
-        uint64_t s = p->slot;
+        uint64_t s = p[2];
         data_offs[read] = (int64_t)(((s >> g->shift) + 1) * (uint64_t)g->table + s * (uint64_t)g->data_stride);
         marker_offs[read] = (int64_t)((s >> g->shift) * (uint64_t)g->span + s * (uint64_t)g->record);
         uint8_t fp[16];
         canonical128(hash(keys + at[i], at[i + 1] - at[i] - 1, 0), fp);
-        marker_record(expect + 128 * read, p->gen, p->length, p->checksum, fp);
-        csums[read] = p->checksum;
+        marker_record(expect + 128 * read, p[3], p[4], p[5], fp);
+        csums[read] = p[5];
         where[read] = (int32_t)i;
         read++;
     }

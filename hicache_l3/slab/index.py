@@ -101,14 +101,18 @@ class SlabIndex:
     checkpoint stores -- is exactly what a replay of the logs gives, whatever this
     process found unreadable. Internals key on digests (:func:`~hicache_l3.slab.table.digest`);
     the keys themselves are only in the logs (and in ``foreign_dels``).
+
+    ``capacity``: how many pages the namespace is expected to hold at most (the writers'
+    slots), a hint for the table's growth (:meth:`~hicache_l3.slab.table.PageTable.expect`).
     """
 
-    def __init__(self, writers_dir: Path, files: SlabFiles) -> None:
+    def __init__(self, writers_dir: Path, files: SlabFiles, capacity: int | None = None) -> None:
         self.writers_dir = writers_dir
         self.directory = writers_dir.parent
         self.files = files
+        self.capacity = capacity
         self.lock = threading.RLock()
-        self.table: PageTable = new_table()
+        self.table: PageTable = new_table(capacity)
         self.deleted: dict[tuple[int, int, int], int] = {}  # slot -> newest generation deleted
         self.tails: dict[int, LogTail] = {}
         self.dir_mtime = -1
@@ -552,9 +556,10 @@ class SlabIndex:
         state = checkpoint.read(self.directory)
         if state is None:
             return
-        table = new_table()
+        table = new_table(self.capacity)
         n = len(state.digests) // DIGEST_BYTES
         try:
+            table.reserve(n)  # sized for its pages at once (load 0.8), not by 1.5x steps
             table.load(state.digests, state.values)
         except ValueError as exc:
             log.warning("%s: index checkpoint ignored, the logs are replayed (%s)", self.directory, exc)

@@ -295,6 +295,11 @@ class SharedSlabStore(SlabStore):
         self.takeovers = 0
         super().__init__(root, namespace, slot_bytes, **kwargs)
 
+    def _index_capacity(self) -> int | None:
+        """Every writer's slots: the namespace holds at most ``max_writers`` times this
+        writer's capacity."""
+        return None if self.max_slots is None else self.max_slots * self.max_writers
+
     # ---- reading ------------------------------------------------------------------------
     def refresh(self) -> None:
         """As the base class, plus a full rescan of ``writers/`` every ``rescan_s``."""

@@ -115,7 +115,7 @@ class SlabStore:
         if self.max_slots is not None:
             self.slots_per_slab = min(self.slots_per_slab, self.max_slots)
         self.files = SlabFiles(self.writers_dir)
-        self.index = SlabIndex(self.writers_dir, self.files)
+        self.index = SlabIndex(self.writers_dir, self.files, self._index_capacity())
         self.index.on_free = self._release
         self._lock = self.index.lock
         self._closed = False
@@ -134,6 +134,12 @@ class SlabStore:
         self.compactions = 0
         write_namespace_file(self.directory, namespace, slot_bytes)
         make_dir(self.writers_dir, exist_ok=True)
+
+    def _index_capacity(self) -> int | None:
+        """Pages the namespace's index table is expected to hold at most (its growth
+        lands on that size): this writer's slots (other writers' pages make the table
+        grow past it); None without a capacity."""
+        return self.max_slots
 
     # ---- reading ------------------------------------------------------------------------
     def refresh(self) -> None:

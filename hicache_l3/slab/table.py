@@ -4,11 +4,17 @@
 Two implementations with one API (:class:`PageTable`):
 
 * :class:`NativePageTable`, the C table of ``hicache_l3/native/page_table.c`` (built into
-  the optional ``hicache_l3._batch_io`` library): two open-addressing tables with linear
-  probing and backward-shift deletion, 48-byte page buckets and 32-byte inverse buckets,
-  doubled before their load exceeds 0.7, so 70-140 B a page with no Python object per
-  page. Called through ``ctypes.PyDLL``: the GIL stays held during each (short) call, so
-  threads see every call as atomic, as they saw the dict operations it replaces.
+  the optional ``hicache_l3._batch_io`` library): 40-byte page buckets (digest, checksum,
+  generation and length class, packed location) and a 6-byte slot inverse (the index of
+  a page bucket, hashed by its location, a byte of that hash and the distance from its
+  home bucket), open addressing with linear probing and
+  backward-shift deletion over any capacity, rebuilt 1.5 times larger before the load
+  exceeds 0.8 (to the expected capacity, :meth:`~PageTable.expect`, once that is one
+  step away), or presized by :meth:`~PageTable.reserve`: 57.5 B a page at that load, with
+  no Python object per page, in anonymous mappings that hold no pointers (a later phase
+  can put the same layout in a shared file). Called through ``ctypes.PyDLL``: the GIL
+  stays held during each (short) call, so threads see every call as atomic, as they saw
+  the dict operations it replaces.
 * :class:`DictPageTable`, two dicts: the reference (a Hypothesis test drives both with
   random operation sequences and asserts they agree) and the fallback where the C
   library is not built.
@@ -31,6 +37,7 @@ removed) and the key's page elsewhere (its former slot leaves the inverse).
 from __future__ import annotations
 
 import array
+import contextlib
 import ctypes
 import functools
 import itertools
@@ -51,6 +58,13 @@ _make_entry = Entry._make
 _new_entry = functools.partial(tuple.__new__, Entry)  # Entry from a 6-tuple, no Python frame
 _SIX = struct.Struct("=6Q")  # one entry's six native uint64 values, as the C table writes them
 Where = tuple[int, int, int]
+# what an entry may hold (the C table's packed bucket; PageTable says why these suffice)
+MAX_WRITERS = 0xFFFF  # writer + 1 fits in 16 bits
+MAX_SLABS = 1 << 24
+MAX_SLOTS = 1 << 24
+MAX_GEN = 1 << 48
+MAX_LENGTH = 0xFFFFFFFF
+MAX_LENGTHS = 0xFFFF  # distinct lengths a table takes in its life (a 16-bit class each)
 
 
 def digest(key: str) -> bytes:
@@ -68,8 +82,18 @@ class PageTable(Protocol):
     """``digest -> Entry`` and its exact inverse ``(writer, slab, slot) -> digest``.
 
     Not thread-safe beyond single calls: callers serialise mutations (the index lock).
-    Writers, slabs, slots and lengths must fit in 32 bits (writer below 2**32 - 1):
-    :class:`ValueError` otherwise, with nothing of the call applied.
+    An entry must have writer < 65535, slab and slot < 2**24, generation < 2**48 and
+    length < 2**32, and a table takes at most 65535 distinct lengths in its life (a
+    length, once put, counts until the table is freed): :class:`ValueError` otherwise,
+    with nothing of the call applied. These are far above what a store produces: writer
+    numbers count writer directories (``SlabStore`` adopts a free one before it makes
+    one past the highest, so about the most processes that ever wrote at once;
+    ``SharedSlabStore`` takes one below ``max_writers``, 8 by default), slots
+    number below ``slab_bytes // stride`` (65,011 for 256 MiB slabs and 4 KiB pages;
+    2**24 needs slabs over 64 GiB), slabs below ``capacity / slab_bytes`` (2**24 slabs of
+    256 MiB is 4 PiB per writer), generations count one per page written by one writer
+    (2**48 is 89 years at 100,000 pages a second), and a namespace has one page size.
+    A log record beyond them (a hand-made one) is refused as a 32-bit overflow was.
     """
 
     def __len__(self) -> int:
@@ -79,6 +103,18 @@ class PageTable(Protocol):
     @property
     def nbytes(self) -> int:
         """Bytes of memory the table holds (approximate for the dict table)."""
+        ...
+
+    def reserve(self, pages: int) -> None:
+        """Make room for ``pages`` pages now (the table still grows past it; never
+        shrinks). :class:`MemoryError` when that room cannot be had (the table is
+        unchanged)."""
+        ...
+
+    def expect(self, pages: int) -> None:
+        """The table is expected to hold at most ``pages`` pages (a capacity hint, 0:
+        none): nothing is allocated now; growth lands on that capacity once it is one
+        step away, so a table filled to it was sized for it."""
         ...
 
     def get(self, d: bytes) -> Entry | None:
@@ -145,11 +181,14 @@ class PageTable(Protocol):
         ...
 
 
+_LIMITS = "writer < 65535, slab and slot < 2**24, generation < 2**48, length < 2**32"
+
+
 def _check(entry: Entry) -> None:
-    w, slab, slot, _, length, _ = entry
-    if not (0 <= w < 0xFFFFFFFF and 0 <= slab <= 0xFFFFFFFF and 0 <= slot <= 0xFFFFFFFF
-            and 0 <= length <= 0xFFFFFFFF):
-        raise ValueError(f"page table: entry {entry} out of range (32-bit writer, slab, slot, length)")
+    w, slab, slot, gen, length, checksum = entry
+    if not (0 <= w < MAX_WRITERS and 0 <= slab < MAX_SLABS and 0 <= slot < MAX_SLOTS
+            and 0 <= gen < MAX_GEN and 0 <= length <= MAX_LENGTH and 0 <= checksum < 1 << 64):
+        raise ValueError(f"page table: entry {entry} out of range ({_LIMITS})")
 
 
 def split_snapshot(ds: bytes, values: array.array[int]) -> tuple[list[bytes], list[Entry]]:
@@ -168,6 +207,7 @@ class DictPageTable:
     def __init__(self) -> None:
         self._pages: dict[bytes, Entry] = {}
         self._at: dict[Where, bytes] = {}
+        self._lengths: set[int] = set()  # every length put (the C table's length classes)
 
     def __len__(self) -> int:
         return len(self._pages)
@@ -176,6 +216,12 @@ class DictPageTable:
     def nbytes(self) -> int:
         """Bytes of the two dicts' own arrays (not the digests and entries they hold)."""
         return sys.getsizeof(self._pages) + sys.getsizeof(self._at)
+
+    def reserve(self, pages: int) -> None:
+        """Nothing: a dict grows by itself."""
+
+    def expect(self, pages: int) -> None:
+        """Nothing: a dict grows by itself."""
 
     def get(self, d: bytes) -> Entry | None:
         return self._pages.get(d)
@@ -196,8 +242,7 @@ class DictPageTable:
         return [get(w) for w in wheres]
 
     def put(self, d: bytes, entry: Entry) -> None:
-        _check(entry)
-        self._put(d, entry)
+        self.put_many((d,), (entry,))
 
     def _put(self, d: bytes, entry: Entry) -> None:
         where = (entry[0], entry[1], entry[2])
@@ -214,6 +259,10 @@ class DictPageTable:
     def put_many(self, ds: Sequence[bytes], entries: Sequence[Entry]) -> None:
         for entry in entries:
             _check(entry)
+        new = {e[4] for e in entries} - self._lengths
+        if len(self._lengths) + len(new) > MAX_LENGTHS:
+            raise ValueError(f"page table: an entry is out of range (over {MAX_LENGTHS} distinct lengths)")
+        self._lengths |= new
         for d, entry in zip(ds, entries):
             self._put(d, entry)
 
@@ -276,6 +325,9 @@ class _Library:
         self.free = fn("hl3_pt_free", None, _vp)
         self.len = fn("hl3_pt_len", _sz, _vp)
         self.nbytes = fn("hl3_pt_nbytes", _sz, _vp)
+        self.reserve = fn("hl3_pt_reserve", ctypes.c_int, _vp, _u64)
+        self.expect = fn("hl3_pt_expect", None, _vp, _u64)
+        self.check = fn("hl3_pt_check", ctypes.c_int, _vp)
         self.put_many = fn("hl3_pt_put_many", ctypes.c_int, _vp, _sz, ctypes.c_char_p, _vp)
         self.get_many = fn("hl3_pt_get_many", _sz, _vp, _sz, ctypes.c_char_p, _vp, _vp)
         self.pop_many = fn("hl3_pt_pop_many", _sz, _vp, _sz, ctypes.c_char_p)
@@ -303,7 +355,8 @@ def _raise(code: int) -> None:
     if code == _NOMEM:
         raise MemoryError("page table: out of memory")
     if code == _BADVALUE:
-        raise ValueError("page table: an entry is out of range (32-bit writer, slab, slot, length)")
+        raise ValueError(f"page table: an entry is out of range ({_LIMITS}, at most "
+                         f"{MAX_LENGTHS} distinct lengths)")
 
 
 class NativePageTable:
@@ -326,8 +379,28 @@ class NativePageTable:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the two bucket arrays."""
+        """Bytes mapped for the table: its header and the two bucket arrays (pages not
+        touched yet take no memory)."""
         return int(self._lib.nbytes(self._t))
+
+    def reserve(self, pages: int) -> None:
+        """Presize both bucket arrays for ``pages`` pages at load 0.8 (``hl3_pt_reserve``)."""
+        if pages < 0 or pages >= 1 << 64:
+            raise ValueError(f"page table: cannot reserve {pages} pages")
+        _raise(self._lib.reserve(self._t, pages))
+
+    def expect(self, pages: int) -> None:
+        """``hl3_pt_expect``: growth (and :meth:`reserve`) within one 1.5x step of ``pages``
+        pages at load 0.8 goes to exactly that; nothing is allocated now (presizing would
+        cost a store far below its capacity a memory page per indexed page, its digests
+        spread over the whole array)."""
+        if pages < 0 or pages >= 1 << 64:
+            raise ValueError(f"page table: cannot expect {pages} pages")
+        self._lib.expect(self._t, pages)
+
+    def check(self) -> int:
+        """``hl3_pt_check``: 0 when the table's invariants hold (for tests), else which failed."""
+        return int(self._lib.check(self._t))
 
     def get(self, d: bytes) -> Entry | None:
         out = array.array("Q", _ZERO6)
@@ -541,10 +614,15 @@ def _self_test(lib: _Library) -> None:
         raise RuntimeError("the C log scan disagrees with the reference")
 
 
-def new_table() -> PageTable:
-    """An empty table: the C one when the library loads, else the dict one."""
+def new_table(capacity: int | None = None) -> PageTable:
+    """An empty table: the C one when the library loads, else the dict one; expecting at
+    most ``capacity`` pages when given (:meth:`PageTable.expect`)."""
     lib = native_library()
-    return NativePageTable(lib) if lib is not None else DictPageTable()
+    table: PageTable = NativePageTable(lib) if lib is not None else DictPageTable()
+    if capacity:
+        with contextlib.suppress(ValueError):  # a hint past any table: it grows as pages come
+            table.expect(capacity)
+    return table
 
 
 def describe() -> str:

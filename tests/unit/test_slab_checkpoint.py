@@ -166,7 +166,7 @@ def table_kind(kind: str) -> Iterator[None]:
     if kind == "native":
         yield
         return
-    with mock.patch.object(index_module, "new_table", DictPageTable):
+    with mock.patch.object(index_module, "new_table", lambda capacity=None: DictPageTable()):
         yield
 
 

@@ -121,3 +121,28 @@ def test_lookups_without_the_lock_while_a_writer_grows_and_evicts(tmp_path: Path
         assert store.evictions > 0
     finally:
         store.close()
+
+
+def test_the_index_table_expects_the_store_capacity(tmp_path: Path) -> None:
+    """A store's index table expects its slots (a shared store's, every writer's): filled
+    to them, it is sized for them (load 0.8); without a capacity it grows as it goes."""
+    from hicache_l3.slab.shared import SharedSlabStore
+    from hicache_l3.slab.table import new_table
+
+    for name in "abc":
+        (tmp_path / name).mkdir()
+    store = _store(tmp_path / "a", 5000)
+    shared = SharedSlabStore(tmp_path / "b", NS, 64, max_writers=3,
+                             capacity_bytes=5000 * Geometry(64).stride, node="n1")
+    plain = SlabStore(tmp_path / "c", NS, 64)
+    try:
+        assert store.index.capacity == 5000 and shared.index.capacity == 15000
+        assert plain.index.capacity is None
+        keys = [f"k{i}" for i in range(5000)]
+        _set(store, keys)
+        full = new_table()
+        full.reserve(5000)
+        assert store.index.table.nbytes == full.nbytes and len(store.index.table) == 5000
+    finally:
+        for s in (store, shared, plain):
+            s.close()
