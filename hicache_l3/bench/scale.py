@@ -5,7 +5,8 @@ with N tiny pages (``--scale-page-bytes``, 4 KiB by default so the disk stays sm
 batches, with a capacity of exactly ``N + S`` slots (``S = min(N, 16384)`` rounded up to
 whole batches of 128). Then, per size:
 
-* three fresh processes each open the store (subprocesses, so nothing is warm) and report
+* three fresh processes each open the store (subprocesses, so nothing is warm; configured
+  as the writer is, its capacity included, as every process of a deployment is) and report
   the growth of their resident memory (``/proc/self/statm``) and of their ``MAP_SHARED``
   mappings (``/proc/self/maps``) across the open and the first ``exists`` answer, the
   time that took, and how the index was built (pages loaded from the index checkpoint,
@@ -191,16 +192,21 @@ def _measure_index_only(n: int, page_bytes: int, root: Path, settings: dict[str,
         row["checkpoint_write_s"] = time.perf_counter() - started
     finally:
         store.close()
-    _probe_all(row, root / "store", page_bytes, settings, key(n - 1))
+    capacity = {"capacity_bytes": (n + s) * Geometry(page_bytes).stride}  # as a full sweep's store
+    _probe_all(row, root / "store", page_bytes, {**settings, **capacity}, key(n - 1))
     rng = random.Random(0x5CA1E)
     stored = [key(rng.randrange(n)) for _ in range(s)]
     with contextlib.closing(open_connector("file", scale_namespace(page_bytes),
-                                           {**settings, "root": str(root / "store")})) as conn:
+                                           {**settings, **capacity, "root": str(root / "store")})) as conn:
         _all_ok(conn.batch_exists(stored[:1]), "exists")
         row["exists_keys_per_s"] = _rate(stored, lambda ks: conn.batch_exists(ks), "exists")
     for measure in MEASURES[len(INDEX_ONLY_MEASURES):]:
         row[measure] = None
     return row
+
+
+def _without_root(settings: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in settings.items() if k != "root"}
 
 
 def _probe_all(row: dict[str, Any], store: Path, page_bytes: int, settings: dict[str, Any],
@@ -240,7 +246,9 @@ def _measure_size(n: int, page_bytes: int, root: Path, settings: dict[str, Any],
                 _all_ok(ok, f"fill of {n:,} pages")
                 tick(count)
         row["fill_s"] = time.perf_counter() - started
-        _probe_all(row, root / "store", page_bytes, settings, key(n - 1))
+        # the opening processes are configured as the writer is (its capacity included),
+        # as every process of a deployment would be
+        _probe_all(row, root / "store", page_bytes, _without_root(store_settings), key(n - 1))
         pages = contiguous_pages(buffer.address, page_bytes, range(BATCH))
         stored = [key(rng.randrange(n)) for _ in range(s)]
         row["exists_keys_per_s"] = _rate(stored, lambda ks: conn.batch_exists(ks), "exists")
