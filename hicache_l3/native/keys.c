@@ -268,6 +268,38 @@ static int plain_u64(PyObject *o, uint64_t *v)
     return 1;
 }
 
+/* The bounds of a batch whose segments are all `size` bytes: segment f (address, length)
+ * taken into `size` (the first one's length), `low` and `high` (its lowest and highest
+ * address); 0 when its length is 0 or another than the batch's. */
+static int take_segment(const uint64_t *f, uint64_t *size, uint64_t *low, uint64_t *high)
+{
+    if (*size == 0)
+        *size = f[1];
+    if (f[1] != *size || *size == 0)
+        return 0;
+    *low = f[0] < *low ? f[0] : *low;
+    *high = f[0] > *high ? f[0] : *high;
+    return 1;
+}
+
+/* The answer of common_batch / pointer_batch for the n pages of `per` segments flattened
+ * in `out` (consumed): the tuple, or None when the highest segment ends past 2**64. */
+static PyObject *batch_result(PyObject *out, Py_ssize_t n, Py_ssize_t per, uint64_t size,
+                              uint64_t low, uint64_t high)
+{
+    if (high + size < high) {
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+    }
+    int overlap = segments_overlap((const uint64_t *)PyBytes_AS_STRING(out), n, per, size);
+    if (overlap < 0) {
+        Py_DECREF(out);
+        return PyErr_NoMemory();
+    }
+    return Py_BuildValue("(NnKKKO)", out, per, (unsigned long long)size, (unsigned long long)low,
+                         (unsigned long long)(high + size), overlap ? Py_True : Py_False);
+}
+
 static PyObject *common_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
@@ -298,25 +330,12 @@ static PyObject *common_batch(PyObject *self, PyObject *const *args, Py_ssize_t 
         for (Py_ssize_t j = 0; j < k; j++) {
             PyObject **pair = exact_items(segs[j], &two);
             uint64_t *f = flat + 2 * (i * per + j);
-            if (pair == NULL || two != 2 || !plain_u64(pair[0], &f[0]) || !plain_u64(pair[1], &f[1]))
+            if (pair == NULL || two != 2 || !plain_u64(pair[0], &f[0]) || !plain_u64(pair[1], &f[1])
+                || !take_segment(f, &size, &low, &high))
                 goto refuse;
-            if (size == 0)
-                size = f[1];
-            if (f[1] != size || size == 0)
-                goto refuse;
-            low = f[0] < low ? f[0] : low;
-            high = f[0] > high ? f[0] : high;
         }
     }
-    if (high + size < high)
-        goto refuse;
-    int overlap = segments_overlap(flat, n, per, size);
-    if (overlap < 0) {
-        Py_DECREF(out);
-        return PyErr_NoMemory();
-    }
-    return Py_BuildValue("(NnKKKO)", out, per, (unsigned long long)size, (unsigned long long)low,
-                         (unsigned long long)(high + size), overlap ? Py_True : Py_False);
+    return batch_result(out, n, per, size, low, high);
 refuse:
     Py_DECREF(out);
     Py_RETURN_NONE;
@@ -349,17 +368,9 @@ static PyObject *pointer_batch(PyObject *self, PyObject *const *args, Py_ssize_t
     uint64_t size = 0, low = UINT64_MAX, high = 0;
     for (Py_ssize_t j = 0; j < np; j++) {
         uint64_t *f = flat + 2 * j;
-        if (!plain_u64(ptrs[j], &f[0]) || !plain_u64(sizes[j], &f[1]))
+        if (!plain_u64(ptrs[j], &f[0]) || !plain_u64(sizes[j], &f[1]) || !take_segment(f, &size, &low, &high))
             goto refuse;
-        if (size == 0)
-            size = f[1];
-        if (f[1] != size || size == 0)
-            goto refuse;
-        low = f[0] < low ? f[0] : low;
-        high = f[0] > high ? f[0] : high;
     }
-    if (high + size < high)
-        goto refuse;
     if (per > 1)
         for (Py_ssize_t i = 0; i < n; i++) {
             uint64_t *page = flat + 2 * i * per;
@@ -369,13 +380,7 @@ static PyObject *pointer_batch(PyObject *self, PyObject *const *args, Py_ssize_t
                     break;
                 }
         }
-    int overlap = segments_overlap(flat, n, per, size);
-    if (overlap < 0) {
-        Py_DECREF(out);
-        return PyErr_NoMemory();
-    }
-    return Py_BuildValue("(NnKKKO)", out, per, (unsigned long long)size, (unsigned long long)low,
-                         (unsigned long long)(high + size), overlap ? Py_True : Py_False);
+    return batch_result(out, n, per, size, low, high);
 refuse:
     Py_DECREF(out);
     Py_RETURN_NONE;
