@@ -35,6 +35,7 @@
  * Invariant: the inverse is exactly the inverse of the page map. Putting digest D at slot
  * W removes the page another digest had at W, and D's former slot from the inverse.
  */
+#include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,7 @@
 
 #define HL3_PT_NOMEM (-1)
 #define HL3_PT_BADVALUE (-2)
+#define HL3_PT_BADIMAGE (-3) /* a table image that is not whole or not one this code writes */
 #define HL3_PT_MIN_CAP 64
 #define HL3_PT_MAX_CAP ((uint64_t)UINT32_MAX) /* the inverse holds 1 + a bucket index in 32 bits */
 #define HL3_PT_WRITERS 65535                  /* writer + 1 fits in 16 bits */
@@ -68,13 +70,23 @@ typedef struct {
     uint16_t classes[HL3_PT_CLASS_HASH];   /* 1 + the class of a length, 0: free (linear probing, never deleted) */
 } hl3_header;
 
-typedef struct { /* this process's handle: where the four areas are mapped */
+typedef struct hl3_table hl3_table;
+struct hl3_table { /* this process's handle: where the four areas are mapped */
     hl3_header *h;
     hl3_page *pages;
     uint32_t *inv;
     uint16_t *meta; /* per inverse bucket: a tag (8 bits of its location's hash: probes skip
                      * others) | its distance from its home bucket << 8 (HL3_PT_FAR: as far or more) */
-} hl3_table;
+    /* Two layers (hl3_pt_attach, hl3_pt_rebase): ``base``, a read-only table in a shared
+     * file mapping, under this table's own arrays (the delta). A base page whose bit is set
+     * in ``dead`` is removed here. Invariant: no live base page has the digest or the
+     * location of a delta page (a put kills them), so each lookup answers from one layer. */
+    hl3_table *base;
+    uint64_t *dead;   /* one bit per base bucket */
+    uint64_t ndead;
+    void *map;        /* a base's own handle: its file mapping */
+    size_t map_len;
+};
 
 _Static_assert(sizeof(hl3_page) == 40, "page bucket layout");
 
@@ -290,10 +302,18 @@ hl3_table *hl3_pt_new(void)
     return t;
 }
 
+static size_t dead_bytes(uint64_t cap) { return (cap + 63) / 64 * sizeof(uint64_t); }
+
+static void free_base(hl3_table *b);
+
 void hl3_pt_free(hl3_table *t)
 {
     if (t == NULL)
         return;
+    if (t->base != NULL) {
+        unmap(t->dead, dead_bytes(t->base->h->cap));
+        free_base(t->base);
+    }
     unmap_arrays(t->pages, t->inv, t->meta, t->h->cap);
     unmap(t->h, sizeof(hl3_header));
     free(t);
@@ -322,15 +342,29 @@ void hl3_pt_expect(hl3_table *t, uint64_t pages)
     t->h->expect = pages > HL3_PT_MAX_CAP || cap_of(pages) > HL3_PT_MAX_CAP ? 0 : cap_of(pages);
 }
 
-size_t hl3_pt_len(const hl3_table *t) { return t->h->len; }
+/* Pages in the table: the delta's and the base's live ones. */
+size_t hl3_pt_len(const hl3_table *t)
+{
+    return t->h->len + (t->base != NULL ? t->base->h->len - t->ndead : 0);
+}
 
-/* Bytes mapped for the table (header and the two bucket arrays). */
+/* Pages in the delta (this process's own arrays) alone. */
+size_t hl3_pt_delta_len(const hl3_table *t) { return t->h->len; }
+
+/* Private bytes mapped for the table (header and the two bucket arrays; with a base, its
+ * header copy and the dead bits too): not the base's shared file mapping. */
 size_t hl3_pt_nbytes(const hl3_table *t)
 {
     uint64_t cap = t->h->cap;
-    return mapped(sizeof(hl3_header)) + mapped(cap * sizeof(hl3_page)) + mapped(cap * sizeof(uint32_t))
-           + mapped(cap * sizeof(uint16_t));
+    size_t n = mapped(sizeof(hl3_header)) + mapped(cap * sizeof(hl3_page)) + mapped(cap * sizeof(uint32_t))
+               + mapped(cap * sizeof(uint16_t));
+    if (t->base != NULL)
+        n += mapped(sizeof(hl3_header)) + mapped(dead_bytes(t->base->h->cap));
+    return n;
 }
+
+/* Bytes of the base's shared file mapping (0: no base). */
+size_t hl3_pt_shared_nbytes(const hl3_table *t) { return t->base != NULL ? t->base->map_len : 0; }
 
 /* ---- the page map and its inverse ----------------------------------------------------- */
 
@@ -436,6 +470,72 @@ static void page_delete_at(hl3_table *t, size_t i)
     t->h->len--;
 }
 
+/* ---- the two layers ------------------------------------------------------------------- */
+
+static inline int alive(const hl3_table *t, size_t i) { return !(t->dead[i >> 6] >> (i & 63) & 1); }
+
+static inline void kill(hl3_table *t, size_t i)
+{
+    t->dead[i >> 6] |= 1ULL << (i & 63);
+    t->ndead++;
+}
+
+/* The page of ``digest`` (the delta's, else the base's live one) and, in *h, the header
+ * of the layer holding it (for its length classes); NULL when none. */
+static const hl3_page *lookup(const hl3_table *t, const uint8_t *digest, const hl3_header **h)
+{
+    int found;
+    size_t i = page_find(t, digest, &found);
+    if (found) {
+        *h = t->h;
+        return &t->pages[i];
+    }
+    const hl3_table *b = t->base;
+    if (b != NULL) {
+        i = page_find(b, digest, &found);
+        if (found && alive(t, i)) {
+            *h = b->h;
+            return &b->pages[i];
+        }
+    }
+    return NULL;
+}
+
+/* The base's live page in slot ``location``: its bucket, or -1. */
+static long base_at(const hl3_table *t, uint64_t location)
+{
+    const hl3_table *b = t->base;
+    if (b == NULL)
+        return -1;
+    int found;
+    size_t j = inv_find(b, location, &found);
+    if (!found || !alive(t, b->inv[j] - 1))
+        return -1;
+    return (long)(b->inv[j] - 1);
+}
+
+/* Before the delta takes ``digest`` at ``location``: the base's live page of that digest
+ * and its live page in that slot are removed (the invariant of struct hl3_table). */
+static void kill_base_of(hl3_table *t, const uint8_t *digest, uint64_t location)
+{
+    if (t->base == NULL)
+        return;
+    int found;
+    size_t i = page_find(t->base, digest, &found);
+    if (found && alive(t, i))
+        kill(t, i);
+    long j = base_at(t, location);
+    if (j >= 0)
+        kill(t, (size_t)j);
+}
+
+static inline void prefetch_page(const hl3_table *t, const uint8_t *digest)
+{
+    __builtin_prefetch(&t->pages[page_home(digest, t->h->cap)]);
+    if (t->base != NULL)
+        __builtin_prefetch(&t->base->pages[page_home(digest, t->base->h->cap)]);
+}
+
 /* ---- operations ----------------------------------------------------------------------- */
 
 /* Remove the page of ``digest`` and its inverse; 1 if there was one (its values in v). */
@@ -443,11 +543,20 @@ static int pop_one(hl3_table *t, const uint8_t *digest, uint64_t *v)
 {
     int found;
     size_t i = page_find(t, digest, &found);
-    if (!found)
+    if (found) {
+        if (v != NULL)
+            unpack(t->h, &t->pages[i], v);
+        page_delete_at(t, i);
+        return 1;
+    }
+    if (t->base == NULL)
+        return 0;
+    i = page_find(t->base, digest, &found);
+    if (!found || !alive(t, i))
         return 0;
     if (v != NULL)
-        unpack(t->h, &t->pages[i], v);
-    page_delete_at(t, i);
+        unpack(t->base->h, &t->base->pages[i], v);
+    kill(t, i);
     return 1;
 }
 
@@ -456,6 +565,7 @@ static int pop_one(hl3_table *t, const uint8_t *digest, uint64_t *v)
 static void put_one(hl3_table *t, const uint8_t *digest, const uint64_t *v, uint64_t cls)
 {
     uint64_t location = pack_location(v[0], v[1], v[2]);
+    kill_base_of(t, digest, location);
     int found;
     size_t j = inv_find(t, location, &found);
     if (found && memcmp(t->pages[t->inv[j] - 1].digest, digest, 16) != 0)
@@ -526,20 +636,19 @@ size_t hl3_pt_get_many(const hl3_table *t, size_t n, const uint8_t *digests, uin
                        uint8_t *found)
 {
     enum { AHEAD = 8 };
-    uint64_t cap = t->h->cap;
     size_t hits = 0;
     for (size_t i = 0; i < n && i < AHEAD; i++)
-        __builtin_prefetch(&t->pages[page_home(digests + 16 * i, cap)]);
+        prefetch_page(t, digests + 16 * i);
     for (size_t i = 0; i < n; i++) {
         if (i + AHEAD < n)
-            __builtin_prefetch(&t->pages[page_home(digests + 16 * (i + AHEAD), cap)]);
-        int f;
-        size_t b = page_find(t, digests + 16 * i, &f);
-        found[i] = (uint8_t)f;
-        if (f) {
+            prefetch_page(t, digests + 16 * (i + AHEAD));
+        const hl3_header *h;
+        const hl3_page *p = lookup(t, digests + 16 * i, &h);
+        found[i] = p != NULL;
+        if (p != NULL) {
             hits++;
             if (values != NULL)
-                unpack(t->h, &t->pages[b], values + 6 * i);
+                unpack(h, p, values + 6 * i);
         }
     }
     return hits;
@@ -563,10 +672,17 @@ int hl3_pt_at(const hl3_table *t, uint64_t w, uint64_t s, uint64_t sl, uint8_t *
     if (w >= HL3_PT_WRITERS || s >= HL3_PT_SLABS || sl >= HL3_PT_SLOTS)
         return 0;
     int found;
-    size_t i = inv_find(t, pack_location(w, s, sl), &found);
-    if (found)
+    uint64_t location = pack_location(w, s, sl);
+    size_t i = inv_find(t, location, &found);
+    if (found) {
         memcpy(digest, t->pages[t->inv[i] - 1].digest, 16);
-    return found;
+        return 1;
+    }
+    long j = base_at(t, location);
+    if (j < 0)
+        return 0;
+    memcpy(digest, t->base->pages[j].digest, 16);
+    return 1;
 }
 
 /* hl3_pt_at of the n slots ``where`` (writer, slab, slot as three uint64 each): found[i]
@@ -585,39 +701,48 @@ size_t hl3_pt_at_many(const hl3_table *t, size_t n, const uint64_t *where, uint8
 /* The pages of ``writer`` (all when negative) in ``slab`` (any when negative), in bucket
  * order: digests and values copied out (up to ``max``) when ``digests`` is not NULL; how
  * many match (all of them, also past ``max``). */
-size_t hl3_pt_select(const hl3_table *t, int64_t writer, int64_t slab, uint8_t *digests,
-                     uint64_t *values, size_t max)
+static size_t select_layer(const hl3_table *t, const hl3_table *layer, int64_t writer, int64_t slab,
+                           uint8_t *digests, uint64_t *values, size_t n, size_t max)
 {
-    size_t n = 0;
-    uint64_t cap = t->h->cap;
+    uint64_t cap = layer->h->cap;
     for (size_t i = 0; i < cap; i++) {
-        const hl3_page *p = &t->pages[i];
+        const hl3_page *p = &layer->pages[i];
         uint64_t loc = p->location;
         if (loc == 0 || (writer >= 0 && (loc >> 48) - 1 != (uint64_t)writer)
-            || (slab >= 0 && ((loc >> 24) & (HL3_PT_SLABS - 1)) != (uint64_t)slab))
+            || (slab >= 0 && ((loc >> 24) & (HL3_PT_SLABS - 1)) != (uint64_t)slab)
+            || (layer != t && !alive(t, i)))
             continue;
         if (digests != NULL && n < max) {
             memcpy(digests + 16 * n, p->digest, 16);
-            unpack(t->h, p, values + 6 * n);
+            unpack(layer->h, p, values + 6 * n);
         }
         n++;
     }
     return n;
 }
 
+size_t hl3_pt_select(const hl3_table *t, int64_t writer, int64_t slab, uint8_t *digests,
+                     uint64_t *values, size_t max)
+{
+    size_t n = select_layer(t, t, writer, slab, digests, values, 0, max);
+    if (t->base != NULL)
+        n = select_layer(t, t->base, writer, slab, digests, values, n, max);
+    return n;
+}
+
 /* The inverse: (writer, slab, slot) as three uint64 and the digest, per entry (up to
  * ``max``), in inverse bucket order; how many entries there are. */
-size_t hl3_pt_slots(const hl3_table *t, uint64_t *where, uint8_t *digests, size_t max)
+static size_t slots_layer(const hl3_table *t, const hl3_table *layer, uint64_t *where,
+                          uint8_t *digests, size_t n, size_t max)
 {
-    size_t n = 0;
-    uint64_t cap = t->h->cap;
+    uint64_t cap = layer->h->cap;
     for (size_t i = 0; i < cap; i++) {
-        if (t->inv[i] == 0)
+        if (layer->inv[i] == 0 || (layer != t && !alive(t, layer->inv[i] - 1)))
             continue;
         if (n < max) {
-            const hl3_page *p = &t->pages[t->inv[i] - 1];
+            const hl3_page *p = &layer->pages[layer->inv[i] - 1];
             uint64_t v[6];
-            unpack(t->h, p, v);
+            unpack(layer->h, p, v);
             memcpy(where + 3 * n, v, 3 * sizeof(uint64_t));
             memcpy(digests + 16 * n, p->digest, 16);
         }
@@ -626,11 +751,19 @@ size_t hl3_pt_slots(const hl3_table *t, uint64_t *where, uint8_t *digests, size_
     return n;
 }
 
+size_t hl3_pt_slots(const hl3_table *t, uint64_t *where, uint8_t *digests, size_t max)
+{
+    size_t n = slots_layer(t, t, where, digests, 0, max);
+    if (t->base != NULL)
+        n = slots_layer(t, t->base, where, digests, n, max);
+    return n;
+}
+
 /* The table's invariants, for tests: 0 when they hold, else which failed (1: a page is
  * not found from its home, 2: an inverse entry is not found from its home or names a
  * free bucket, 3: the counts disagree (pages, inverse entries, len), 4: a page's length
  * class is not a class). */
-int hl3_pt_check(const hl3_table *t)
+static int check_layer(const hl3_table *t)
 {
     uint64_t cap = t->h->cap, pages = 0, entries = 0;
     for (size_t i = 0; i < cap; i++) {
@@ -657,6 +790,37 @@ int hl3_pt_check(const hl3_table *t)
             return 2;
     }
     return pages == entries && pages == t->h->len ? 0 : 3;
+}
+
+/* hl3_pt_check's layer checks (5: a dead bit is set on a free base bucket, or their count
+ * is not ndead; 6: a live base page has the digest or the slot of a delta page). */
+int hl3_pt_check(const hl3_table *t)
+{
+    int bad = check_layer(t);
+    if (bad != 0 || t->base == NULL)
+        return bad;
+    const hl3_table *b = t->base;
+    if ((bad = check_layer(b)) != 0)
+        return bad;
+    uint64_t ndead = 0;
+    for (size_t i = 0; i < b->h->cap; i++)
+        if (!alive(t, i)) {
+            if (b->pages[i].location == 0)
+                return 5;
+            ndead++;
+        }
+    if (ndead != t->ndead)
+        return 5;
+    for (size_t i = 0; i < t->h->cap; i++) {
+        const hl3_page *p = &t->pages[i];
+        if (p->location == 0)
+            continue;
+        int found;
+        size_t j = page_find(b, p->digest, &found);
+        if ((found && alive(t, j)) || base_at(t, p->location) >= 0)
+            return 6;
+    }
+    return 0;
 }
 
 /* ---- live PUT records of an index log ------------------------------------------------- */
@@ -738,11 +902,11 @@ long hl3_pt_live_puts(const hl3_table *t, const uint8_t *data, size_t n, uint64_
             uint64_t hi = __builtin_bswap64(h.high64), lo = __builtin_bswap64(h.low64);
             memcpy(digest, &hi, 8);
             memcpy(digest + 8, &lo, 8);
-            int found;
-            size_t b = page_find(t, digest, &found);
-            if (found) {
+            const hl3_header *layer;
+            const hl3_page *p = lookup(t, digest, &layer);
+            if (p != NULL) {
                 uint64_t v[6];
-                unpack(t->h, &t->pages[b], v);
+                unpack(layer, p, v);
                 if (v[0] == le32(r + 8) && v[1] == le32(r + 12) && v[2] == le32(r + 16)
                     && v[3] == le64(r + 24)) {
                     if (live >= max)
@@ -831,7 +995,6 @@ long hl3_pt_plan_get(const hl3_table *t, size_t n, const uint8_t *keys, size_t k
         return -2;
     }
     size_t pos = 0, read = 0, m = 0;
-    uint64_t cap = t->h->cap;
     long out = -1;
     for (size_t i = 0; i < n; i++) {
         const uint8_t *key = keys + pos;
@@ -841,21 +1004,21 @@ long hl3_pt_plan_get(const hl3_table *t, size_t n, const uint8_t *keys, size_t k
         at[i] = pos;
         pos += (size_t)(nl - key) + 1;
         canonical128(hash(key, (size_t)(nl - key), seed), digests + 16 * i);
-        __builtin_prefetch(&t->pages[page_home(digests + 16 * i, cap)]);
+        prefetch_page(t, digests + 16 * i);
     }
     if (pos != keys_len)
         goto done;
     at[n] = pos;
     for (size_t i = 0; i < n; i++) {
-        int found;
-        size_t b = page_find(t, digests + 16 * i, &found);
-        if (!found) {
+        const hl3_header *h;
+        const hl3_page *bucket = lookup(t, digests + 16 * i, &h);
+        if (bucket == NULL) {
             code[i] = HL3_PLAN_MISS;
             slab_of[i] = -1;
             continue;
         }
         uint64_t *p = values + 6 * i; /* its entry: writer, slab, slot, gen, length, checksum */
-        unpack(t->h, &t->pages[b], p);
+        unpack(h, bucket, p);
         /* the slab of every indexed key (a batch's pages share few: look back at the distinct
          * ones seen so far): the caller opens each, and an unopenable one makes its keys
          * miss whatever else they are, as SlabIndex.lookup does */
@@ -897,4 +1060,248 @@ done:
     free(at);
     free(digests);
     return out;
+}
+
+/* ---- images: a table's file form, and the base layer ---------------------------------- */
+
+/* An image (little-endian hosts only: the Python side checks sys.byteorder): this header,
+ * the length classes (nclasses uint32, padded to 8 bytes), then the page array (cap
+ * 40-byte buckets), the inverse (cap uint32) and its tags and distances (cap uint16), each
+ * exactly as in memory, so that a read-only mapping of the file is a table to probe. */
+typedef struct {
+    char magic[8]; /* "HL3PTIMG" */
+    uint32_t version;
+    uint32_t nclasses;
+    uint64_t cap;
+    uint64_t len;
+    uint64_t bytes; /* the whole image */
+} hl3_image;
+
+#define HL3_IMG_MAGIC "HL3PTIMG"
+#define HL3_IMG_VERSION 1
+
+static uint64_t image_pages_at(uint64_t nclasses) { return (sizeof(hl3_image) + 4 * nclasses + 7) / 8 * 8; }
+
+static uint64_t image_bytes(uint64_t nclasses, uint64_t cap)
+{
+    return image_pages_at(nclasses) + cap * (sizeof(hl3_page) + sizeof(uint32_t) + sizeof(uint16_t));
+}
+
+/* Bytes of the image of ``t`` (0: ``t`` has a base, and no image of its own). */
+size_t hl3_pt_image_bytes(const hl3_table *t)
+{
+    return t->base != NULL ? 0 : image_bytes(t->h->nclasses, t->h->cap);
+}
+
+static int write_all(int fd, const void *data, size_t n, uint64_t *at)
+{
+    const uint8_t *p = data;
+    while (n > 0) {
+        ssize_t w = pwrite(fd, p, n < (1u << 30) ? n : (1u << 30), (off_t)*at);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return w < 0 ? errno : EIO;
+        p += w;
+        n -= (size_t)w;
+        *at += (uint64_t)w;
+    }
+    return 0;
+}
+
+/* Write the image of ``t`` (a table without a base) at ``offset`` of ``fd``: 0, or an
+ * errno (EINVAL: ``t`` has a base). Called without the GIL on a table no one else uses. */
+int hl3_pt_write_image(const hl3_table *t, int fd, uint64_t offset)
+{
+    if (t->base != NULL)
+        return EINVAL;
+    const hl3_header *h = t->h;
+    hl3_image img;
+    memset(&img, 0, sizeof(img));
+    memcpy(img.magic, HL3_IMG_MAGIC, 8);
+    img.version = HL3_IMG_VERSION;
+    img.nclasses = (uint32_t)h->nclasses;
+    img.cap = h->cap;
+    img.len = h->len;
+    img.bytes = image_bytes(h->nclasses, h->cap);
+    static const uint8_t pad[8];
+    size_t lengths = 4 * h->nclasses;
+    uint64_t at = offset;
+    int rc;
+    if ((rc = write_all(fd, &img, sizeof(img), &at)) != 0 || (rc = write_all(fd, h->lengths, lengths, &at)) != 0
+        || (rc = write_all(fd, pad, image_pages_at(h->nclasses) - sizeof(img) - lengths, &at)) != 0
+        || (rc = write_all(fd, t->pages, h->cap * sizeof(hl3_page), &at)) != 0
+        || (rc = write_all(fd, t->inv, h->cap * sizeof(uint32_t), &at)) != 0
+        || (rc = write_all(fd, t->meta, h->cap * sizeof(uint16_t), &at)) != 0)
+        return rc;
+    return 0;
+}
+
+static void free_base(hl3_table *b)
+{
+    unmap(b->h, sizeof(hl3_header));
+    munmap(b->map, b->map_len);
+    free(b);
+}
+
+/* The image of ``bytes`` bytes at ``offset`` (a multiple of 8) of ``fd``, mapped read-only
+ * and shared, as a table to probe (never written: a write would fault), or NULL (*err:
+ * HL3_PT_BADIMAGE, HL3_PT_NOMEM). The checks make every probe safe whatever the bytes:
+ * the counts agree and leave a free bucket to end every probe run, inverse entries name
+ * occupied page buckets, length classes are in range. (Damage that keeps them, a page
+ * not found from its home, gives wrong answers, not a fault: the caller checks the
+ * image's hash first, and readers check every slot's header.) */
+static hl3_table *map_base(int fd, uint64_t offset, uint64_t bytes, int *err)
+{
+    *err = HL3_PT_BADIMAGE;
+    if (bytes < sizeof(hl3_image) || offset % 8 != 0)
+        return NULL;
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), start = offset / page * page;
+    size_t len = (size_t)(offset - start + bytes);
+    void *map = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, (off_t)start);
+    if (map == MAP_FAILED)
+        return NULL;
+    const uint8_t *img = (const uint8_t *)map + (offset - start);
+    hl3_image hd;
+    memcpy(&hd, img, sizeof(hd));
+    hl3_table *b = NULL;
+    if (memcmp(hd.magic, HL3_IMG_MAGIC, 8) != 0 || hd.version != HL3_IMG_VERSION
+        || hd.nclasses > HL3_PT_CLASSES || hd.cap < 1 || hd.cap > HL3_PT_MAX_CAP || hd.len >= hd.cap
+        || !fits(hd.len, hd.cap) || hd.bytes != bytes || image_bytes(hd.nclasses, hd.cap) != bytes)
+        goto bad;
+    b = calloc(1, sizeof(*b));
+    if (b == NULL || (b->h = map_zero(sizeof(hl3_header))) == NULL) {
+        *err = HL3_PT_NOMEM;
+        goto bad;
+    }
+    b->h->cap = hd.cap;
+    b->h->len = hd.len;
+    b->h->nclasses = hd.nclasses;
+    memcpy(b->h->lengths, img + sizeof(hd), 4 * hd.nclasses);
+    uint64_t at = image_pages_at(hd.nclasses);
+    b->pages = (hl3_page *)(uintptr_t)(img + at);
+    b->inv = (uint32_t *)(uintptr_t)(img + at + hd.cap * sizeof(hl3_page));
+    b->meta = (uint16_t *)(uintptr_t)(img + at + hd.cap * (sizeof(hl3_page) + sizeof(uint32_t)));
+    b->map = map;
+    b->map_len = len;
+    uint64_t pages = 0, entries = 0;
+    for (size_t i = 0; i < hd.cap; i++)
+        if (b->pages[i].location != 0) {
+            pages++;
+            if ((b->pages[i].genlen & 0xFFFF) >= hd.nclasses)
+                goto bad;
+        }
+    for (size_t i = 0; i < hd.cap; i++)
+        if (b->inv[i] != 0) {
+            entries++;
+            if (b->inv[i] > hd.cap || b->pages[b->inv[i] - 1].location == 0)
+                goto bad;
+        }
+    if (pages != hd.len || entries != hd.len)
+        goto bad;
+    *err = 0;
+    return b;
+bad:
+    if (b != NULL) {
+        unmap(b->h, sizeof(hl3_header));
+        free(b);
+    }
+    munmap(map, len);
+    return NULL;
+}
+
+/* The empty table ``t`` takes the image at ``offset`` of ``fd`` (``bytes`` long) as its
+ * base: its pages are then the image's, read through a shared read-only mapping (the
+ * file may be renamed over or unlinked meanwhile: the mapping keeps it). 0, or
+ * HL3_PT_BADIMAGE, HL3_PT_NOMEM, HL3_PT_BADVALUE (``t`` is not empty); ``t`` unchanged
+ * on failure. */
+int hl3_pt_attach(hl3_table *t, int fd, uint64_t offset, uint64_t bytes)
+{
+    if (t->h->len != 0 || t->base != NULL)
+        return HL3_PT_BADVALUE;
+    int err;
+    hl3_table *b = map_base(fd, offset, bytes, &err);
+    if (b == NULL)
+        return err;
+    uint64_t *dead = map_zero(dead_bytes(b->h->cap));
+    if (dead == NULL) {
+        free_base(b);
+        return HL3_PT_NOMEM;
+    }
+    t->base = b;
+    t->dead = dead;
+    t->ndead = 0;
+    return 0;
+}
+
+static int same_page(const hl3_header *ha, const hl3_page *a, const hl3_header *hb, const hl3_page *b)
+{
+    uint64_t va[6], vb[6];
+    unpack(ha, a, va);
+    unpack(hb, b, vb);
+    return memcmp(va, vb, sizeof(va)) == 0;
+}
+
+/* Move ``t``'s pages onto the image at ``offset`` of ``fd`` as their new base, without
+ * changing them: the new delta holds exactly the pages the image lacks or holds
+ * otherwise, and the image's pages ``t`` lacks or holds otherwise are dead. (What lets a
+ * process drop its delta when another writes a newer checkpoint.) 0, or HL3_PT_BADIMAGE,
+ * HL3_PT_NOMEM; ``t`` unchanged on failure. */
+int hl3_pt_rebase(hl3_table *t, int fd, uint64_t offset, uint64_t bytes)
+{
+    int rc;
+    hl3_table *b = map_base(fd, offset, bytes, &rc);
+    if (b == NULL)
+        return rc;
+    hl3_table *n = hl3_pt_new();
+    uint64_t *dead = map_zero(dead_bytes(b->h->cap));
+    size_t total = hl3_pt_len(t), m = 0;
+    uint8_t *ds = malloc(16 * (total ? total : 1));
+    uint64_t *vs = malloc(48 * (total ? total : 1));
+    if (n == NULL || dead == NULL || ds == NULL || vs == NULL) {
+        if (n != NULL)
+            hl3_pt_free(n);
+        unmap(dead, dead_bytes(b->h->cap));
+        free_base(b);
+        free(ds);
+        free(vs);
+        return HL3_PT_NOMEM;
+    }
+    n->h->expect = t->h->expect;
+    n->base = b;
+    n->dead = dead;
+    size_t all = hl3_pt_select(t, -1, -1, ds, vs, total);
+    for (size_t k = 0; k < all; k++) { /* t's pages the image lacks or holds otherwise */
+        int found;
+        size_t i = page_find(b, ds + 16 * k, &found);
+        if (found) {
+            uint64_t v[6];
+            unpack(b->h, &b->pages[i], v);
+            if (memcmp(v, vs + 6 * k, sizeof(v)) == 0)
+                continue;
+        }
+        memmove(ds + 16 * m, ds + 16 * k, 16);
+        memmove(vs + 6 * m, vs + 6 * k, 48);
+        m++;
+    }
+    rc = hl3_pt_put_many(n, m, ds, vs); /* (kills the image's pages of their digests and slots) */
+    free(ds);
+    free(vs);
+    if (rc != 0) {
+        hl3_pt_free(n);
+        return rc;
+    }
+    for (size_t i = 0; i < b->h->cap; i++) { /* the image's pages t lacks or holds otherwise */
+        if (b->pages[i].location == 0 || !alive(n, i))
+            continue;
+        const hl3_header *h;
+        const hl3_page *p = lookup(t, b->pages[i].digest, &h);
+        if (p == NULL || !same_page(h, p, b->h, &b->pages[i]))
+            kill(n, i);
+    }
+    hl3_table old = *t;
+    *t = *n;
+    *n = old;
+    hl3_pt_free(n);
+    return 0;
 }

@@ -9,23 +9,35 @@ keys stay in the logs), the ``deleted`` marks, and per writer log how far it was
 its last 4 KiB before that offset) and the DELs that writer issued for other writers'
 slots (with their keys: a writer's log compaction rewrites them).
 
-Layout (little-endian), version 2 (version 1 held keys instead of digests: a version-1
-file is ignored like any other version, the logs are replayed)::
+Layout (little-endian), version 3, written where the C page table is built::
 
     header  magic "HL3INDEX", version u32, CRC32 of the body u32, body length u64
-    body    counts: writers u32, pages u64, deleted u64, foreign DELs u64, key bytes u64
+    body    counts: writers u32, deleted u64, foreign DELs u64, key bytes u64,
+                    image offset u64, image bytes u64, image XXH3-64 u64, image pages u64
             per writer: writer u32, foreign DELs of it u32, inode u64, offset u64,
                         max generation u64, head CRC u32, anchor CRC u32
-            the pages' digests, 16 bytes each
-            the pages' entries: writer, slab, slot, gen, length, checksum u64 each
             per foreign DEL: writer, slab, slot u32, gen, length, checksum u64
             per deleted mark: writer, slab, slot u32, generation u64
             keys of the foreign DELs, UTF-8, NUL-separated
+    image   at the image offset (a multiple of the mapping granularity, past the body):
+            the pages as a C page table image (``hl3_pt_write_image``,
+            native/page_table.c), which every process of the namespace on a host maps
+            read-only and shared as the base of its table (:meth:`~hicache_l3.slab.table.
+            NativePageTable.attach`): one copy in the page cache per node, and opening
+            maps it instead of loading the pages
+
+Version 2 (written without the C table, read by both) has no image: its body holds the
+counts writers u32, pages u64, deleted u64, foreign DELs u64, key bytes u64, the writers,
+then the pages' digests (16 bytes each) and entries (writer, slab, slot, gen, length,
+checksum u64 each), then the same foreign DELs, deleted marks and keys. (Version 1 held
+keys instead of digests: it is ignored like any other version, the logs are replayed.)
 
 Crash guarantees. The file is written to a private (0600, ``O_NOFOLLOW | O_EXCL``)
 temporary file, synced, and renamed over the old one: a reader sees the old checkpoint or
-the new one, whole. One that is torn or damaged anyway (bad magic, version, length or
-CRC), a symlink, or not a regular file is ignored with a warning: the opener replays the
+the new one, whole, and a process that mapped the old one keeps reading it whole (the
+rename leaves its inode alive while it is mapped; nothing ever writes into a checkpoint
+after its rename). One that is torn or damaged anyway (bad magic, version, length, CRC or
+image hash), a symlink, or not a regular file is ignored with a warning: the opener replays the
 logs from their start, as without a checkpoint. A writer log whose inode, size or CRCs no
 longer match the checkpoint (compacted, set aside, replaced) is read again from its start
 and the checkpoint's entries of that writer are dropped first, exactly as a running reader
@@ -41,6 +53,7 @@ import dataclasses
 import functools
 import gc
 import logging
+import mmap
 import os
 import stat
 import struct
@@ -51,19 +64,25 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import xxhash
+
 from hicache_l3.common.safe_fs import write_synced
 from hicache_l3.slab.files import open_file
 from hicache_l3.slab.format import Entry
+from hicache_l3.slab.table import build_image
 
 log = logging.getLogger("hicache_l3.slab")
 
 CHECKPOINT_FILE = "index.ckpt"
 MAGIC = b"HL3INDEX"
-VERSION = 2
+VERSION = 3  # the pages as a table image (written with the C table)
+VERSION_PAGES = 2  # the pages as digests and entries (written without it; read always)
 STALE_TMP_S = 3600.0  # a temporary checkpoint file this old was left by a crashed writer
 ANCHOR = 4096  # bytes of a log CRC-checked at its start and before the checkpointed offset
 HEADER = struct.Struct("<8sIIQ")
 COUNTS = struct.Struct("<IQQQQ")
+COUNTS_IMAGE = struct.Struct("<IQQQQQQQ")
+IMAGE_ALIGN = mmap.ALLOCATIONGRANULARITY  # an image's offset: mappable
 WRITER = struct.Struct("<IIQQQII")
 ENTRY = struct.Struct("<IIIQQQ")
 DELETED = struct.Struct("<IIIQ")
@@ -86,15 +105,36 @@ class LogMark:
 
 
 @dataclasses.dataclass
+class ImageRef:
+    """A version-3 checkpoint's page table image, its hash checked: ``length`` bytes at
+    ``offset`` of the file open on ``fd`` (kept open for the caller to map, then
+    :meth:`close`), holding ``pages`` pages."""
+
+    fd: int
+    offset: int
+    length: int
+    pages: int
+
+    def close(self) -> None:
+        """Close the file (a mapping made from it stays)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+@dataclasses.dataclass
 class IndexState:
     """The log-derived state of an index: its pages (``digests``: 16 bytes each,
     concatenated; ``values``: the six fields of each page's entry, flat, same order: a
-    :meth:`~hicache_l3.slab.table.PageTable.export`), deleted marks, and each log's mark."""
+    :meth:`~hicache_l3.slab.table.PageTable.export`) -- or, read from a version-3 file,
+    ``image`` instead (the digests and values are then empty) --, deleted marks, and each
+    log's mark."""
 
     digests: bytes
     values: array.array[int]
     deleted: dict[tuple[int, int, int], int]
     marks: list[LogMark]
+    image: ImageRef | None = None
 
 
 def log_crcs(fd: int, offset: int) -> tuple[int, int]:
@@ -119,82 +159,174 @@ def no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def encode(state: IndexState) -> bytes | None:
-    """The checkpoint file's bytes for ``state``; None when a foreign DEL's key holds a
+def _marks_sections(state: IndexState) -> tuple[bytes, bytes, int] | None:
+    """The writers section, and the foreign DELs, deleted marks and keys sections joined,
+    of ``state``'s body, and the keys' byte count; None when a foreign DEL's key holds a
     NUL character (this format separates keys with NUL)."""
     foreign = [fd for mark in state.marks for fd in mark.foreign_dels]
-    n_pages = len(state.digests) // 16
-    if len(state.digests) != 16 * n_pages or len(state.values) != 6 * n_pages:
-        raise ValueError(f"{len(state.digests)} digest bytes for {len(state.values)} entry values")
     with no_gc():
         keys = "\0".join([k for k, _ in foreign])
         if keys.count("\0") != max(0, len(foreign) - 1):
             return None
         key_bytes = keys.encode()
-        values = state.values
-        if sys.byteorder != "little":
-            values = array.array("Q", values)
-            values.byteswap()
-        parts = [COUNTS.pack(len(state.marks), n_pages, len(state.deleted),
-                             len(foreign), len(key_bytes))]
-        parts += [WRITER.pack(m.writer, len(m.foreign_dels), m.ino, m.offset, m.max_gen,
-                              m.head, m.anchor) for m in state.marks]
-        parts += [state.digests, values.tobytes()]
+        writers = b"".join([WRITER.pack(m.writer, len(m.foreign_dels), m.ino, m.offset, m.max_gen,
+                                        m.head, m.anchor) for m in state.marks])
         pack = ENTRY.pack
-        parts += [pack(*e) for _, e in foreign]
+        parts = [pack(*e) for _, e in foreign]
         pack = DELETED.pack
         parts += [pack(*where, gen) for where, gen in state.deleted.items()]
         parts.append(key_bytes)
-        body = b"".join(parts)
+    return writers, b"".join(parts), len(key_bytes)
+
+
+def _foreign_count(state: IndexState) -> int:
+    return sum(len(mark.foreign_dels) for mark in state.marks)
+
+
+def encode(state: IndexState) -> bytes | None:
+    """The version-2 checkpoint file's bytes for ``state`` (its pages as digests and
+    entries); None when a foreign DEL's key holds a NUL character."""
+    n_pages = len(state.digests) // 16
+    if len(state.digests) != 16 * n_pages or len(state.values) != 6 * n_pages:
+        raise ValueError(f"{len(state.digests)} digest bytes for {len(state.values)} entry values")
+    sections = _marks_sections(state)
+    if sections is None:
+        return None
+    writers, rest, n_key_bytes = sections
+    values = state.values
+    if sys.byteorder != "little":
+        values = array.array("Q", values)
+        values.byteswap()
+    body = b"".join([COUNTS.pack(len(state.marks), n_pages, len(state.deleted), _foreign_count(state),
+                                 n_key_bytes), writers, state.digests, values.tobytes(), rest])
+    return HEADER.pack(MAGIC, VERSION_PAGES, zlib.crc32(body), len(body)) + body
+
+
+def _encode_image_body(state: IndexState, sections: tuple[bytes, bytes, int], offset: int,
+                       length: int, digest: int, pages: int) -> bytes:
+    """A version-3 file's header and body for ``state``, its image described as given."""
+    writers, rest, n_key_bytes = sections
+    body = b"".join([COUNTS_IMAGE.pack(len(state.marks), len(state.deleted), _foreign_count(state),
+                                       n_key_bytes, offset, length, digest, pages), writers, rest])
     return HEADER.pack(MAGIC, VERSION, zlib.crc32(body), len(body)) + body
+
+
+def image_hash(fd: int, offset: int, length: int) -> int:
+    """XXH3-64 of ``length`` bytes at ``offset`` (a multiple of :data:`IMAGE_ALIGN`) of the
+    file open on ``fd``, read through a mapping (no copy)."""
+    with mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ, offset=offset) as view:
+        return xxhash.xxh3_64_intdigest(view)
 
 
 class CheckpointError(ValueError):
     """A checkpoint file that cannot be used (torn, damaged, another version)."""
 
 
-def decode(data: bytes | memoryview) -> IndexState:
-    """The state a checkpoint file holds; :class:`CheckpointError` when it is not whole."""
+def _header(data: bytes | memoryview) -> tuple[int, int, int]:
+    """(version, CRC, body length) of a checkpoint's first bytes; :class:`CheckpointError`."""
     if len(data) < HEADER.size:
         raise CheckpointError("shorter than its header")
     magic, version, crc, length = HEADER.unpack_from(data)
     if magic != MAGIC:
         raise CheckpointError("bad magic")
-    if version != VERSION:
-        raise CheckpointError(f"format version {version}, this code reads {VERSION}")
-    body = memoryview(data)[HEADER.size:]
+    if version not in (VERSION, VERSION_PAGES):
+        raise CheckpointError(f"format version {version}, this code reads {VERSION_PAGES} and {VERSION}")
+    return version, crc, length
+
+
+def _checked_body(data: bytes | memoryview, crc: int, length: int) -> memoryview:
+    body = memoryview(data)[HEADER.size : HEADER.size + length]
     if len(body) != length:
         raise CheckpointError(f"{len(body)} body bytes, the header says {length} (torn)")
     if zlib.crc32(body) != crc:
         raise CheckpointError("CRC mismatch (damaged)")
+    return body
+
+
+def decode(data: bytes | memoryview) -> IndexState:
+    """The state a whole checkpoint file's bytes hold, its pages as digests and entries
+    whatever the version (a version-3 image is loaded into a C table and exported: for
+    tests and tools; :func:`read` maps it instead); :class:`CheckpointError` when it is
+    not whole."""
+    version, crc, length = _header(data)
+    body = _checked_body(data, crc, length)
+    if version == VERSION_PAGES:
+        if HEADER.size + length != len(data):
+            raise CheckpointError(f"{len(data) - HEADER.size} body bytes, the header says {length} (torn)")
+        try:
+            return _decode_body(body)
+        except (struct.error, UnicodeDecodeError, ValueError) as exc:
+            raise CheckpointError(f"inconsistent body: {exc}") from None
+    state, (offset, image_len, digest, _) = _decode_image_state(body)
+    image = memoryview(data)[offset : offset + image_len]
+    if len(image) != image_len or offset + image_len != len(data):
+        raise CheckpointError("the image is not whole (torn)")
+    if xxhash.xxh3_64_intdigest(image) != digest:
+        raise CheckpointError("image hash mismatch (damaged)")
+    fd = os.memfd_create("hl3-image")
     try:
-        return _decode_body(body)
+        os.write(fd, image)
+        from hicache_l3.slab.table import native_library, NativePageTable
+
+        lib = native_library()
+        if lib is None:
+            raise CheckpointError("a version-3 checkpoint needs the C page table")
+        table = NativePageTable(lib)
+        try:
+            table.attach(fd, 0, image_len)
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from None
+        state.digests, state.values = table.export()
+    finally:
+        os.close(fd)
+    return state
+
+
+def _decode_image_state(body: memoryview) -> tuple[IndexState, tuple[int, int, int, int]]:
+    """A version-3 body's state (no pages) and its image's (offset, bytes, hash, pages)."""
+    try:
+        (n_writers, n_deleted, n_foreign, n_key_bytes, offset, length, digest,
+         pages) = COUNTS_IMAGE.unpack_from(body)
+        state = _decode_marks(body, COUNTS_IMAGE.size, n_writers, n_foreign, n_deleted, n_key_bytes)
     except (struct.error, UnicodeDecodeError, ValueError) as exc:
         raise CheckpointError(f"inconsistent body: {exc}") from None
+    if offset % IMAGE_ALIGN or offset < HEADER.size + len(body):
+        raise CheckpointError(f"inconsistent body: image offset {offset}")
+    return state, (offset, length, digest, pages)
 
 
 def _decode_body(body: memoryview) -> IndexState:
     n_writers, n_entries, n_deleted, n_foreign, n_key_bytes = COUNTS.unpack_from(body)
     pos = COUNTS.size
-    sizes = (n_writers * WRITER.size, n_entries * 16, n_entries * 48, n_foreign * ENTRY.size,
-             n_deleted * DELETED.size, n_key_bytes)
+    sizes = (n_writers * WRITER.size, n_entries * 16, n_entries * 48)
+    if pos + sum(sizes) > len(body):
+        raise ValueError("section sizes do not add up to the body")
+    digests = bytes(body[pos + sizes[0] : pos + sizes[0] + sizes[1]])
+    values = array.array("Q")
+    values.frombytes(body[pos + sizes[0] + sizes[1] : pos + sum(sizes)])
+    if sys.byteorder != "little":
+        values.byteswap()
+    rest = bytes(body[pos : pos + sizes[0]]) + bytes(body[pos + sum(sizes):])
+    state = _decode_marks(memoryview(rest), 0, n_writers, n_foreign, n_deleted, n_key_bytes)
+    state.digests, state.values = digests, values
+    return state
+
+
+def _decode_marks(body: memoryview, pos: int, n_writers: int, n_foreign: int, n_deleted: int,
+                  n_key_bytes: int) -> IndexState:
+    """The writers, foreign DELs, deleted marks and keys sections from ``pos`` to the end
+    of ``body`` as a state without pages."""
+    sizes = (n_writers * WRITER.size, n_foreign * ENTRY.size, n_deleted * DELETED.size, n_key_bytes)
     if pos + sum(sizes) != len(body):
         raise ValueError("section sizes do not add up to the body")
     writers = list(WRITER.iter_unpack(body[pos : pos + sizes[0]]))
     pos += sizes[0]
-    digests = bytes(body[pos : pos + sizes[1]])
-    pos += sizes[1]
-    values = array.array("Q")
-    values.frombytes(body[pos : pos + sizes[2]])
-    if sys.byteorder != "little":
-        values.byteswap()
-    pos += sizes[2]
     with no_gc():
-        foreign = list(map(_make_entry, ENTRY.iter_unpack(body[pos : pos + sizes[3]])))
-        pos += sizes[3]
+        foreign = list(map(_make_entry, ENTRY.iter_unpack(body[pos : pos + sizes[1]])))
+        pos += sizes[1]
         deleted = {(w, slab, slot): gen for w, slab, slot, gen in
-                   DELETED.iter_unpack(body[pos : pos + sizes[4]])}
-        pos += sizes[4]
+                   DELETED.iter_unpack(body[pos : pos + sizes[2]])}
+        pos += sizes[2]
         keys = str(body[pos:], "utf-8").split("\0") if n_foreign else []
         if len(keys) != n_foreign:
             raise ValueError(f"{len(keys)} keys for {n_foreign} foreign DELs")
@@ -205,7 +337,7 @@ def _decode_body(body: memoryview) -> IndexState:
         dels = list(zip(keys[at : at + n_dels], foreign[at : at + n_dels]))
         at += n_dels
         marks.append(LogMark(writer, ino, offset, max_gen, head, anchor, dels))
-    return IndexState(digests, values, deleted, marks)
+    return IndexState(b"", array.array("Q"), deleted, marks)
 
 
 def _remove_stale_temporaries(directory: Path) -> None:
@@ -220,20 +352,33 @@ def _remove_stale_temporaries(directory: Path) -> None:
                         os.unlink(directory / name)
 
 
-def write(directory: Path, state: IndexState) -> bool:
+def write(directory: Path, state: IndexState, expect: int | None = None) -> bool:
     """Replace ``directory``'s checkpoint with ``state`` atomically (private temporary
-    file, synced, renamed); False when ``state`` cannot be encoded (see :func:`encode`)."""
-    data = encode(state)
-    if data is None:
+    file, synced, renamed): version 3 where the C table is built (its image sized as a
+    table expecting ``expect`` pages at most), else version 2; False when ``state``
+    cannot be encoded (see :func:`encode`)."""
+    sections = _marks_sections(state)
+    if sections is None:
         log.info("%s: a deleted key holds a NUL character: no index checkpoint written", directory)
         return False
+    image = build_image(state.digests, state.values, expect)  # (without the GIL)
+    data = encode(state) if image is None else None
     _remove_stale_temporaries(directory)
     tmp = directory / f".{CHECKPOINT_FILE}.{os.getpid()}.{threading.get_ident()}.tmp"
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()  # a leftover of a crashed process that had our pid and thread id
-    fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    fd = open_file(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL)
     try:
-        write_synced(fd, data)
+        if image is None:
+            assert data is not None
+            write_synced(fd, data)
+        else:
+            head = _encode_image_body(state, sections, 0, image.nbytes, 0, image.pages)
+            offset = -(-len(head) // IMAGE_ALIGN) * IMAGE_ALIGN
+            image.write(fd, offset)
+            head = _encode_image_body(state, sections, offset, image.nbytes,
+                                      image_hash(fd, offset, image.nbytes), image.pages)
+            write_synced(fd, head)  # (at offset 0: nothing was written through the offset)
     except BaseException:
         os.close(fd)
         with contextlib.suppress(OSError):
@@ -255,23 +400,37 @@ def read(directory: Path) -> IndexState | None:
     except OSError as exc:  # ELOOP: a symlink planted there
         log.warning("%s: cannot open (%s): ignored, the logs are replayed", path, exc.strerror)
         return None
+    keep = False
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             log.warning("%s is not a regular file: ignored, the logs are replayed", path)
             return None
-        buf = bytearray(st.st_size)  # read in place: no second copy of a big file
-        view, got = memoryview(buf), 0
-        while got < len(buf):
-            n = os.readv(fd, [view[got:]])
-            if n == 0:
-                break  # shrank meanwhile: decode reports it torn
-            got += n
-        data = view[:got]
-    finally:
-        os.close(fd)
-    try:
-        return decode(data)
+        version, crc, length = _header(os.pread(fd, HEADER.size, 0))
+        if version == VERSION:  # the body, then the image's hash through a mapping
+            data = os.pread(fd, HEADER.size + length, 0)
+            state, (offset, image_len, digest, pages) = _decode_image_state(_checked_body(data, crc, length))
+            if offset + image_len != st.st_size:
+                raise CheckpointError(f"{st.st_size} bytes, the image ends at {offset + image_len} (torn)")
+            if image_hash(fd, offset, image_len) != digest:
+                raise CheckpointError("image hash mismatch (damaged)")
+            state.image, keep = ImageRef(fd, offset, image_len, pages), True
+            return state
+        return decode(_read_all(fd, st.st_size))
     except CheckpointError as exc:
         log.warning("%s: %s: ignored, the logs are replayed", path, exc)
         return None
+    finally:
+        if not keep:
+            os.close(fd)
+
+
+def _read_all(fd: int, size: int) -> memoryview:
+    buf = bytearray(size)  # read in place: no second copy of a big file
+    view, got = memoryview(buf), 0
+    while got < len(buf):
+        n = os.readv(fd, [view[got:]])
+        if n == 0:
+            break  # shrank meanwhile: decode reports it torn
+        got += n
+    return view[:got]

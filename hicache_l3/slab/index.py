@@ -11,6 +11,13 @@ page. Logs are read in any order: a DEL read before the PUT it removes still win
 Opening. The first refresh loads the namespace's checkpoint (:mod:`hicache_l3.slab.checkpoint`)
 when there is a usable one and then reads each log only from the offset the checkpoint
 recorded for it, so opening costs the checkpoint's load plus the records written since.
+With the C table the checkpoint's pages are a table image that the table maps read-only
+and shared as its base (one copy per node in the page cache, whatever the number of
+processes): this process's own arrays (the delta) then hold only what changed since.
+When the delta grows past a :data:`CHECKPOINT_FRACTION` of the pages and a newer
+checkpoint exists (this process's or another's), the table is rebased onto it
+(:meth:`~hicache_l3.slab.table.NativePageTable.rebase`: the pages do not change, only
+where they are held), so that the private part stays small.
 
 What the index relies on from the filesystem: ``stat``/``fstat`` sizes and directory
 mtime that reflect other local processes' writes (multi-node use rescans instead: see
@@ -24,6 +31,7 @@ import functools
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from itertools import chain, repeat
 from operator import itemgetter
@@ -38,10 +46,12 @@ from hicache_l3.slab.plan import GetPlan, plan_get
 from hicache_l3.slab.table import (
     DIGEST_BYTES,
     DIGEST_SEED,
+    NativePageTable,
     PageTable,
     digest,
     digests,
     live_put_spans,
+    native_library,
     new_table,
     split_snapshot,
     xxh3_128,
@@ -52,7 +62,8 @@ _new_located = functools.partial(tuple.__new__, Located)  # no Python-level __ne
 _WHERE = itemgetter(0, 1, 2)  # an entry's slot: (writer, slab, slot)
 MAX_DROPPED = 1 << 16
 CHECKPOINT_MIN_RECORDS = 1 << 16  # records applied since the last checkpoint before a new one
-CHECKPOINT_FRACTION = 4  # ... and at least 1/this of the indexed pages
+CHECKPOINT_FRACTION = 16  # ... and at least 1/this of the indexed pages (the delta's bound)
+REBASE_CHECK_S = 1.0  # a big delta looks for a newer checkpoint at most this often
 
 
 class Evicted(NamedTuple):
@@ -132,6 +143,10 @@ class SlabIndex:
         self.replayed = 0  # log records this process read from logs (not its own appends)
         self.checkpoint_pages = -1  # pages the loaded checkpoint held (-1: none loaded)
         self._saver: threading.Thread | None = None  # a background checkpoint write
+        self.base_id: tuple[int, int] | None = None  # (inode, mtime) of the checkpoint mapped as base
+        self.rebases = 0
+        self._rebase_checked = 0.0
+        self._rebase_due = False  # a background checkpoint write finished: rebase on it
 
     # ---- unlogged pages -------------------------------------------------------------------
     @property
@@ -228,6 +243,8 @@ class SlabIndex:
                 st = os.fstat(tail.fd)
             if st.st_size > tail.offset:
                 self.read_tail(writer, tail, st.st_size)
+        if self._rebase_due or self.delta_big():
+            self.rebase_on_newer(force=self._rebase_due)
 
     def _scan_writers(self) -> None:
         for name in os.listdir(self.writers_dir):
@@ -557,16 +574,15 @@ class SlabIndex:
         if state is None:
             return
         table = new_table(self.capacity)
-        n = len(state.digests) // DIGEST_BYTES
         try:
-            table.reserve(n)  # sized for its pages at once (load 0.8), not by 1.5x steps
-            table.load(state.digests, state.values)
-        except ValueError as exc:
+            n = self._load_pages(table, state)
+        except (ValueError, MemoryError) as exc:
             log.warning("%s: index checkpoint ignored, the logs are replayed (%s)", self.directory, exc)
             return
         if len(table) != n:  # two pages of one key or of one slot: not a replay's state
             log.warning("%s: index checkpoint ignored, the logs are replayed (%d of its %d pages "
                         "collide)", self.directory, n - len(table), n)
+            self.base_id = None
             return
         self.table = table
         self.deleted = state.deleted
@@ -593,6 +609,75 @@ class SlabIndex:
         if stale:
             self.forget_writer(*stale)
         self.applied = 0
+
+    def _load_pages(self, table: PageTable, state: checkpoint.IndexState) -> int:
+        """Put a checkpoint's pages in the empty ``table``: its image mapped as the base
+        (version 3, C table), or its pages loaded; how many pages the checkpoint holds.
+        ValueError / MemoryError when they do not load."""
+        image = state.image
+        if image is None:
+            n = len(state.digests) // DIGEST_BYTES
+            table.reserve(n)  # sized for its pages at once (load 0.8), not by 1.5x steps
+            table.load(state.digests, state.values)
+            return n
+        try:
+            if isinstance(table, NativePageTable):
+                table.attach(image.fd, image.offset, image.length)
+                self.base_id = _file_id(image.fd)
+                return image.pages
+            lib = native_library()  # a dict table (the reference): the image's pages loaded
+            if lib is None:
+                raise ValueError("a version-3 checkpoint needs the C page table")
+            mapped = NativePageTable(lib)
+            mapped.attach(image.fd, image.offset, image.length)
+            table.reserve(image.pages)
+            table.load(*mapped.export())
+            return image.pages
+        finally:
+            image.close()
+
+    # ---- the shared base -----------------------------------------------------------------
+    def delta_big(self) -> bool:
+        """The table's private delta holds more than a :data:`CHECKPOINT_FRACTION` of the
+        pages (and at least :data:`CHECKPOINT_MIN_RECORDS`): worth a rebase."""
+        table = self.table
+        return (isinstance(table, NativePageTable)
+                and table.delta_len >= max(CHECKPOINT_MIN_RECORDS, len(table) // CHECKPOINT_FRACTION))
+
+    def rebase_on_newer(self, force: bool = False) -> bool:
+        """Rebase the table onto the namespace's checkpoint when it is another than the
+        mapped base (looked for at most every :data:`REBASE_CHECK_S` unless ``force``):
+        the pages stay exactly as they are, the delta keeps only what differs from it.
+        A rebase onto a newer checkpoint also counts as a checkpoint written (no process
+        writes one right after another's). Caller holds ``lock``. Whether it rebased."""
+        now = time.monotonic()
+        if not force and now - self._rebase_checked < REBASE_CHECK_S:
+            return False
+        self._rebase_checked, self._rebase_due = now, False
+        table = self.table
+        if not isinstance(table, NativePageTable):
+            return False
+        try:
+            st = os.stat(self.directory / checkpoint.CHECKPOINT_FILE, follow_symlinks=False)
+        except OSError:
+            return False
+        if (st.st_ino, st.st_mtime_ns) == self.base_id:
+            return False
+        state = checkpoint.read(self.directory)
+        if state is None or state.image is None:
+            return False
+        image = state.image
+        try:
+            table.rebase(image.fd, image.offset, image.length)
+            self.base_id = _file_id(image.fd)
+        except (ValueError, MemoryError) as exc:
+            log.warning("%s: index not rebased on its checkpoint (%s)", self.directory, exc)
+            return False
+        finally:
+            image.close()
+        self.rebases += 1
+        self.applied = 0
+        return True
 
     def state(self, copy: bool = False) -> checkpoint.IndexState:
         """The log-derived state of this index now (see the class docstring), what a
@@ -623,11 +708,13 @@ class SlabIndex:
         ``lock``."""
         self.wait_checkpoint()
         try:
-            written = checkpoint.write(self.directory, self.state())
+            written = checkpoint.write(self.directory, self.state(), self.capacity)
         except OSError as exc:
             log.warning("%s: index checkpoint not written (%s)", self.directory, exc)
             return False
         self.applied = 0
+        if written:
+            self.rebase_on_newer(force=True)
         return written
 
     def save_checkpoint_later(self) -> None:
@@ -645,15 +732,23 @@ class SlabIndex:
 
     def _write_state(self, state: checkpoint.IndexState) -> None:
         try:
-            checkpoint.write(self.directory, state)
+            written = checkpoint.write(self.directory, state, self.capacity)
         except OSError as exc:
             log.warning("%s: index checkpoint not written (%s)", self.directory, exc)
+            return
+        if written:  # the next refresh rebases on it (not here: a waiter may hold the lock)
+            self._rebase_due = True
 
     def wait_checkpoint(self, timeout: float | None = None) -> None:
         """Wait for a background checkpoint write to finish (at most ``timeout`` s)."""
         saver = self._saver
         if saver is not None:
             saver.join(timeout)
+
+
+def _file_id(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_ino, st.st_mtime_ns
 
 
 def _with_unlogged(table: PageTable, ds: bytes, values: array.array[int],

@@ -41,6 +41,7 @@ import contextlib
 import ctypes
 import functools
 import itertools
+import os
 import struct
 import sys
 from collections.abc import Sequence
@@ -300,7 +301,7 @@ class DictPageTable:
 
 
 _vp, _sz, _i64, _u64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64, ctypes.c_uint64
-_NOMEM, _BADVALUE = -1, -2
+_NOMEM, _BADVALUE, _BADIMAGE = -1, -2, -3
 _ZERO6 = bytes(48)
 
 
@@ -346,6 +347,24 @@ class _Library:
             plan.argtypes = [_vp, _sz, ctypes.c_char_p, _sz, _u64, _vp, _vp, ctypes.c_int,
                              *([_vp] * 10)]
         self.plan_get = plan
+        # the two layers (a checkpoint's image as a shared read-only base)
+        self.delta_len = fn("hl3_pt_delta_len", _sz, _vp)
+        self.shared_nbytes = fn("hl3_pt_shared_nbytes", _sz, _vp)
+        self.attach = fn("hl3_pt_attach", ctypes.c_int, _vp, ctypes.c_int, _u64, _u64)
+        self.rebase = fn("hl3_pt_rebase", ctypes.c_int, _vp, ctypes.c_int, _u64, _u64)
+        self.image_bytes = fn("hl3_pt_image_bytes", _sz, _vp)
+        # building and writing an image (checkpoint.py, on its own thread, of a table no
+        # other thread sees): the same calls without the GIL
+        free = ctypes.CDLL(path)
+
+        def nogil(name: str, restype: object, *argtypes: object) -> ctypes._NamedFuncPointer:
+            f = getattr(free, name)
+            f.restype, f.argtypes = restype, list(argtypes)
+            return f
+
+        self.build_put_many = nogil("hl3_pt_put_many", ctypes.c_int, _vp, _sz, ctypes.c_char_p, _vp)
+        self.build_reserve = nogil("hl3_pt_reserve", ctypes.c_int, _vp, _u64)
+        self.write_image = nogil("hl3_pt_write_image", ctypes.c_int, _vp, ctypes.c_int, _u64)
         from hicache_l3.common.integrity import xxh3_function
 
         self.seeded128 = ctypes.cast(xxh3_function("seeded128"), ctypes.c_void_p).value
@@ -354,6 +373,8 @@ class _Library:
 def _raise(code: int) -> None:
     if code == _NOMEM:
         raise MemoryError("page table: out of memory")
+    if code == _BADIMAGE:
+        raise ValueError("page table image: not whole, or not one this code writes")
     if code == _BADVALUE:
         raise ValueError(f"page table: an entry is out of range ({_LIMITS}, at most "
                          f"{MAX_LENGTHS} distinct lengths)")
@@ -401,6 +422,32 @@ class NativePageTable:
     def check(self) -> int:
         """``hl3_pt_check``: 0 when the table's invariants hold (for tests), else which failed."""
         return int(self._lib.check(self._t))
+
+    @property
+    def delta_len(self) -> int:
+        """Pages held in this process's own arrays (all of them without a base)."""
+        return int(self._lib.delta_len(self._t))
+
+    @property
+    def shared_nbytes(self) -> int:
+        """Bytes of the base's shared read-only file mapping (0: no base)."""
+        return int(self._lib.shared_nbytes(self._t))
+
+    def attach(self, fd: int, offset: int, length: int) -> None:
+        """This empty table's pages become those of the image of ``length`` bytes at
+        ``offset`` (a multiple of 8) of the file open on ``fd`` (``hl3_pt_attach``): a
+        read-only shared mapping, kept while the table lives (``fd`` may be closed).
+        :class:`ValueError` when the image is not whole or the table not empty,
+        :class:`MemoryError`; the table is unchanged then."""
+        if len(self):
+            raise ValueError("page table: attach needs an empty table")
+        _raise(self._lib.attach(self._t, fd, offset, length))
+
+    def rebase(self, fd: int, offset: int, length: int) -> None:
+        """Move this table's pages onto the image at ``offset`` of ``fd`` as their base,
+        without changing them (``hl3_pt_rebase``): only what differs from the image stays
+        private. :class:`ValueError` (not an image), :class:`MemoryError`; unchanged then."""
+        _raise(self._lib.rebase(self._t, fd, offset, length))
 
     def get(self, d: bytes) -> Entry | None:
         out = array.array("Q", _ZERO6)
@@ -559,6 +606,43 @@ class NativePageTable:
             raise ValueError(f"page table snapshot: {len(ds)} digest bytes for {len(values)} values")
         if ds:
             self._load(ds, values)
+
+
+class TableImage:
+    """A table built from a snapshot for its image (a checkpoint's page section), built
+    and written without the GIL: :attr:`nbytes`, then :meth:`write`. Only the thread that
+    made it may use it."""
+
+    def __init__(self, lib: _Library, ds: bytes, values: array.array[int], expect: int | None) -> None:
+        n = len(ds) // DIGEST_BYTES
+        if len(ds) != n * DIGEST_BYTES or len(values) != 6 * n:
+            raise ValueError(f"page table snapshot: {len(ds)} digest bytes for {len(values)} values")
+        self._table = NativePageTable(lib)
+        if expect:
+            with contextlib.suppress(ValueError):
+                self._table.expect(expect)
+        t = self._table._t
+        _raise(lib.build_reserve(t, n))
+        if n:
+            _raise(lib.build_put_many(t, n, ds, values.buffer_info()[0]))
+        self.pages = len(self._table)
+        self.nbytes = int(lib.image_bytes(t))
+        self._lib = lib
+
+    def write(self, fd: int, offset: int) -> None:
+        """Write the image at ``offset`` (a multiple of 8) of ``fd``; :class:`OSError`."""
+        code = self._lib.write_image(self._table._t, fd, offset)
+        if code:
+            raise OSError(code, os.strerror(code))
+
+
+def build_image(ds: bytes, values: array.array[int], expect: int | None = None) -> TableImage | None:
+    """The :class:`TableImage` of an :meth:`~PageTable.export`-shaped snapshot (expecting
+    ``expect`` pages at most, as the live table does), or None without the C table."""
+    lib = native_library()
+    if lib is None or sys.byteorder != "little":
+        return None
+    return TableImage(lib, ds, values, expect)
 
 
 def _take_at(table: PageTable, wheres: Sequence[Where]) -> tuple[bytes, array.array[int]]:
