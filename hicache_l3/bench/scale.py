@@ -59,11 +59,12 @@ BATCH = 128  # pages per timed batch call (SGLang's prefetch batch)
 FILL_BATCH = 4096  # pages per batch call while filling
 MAX_SAMPLE = 16384  # keys per timed measure, at most
 OPENS = 3  # fresh processes that open each store
+PROCS_PER_NODE = 8  # processes sharing one namespace on a node, for index_node_bytes_per_page
 LOG_SLACK = 2 * RECORD.size + 64  # disk per page for its index log record(s), generously
-MEASURES = ("index_rss_bytes_per_page", "index_shared_bytes_per_page", "open_s",
-            "open_full_replay_s", "exists_keys_per_s", "get_pages_per_s", "get_warm_pages_per_s",
+MEASURES = ("index_rss_bytes_per_page", "index_shared_bytes_per_page", "index_node_bytes_per_page",
+            "open_s", "open_full_replay_s", "exists_keys_per_s", "get_pages_per_s", "get_warm_pages_per_s",
             "set_pages_per_s", "evict_set_pages_per_s")
-INDEX_ONLY_MEASURES = MEASURES[:5]  # --scale-index-only: no page bytes to get or set
+INDEX_ONLY_MEASURES = MEASURES[:6]  # --scale-index-only: no page bytes to get or set
 
 
 def parse_counts(text: str) -> list[int]:
@@ -216,8 +217,12 @@ def _probe_all(row: dict[str, Any], store: Path, page_bytes: int, settings: dict
     n = row["pages"]
     probes = [_probe(store, page_bytes, settings, last_key) for _ in range(OPENS)]
     row["open_s"] = statistics.median(p["open_s"] for p in probes)
-    row["index_rss_bytes_per_page"] = statistics.median(p["rss_bytes"] for p in probes) / n
+    row["index_rss_bytes_per_page"] = statistics.median(p["private_bytes"] for p in probes) / n
     row["index_shared_bytes_per_page"] = statistics.median(p["shared_bytes"] for p in probes) / n
+    row["index_resident_bytes_per_page"] = statistics.median(p["rss_bytes"] for p in probes) / n
+    # a node where PROCS_PER_NODE processes share the namespace: the image once, the rest each
+    row["index_node_bytes_per_page"] = (row["index_shared_bytes_per_page"]
+                                        + PROCS_PER_NODE * row["index_rss_bytes_per_page"])
     row["open_s_all"] = [p["open_s"] for p in probes]
     # how the opens built their index: pages loaded from the checkpoint (-1: none),
     # and log records replayed (the tail written since the checkpoint)
@@ -337,8 +342,10 @@ def probe_main(argv: list[str]) -> int:
 
     Opens a throw-away store first (so that code, libraries and threads the open needs are
     loaded before measuring), then measures opening ``STORE`` and answering whether KEY
-    exists (it must); prints ``{"open_s", "rss_bytes", "shared_bytes", "checkpoint_pages",
-    "replayed_records"}`` as one JSON line. With ``replay`` the index checkpoint is not
+    exists (it must); prints ``{"open_s", "rss_bytes", "private_bytes", "shared_bytes",
+    "checkpoint_pages", "replayed_records"}`` as one JSON line: resident bytes the open
+    added, of them those not shared with other processes (the checkpoint's mapped table
+    image is shared), and bytes of shared mappings it added. With ``replay`` the index checkpoint is not
     read (this process replays every log from its start, as without one).
     """
     import gc
@@ -353,18 +360,19 @@ def probe_main(argv: list[str]) -> int:
             contextlib.closing(open_connector("file", namespace, {**settings, "root": warm})) as conn:
         conn.batch_exists([argv[3]])
     gc.collect()
-    rss0, shared_maps0 = _statm()[0], _shared_mappings()
+    (rss0, resident_shared0), shared_maps0 = _statm(), _shared_mappings()
     started = time.perf_counter()
     conn = open_connector("file", namespace, {**settings, "root": str(store)})
     found = conn.batch_exists([argv[3]])
     open_s = time.perf_counter() - started
-    rss1, shared_maps1 = _statm()[0], _shared_mappings()
+    (rss1, resident_shared1), shared_maps1 = _statm(), _shared_mappings()
     engine = conn.stats()["engine"]
     conn.close()
     if found != [True]:
         print(f"key {argv[3]} not found after opening {store}", file=sys.stderr)
         return 1
     print(json.dumps({"open_s": open_s, "rss_bytes": rss1 - rss0,
+                      "private_bytes": (rss1 - resident_shared1) - (rss0 - resident_shared0),
                       "shared_bytes": shared_maps1 - shared_maps0,
                       "checkpoint_pages": engine.get("index_checkpoint_pages", -1),
                       "replayed_records": engine.get("index_replayed_records", -1)}))
@@ -374,7 +382,8 @@ def probe_main(argv: list[str]) -> int:
 def format_rows(rows: list[dict[str, Any]]) -> str:
     """A fixed-width text table of sweep rows."""
     cols = [("pages", "{:,}"), ("index_rss_bytes_per_page", "{:.1f}"),
-            ("index_shared_bytes_per_page", "{:.1f}"), ("open_s", "{:.3f}"),
+            ("index_shared_bytes_per_page", "{:.1f}"), ("index_node_bytes_per_page", "{:.1f}"),
+            ("open_s", "{:.3f}"),
             ("open_replayed_records", "{:,.0f}"), ("open_full_replay_s", "{:.3f}"),
             ("exists_keys_per_s", "{:,.0f}"), ("get_pages_per_s", "{:,.0f}"),
             ("get_warm_pages_per_s", "{:,.0f}"), ("set_pages_per_s", "{:,.0f}"),

@@ -86,7 +86,20 @@ struct hl3_table { /* this process's handle: where the four areas are mapped */
     uint64_t ndead;
     void *map;        /* a base's own handle: its file mapping */
     size_t map_len;
+    struct hl3_journal *journal; /* every put and pop, recorded while not NULL (hl3_pt_journal_start) */
 };
+
+/* A record of the changes made to a table since a snapshot of it, replayed later onto
+ * another table that holds that snapshot (hl3_pt_journal_replay): what lets a table move
+ * onto a checkpoint built off the lock, holding the lock only for the changes since. */
+typedef struct hl3_journal {
+    uint64_t *records; /* per change: kind (1 put, 2 pop), digest (2 words), 6 values */
+    size_t n, cap;     /* records, and room for them */
+    int failed;        /* a record could not be kept: the journal cannot be replayed */
+} hl3_journal;
+
+#define HL3_JOURNAL_WORDS 9
+#define HL3_PT_NOJOURNAL (-4) /* no journal, or one that lost a record */
 
 _Static_assert(sizeof(hl3_page) == 40, "page bucket layout");
 
@@ -306,10 +319,20 @@ static size_t dead_bytes(uint64_t cap) { return (cap + 63) / 64 * sizeof(uint64_
 
 static void free_base(hl3_table *b);
 
+void hl3_pt_journal_stop(hl3_table *t)
+{
+    if (t->journal != NULL) {
+        free(t->journal->records);
+        free(t->journal);
+        t->journal = NULL;
+    }
+}
+
 void hl3_pt_free(hl3_table *t)
 {
     if (t == NULL)
         return;
+    hl3_pt_journal_stop(t);
     if (t->base != NULL) {
         unmap(t->dead, dead_bytes(t->base->h->cap));
         free_base(t->base);
@@ -536,6 +559,39 @@ static inline void prefetch_page(const hl3_table *t, const uint8_t *digest)
         __builtin_prefetch(&t->base->pages[page_home(digest, t->base->h->cap)]);
 }
 
+/* ---- the journal ---------------------------------------------------------------------- */
+
+static void journal_add(hl3_table *t, uint64_t kind, const uint8_t *digest, const uint64_t *v)
+{
+    hl3_journal *j = t->journal;
+    if (j->failed)
+        return;
+    if (j->n == j->cap) {
+        size_t cap = j->cap ? 2 * j->cap : 1024;
+        uint64_t *r = realloc(j->records, cap * HL3_JOURNAL_WORDS * sizeof(uint64_t));
+        if (r == NULL) {
+            j->failed = 1;
+            return;
+        }
+        j->records = r;
+        j->cap = cap;
+    }
+    uint64_t *r = j->records + HL3_JOURNAL_WORDS * j->n++;
+    r[0] = kind;
+    memcpy(r + 1, digest, 16);
+    if (v != NULL)
+        memcpy(r + 3, v, 6 * sizeof(uint64_t));
+}
+
+/* Start recording every put and pop of ``t`` (a journal already there is kept): 0, or
+ * HL3_PT_NOMEM. */
+int hl3_pt_journal_start(hl3_table *t)
+{
+    if (t->journal == NULL && (t->journal = calloc(1, sizeof(hl3_journal))) == NULL)
+        return HL3_PT_NOMEM;
+    return 0;
+}
+
 /* ---- operations ----------------------------------------------------------------------- */
 
 /* Remove the page of ``digest`` and its inverse; 1 if there was one (its values in v). */
@@ -543,6 +599,8 @@ static int pop_one(hl3_table *t, const uint8_t *digest, uint64_t *v)
 {
     int found;
     size_t i = page_find(t, digest, &found);
+    if (t->journal != NULL && (found || t->base != NULL))
+        journal_add(t, 2, digest, NULL); /* (a pop of nothing replays as nothing) */
     if (found) {
         if (v != NULL)
             unpack(t->h, &t->pages[i], v);
@@ -565,6 +623,8 @@ static int pop_one(hl3_table *t, const uint8_t *digest, uint64_t *v)
 static void put_one(hl3_table *t, const uint8_t *digest, const uint64_t *v, uint64_t cls)
 {
     uint64_t location = pack_location(v[0], v[1], v[2]);
+    if (t->journal != NULL)
+        journal_add(t, 1, digest, v);
     kill_base_of(t, digest, location);
     int found;
     size_t j = inv_find(t, location, &found);
@@ -1302,6 +1362,31 @@ int hl3_pt_rebase(hl3_table *t, int fd, uint64_t offset, uint64_t bytes)
     hl3_table old = *t;
     *t = *n;
     *n = old;
+    t->journal = old.journal; /* (the journal records t's changes, wherever its pages are) */
+    n->journal = NULL;
     hl3_pt_free(n);
     return 0;
+}
+
+/* Apply the changes ``src`` recorded since its journal started, in order, to ``dst`` (a
+ * table holding what ``src`` held then), and stop ``src``'s journal: ``dst`` then holds
+ * what ``src`` holds. 0, or HL3_PT_NOJOURNAL (``src`` kept none, or lost a record:
+ * ``dst`` is unchanged), HL3_PT_NOMEM (``dst`` is partly changed: drop it). */
+int hl3_pt_journal_replay(hl3_table *dst, hl3_table *src)
+{
+    hl3_journal *j = src->journal;
+    if (j == NULL || j->failed) {
+        hl3_pt_journal_stop(src);
+        return HL3_PT_NOJOURNAL;
+    }
+    int rc = 0;
+    for (size_t k = 0; k < j->n && rc == 0; k++) {
+        const uint64_t *r = j->records + HL3_JOURNAL_WORDS * k;
+        if (r[0] == 1)
+            rc = hl3_pt_put_many(dst, 1, (const uint8_t *)(r + 1), r + 3);
+        else
+            pop_one(dst, (const uint8_t *)(r + 1), NULL);
+    }
+    hl3_pt_journal_stop(src);
+    return rc;
 }

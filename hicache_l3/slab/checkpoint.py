@@ -266,7 +266,7 @@ def decode(data: bytes | memoryview) -> IndexState:
     fd = os.memfd_create("hl3-image")
     try:
         os.write(fd, image)
-        from hicache_l3.slab.table import native_library, NativePageTable
+        from hicache_l3.slab.table import NativePageTable, native_library
 
         lib = native_library()
         if lib is None:
@@ -352,11 +352,14 @@ def _remove_stale_temporaries(directory: Path) -> None:
                         os.unlink(directory / name)
 
 
-def write(directory: Path, state: IndexState, expect: int | None = None) -> bool:
+def write(directory: Path, state: IndexState, expect: int | None = None,
+          written: list[ImageRef] | None = None) -> bool:
     """Replace ``directory``'s checkpoint with ``state`` atomically (private temporary
     file, synced, renamed): version 3 where the C table is built (its image sized as a
     table expecting ``expect`` pages at most), else version 2; False when ``state``
-    cannot be encoded (see :func:`encode`)."""
+    cannot be encoded (see :func:`encode`). With ``written``, the image of a version-3
+    file is appended to it, its file open (the caller closes it): exactly the file
+    written, whatever another process renames over it later."""
     sections = _marks_sections(state)
     if sections is None:
         log.info("%s: a deleted key holds a NUL character: no index checkpoint written", directory)
@@ -384,6 +387,8 @@ def write(directory: Path, state: IndexState, expect: int | None = None) -> bool
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+    if image is not None and written is not None:
+        written.append(ImageRef(os.dup(fd), offset, image.nbytes, image.pages))
     os.close(fd)
     os.replace(tmp, directory / CHECKPOINT_FILE)
     return True

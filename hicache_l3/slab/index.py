@@ -27,6 +27,7 @@ mtime that reflect other local processes' writes (multi-node use rescans instead
 from __future__ import annotations
 
 import array
+import contextlib
 import functools
 import logging
 import os
@@ -36,7 +37,7 @@ from collections.abc import Callable, Sequence
 from itertools import chain, repeat
 from operator import itemgetter
 from pathlib import Path
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from hicache_l3.slab import checkpoint
 from hicache_l3.slab.evict import take_run
@@ -146,7 +147,11 @@ class SlabIndex:
         self.base_id: tuple[int, int] | None = None  # (inode, mtime) of the checkpoint mapped as base
         self.rebases = 0
         self._rebase_checked = 0.0
-        self._rebase_due = False  # a background checkpoint write finished: rebase on it
+        self._rebase_due = False  # a checkpoint was written: rebase on it
+        # what a background checkpoint write left for the next refresh: the table that
+        # replaces the live one (with its base's file id), False (none: stop the journal),
+        # None (nothing)
+        self._pending_base: tuple[NativePageTable, tuple[int, int]] | Literal[False] | None = None
 
     # ---- unlogged pages -------------------------------------------------------------------
     @property
@@ -243,6 +248,8 @@ class SlabIndex:
                 st = os.fstat(tail.fd)
             if st.st_size > tail.offset:
                 self.read_tail(writer, tail, st.st_size)
+        if self._pending_base is not None:
+            self._adopt_base()
         if self._rebase_due or self.delta_big():
             self.rebase_on_newer(force=self._rebase_due)
 
@@ -637,6 +644,16 @@ class SlabIndex:
             image.close()
 
     # ---- the shared base -----------------------------------------------------------------
+    def memory(self) -> dict[str, int]:
+        """The table's memory: ``index_private_bytes`` (this process's arrays),
+        ``index_shared_bytes`` (the mapped checkpoint image, one copy per node),
+        ``index_delta_pages`` (pages held privately) and ``index_rebases``."""
+        table = self.table
+        shared = table.shared_nbytes if isinstance(table, NativePageTable) else 0
+        delta = table.delta_len if isinstance(table, NativePageTable) else len(table)
+        return {"index_private_bytes": table.nbytes, "index_shared_bytes": shared,
+                "index_delta_pages": delta, "index_rebases": self.rebases}
+
     def delta_big(self) -> bool:
         """The table's private delta holds more than a :data:`CHECKPOINT_FRACTION` of the
         pages (and at least :data:`CHECKPOINT_MIN_RECORDS`): worth a rebase."""
@@ -707,14 +724,14 @@ class SlabIndex:
         could not be written -- the logs stay the source, nothing is lost. Caller holds
         ``lock``."""
         self.wait_checkpoint()
+        self._adopt_base()
         try:
             written = checkpoint.write(self.directory, self.state(), self.capacity)
         except OSError as exc:
             log.warning("%s: index checkpoint not written (%s)", self.directory, exc)
             return False
         self.applied = 0
-        if written:
-            self.rebase_on_newer(force=True)
+        self._rebase_due = written  # (by the next refresh, if this process goes on)
         return written
 
     def save_checkpoint_later(self) -> None:
@@ -724,20 +741,88 @@ class SlabIndex:
         running this does nothing (the checkpoint stays due)."""
         if self._saver is not None and self._saver.is_alive():
             return
+        self._adopt_base()  # (one a previous write left, before the journal starts again)
         state = self.state(copy=True)
         self.applied = 0
-        self._saver = threading.Thread(target=self._write_state, args=(state,),
+        fixups = None
+        table = self.table
+        if isinstance(table, NativePageTable):
+            # the table moves onto this checkpoint once written: its changes since this
+            # snapshot are journaled, and the image differs from the table by the unlogged pages
+            with contextlib.suppress(MemoryError):
+                table.journal_start()
+                fixups = list(zip(self.unlogged, table.get_many(list(self.unlogged))))
+        self._saver = threading.Thread(target=self._write_state, args=(state, fixups),
                                        name="hicache-index-checkpoint", daemon=True)
         self._saver.start()
 
-    def _write_state(self, state: checkpoint.IndexState) -> None:
+    def _write_state(self, state: checkpoint.IndexState,
+                     fixups: list[tuple[bytes, Entry | None]] | None) -> None:
+        """The saver thread: write ``state``; then, without the lock, the table the live
+        one becomes (the written image as its base, ``fixups`` applied: the snapshot's
+        table), left for the next :meth:`refresh` to catch up and adopt."""
+        written: list[checkpoint.ImageRef] = []
+        new: tuple[NativePageTable, tuple[int, int]] | None = None
         try:
-            written = checkpoint.write(self.directory, state, self.capacity)
+            checkpoint.write(self.directory, state, self.capacity, written)
+            if written and fixups is not None:
+                new = self._table_on(written[0], fixups)
         except OSError as exc:
             log.warning("%s: index checkpoint not written (%s)", self.directory, exc)
+        finally:
+            for image in written:
+                image.close()
+            self._pending_base = new if new is not None else (None if fixups is None else False)
+
+    def _table_on(self, image: checkpoint.ImageRef, fixups: list[tuple[bytes, Entry | None]]
+                  ) -> tuple[NativePageTable, tuple[int, int]] | None:
+        """A table over ``image`` as base holding what the live table held at the snapshot
+        (the image holds the unlogged pages too: ``fixups`` give the table's page of each
+        of their digests, or None), and the image's file id; None when it cannot be made."""
+        lib = native_library()
+        if lib is None:
+            return None
+        table = NativePageTable(lib)
+        if self.capacity:
+            with contextlib.suppress(ValueError):
+                table.expect(self.capacity)
+        try:
+            table.attach(image.fd, image.offset, image.length)
+            for d, entry in fixups:
+                if entry is None:
+                    table.pop(d)
+                else:
+                    table.put(d, entry)
+        except (ValueError, MemoryError) as exc:
+            log.warning("%s: index not moved onto its checkpoint (%s)", self.directory, exc)
+            return None
+        return table, _file_id(image.fd)
+
+    def _adopt_base(self) -> None:
+        """Adopt the table a finished background checkpoint made (caller holds ``lock``):
+        it catches up with the live table's journal (the changes since the snapshot) and
+        replaces it. Without one (the write failed or was not version 3) the journal stops
+        and the next refresh rebases on whatever checkpoint is there."""
+        pending, self._pending_base = self._pending_base, None
+        if pending is None:
             return
-        if written:  # the next refresh rebases on it (not here: a waiter may hold the lock)
+        table = self.table
+        if not isinstance(table, NativePageTable):
+            return
+        if pending is False:
+            table.journal_stop()
             self._rebase_due = True
+            return
+        new, base_id = pending
+        try:
+            new.catch_up(table)
+        except (ValueError, MemoryError) as exc:
+            log.warning("%s: index not moved onto its checkpoint (%s)", self.directory, exc)
+            table.journal_stop()
+            self._rebase_due = True
+            return
+        self.table, self.base_id = new, base_id
+        self.rebases += 1
 
     def wait_checkpoint(self, timeout: float | None = None) -> None:
         """Wait for a background checkpoint write to finish (at most ``timeout`` s)."""

@@ -667,6 +667,7 @@ class SlabStore:
                 "writers_seen": len(self.index.tails),
                 "index_checkpoint_pages": self.index.checkpoint_pages,
                 "index_replayed_records": self.index.replayed,
+                **self.index.memory(),
             }
 
     def close(self) -> None:

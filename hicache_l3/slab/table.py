@@ -301,7 +301,7 @@ class DictPageTable:
 
 
 _vp, _sz, _i64, _u64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64, ctypes.c_uint64
-_NOMEM, _BADVALUE, _BADIMAGE = -1, -2, -3
+_NOMEM, _BADVALUE, _BADIMAGE, _NOJOURNAL = -1, -2, -3, -4
 _ZERO6 = bytes(48)
 
 
@@ -353,6 +353,9 @@ class _Library:
         self.attach = fn("hl3_pt_attach", ctypes.c_int, _vp, ctypes.c_int, _u64, _u64)
         self.rebase = fn("hl3_pt_rebase", ctypes.c_int, _vp, ctypes.c_int, _u64, _u64)
         self.image_bytes = fn("hl3_pt_image_bytes", _sz, _vp)
+        self.journal_start = fn("hl3_pt_journal_start", ctypes.c_int, _vp)
+        self.journal_stop = fn("hl3_pt_journal_stop", None, _vp)
+        self.journal_replay = fn("hl3_pt_journal_replay", ctypes.c_int, _vp, _vp)
         # building and writing an image (checkpoint.py, on its own thread, of a table no
         # other thread sees): the same calls without the GIL
         free = ctypes.CDLL(path)
@@ -375,6 +378,8 @@ def _raise(code: int) -> None:
         raise MemoryError("page table: out of memory")
     if code == _BADIMAGE:
         raise ValueError("page table image: not whole, or not one this code writes")
+    if code == _NOJOURNAL:
+        raise ValueError("page table: no journal to replay (never started, or a record was lost)")
     if code == _BADVALUE:
         raise ValueError(f"page table: an entry is out of range ({_LIMITS}, at most "
                          f"{MAX_LENGTHS} distinct lengths)")
@@ -442,6 +447,22 @@ class NativePageTable:
         if len(self):
             raise ValueError("page table: attach needs an empty table")
         _raise(self._lib.attach(self._t, fd, offset, length))
+
+    def journal_start(self) -> None:
+        """Record every put and pop from now on (``hl3_pt_journal_start``), for
+        :meth:`catch_up`; :class:`MemoryError`."""
+        _raise(self._lib.journal_start(self._t))
+
+    def journal_stop(self) -> None:
+        """Stop recording and drop the journal."""
+        self._lib.journal_stop(self._t)
+
+    def catch_up(self, src: NativePageTable) -> None:
+        """Apply the puts and pops ``src`` made since its :meth:`journal_start`, in order,
+        to this table, which must hold what ``src`` held then; ``src``'s journal stops.
+        :class:`ValueError` (no usable journal: this table is unchanged) or
+        :class:`MemoryError` (this table is partly changed: drop it)."""
+        _raise(self._lib.journal_replay(self._t, src._t))
 
     def rebase(self, fd: int, offset: int, length: int) -> None:
         """Move this table's pages onto the image at ``offset`` of ``fd`` as their base,
@@ -530,8 +551,8 @@ class NativePageTable:
             where = array.array("Q", itertools.chain.from_iterable(wheres))
         except OverflowError:  # a negative number: no such slot
             where = None
-        if not n or where is None or len(where) != 3 * n:
-            return _take_at(self, wheres)
+        if not n or where is None or len(where) != 3 * n or len(set(wheres)) != n:
+            return _take_at(self, wheres)  # (a slot named twice is taken once)
         buf, found = bytearray(16 * n), bytearray(n)
         hits = self._lib.at_many(self._t, n, where.buffer_info()[0], _address(buf), _address(found))
         ds = bytes(buf) if hits == n else b"".join(buf[16 * i : 16 * i + 16] for i in range(n) if found[i])

@@ -104,6 +104,7 @@ OPS = st.one_of(
     st.tuples(st.just("compact"), st.integers(0, WRITERS - 1), st.none()),
     st.tuples(st.just("checkpoint"), st.integers(0, WRITERS - 1), st.none()),
     st.tuples(st.just("later"), st.integers(0, WRITERS - 1), st.none()),
+    st.tuples(st.just("rebase"), st.integers(0, WRITERS - 1), st.none()),
     st.tuples(st.just("restart"), st.integers(0, WRITERS - 1), st.none()),
     st.tuples(st.just("crash"), st.integers(0, WRITERS - 1), st.integers(0, RECORD.size + 4)),
 )
@@ -146,6 +147,9 @@ def run_history(root: Path, ops: list[tuple[str, int, Any]]) -> list[SlabStore]:
             store.refresh()
             with store._lock:
                 store.index.save_checkpoint_later()
+        elif op == "rebase":  # onto whichever checkpoint is there now (its pages unchanged)
+            with store._lock:
+                store.index.rebase_on_newer(force=True)
         elif op == "restart":
             store.close()
             stores[who] = open_store(root)

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from hicache_l3.slab.format import Entry
 from hicache_l3.slab.table import DictPageTable, NativePageTable, build_image, native_library
-
 from tests.unit.test_slab_table import DIG, ENTRY, OP, WHERE, _apply, _state
 
 
@@ -53,6 +52,8 @@ LAYER_OP = st.one_of(
     st.tuples(st.just("rebase")),  # rebased on the image of this one
     st.tuples(st.just("rebase_other"), st.lists(st.tuples(DIG, ENTRY), max_size=40)),
     st.tuples(st.just("take"), st.lists(WHERE, max_size=10)),
+    st.tuples(st.just("snapshot")),  # journal on; a table on the image of this one, made now...
+    st.tuples(st.just("adopt")),  # ... catches up with the journal and replaces this one
 )
 
 
@@ -60,12 +61,21 @@ LAYER_OP = st.one_of(
 @given(st.lists(LAYER_OP, max_size=60))
 def test_layered_table_agrees_with_the_dict_reference(ops: list[tuple]) -> None:
     ref, native = DictPageTable(), _native()
+    pending: NativePageTable | None = None
     for op in ops:
-        if op[0] in ("attach", "rebase", "rebase_other"):  # the pages do not change
+        if op[0] == "snapshot" and pending is None:
+            native.journal_start()
+            pending = _attached(native.select())
+        elif op[0] == "adopt" and pending is not None:
+            pending.catch_up(native)
+            native, pending = pending, None
+        elif op[0] in ("snapshot", "adopt"):
+            continue
+        elif op[0] in ("attach", "rebase", "rebase_other"):  # the pages do not change
             fd, n = _image_fd(op[1] if op[0] == "rebase_other" else native.select())
             try:
                 if op[0] == "attach":
-                    native = _native()
+                    native, pending = _native(), None
                     native.attach(fd, 4096, n)
                 else:
                     native.rebase(fd, 4096, n)
@@ -174,3 +184,22 @@ def test_the_base_stays_mapped_after_its_file_is_replaced(tmp_path) -> None:
     (tmp_path / "new").write_bytes(b"\0" * len(data))
     os.replace(tmp_path / "new", path)
     assert sorted(table.select()) == sorted(old) and table.check() == 0
+
+
+def test_a_table_made_from_a_snapshot_catches_up_with_every_change_since() -> None:
+    """The journal: puts, pops and takes after the snapshot, replayed in order onto the
+    table made from the snapshot's image, give exactly the live table."""
+    d = [bytes([i]) * 16 for i in range(6)]
+    live = _native()
+    live.put_many(d[:4], [Entry(0, 0, i, 1, 64, i) for i in range(4)])
+    live.journal_start()
+    made = _attached(live.select())
+    live.pop(d[0])
+    live.take_at_many([(0, 0, 1)])
+    live.put(d[4], Entry(0, 0, 2, 2, 64, 9))  # into d2's slot
+    live.put(d[3], Entry(0, 0, 5, 2, 64, 9))  # d3 moves
+    made.catch_up(live)
+    assert sorted(made.select()) == sorted(live.select()) and made.check() == 0
+    assert [made.get(x) is not None for x in d] == [False, False, False, True, True, False]
+    with pytest.raises(ValueError, match="journal"):  # it stopped: no second replay
+        made.catch_up(live)

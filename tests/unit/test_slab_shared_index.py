@@ -1,0 +1,95 @@
+"""Several processes of one namespace share the index's checkpoint (issue 14, phase 2b):
+each maps the same table image read-only (one copy per node), keeps only what changed
+since in a private delta, agrees with a full log replay, and moves onto a newer
+checkpoint that another process wrote without changing what it answers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from hicache_l3.slab import checkpoint
+from tests.unit.test_slab_checkpoint import close_index, filled, fresh_indexes, key
+
+CHILD = r"""
+import json, sys
+from pathlib import Path
+from hicache_l3.slab.table import NativePageTable
+from tests.unit.test_slab_checkpoint import open_store
+
+store = open_store(Path(sys.argv[1]))
+def answer():
+    store.refresh()
+    index = store.index
+    mapped = [line.split()[4] for line in open("/proc/self/maps") if line.rstrip().endswith("index.ckpt")
+              or "index.ckpt (deleted)" in line]
+    assert isinstance(index.table, NativePageTable)
+    print(json.dumps({"pages": sorted([d.hex(), list(e)] for d, e in index.table.select()),
+                      "inodes": sorted(set(map(int, mapped))), "shared": index.table.shared_nbytes,
+                      "delta": index.table.delta_len, "rebases": index.rebases}), flush=True)
+answer()
+for line in sys.stdin:
+    if line.strip() == "rebase":
+        with store._lock:
+            store.index.rebase_on_newer(force=True)
+    answer()
+store.close()
+"""
+
+
+def _oracle_pages(store) -> list:
+    oracle, candidate = fresh_indexes(store)
+    try:
+        return sorted([d.hex(), list(e)] for d, e in oracle.table.select())
+    finally:
+        close_index(oracle)
+        close_index(candidate)
+
+
+def test_processes_map_one_checkpoint_and_agree(tmp_path: Path) -> None:
+    writer = filled(tmp_path)  # 20 pages, checkpointed (version 3: a table image)
+    children = []
+    try:
+        keys = [key(0, i) for i in range(20, 26)]  # a tail after the checkpoint
+        plan = writer.reserve_new(keys)
+        writer.commit(keys, plan.slots, [4] * len(keys))
+        writer.delete([key(0, 0)])
+        ckpt = writer.directory / checkpoint.CHECKPOINT_FILE
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), *sys.path])}
+        for _ in range(3):
+            children.append(subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], env=env,
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        answers = [json.loads(c.stdout.readline()) for c in children]
+        expected = _oracle_pages(writer)
+        for a in answers:
+            assert a["pages"] == expected
+            assert a["inodes"] == [ckpt.stat().st_ino]  # the same file, mapped by each
+            assert a["shared"] > 0 and a["delta"] == 6  # the tail's pages only, privately
+        # another process writes a newer checkpoint: each moves onto it, answers unchanged
+        with writer._lock:
+            assert writer.index.save_checkpoint()
+        for c in children:
+            c.stdin.write("rebase\n")
+            c.stdin.flush()
+        answers = [json.loads(c.stdout.readline()) for c in children]
+        for a in answers:
+            assert a["pages"] == expected and a["rebases"] == 1
+            assert a["inodes"] == [ckpt.stat().st_ino] and a["delta"] == 0
+        # the writer goes on; the readers follow the log over their new base
+        plan = writer.reserve_new([key(0, 30)])
+        writer.commit([key(0, 30)], plan.slots, [5])
+        writer.delete([key(0, 1)])
+        for c in children:
+            c.stdin.write("view\n")
+            c.stdin.flush()
+        expected = _oracle_pages(writer)
+        for a in [json.loads(c.stdout.readline()) for c in children]:
+            assert a["pages"] == expected and a["delta"] == 1
+    finally:
+        for c in children:
+            c.stdin.close()
+            c.wait(30)
+        writer.close()
