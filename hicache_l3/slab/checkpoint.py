@@ -415,9 +415,13 @@ def read(directory: Path) -> IndexState | None:
         if version == VERSION:  # the body, then the image's hash through a mapping
             data = os.pread(fd, HEADER.size + length, 0)
             state, (offset, image_len, digest, pages) = _decode_image_state(_checked_body(data, crc, length))
-            if offset + image_len != st.st_size:
+            if offset + image_len != st.st_size or image_len == 0:
                 raise CheckpointError(f"{st.st_size} bytes, the image ends at {offset + image_len} (torn)")
-            if image_hash(fd, offset, image_len) != digest:
+            try:
+                hashed = image_hash(fd, offset, image_len)
+            except (OSError, ValueError) as exc:
+                raise CheckpointError(f"image not readable ({exc})") from None
+            if hashed != digest:
                 raise CheckpointError("image hash mismatch (damaged)")
             state.image, keep = ImageRef(fd, offset, image_len, pages), True
             return state

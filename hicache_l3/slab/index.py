@@ -49,6 +49,7 @@ from hicache_l3.slab.table import (
     DIGEST_SEED,
     NativePageTable,
     PageTable,
+    build_image,
     digest,
     digests,
     live_put_spans,
@@ -250,8 +251,10 @@ class SlabIndex:
                 self.read_tail(writer, tail, st.st_size)
         if self._pending_base is not None:
             self._adopt_base()
-        if self._rebase_due or self.delta_big():
-            self.rebase_on_newer(force=self._rebase_due)
+        if self._rebase_due:
+            self.rebase_on_newer(force=True)
+        elif self.delta_big():
+            self.rebase_later()
 
     def _scan_writers(self) -> None:
         for name in os.listdir(self.writers_dir):
@@ -661,6 +664,53 @@ class SlabIndex:
         return (isinstance(table, NativePageTable)
                 and table.delta_len >= max(CHECKPOINT_MIN_RECORDS, len(table) // CHECKPOINT_FRACTION))
 
+    def rebase_later(self) -> None:
+        """Move the table onto the namespace's checkpoint, when it is another than the
+        mapped base (looked for at most every :data:`REBASE_CHECK_S`), mostly off the
+        lock: the table is exported and its changes journaled from now; a background
+        thread builds a table from the export and rebases it on the checkpoint; the next
+        :meth:`refresh` catches it up with the journal and adopts it. Caller holds
+        ``lock``; nothing while a background checkpoint write or rebase runs."""
+        now = time.monotonic()
+        table = self.table
+        if (now - self._rebase_checked < REBASE_CHECK_S or not isinstance(table, NativePageTable)
+                or self._pending_base is not None or (self._saver is not None and self._saver.is_alive())):
+            return
+        self._rebase_checked = now
+        try:
+            st = os.stat(self.directory / checkpoint.CHECKPOINT_FILE, follow_symlinks=False)
+        except OSError:
+            return
+        if (st.st_ino, st.st_mtime_ns) == self.base_id:
+            return
+        ds, values = table.export()
+        try:
+            table.journal_start()
+        except MemoryError:
+            return
+        self._saver = threading.Thread(target=self._rebase_off_lock, args=(ds, values),
+                                       name="hicache-index-rebase", daemon=True)
+        self._saver.start()
+
+    def _rebase_off_lock(self, ds: bytes, values: array.array[int]) -> None:
+        """The rebase thread of :meth:`rebase_later`."""
+        new: tuple[NativePageTable, tuple[int, int]] | None = None
+        try:
+            state = checkpoint.read(self.directory)
+            if state is not None and state.image is not None:
+                image = state.image
+                try:
+                    built = build_image(ds, values, self.capacity)
+                    if built is not None:
+                        built.rebase(image.fd, image.offset, image.length)
+                        new = built.table, _file_id(image.fd)
+                except (ValueError, MemoryError) as exc:
+                    log.warning("%s: index not rebased on its checkpoint (%s)", self.directory, exc)
+                finally:
+                    image.close()
+        finally:
+            self._pending_base = new if new is not None else False
+
     def rebase_on_newer(self, force: bool = False) -> bool:
         """Rebase the table onto the namespace's checkpoint when it is another than the
         mapped base (looked for at most every :data:`REBASE_CHECK_S` unless ``force``):
@@ -741,7 +791,7 @@ class SlabIndex:
         running this does nothing (the checkpoint stays due)."""
         if self._saver is not None and self._saver.is_alive():
             return
-        self._adopt_base()  # (one a previous write left, before the journal starts again)
+        self._adopt_base()  # (what a previous one left, before the journal starts again)
         state = self.state(copy=True)
         self.applied = 0
         fixups = None
@@ -811,7 +861,6 @@ class SlabIndex:
             return
         if pending is False:
             table.journal_stop()
-            self._rebase_due = True
             return
         new, base_id = pending
         try:
@@ -819,7 +868,6 @@ class SlabIndex:
         except (ValueError, MemoryError) as exc:
             log.warning("%s: index not moved onto its checkpoint (%s)", self.directory, exc)
             table.journal_stop()
-            self._rebase_due = True
             return
         self.table, self.base_id = new, base_id
         self.rebases += 1

@@ -368,6 +368,7 @@ class _Library:
         self.build_put_many = nogil("hl3_pt_put_many", ctypes.c_int, _vp, _sz, ctypes.c_char_p, _vp)
         self.build_reserve = nogil("hl3_pt_reserve", ctypes.c_int, _vp, _u64)
         self.write_image = nogil("hl3_pt_write_image", ctypes.c_int, _vp, ctypes.c_int, _u64)
+        self.build_rebase = nogil("hl3_pt_rebase", ctypes.c_int, _vp, ctypes.c_int, _u64, _u64)
         from hicache_l3.common.integrity import xxh3_function
 
         self.seeded128 = ctypes.cast(xxh3_function("seeded128"), ctypes.c_void_p).value
@@ -630,9 +631,9 @@ class NativePageTable:
 
 
 class TableImage:
-    """A table built from a snapshot for its image (a checkpoint's page section), built
-    and written without the GIL: :attr:`nbytes`, then :meth:`write`. Only the thread that
-    made it may use it."""
+    """A table built from a snapshot without the GIL, for its image (a checkpoint's page
+    section: :attr:`nbytes`, then :meth:`write`) or to be rebased (:meth:`rebase`) and
+    then used as :attr:`table`. Only the thread that made it may use it until then."""
 
     def __init__(self, lib: _Library, ds: bytes, values: array.array[int], expect: int | None) -> None:
         n = len(ds) // DIGEST_BYTES
@@ -655,6 +656,15 @@ class TableImage:
         code = self._lib.write_image(self._table._t, fd, offset)
         if code:
             raise OSError(code, os.strerror(code))
+
+    def rebase(self, fd: int, offset: int, length: int) -> None:
+        """:meth:`NativePageTable.rebase` of the table, without the GIL."""
+        _raise(self._lib.build_rebase(self._table._t, fd, offset, length))
+
+    @property
+    def table(self) -> NativePageTable:
+        """The table itself."""
+        return self._table
 
 
 def build_image(ds: bytes, values: array.array[int], expect: int | None = None) -> TableImage | None:

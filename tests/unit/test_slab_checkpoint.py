@@ -229,7 +229,8 @@ def filled(root: Path) -> SlabStore:
     return store
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "symlink", "directory", "version"])
+@pytest.mark.parametrize("damage", ["truncate", "flip", "image flip", "no image", "symlink",
+                                    "directory", "version"])
 def test_unusable_checkpoint_is_ignored(tmp_path: Path, damage: str,
                                         caplog: pytest.LogCaptureFixture) -> None:
     store = filled(tmp_path)
@@ -240,6 +241,11 @@ def test_unusable_checkpoint_is_ignored(tmp_path: Path, damage: str,
         path.write_bytes(data[: len(data) - 7])
     elif damage == "flip":
         path.write_bytes(data[:40] + bytes([data[40] ^ 1]) + data[41:])
+    elif damage == "image flip":  # the mapped table image (version 3): its hash catches it
+        assert data[8] == checkpoint.VERSION
+        path.write_bytes(data[:-100] + bytes([data[-100] ^ 1]) + data[-99:])
+    elif damage == "no image":
+        path.write_bytes(data[: checkpoint.IMAGE_ALIGN])
     elif damage == "symlink":
         (tmp_path / "elsewhere").write_bytes(data)
         path.symlink_to(tmp_path / "elsewhere")

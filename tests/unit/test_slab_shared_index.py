@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from hicache_l3.slab import checkpoint
-from tests.unit.test_slab_checkpoint import close_index, filled, fresh_indexes, key
+from tests.unit.test_slab_checkpoint import close_index, filled, fresh_indexes, key, open_store
 
 CHILD = r"""
 import json, sys
@@ -92,4 +92,41 @@ def test_processes_map_one_checkpoint_and_agree(tmp_path: Path) -> None:
         for c in children:
             c.stdin.close()
             c.wait(30)
+        writer.close()
+
+
+def test_a_reader_whose_delta_grew_moves_onto_a_newer_checkpoint_off_the_lock(
+        tmp_path: Path, monkeypatch) -> None:
+    """A reader's delta past its bound: the next refresh exports the table and journals
+    its changes, a thread rebases a copy on the newest checkpoint, a later refresh
+    catches it up and adopts it; what the reader answers never changes."""
+    from hicache_l3.slab import index as index_module
+
+    monkeypatch.setattr(index_module, "CHECKPOINT_MIN_RECORDS", 8)
+    monkeypatch.setattr(index_module, "REBASE_CHECK_S", 0.0)
+    writer = filled(tmp_path)  # 20 pages, checkpointed
+    reader = open_store(tmp_path)
+    try:
+        reader.refresh()
+        assert reader.index.table.delta_len == 0 and reader.index.base_id is not None
+        keys = [key(0, i) for i in range(20, 40)]
+        plan = writer.reserve_new(keys)
+        writer.commit(keys, plan.slots, [4] * len(keys))
+        with writer._lock:
+            assert writer.index.save_checkpoint()
+        plan = writer.reserve_new([key(0, 50)])
+        writer.commit([key(0, 50)], plan.slots, [4])
+        reader.refresh()  # reads the 21 records: the delta is big, a rebase starts
+        assert reader.index.table.delta_len == 21
+        more = [key(0, i) for i in range(60, 63)]  # records while the rebase runs
+        plan = writer.reserve_new(more)
+        writer.commit(more, plan.slots, [4] * 3)
+        reader.refresh()
+        reader.index.wait_checkpoint()
+        reader.refresh()  # adopts it
+        assert reader.index.rebases == 1
+        assert reader.index.table.delta_len == 4  # what came after the newest checkpoint
+        assert sorted([d.hex(), list(e)] for d, e in reader.index.table.select()) == _oracle_pages(writer)
+    finally:
+        reader.close()
         writer.close()
