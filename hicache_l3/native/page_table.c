@@ -1390,3 +1390,61 @@ int hl3_pt_journal_replay(hl3_table *dst, hl3_table *src)
     hl3_pt_journal_stop(src);
     return rc;
 }
+
+/* A standalone copy (no base, no journal) of ``t``'s pages with the ``n`` pages of
+ * ``digests``/``values`` put after them: what a checkpoint's image is written from. A
+ * copy of the arrays (the base's, then its dead pages removed and the delta's pages put;
+ * or t's own) rather than a rebuild page by page: about a memcpy of the table, so that it
+ * can be taken under the caller's lock instead of an export of every page. NULL when out
+ * of memory or a value is refused. */
+hl3_table *hl3_pt_flatten(const hl3_table *t, size_t n, const uint8_t *digests, const uint64_t *values)
+{
+    const hl3_table *src = t->base != NULL ? t->base : t;
+    uint64_t cap = src->h->cap;
+    hl3_table *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return NULL;
+    c->h = map_zero(sizeof(hl3_header));
+    c->pages = map_zero(cap * sizeof(hl3_page));
+    c->inv = map_zero(cap * sizeof(uint32_t));
+    c->meta = map_zero(cap * sizeof(uint16_t));
+    if (c->h == NULL || c->pages == NULL || c->inv == NULL || c->meta == NULL) {
+        if (c->h != NULL)
+            unmap(c->h, sizeof(hl3_header));
+        unmap_arrays(c->pages, c->inv, c->meta, cap);
+        free(c);
+        return NULL;
+    }
+    memcpy(c->pages, src->pages, cap * sizeof(hl3_page));
+    memcpy(c->inv, src->inv, cap * sizeof(uint32_t));
+    memcpy(c->meta, src->meta, cap * sizeof(uint16_t));
+    c->h->cap = cap;
+    c->h->len = src->h->len;
+    c->h->expect = t->h->expect;
+    c->h->nclasses = src->h->nclasses;
+    memcpy(c->h->lengths, src->h->lengths, src->h->nclasses * sizeof(uint32_t));
+    for (uint64_t k = 0; k < c->h->nclasses; k++) /* (a base's header copy has no class hash) */
+        c->h->classes[class_bucket(c->h, c->h->lengths[k])] = (uint16_t)(k + 1);
+    int rc = 0;
+    if (t->base != NULL) {
+        for (size_t i = 0; i < cap; i++) /* the base's dead pages leave the copy */
+            if (src->pages[i].location != 0 && !alive(t, i))
+                pop_one(c, src->pages[i].digest, NULL);
+        size_t m = t->h->len; /* then the delta's pages are put */
+        uint8_t *ds = malloc(16 * (m ? m : 1));
+        uint64_t *vs = malloc(48 * (m ? m : 1));
+        if (ds == NULL || vs == NULL)
+            rc = HL3_PT_NOMEM;
+        else
+            rc = hl3_pt_put_many(c, select_layer(t, t, -1, -1, ds, vs, 0, m), ds, vs);
+        free(ds);
+        free(vs);
+    }
+    if (rc == 0 && n > 0)
+        rc = hl3_pt_put_many(c, n, digests, values);
+    if (rc != 0) {
+        hl3_pt_free(c);
+        return NULL;
+    }
+    return c;
+}

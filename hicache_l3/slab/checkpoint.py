@@ -69,7 +69,7 @@ import xxhash
 from hicache_l3.common.safe_fs import write_synced
 from hicache_l3.slab.files import open_file
 from hicache_l3.slab.format import Entry
-from hicache_l3.slab.table import build_image
+from hicache_l3.slab.table import TableImage, build_image
 
 log = logging.getLogger("hicache_l3.slab")
 
@@ -128,13 +128,15 @@ class IndexState:
     concatenated; ``values``: the six fields of each page's entry, flat, same order: a
     :meth:`~hicache_l3.slab.table.PageTable.export`) -- or, read from a version-3 file,
     ``image`` instead (the digests and values are then empty) --, deleted marks, and each
-    log's mark."""
+    log's mark. ``table``: the pages as a C table copy instead of digests and values
+    (what a live index with the C table snapshots), written as the image as it is."""
 
     digests: bytes
     values: array.array[int]
     deleted: dict[tuple[int, int, int], int]
     marks: list[LogMark]
     image: ImageRef | None = None
+    table: TableImage | None = dataclasses.field(default=None, compare=False)
 
 
 def log_crcs(fd: int, offset: int) -> tuple[int, int]:
@@ -364,7 +366,7 @@ def write(directory: Path, state: IndexState, expect: int | None = None,
     if sections is None:
         log.info("%s: a deleted key holds a NUL character: no index checkpoint written", directory)
         return False
-    image = build_image(state.digests, state.values, expect)  # (without the GIL)
+    image = state.table or build_image(state.digests, state.values, expect)  # (without the GIL)
     data = encode(state) if image is None else None
     _remove_stale_temporaries(directory)
     tmp = directory / f".{CHECKPOINT_FILE}.{os.getpid()}.{threading.get_ident()}.tmp"

@@ -63,8 +63,9 @@ log = logging.getLogger("hicache_l3.slab")
 _new_located = functools.partial(tuple.__new__, Located)  # no Python-level __new__ per page
 _WHERE = itemgetter(0, 1, 2)  # an entry's slot: (writer, slab, slot)
 MAX_DROPPED = 1 << 16
-CHECKPOINT_MIN_RECORDS = 1 << 16  # records applied since the last checkpoint before a new one
-CHECKPOINT_FRACTION = 16  # ... and at least 1/this of the indexed pages (the delta's bound)
+CHECKPOINT_MIN_RECORDS = 1 << 13  # records applied since the last checkpoint before a new one
+CHECKPOINT_FRACTION = 32  # ... and at least 1/this of the indexed pages (the delta's bound)
+TAIL_CHUNK = 1 << 20  # bytes of a log decoded at a time
 REBASE_CHECK_S = 1.0  # a big delta looks for a newer checkpoint at most this often
 
 
@@ -305,8 +306,21 @@ class SlabIndex:
 
     def read_tail(self, writer: int, tail: LogTail, size: int) -> None:
         """Apply ``writer``'s records from ``tail.offset`` up to ``size``; DELs it issued
-        for other writers' slots are also kept in ``tail.foreign_dels``."""
-        data = os.pread(tail.fd, size - tail.offset, tail.offset)
+        for other writers' slots are also kept in ``tail.foreign_dels``. Read
+        :data:`TAIL_CHUNK` bytes at a time: the records decoded at once are Python
+        objects, and the allocator keeps much of their peak (measured: ~250 B a record
+        replayed stayed resident, more than the index itself over a shared checkpoint)."""
+        while tail.offset < size:
+            want = size - tail.offset
+            if not self._read_chunk(writer, tail, min(want, TAIL_CHUNK)):
+                if want > TAIL_CHUNK:  # no whole record in a chunk: damage longer than it
+                    self._read_chunk(writer, tail, want)
+                return
+
+    def _read_chunk(self, writer: int, tail: LogTail, length: int) -> int:
+        """Apply the whole records of ``length`` bytes of ``writer``'s log at
+        ``tail.offset`` (see :meth:`read_tail`); the bytes they took."""
+        data = os.pread(tail.fd, length, tail.offset)
         with checkpoint.no_gc():
             records, used, skipped = decode_records(data)
         if skipped:
@@ -337,6 +351,7 @@ class SlabIndex:
         tail.offset += used
         self.applied += len(records)
         self.replayed += len(records)
+        return used
 
     def apply_put(self, d: bytes, entry: Entry) -> None:
         """The key of digest ``d`` is now in ``entry``'s slot (superseding what that slot
@@ -750,18 +765,30 @@ class SlabIndex:
         """The log-derived state of this index now (see the class docstring), what a
         checkpoint holds. Caller holds ``lock``. Without ``copy`` it shares the live
         dicts (encode it before releasing ``lock``); with ``copy`` it is a snapshot that
-        may be encoded on another thread (the table is always exported as a copy: ~10 ns
-        a page; the small dicts are copied)."""
-        ds, values = self.table.export()
-        if self.unlogged:  # pages the logs still hold (see the class docstring)
-            ds, values = _with_unlogged(self.table, ds, values, self.unlogged)
+        may be encoded on another thread (the C table is always copied, as its arrays
+        with the unlogged pages put in: about a memcpy, ``state.table``; a dict table is
+        exported, ~10 ns a page; the small dicts are copied)."""
+        table, flat = self.table, None
+        if isinstance(table, NativePageTable):
+            ds, values = b"".join(self.unlogged), array.array("Q")
+            for entry in self.unlogged.values():
+                values.extend(entry)
+            with contextlib.suppress(MemoryError):
+                flat = table.flatten(ds, values)
+        if flat is not None:
+            ds, values = b"", array.array("Q")
+        else:
+            ds, values = table.export()
+            if self.unlogged:  # pages the logs still hold (see the class docstring)
+                ds, values = _with_unlogged(table, ds, values, self.unlogged)
         marks = []
         for writer, tail in sorted(self.tails.items()):
             head, anchor = checkpoint.log_crcs(tail.fd, tail.offset)
             dels = list(tail.foreign_dels) if copy else tail.foreign_dels
             marks.append(checkpoint.LogMark(writer, tail.ino, tail.offset, tail.max_gen, head,
                                             anchor, dels))
-        return checkpoint.IndexState(ds, values, dict(self.deleted) if copy else self.deleted, marks)
+        return checkpoint.IndexState(ds, values, dict(self.deleted) if copy else self.deleted, marks,
+                                     table=flat)
 
     def checkpoint_due(self) -> bool:
         """Enough records were applied since the last checkpoint to write a new one:

@@ -353,6 +353,7 @@ class _Library:
         self.attach = fn("hl3_pt_attach", ctypes.c_int, _vp, ctypes.c_int, _u64, _u64)
         self.rebase = fn("hl3_pt_rebase", ctypes.c_int, _vp, ctypes.c_int, _u64, _u64)
         self.image_bytes = fn("hl3_pt_image_bytes", _sz, _vp)
+        self.flatten = fn("hl3_pt_flatten", _vp, _vp, _sz, ctypes.c_char_p, _vp)
         self.journal_start = fn("hl3_pt_journal_start", ctypes.c_int, _vp)
         self.journal_stop = fn("hl3_pt_journal_stop", None, _vp)
         self.journal_replay = fn("hl3_pt_journal_replay", ctypes.c_int, _vp, _vp)
@@ -389,9 +390,9 @@ def _raise(code: int) -> None:
 class NativePageTable:
     """:class:`PageTable` in C (see the module docstring); freed when garbage collected."""
 
-    def __init__(self, lib: _Library) -> None:
+    def __init__(self, lib: _Library, handle: int | None = None) -> None:
         self._lib = lib
-        handle = lib.new()
+        handle = handle or lib.new()
         if not handle:
             raise MemoryError("page table: out of memory")
         self._t: int = handle
@@ -448,6 +449,21 @@ class NativePageTable:
         if len(self):
             raise ValueError("page table: attach needs an empty table")
         _raise(self._lib.attach(self._t, fd, offset, length))
+
+    def flatten(self, ds: bytes = b"", values: array.array[int] | None = None) -> TableImage:
+        """A standalone copy of this table's pages (both layers) with the pages of the
+        :meth:`export`-shaped ``ds``/``values`` put after them, as a :class:`TableImage`
+        to write: a copy of the arrays, about a memcpy (``hl3_pt_flatten``), so that a
+        checkpoint snapshot costs that under the lock instead of an export and a rebuild.
+        :class:`MemoryError` (or a value refused)."""
+        n = len(ds) // DIGEST_BYTES
+        vals = values if values is not None else array.array("Q")
+        if len(ds) != n * DIGEST_BYTES or len(vals) != 6 * n:
+            raise ValueError(f"page table snapshot: {len(ds)} digest bytes for {len(vals)} values")
+        handle = self._lib.flatten(self._t, n, ds, vals.buffer_info()[0] if n else None)
+        if not handle:
+            raise MemoryError("page table: out of memory (or a value refused) copying the table")
+        return TableImage(self._lib, NativePageTable(self._lib, handle))
 
     def journal_start(self) -> None:
         """Record every put and pop from now on (``hl3_pt_journal_start``), for
@@ -631,25 +647,33 @@ class NativePageTable:
 
 
 class TableImage:
-    """A table built from a snapshot without the GIL, for its image (a checkpoint's page
-    section: :attr:`nbytes`, then :meth:`write`) or to be rebased (:meth:`rebase`) and
-    then used as :attr:`table`. Only the thread that made it may use it until then."""
+    """A table no other thread sees (:meth:`NativePageTable.flatten`, or
+    :meth:`from_snapshot`), for its image (a checkpoint's page section: :attr:`nbytes`,
+    then :meth:`write`) or to be rebased (:meth:`rebase`) and then used as
+    :attr:`table`; its calls here run without the GIL. Only the thread that holds it may
+    use it until then."""
 
-    def __init__(self, lib: _Library, ds: bytes, values: array.array[int], expect: int | None) -> None:
+    def __init__(self, lib: _Library, table: NativePageTable) -> None:
+        self._lib, self._table = lib, table
+        self.pages = len(table)
+        self.nbytes = int(lib.image_bytes(table._t))
+
+    @classmethod
+    def from_snapshot(cls, lib: _Library, ds: bytes, values: array.array[int],
+                      expect: int | None) -> TableImage:
+        """A table of the pages of an :meth:`~PageTable.export`-shaped snapshot, built
+        without the GIL, expecting ``expect`` pages at most as the live table does."""
         n = len(ds) // DIGEST_BYTES
         if len(ds) != n * DIGEST_BYTES or len(values) != 6 * n:
             raise ValueError(f"page table snapshot: {len(ds)} digest bytes for {len(values)} values")
-        self._table = NativePageTable(lib)
+        table = NativePageTable(lib)
         if expect:
             with contextlib.suppress(ValueError):
-                self._table.expect(expect)
-        t = self._table._t
-        _raise(lib.build_reserve(t, n))
+                table.expect(expect)
+        _raise(lib.build_reserve(table._t, n))
         if n:
-            _raise(lib.build_put_many(t, n, ds, values.buffer_info()[0]))
-        self.pages = len(self._table)
-        self.nbytes = int(lib.image_bytes(t))
-        self._lib = lib
+            _raise(lib.build_put_many(table._t, n, ds, values.buffer_info()[0]))
+        return cls(lib, table)
 
     def write(self, fd: int, offset: int) -> None:
         """Write the image at ``offset`` (a multiple of 8) of ``fd``; :class:`OSError`."""
@@ -673,7 +697,7 @@ def build_image(ds: bytes, values: array.array[int], expect: int | None = None) 
     lib = native_library()
     if lib is None or sys.byteorder != "little":
         return None
-    return TableImage(lib, ds, values, expect)
+    return TableImage.from_snapshot(lib, ds, values, expect)
 
 
 def _take_at(table: PageTable, wheres: Sequence[Where]) -> tuple[bytes, array.array[int]]:

@@ -541,3 +541,45 @@ def test_decode_fast_path_matches_the_reference(parts: list[Any]) -> None:
     assert decode_records(data) == _decode_reference(data)
     for cut in (len(data) // 2, len(data) - 1):  # torn
         assert decode_records(data[:cut]) == _decode_reference(data[:cut])
+
+
+@pytest.mark.parametrize("chunk", [50, 200, 1 << 20])
+def test_a_log_read_in_chunks_equals_one_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              chunk: int) -> None:
+    """Logs are decoded TAIL_CHUNK bytes at a time: records cut by a chunk's end, a
+    damaged record, a chunk holding no whole record and a torn tail give what one read
+    of the whole log gives."""
+    from hicache_l3.slab import index as index_module
+
+    store = open_store(tmp_path, slots=64)
+    try:
+        keys = [key(0, i) for i in range(30)]
+        plan = store.reserve_new(keys)
+        store.commit(keys, plan.slots, [3] * len(keys))
+        store.delete(keys[5:8])
+        log_path = store.writers_dir / "w0000" / "index.log"
+        size = log_path.stat().st_size
+        fd = os.open(log_path, os.O_WRONLY)
+        try:
+            os.pwrite(fd, b"\xff\xfe", size // 2)  # a damaged record mid-log
+            os.pwrite(fd, b"\x01" * 20, size)  # and a torn tail
+        finally:
+            os.close(fd)
+        wdir = store.writers_dir
+        whole = SlabIndex(wdir, SlabFiles(wdir))
+        whole.loaded = True
+        with whole.lock:
+            whole.refresh()
+        monkeypatch.setattr(index_module, "TAIL_CHUNK", chunk)
+        chunked = SlabIndex(wdir, SlabFiles(wdir))
+        chunked.loaded = True
+        try:
+            with chunked.lock:
+                chunked.refresh()
+            assert view(chunked) == view(whole) and len(whole) >= 25
+            assert chunked.tails[0].offset == whole.tails[0].offset == size
+        finally:
+            close_index(whole)
+            close_index(chunked)
+    finally:
+        store.close()

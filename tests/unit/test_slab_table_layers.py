@@ -5,6 +5,7 @@ the operations, attaches and rebases in between; an image that is not whole is r
 
 from __future__ import annotations
 
+import array
 import os
 import random
 import struct
@@ -54,6 +55,7 @@ LAYER_OP = st.one_of(
     st.tuples(st.just("take"), st.lists(WHERE, max_size=10)),
     st.tuples(st.just("snapshot")),  # journal on; a table on the image of this one, made now...
     st.tuples(st.just("adopt")),  # ... catches up with the journal and replaces this one
+    st.tuples(st.just("flatten"), st.lists(st.tuples(DIG, ENTRY), max_size=5)),  # a copy + puts
 )
 
 
@@ -71,6 +73,13 @@ def test_layered_table_agrees_with_the_dict_reference(ops: list[tuple]) -> None:
             native, pending = pending, None
         elif op[0] in ("snapshot", "adopt"):
             continue
+        elif op[0] == "flatten":  # a standalone copy with pages put after: as the reference would
+            copy = native.flatten(b"".join(d for d, _ in op[1]),
+                                  array.array("Q", [v for _, e in op[1] for v in e])).table
+            expected = DictPageTable()
+            expected.load(*ref.export())
+            expected.put_many([d for d, _ in op[1]], [e for _, e in op[1]])
+            assert _state(copy) == _state(expected) and copy.check() == 0 and copy.delta_len == len(copy)
         elif op[0] in ("attach", "rebase", "rebase_other"):  # the pages do not change
             fd, n = _image_fd(op[1] if op[0] == "rebase_other" else native.select())
             try:
