@@ -66,6 +66,7 @@ MAX_DROPPED = 1 << 16
 CHECKPOINT_MIN_RECORDS = 1 << 13  # records applied since the last checkpoint before a new one
 CHECKPOINT_FRACTION = 32  # ... and at least 1/this of the indexed pages (the delta's bound)
 TAIL_CHUNK = 1 << 20  # bytes of a log decoded at a time
+CHECKPOINT_DUTY = 9.0  # the next checkpoint waits this many times the last one's duration
 REBASE_CHECK_S = 1.0  # a big delta looks for a newer checkpoint at most this often
 
 
@@ -150,6 +151,7 @@ class SlabIndex:
         self.rebases = 0
         self._rebase_checked = 0.0
         self._rebase_due = False  # a checkpoint was written: rebase on it
+        self._next_checkpoint = 0.0  # (monotonic) not due before: see checkpoint_due
         # what a background checkpoint write left for the next refresh: the table that
         # replaces the live one (with its base's file id), False (none: stop the journal),
         # None (nothing)
@@ -255,7 +257,10 @@ class SlabIndex:
         if self._rebase_due:
             self.rebase_on_newer(force=True)
         elif self.delta_big():
-            self.rebase_later()
+            if self.own is not None and self.checkpoint_due():
+                self.save_checkpoint_later()  # (a writer that stopped writing, with a big delta)
+            else:
+                self.rebase_later()
 
     def _scan_writers(self) -> None:
         for name in os.listdir(self.writers_dir):
@@ -792,8 +797,12 @@ class SlabIndex:
 
     def checkpoint_due(self) -> bool:
         """Enough records were applied since the last checkpoint to write a new one:
-        :data:`CHECKPOINT_MIN_RECORDS` and a :data:`CHECKPOINT_FRACTION` of the pages."""
-        return self.applied >= max(CHECKPOINT_MIN_RECORDS, len(self.table) // CHECKPOINT_FRACTION)
+        :data:`CHECKPOINT_MIN_RECORDS` and a :data:`CHECKPOINT_FRACTION` of the pages,
+        and the last one written ended :data:`CHECKPOINT_DUTY` times its own duration ago
+        (checkpoints take at most ~1/(1 + that) of the time: a store filled at full
+        speed would otherwise write its whole table every 1/32 of its pages)."""
+        return (self.applied >= max(CHECKPOINT_MIN_RECORDS, len(self.table) // CHECKPOINT_FRACTION)
+                and time.monotonic() >= self._next_checkpoint)
 
     def save_checkpoint(self) -> bool:
         """Write the namespace's checkpoint from :meth:`state` now (after a background
@@ -802,11 +811,14 @@ class SlabIndex:
         ``lock``."""
         self.wait_checkpoint()
         self._adopt_base()
+        started = time.monotonic()
         try:
             written = checkpoint.write(self.directory, self.state(), self.capacity)
         except OSError as exc:
             log.warning("%s: index checkpoint not written (%s)", self.directory, exc)
             return False
+        ended = time.monotonic()
+        self._next_checkpoint = ended + CHECKPOINT_DUTY * (ended - started)
         self.applied = 0
         self._rebase_due = written  # (by the next refresh, if this process goes on)
         return written
@@ -840,6 +852,7 @@ class SlabIndex:
         table), left for the next :meth:`refresh` to catch up and adopt."""
         written: list[checkpoint.ImageRef] = []
         new: tuple[NativePageTable, tuple[int, int]] | None = None
+        started = time.monotonic()
         try:
             checkpoint.write(self.directory, state, self.capacity, written)
             if written and fixups is not None:
@@ -850,6 +863,8 @@ class SlabIndex:
             for image in written:
                 image.close()
             self._pending_base = new if new is not None else (None if fixups is None else False)
+            ended = time.monotonic()
+            self._next_checkpoint = ended + CHECKPOINT_DUTY * (ended - started)
 
     def _table_on(self, image: checkpoint.ImageRef, fixups: list[tuple[bytes, Entry | None]]
                   ) -> tuple[NativePageTable, tuple[int, int]] | None:
