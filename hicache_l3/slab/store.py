@@ -163,11 +163,10 @@ class SlabStore:
     def plan_get(self, keys: Sequence[str], verified_only: bool) -> GetPlan | None:
         """:meth:`lookup` of ``keys`` and the checks before their read, as one
         :class:`~hicache_l3.slab.plan.GetPlan` (:meth:`SlabIndex.plan`); None where the
-        page table cannot plan (the caller uses :meth:`lookup`). The refresh and the plan
-        under one taking of the lock."""
+        page table cannot plan (the caller uses :meth:`lookup`)."""
+        self.refresh()
         with self._lock:
             self._check_open()
-            self.index.refresh()
             return self.index.plan(keys, self.geometry, verified_only)
 
     def touch(self, own: Sequence[tuple[int, int]]) -> None:
