@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -85,12 +86,13 @@ int hl3_abi(void)
 }
 
 /* Move the slot markers of items lo..hi-1 whose status is `from`, each len bytes at offs[j]
- * of fds[j] and in bufs[j * len ..]: items with consecutive indices, the same fd and
+ * of fds[j] and in bufs[(j - base) * len ..]: items with consecutive indices, the same fd and
  * adjacent offsets go in one pread / pwrite (the marker records of a group's consecutive
  * slots are adjacent). A moved item's status becomes `to`; a failed one's HL3_SHORT or
  * -errno (a coalesced call that fails is retried item by item, for exact statuses). */
 static void move_markers(int writing, int lo, int hi, const int32_t *fds, const int64_t *offs,
-                         unsigned char *bufs, int64_t len, int32_t *status, int32_t from, int32_t to)
+                         unsigned char *bufs, int base, int64_t len, int32_t *status, int32_t from,
+                         int32_t to)
 {
     int j = lo;
     while (j < hi) {
@@ -101,14 +103,14 @@ static void move_markers(int writing, int lo, int hi, const int32_t *fds, const 
         int k = j + 1;
         while (k < hi && status[k] == from && fds[k] == fds[j] && offs[k] == offs[k - 1] + len)
             k++;
-        struct iovec v = {bufs + (size_t)j * len, (size_t)(k - j) * (size_t)len};
+        struct iovec v = {bufs + (size_t)(j - base) * len, (size_t)(k - j) * (size_t)len};
         ssize_t r = transfer(writing, fds[j], &v, 1, offs[j]);
         if (r == (ssize_t)v.iov_len) {
             for (int i = j; i < k; i++)
                 status[i] = to;
         } else {
             for (int i = j; i < k; i++) {
-                struct iovec one = {bufs + (size_t)i * len, (size_t)len};
+                struct iovec one = {bufs + (size_t)(i - base) * len, (size_t)len};
                 r = k - j == 1 ? r : transfer(writing, fds[i], &one, 1, offs[i]);
                 status[i] = r < 0 ? (int32_t)r : r == len ? to : HL3_SHORT;
             }
@@ -197,11 +199,12 @@ static int count_bad(int lo, int hi, const int32_t *status)
  * page is HL3_OK when its record equals expect[j * mlen ..] and, where csums[j] != 0, the
  * XXH3 of its segments equals csums[j]; HL3_HEADER when the record differs (whatever the
  * checksum: a slot rewritten meanwhile is a miss, not corruption), HL3_CHECKSUM when only
- * the checksum does. status[j]: HL3_* or -errno; returns the number not OK. */
-int hl3_read_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
-                   const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
-                   unsigned char *markers, const unsigned char *expect, int64_t mlen,
-                   const uint64_t *csums, const struct hl3_xxh3 *x, int32_t *status)
+ * the checksum does. status[j]: HL3_* or -errno; returns the number not OK. The records
+ * read land in markers[(j - base) * mlen ..]. */
+static int read_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
+                      const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
+                      unsigned char *markers, int base, const unsigned char *expect, int64_t mlen,
+                      const uint64_t *csums, const struct hl3_xxh3 *x, int32_t *status)
 {
     void *state = NULL;
     check_segments(lo, hi, at, status);
@@ -212,13 +215,13 @@ int hl3_read_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
     for (int j = lo; j < hi; j++)
         if (status[j] == HL3_CHECKSUM)
             status[j] = HL3_BADSUM;
-    move_markers(0, lo, hi, fds, marker_offs, markers, mlen, status, HL3_STEP, HL3_TODO);
-    move_markers(0, lo, hi, fds, marker_offs, markers, mlen, status, HL3_BADSUM, HL3_CHECKSUM);
+    move_markers(0, lo, hi, fds, marker_offs, markers, base, mlen, status, HL3_STEP, HL3_TODO);
+    move_markers(0, lo, hi, fds, marker_offs, markers, base, mlen, status, HL3_BADSUM, HL3_CHECKSUM);
     for (int j = lo; j < hi; j++) {
         int32_t s = status[j]; /* HL3_TODO: data and marker read, checksum good or none */
         if (s != HL3_TODO && s != HL3_CHECKSUM)
             continue;
-        if (memcmp(markers + (size_t)j * mlen, expect + (size_t)j * mlen, (size_t)mlen) != 0)
+        if (memcmp(markers + (size_t)(j - base) * mlen, expect + (size_t)j * mlen, (size_t)mlen) != 0)
             status[j] = HL3_HEADER;
         else
             status[j] = s == HL3_TODO ? HL3_OK : HL3_CHECKSUM;
@@ -226,6 +229,39 @@ int hl3_read_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
     if (state != NULL)
         x->free_state(state);
     return count_bad(lo, hi, status);
+}
+
+int hl3_read_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
+                   const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
+                   unsigned char *markers, const unsigned char *expect, int64_t mlen,
+                   const uint64_t *csums, const struct hl3_xxh3 *x, int32_t *status)
+{
+    return read_pages(lo, hi, fds, data_offs, marker_offs, segs, at, markers, 0, expect, mlen, csums, x,
+                      status);
+}
+
+/* hl3_read_pages of a planned get (hicache_l3/slab/plan.py: the plan's arrays and the
+ * batch's flat segments as they are), the records read landing in scratch memory of this
+ * call's own instead of a caller's buffer: one call per share, nothing built per batch but
+ * the status array. Every page HL3_NOMEM when the scratch cannot be had; returns the
+ * number not OK. */
+int hl3_read_plan(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
+                  const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
+                  const unsigned char *expect, int64_t mlen, const uint64_t *csums,
+                  const struct hl3_xxh3 *x, int32_t *status)
+{
+    if (hi <= lo)
+        return 0;
+    unsigned char *markers = malloc((size_t)(hi - lo) * (size_t)mlen);
+    if (markers == NULL) {
+        for (int j = lo; j < hi; j++)
+            status[j] = HL3_NOMEM;
+        return hi - lo;
+    }
+    int bad = read_pages(lo, hi, fds, data_offs, marker_offs, segs, at, markers, lo, expect, mlen, csums,
+                         x, status);
+    free(markers);
+    return bad;
 }
 
 /* Pages lo..hi-1 of a write batch (slab format 2): where with_csum, the XXH3 of page j's
@@ -258,7 +294,7 @@ int hl3_write_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs
     }
     if (state != NULL)
         x->free_state(state);
-    move_markers(1, lo, hi, fds, marker_offs, markers, mlen, status, HL3_TODO, HL3_STEP);
+    move_markers(1, lo, hi, fds, marker_offs, markers, 0, mlen, status, HL3_TODO, HL3_STEP);
     move_pages(1, lo, hi, fds, data_offs, segs, at, status, HL3_STEP, HL3_OK, 0, NULL, x, NULL);
     return count_bad(lo, hi, status);
 }
@@ -275,7 +311,7 @@ int hl3_markers(int writing, int lo, int hi, const int32_t *fds, const int64_t *
 {
     for (int j = lo; j < hi; j++)
         status[j] = HL3_TODO;
-    move_markers(writing, lo, hi, fds, offs, bufs, len, status, HL3_TODO, HL3_OK);
+    move_markers(writing, lo, hi, fds, offs, bufs, 0, len, status, HL3_TODO, HL3_OK);
     if (!writing && expect != NULL) {
         for (int j = lo; j < hi; j++) {
             if (status[j] == HL3_OK && memcmp(bufs + (size_t)j * len, expect + (size_t)j * len, (size_t)len) != 0)

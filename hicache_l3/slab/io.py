@@ -305,13 +305,20 @@ class NativeTransport(SlotTransport):
 
     def read_plan(self, plan: GetPlan, pages: Sequence[Page],
                   reasons: dict[int, Reason] | None = None) -> array.array[int]:
-        """The planned pages as one :class:`~hicache_l3.slab.native.PageBatch` built from the
-        plan's arrays as they are (no per-page Python), its shares read in parallel."""
-        pb = native.PageBatch.for_read(RECORD_BYTES, plan.fds, plan.data_offs, plan.marker_offs,
-                                       pages, plan.expect, plan.csums)
-        lib, n = self.lib, len(pb)
-        self._pool.run_chunks(lambda lo, hi: lib.read(pb, lo, hi), n, self._read_chunk(n))
-        return pb.status
+        """The planned pages read by ``hl3_read_plan`` straight from the plan's arrays and
+        the batch's flat segments (:meth:`~hicache_l3.slab.native.BatchIO.plan_read`: no
+        :class:`~hicache_l3.slab.native.PageBatch`, no per-page Python), its shares in
+        parallel; through a :class:`~hicache_l3.slab.native.PageBatch` with a library
+        built without that call."""
+        lib, n = self.lib, plan.count
+        if not lib.reads_plans:
+            pb = native.PageBatch.for_read(RECORD_BYTES, plan.fds, plan.data_offs, plan.marker_offs,
+                                           pages, plan.expect, plan.csums)
+            self._pool.run_chunks(lambda lo, hi: lib.read(pb, lo, hi), n, self._read_chunk(n))
+            return pb.status
+        call = lib.plan_read(plan, pages)
+        self._pool.run_chunks(lambda lo, hi: lib.read_plan(call, lo, hi), n, self._read_chunk(n))
+        return call.status
 
     def _read_chunk(self, n: int) -> int:
         """Pages per native read call: the whole batch in one call with one I/O thread (a

@@ -27,15 +27,20 @@ from __future__ import annotations
 
 import array
 import ctypes
+import functools
 import importlib.util
 import os
 import threading
 from collections.abc import Callable, Sequence
 from itertools import accumulate, chain
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar
 
 from hicache_l3.common.integrity import page_checksum, xxh3_function
 from hicache_l3.common.pages import Page
+from hicache_l3.slab.format import RECORD_BYTES
+
+if TYPE_CHECKING:
+    from hicache_l3.slab.plan import GetPlan
 
 OK, SHORT, HEADER, CHECKSUM, NOMEM = 0, 1, 2, 3, 4
 ABI = 2  # hl3_abi() of a library this module can call (slab format 2)
@@ -172,6 +177,33 @@ def flat_segments(pages: Sequence[Page]) -> tuple[array.array[int], array.array[
             array.array("i", accumulate(map(len, pages), initial=0)))
 
 
+@functools.lru_cache(maxsize=64)
+def _uniform_at(per: int, n: int) -> array.array[int]:
+    """The ``at`` bounds of ``n`` pages of ``per`` segments each (read, never written, by
+    the C calls): built once per shape, not once per batch."""
+    return array.array("i", range(0, per * n + 1, per))
+
+
+def plan_segments(pages: Sequence[Page]) -> tuple[bytes | array.array[int], array.array[int]]:
+    """:func:`flat_segments` without a copy where it can: a
+    :class:`~hicache_l3.common.pages.FlatPages`' segments as they are (the C calls only
+    read them) and its bounds shared by every batch of its shape."""
+    flat = getattr(pages, "segments", None)
+    if flat is not None and len(flat) == 16 * pages.per * len(pages):  # type: ignore[attr-defined]
+        return flat, _uniform_at(pages.per, len(pages))  # type: ignore[attr-defined]
+    return flat_segments(pages)
+
+
+class PlanRead(NamedTuple):
+    """One planned read's call (:meth:`BatchIO.plan_read`): its status array, the C
+    call's arguments after ``lo, hi``, and the objects whose memory they address (held
+    while the call may run)."""
+
+    status: array.array[int]
+    args: tuple[int | bytes, ...]  # a bytes object passes as the address of its bytes
+    keep: tuple[object, ...]
+
+
 class BatchIO:
     """The loaded C library (see module docstring); one instance per process."""
 
@@ -188,6 +220,10 @@ class BatchIO:
         self._write = lib.hl3_write_pages
         self._write.restype = ctypes.c_int
         self._write.argtypes = [_i32, _i32, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _i32, _vp, _vp, _vp]
+        self._read_plan = getattr(lib, "hl3_read_plan", None)  # absent from an older build
+        if self._read_plan is not None:
+            self._read_plan.restype = ctypes.c_int
+            self._read_plan.argtypes = [_i32, _i32, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _vp, _vp, _vp]
         self._markers = lib.hl3_markers
         self._markers.restype = ctypes.c_int
         self._markers.argtypes = [_i32, _i32, _i32, _vp, _vp, _vp, _vp, _i64, _vp]
@@ -210,6 +246,39 @@ class BatchIO:
             return 0
         return int(self._write(lo, hi, *batch.addresses, batch.marker_len, int(checksum),
                                batch.checksums_at, self._xxh3_at, batch.status_at))
+
+    @property
+    def reads_plans(self) -> bool:
+        """Whether this build has :meth:`read_plan` (``hl3_read_plan``)."""
+        return self._read_plan is not None
+
+    def plan_read(self, plan: GetPlan, pages: Sequence[Page]) -> PlanRead:
+        """The call :meth:`read_plan` makes for ``plan``'s ``plan.count`` pages into
+        ``pages`` (page ``j`` of the plan into ``pages[j]``): the plan's arrays taken as
+        they are (no copy) and the segments of ``pages`` as :func:`plan_segments` gives
+        them; ValueError when their lengths differ."""
+        n = plan.count
+        segments, at = plan_segments(pages)
+        if len(pages) != n or len(plan.fds) != n or len(plan.expect) != n * RECORD_BYTES:
+            raise ValueError(f"read_plan: {len(pages)} pages for a plan of {n}")
+        status = array.array("i", bytes(4 * n))
+        return PlanRead(status, (plan.fds.buffer_info()[0], plan.data_offs.buffer_info()[0],
+                                 plan.marker_offs.buffer_info()[0],
+                                 segments if isinstance(segments, bytes) else _address(segments),
+                                 at.buffer_info()[0], _address(plan.expect), RECORD_BYTES,
+                                 plan.csums.buffer_info()[0], self._xxh3_at, status.buffer_info()[0]),
+                        (segments, at, plan))
+
+    def read_plan(self, call: PlanRead, lo: int, hi: int) -> int:
+        """``hl3_read_plan`` of pages ``lo..hi-1`` of ``call`` (:meth:`plan_read`): the
+        read and checks of :meth:`read` without a :class:`PageBatch` (the records read land
+        in the C call's own scratch memory); the number not OK (0 for an empty share)."""
+        if lo == hi:
+            return 0
+        if not 0 <= lo < hi <= len(call.status):
+            raise ValueError(f"read of pages [{lo}, {hi}) of a {len(call.status)}-page plan")
+        assert self._read_plan is not None
+        return int(self._read_plan(lo, hi, *call.args))
 
     @property
     def has_markers(self) -> bool:

@@ -96,6 +96,18 @@ def _geometry_array(geometry: Geometry) -> array.array[int]:
                              (1 << _GROUP_SHIFT) * geometry.data_stride, RECORD_BYTES))
 
 
+_ZEROS: dict[str, array.array[int]] = {}
+
+
+def _zeros(typecode: str, n: int) -> array.array[int]:
+    """A new zeroed ``typecode`` array of ``n`` items: a slice of a zero array kept per
+    type (one copy, where building one from ``bytes`` is an allocation and a copy)."""
+    zero = _ZEROS.get(typecode)
+    if zero is None or len(zero) < n:
+        zero = _ZEROS[typecode] = array.array(typecode, bytes(array.array(typecode).itemsize * max(n, 1024)))
+    return zero[:n]
+
+
 def plan_get(table: PageTable, keys: Sequence[str], geometry: Geometry, verified_only: bool,
              open_slab: Callable[[int, int], int | None]) -> GetPlan | None:
     """The :class:`GetPlan` of ``keys`` (valid page keys) against ``table``, or None where
@@ -111,14 +123,11 @@ def plan_get(table: PageTable, keys: Sequence[str], geometry: Geometry, verified
     except UnicodeEncodeError:
         return None
     geo = _geometry_array(geometry)
-    values = array.array("Q", bytes(48 * n))
-    code = array.array("i", bytes(4 * n))
-    data_offs, marker_offs = array.array("q", bytes(8 * n)), array.array("q", bytes(8 * n))
+    values, csums, slabs = _zeros("Q", 6 * n), _zeros("Q", n), _zeros("Q", 2 * n)
+    code, where, slab_of = _zeros("i", n), _zeros("i", n), _zeros("i", n)
+    data_offs, marker_offs = _zeros("q", n), _zeros("q", n)
     expect = bytearray(RECORD_BYTES * n)
-    csums = array.array("Q", bytes(8 * n))
-    where, slab_of = array.array("i", bytes(4 * n)), array.array("i", bytes(4 * n))
-    slabs = array.array("Q", bytes(16 * n))
-    nslabs = array.array("Q", [0])  # a size_t (64-bit hosts only: checked above)
+    nslabs = _zeros("Q", 1)  # a size_t (64-bit hosts only: checked above)
     # a key holding a newline splits into more than n: the C call then answers -1
     count, m = table.plan_get(n, blob, geo, verified_only,
                               (values, code, data_offs, marker_offs, expect, csums, where, slab_of,

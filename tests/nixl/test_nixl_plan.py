@@ -8,6 +8,7 @@ and the C helpers (connectors/nixl/batch_lib.py) against their Python spellings.
 from __future__ import annotations
 
 import array
+import errno
 import os
 import random
 import uuid
@@ -27,6 +28,7 @@ from hicache_l3.common.pages import FlatPages
 from hicache_l3.conformance.slab_backdoor import SlabBackdoor, slab_location
 from hicache_l3.connectors.nixl import batch_lib
 from hicache_l3.connectors.nixl.base import coalesce
+from hicache_l3.slab import native
 from hicache_l3.slab.format import RECORD_BYTES, Entry
 from hicache_l3.slab.native import CHECKSUM, HEADER, OK, PageBatch
 from hicache_l3.slab.table import digest
@@ -331,3 +333,63 @@ def test_a_set_writes_the_reference_records_and_bytes(tmp_path: Path, checksum: 
         slots[path] = got
     assert slots["c"] == slots["python"]
     assert all(d == bytes(buf.view()[i * P:(i + 1) * P]) for i, (_, d) in enumerate(slots["c"]))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 3), st.integers(0, 1), st.booleans()), min_size=1, max_size=12),
+       st.sampled_from([0, 100, 1 << 20]))
+def test_row_arrays_and_flat_bytes_give_the_rows_of_lists(spec: list[tuple[int, int, bool]],
+                                                           cap: int) -> None:
+    """rows(..., arrays=True) (the m x 3 numpy arrays the planned get hands NIXL) holds
+    the rows of the list spelling, and a FlatPages' segment bytes give the same rows as
+    its flattened arrays."""
+    assert HELPERS is not None
+    pages, fds, offs = [], [], []
+    address, offset = 1 << 16, 0
+    for count, fd, gap in spec:
+        pages.append(tuple((address + 64 * s, 64) for s in range(count)))
+        address += 64 * count + (32 if gap else 0)
+        fds.append(7 + fd)
+        offs.append(offset)
+        offset += 64 * count + (16 if gap else 0)
+    segments, at = batch_lib.flatten(pages)
+    fd_arr, off_arr = array.array("i", fds), array.array("q", offs)
+    want = HELPERS.rows(segments, at, fd_arr, off_arr, cap)
+    local, remote = HELPERS.rows(segments, at, fd_arr, off_arr, cap, arrays=True)
+    assert local.shape == remote.shape == (len(want[0]), 3)
+    assert ([tuple(r) for r in local.tolist()], [tuple(r) for r in remote.tolist()]) == want
+    assert HELPERS.rows(segments.tobytes(), at, fd_arr, off_arr, cap) == want
+    with pytest.raises(ValueError):
+        HELPERS.rows(segments.tobytes()[:-8], at, fd_arr, off_arr, cap)
+
+
+def test_plan_markers_and_sums_read_the_plan_arrays_as_they_are(tmp_path: Path) -> None:
+    """plan_markers: OK, HEADER (another record), SHORT (cut) and -errno per record, as
+    read_markers of a PageBatch; plan_sums: CHECKSUM only for a checked OK page whose
+    bytes differ, from flat segment bytes."""
+    assert HELPERS is not None
+    records = [random.Random(i).randbytes(RECORD_BYTES) for i in range(4)]
+    path = tmp_path / "slab"
+    path.write_bytes(b"".join(records[:3]) + records[3][:10])
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        expect = bytearray(b"".join([records[0], records[2], records[2], records[3]]))
+        status = array.array("i", bytes(16))
+        fds = array.array("i", [fd, fd, -1, fd])
+        offs = array.array("q", [0, RECORD_BYTES, 2 * RECORD_BYTES, 3 * RECORD_BYTES])
+        assert HELPERS.plan_markers(fds, offs, expect, status) == 3
+        assert list(status) == [OK, HEADER, -errno.EBADF, native.SHORT]
+    finally:
+        os.close(fd)
+    buf = HostBuffer(3 * P)
+    buf.view()[:] = random.Random(5).randbytes(3 * P)
+    pages = [((buf.address + j * P, P),) for j in range(3)]
+    sums = array.array("Q", [page_checksum(pages[0]), page_checksum(pages[1]) ^ 1, 0])
+    flat = FlatPages(pages, array.array("Q", [v for p in pages for s in p for v in s]).tobytes(), 1)
+    segments, at = native.plan_segments(flat)
+    assert isinstance(segments, bytes)
+    status = array.array("i", [OK, OK, OK])
+    assert HELPERS.plan_sums(segments, at, sums, status, 0, 3) == 1
+    assert list(status) == [OK, CHECKSUM, OK]
+    with pytest.raises(ValueError):
+        HELPERS.plan_sums(segments, at, sums, status, 0, 4)

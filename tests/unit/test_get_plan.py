@@ -10,11 +10,12 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hicache_l3 import Namespace, open_connector
@@ -200,6 +201,53 @@ def test_a_key_with_a_newline_is_not_planned(tmp_path: Path) -> None:
         assert store is not None
         assert store.plan_get([keys[0], "a\nb"], True) is None
         assert store.plan_get([keys[0]], True) is not None
+
+
+_DAMAGE = {"ok": OK, "miss": MISS, "flip": CORRUPT, "torn": CORRUPT, "recycled": CORRUPT,
+           "size": Reason.SIZE_MISMATCH}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(damage=st.lists(st.sampled_from(sorted(_DAMAGE)), min_size=1, max_size=N)
+       .filter(lambda d: d != ["miss"] * len(d)), order=st.randoms())  # a store to open
+def test_planned_get_agrees_with_the_reference_on_any_damage(tmp_path: Path, damage: list[str],
+                                                             order: random.Random) -> None:
+    """Any mix of hits, misses, flipped data, torn slots (a rewrite cut short), recycled
+    slots (the index names an older generation than the slot's record) and size
+    mismatches, asked for in any order: the planned get (hl3_pt_plan_get, hl3_read_plan)
+    and the reference (lookup, a ReadBatch) give the same Reason per key, the one the
+    damage implies, the same bytes and the same index afterwards."""
+    root = tmp_path / uuid.uuid4().hex  # tmp_path is shared by the examples
+    keys = [f"dmg-{i:02d}" for i in range(len(damage))]
+    src = HostBuffer(N * P)
+    _fill(src, order.getrandbits(16))
+    stored = [i for i, d in enumerate(damage) if d != "miss"]
+    with _open(root) as w:
+        w.register(src)
+        assert all(w.batch_set([keys[i] for i in stored], [((src.address + i * P, P),) for i in stored]))
+    door = _Backdoor()
+    for i, d in enumerate(damage):
+        if d in ("flip", "torn"):
+            door.backdoor_corrupt({"root": str(root)}, NS, keys[i], "flip" if d == "flip" else "truncate")
+
+    def wreck(store: Any, ks: list[str]) -> None:
+        for i, d in enumerate(damage):
+            if d in ("size", "recycled"):
+                e = store.index.table.get(digest(keys[i]))
+                store.index.table.put(digest(keys[i]), Entry(e.writer, e.slab, e.slot,
+                                                             e.gen - 1 if d == "recycled" else e.gen,
+                                                             P // 2 if d == "size" else P, e.checksum))
+
+    asked = order.sample(range(len(keys)), len(keys))
+    planned = _get(root, [keys[i] for i in asked], True, wreck)
+    reference = _get(root, [keys[i] for i in asked], False, wreck)
+    assert planned[3] == 1 and reference[3] == 0
+    assert planned[0] == reference[0] == [_DAMAGE[damage[i]] for i in asked]
+    assert planned[1] == reference[1]
+    assert planned[2] == reference[2]
+    for j, i in enumerate(asked):
+        if damage[i] == "ok":
+            assert planned[1][j * P:(j + 1) * P] == bytes(src.view()[i * P:(i + 1) * P])
 
 
 # ---- the one-pass common-batch check ------------------------------------------------------

@@ -47,6 +47,7 @@ ops = st.lists(st.one_of(
     st.tuples(st.just("touch"), st.lists(st.integers(0, SLABS * STRIDE - 1), max_size=10)),
     st.tuples(st.just("touch_cols"), st.lists(st.integers(0, SLABS * STRIDE - 1), max_size=10)),
     st.tuples(st.just("touch_run"), st.integers(0, SLABS * STRIDE - 1), st.integers(1, STRIDE)),
+    st.tuples(st.just("near_run"), st.integers(0, SLABS * STRIDE - 1), st.integers(3, STRIDE), st.booleans()),
     st.tuples(st.just("discard"), st.integers(0, SLABS * STRIDE - 1)),
     st.tuples(st.just("evict"), st.integers(0, 2 * SLABS * STRIDE)),
 ), max_size=60)
@@ -88,6 +89,23 @@ def test_clock_equals_the_slot_by_slot_reference(program: list[tuple]) -> None:
             for i in ids:
                 if ref.state[i]:
                     ref.state[i] = HOT
+        elif op[0] == "near_run":  # uint64 columns of a run but for one repeated slot
+            slab, first = where(op[1])
+            n = min(op[2], STRIDE - first)
+            if n < 3:
+                continue
+            ids = [slab * STRIDE + s for s in range(first, first + n)]
+            ids[1] = ids[0]  # first, first, first + 2, ...: ends where a run would
+            cols = array.array("Q", [where(i)[0] for i in ids]), array.array("Q", [where(i)[1] for i in ids])
+            if op[3]:
+                clock.add_slots(*cols)
+                for i in ids:
+                    ref.state[i] = COLD
+            else:
+                clock.touch_slots(*cols)
+                for i in ids:
+                    if ref.state[i]:
+                        ref.state[i] = HOT
         elif op[0] == "discard":
             assert clock.discard(*where(op[1])) == bool(ref.state[op[1]])
             ref.state[op[1]] = ABSENT

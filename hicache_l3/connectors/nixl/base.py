@@ -409,6 +409,14 @@ def run_units(
     return run_flat(transfer, local, remote, bounds, max_descs, reread)
 
 
+def _row_fds(rows: Any) -> set[int]:
+    """The descriptors (third column) of remote rows: a list of ``(offset, length, fd)``
+    tuples, or an ``m x 3`` numpy array of them (its column in one call)."""
+    if isinstance(rows, list):
+        return {fd for _, _, fd in rows}
+    return set(rows[:, 2].tolist())
+
+
 def run_flat(
     transfer: Callable[[list[tuple[int, int, int]], list[tuple[int, int, int]]], None],
     local: list[tuple[int, int, int]],
@@ -571,7 +579,7 @@ class NixlConnector(Connector[NixlConfig]):
             agent = self._live_agent()
             if files:
                 try:
-                    agent.register_files({fd for _, _, fd in remote})
+                    agent.register_files(_row_fds(remote))
                 except Exception as exc:
                     raise TransferError(f"NIXL could not register a slab: {type(exc).__name__}: "
                                         f"{exc}") from None

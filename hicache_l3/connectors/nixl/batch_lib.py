@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import array
 import ctypes
+import functools
+import importlib
 import sys
+from typing import Any
 
 from hicache_l3.connectors.nixl.base import Desc, coalesce
 from hicache_l3.slab.format import GROUP_SLOTS, RECORD_BYTES
@@ -37,6 +40,15 @@ def _at(buf: array.array[int] | bytearray) -> int:
     if isinstance(buf, array.array):
         return buf.buffer_info()[0] if buf else 0
     return ctypes.addressof(ctypes.c_char.from_buffer(buf)) if buf else 0
+
+
+@functools.cache
+def _numpy() -> Any:
+    """numpy (a dependency of nixl itself, imported on first use), or None without it."""
+    try:
+        return importlib.import_module("numpy")
+    except ImportError:
+        return None
 
 
 def _rows(flat: array.array[int], m: int) -> list[Desc]:
@@ -62,25 +74,67 @@ class NixlBatchLib:
         self._xxh3 = xxh3_entry_points()
         self._xxh3_at = ctypes.addressof(self._xxh3)
 
-    def rows(self, segments: array.array[int], at: array.array[int], fds: array.array[int],
-             offsets: array.array[int], max_bytes: int) -> tuple[list[Desc], list[Desc]]:
+    def rows(self, segments: array.array[int] | bytes, at: array.array[int], fds: array.array[int],
+             offsets: array.array[int], max_bytes: int, *, arrays: bool = False) -> tuple[Any, Any]:
         """The local (DRAM) and remote (FILE) rows moving ``n = len(fds)`` pages: page ``j``
-        is the ``(address, length)`` pairs ``segments[2 at[j] : 2 at[j + 1]]`` (uint64),
-        moved to or from ``offsets[j]`` (int64) of ``fds[j]`` (int32) onward; runs of rows
-        that continue each other on both sides are joined up to ``max_bytes`` (0: one row
-        per segment): :func:`~hicache_l3.connectors.nixl.base.coalesce` of the
-        per-segment rows, in one C call."""
+        is the ``(address, length)`` pairs ``segments[2 at[j] : 2 at[j + 1]]`` (uint64;
+        ``bytes`` of them, as a :class:`~hicache_l3.common.pages.FlatPages` carries them,
+        are taken as they are), moved to or from ``offsets[j]`` (int64) of ``fds[j]``
+        (int32) onward; runs of rows that continue each other on both sides are joined up
+        to ``max_bytes`` (0: one row per segment):
+        :func:`~hicache_l3.connectors.nixl.base.coalesce` of the per-segment rows, in one C
+        call. Lists of ``(a, b, c)`` tuples; with ``arrays`` (and numpy importable, as it
+        is wherever NIXL is), two ``m x 3`` uint64 numpy arrays over the C call's output
+        instead, which ``get_xfer_descs`` takes without a Python object per row."""
         n = len(fds)
         if not n:
             return [], []
-        if not (len(offsets) == n and len(at) == n + 1 and len(segments) == 2 * at[n]) \
-                or (segments.typecode, at.typecode, fds.typecode, offsets.typecode) != ("Q", "i", "i", "q"):
+        pairs = len(segments) // 16 if isinstance(segments, bytes) else len(segments) // 2
+        if not (len(offsets) == n and len(at) == n + 1 and pairs == at[n]) \
+                or (getattr(segments, "typecode", "Q"), at.typecode, fds.typecode, offsets.typecode) \
+                != ("Q", "i", "i", "q") or (isinstance(segments, bytes) and len(segments) % 16):
             raise ValueError("rows: arrays differ in length or type")
         room = at[n]
         local, remote = array.array("Q", bytes(24 * room)), array.array("Q", bytes(24 * room))
-        m = int(self._join(n, _at(segments), _at(at), _at(fds), _at(offsets), _at(local), _at(remote),
-                           max_bytes))
+        m = int(self._join(n, segments if isinstance(segments, bytes) else _at(segments), _at(at), _at(fds),
+                           _at(offsets), _at(local), _at(remote), max_bytes))
+        numpy = _numpy() if arrays else None
+        if numpy is not None:
+            return (numpy.frombuffer(local, numpy.uint64, 3 * m).reshape(m, 3),
+                    numpy.frombuffer(remote, numpy.uint64, 3 * m).reshape(m, 3))
         return _rows(local, m), _rows(remote, m)
+
+    def plan_markers(self, fds: array.array[int], offsets: array.array[int], expect: bytearray,
+                     status: array.array[int]) -> int:
+        """Read marker record ``j`` at ``offsets[j]`` (int64) of ``fds[j]`` (int32) for every
+        ``j`` (a :class:`~hicache_l3.slab.plan.GetPlan`'s arrays, as they are) into scratch
+        space, each compared with ``expect[128 j : 128 (j + 1)]``, in one call with the GIL
+        released, adjacent records in one syscall: ``status[j]`` becomes OK, SHORT,
+        HEADER (differs) or ``-errno``; the number not OK."""
+        n = len(fds)
+        if len(offsets) != n or len(status) != n or len(expect) != RECORD_BYTES * n \
+                or (fds.typecode, offsets.typecode, status.typecode) != ("i", "q", "i"):
+            raise ValueError("plan_markers: arrays differ in length or type")
+        if not n:
+            return 0
+        scratch = bytearray(RECORD_BYTES * n)  # held by this frame until the call returns
+        return int(self._markers(0, 0, n, _at(fds), _at(offsets), _at(scratch), _at(expect), RECORD_BYTES,
+                                 _at(status)))
+
+    def plan_sums(self, segments: array.array[int] | bytes, at: array.array[int], csums: array.array[int],
+                  status: array.array[int], lo: int, hi: int) -> int:
+        """:meth:`check_sums` of pages ``lo..hi-1`` given as flat arrays (the segments and
+        bounds of :func:`~hicache_l3.slab.native.plan_segments`, a plan's checksums, the
+        read's status), taken as they are; the number not OK in the share."""
+        n = len(status)
+        pairs = len(segments) // 16 if isinstance(segments, bytes) else len(segments) // 2
+        if len(csums) != n or len(at) != n + 1 or pairs != at[n] or not 0 <= lo <= hi <= n \
+                or (csums.typecode, status.typecode, at.typecode) != ("Q", "i", "i"):
+            raise ValueError(f"checksums of pages [{lo}, {hi}) of a {n}-page read")
+        if lo == hi:
+            return 0
+        return int(self._sums(lo, hi, segments if isinstance(segments, bytes) else _at(segments), _at(at),
+                              _at(csums), self._xxh3_at, _at(status)))
 
     def write_markers(self, fds: array.array[int], offsets: array.array[int],
                       records: bytearray) -> array.array[int]:

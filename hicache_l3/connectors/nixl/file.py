@@ -260,26 +260,28 @@ class NixlTransport(SlotTransport):
         helpers = self.helpers
         if helpers is None or not self.reads_plans:
             raise NotImplementedError(f"{self.name} reads get plans only with the C helpers")
-        pb = native.PageBatch.for_read(RECORD_BYTES, plan.fds, plan.data_offs, plan.marker_offs, pages,
-                                       plan.expect, plan.csums)
-        n = len(pb)
+        n = plan.count
+        if len(pages) != n:
+            raise ValueError(f"read_plan: {len(pages)} pages for a plan of {n}")
+        status = array.array("i", bytes(4 * n))
         if not n:
-            return pb.status
-        results = self._move_flat(self._transfer("READ"), True, pb.segments, pb.at, pb.fds, pb.data_offsets)
-        helpers.read_markers(pb)  # after the data: a rewrite that began meanwhile shows there
-        status = pb.status
+            return status
+        segments, at = native.plan_segments(pages)  # a FlatPages' segments as they are
+        results = self._move_flat(self._transfer("READ"), True, segments, at, plan.fds, plan.data_offs)
+        # after the data: a rewrite that began meanwhile shows there
+        if helpers.plan_markers(plan.fds, plan.marker_offs, plan.expect, status):
+            for j, code in enumerate(status):
+                if code == SHORT:  # a record cut short is not the one expected
+                    status[j] = HEADER
         if results is not None:
             for j, result in enumerate(results):
                 if result is not Reason.OK:
                     status[j] = FAILED
                     if reasons is not None:
                         reasons[j] = result
-        if status.count(OK) != n:
-            for j, code in enumerate(status):
-                if code == SHORT:  # a record cut short is not the one expected
-                    status[j] = HEADER
-        if plan.csums.count(0) != n:  # pages written with a checksum are verified
-            self._pool.map(lambda lo, hi: helpers.check_sums(pb, lo, hi), n)
+        csums = plan.csums
+        if csums.count(0) != n:  # pages written with a checksum are verified
+            self._pool.map(lambda lo, hi: helpers.plan_sums(segments, at, csums, status, lo, hi), n)
         return status
 
     def _move(self, op: str, pages: list[Page], fds: Sequence[int], offsets: Sequence[int]) -> list[Reason]:
@@ -296,7 +298,7 @@ class NixlTransport(SlotTransport):
         return [Reason.OK] * len(pages) if results is None else results
 
     def _move_flat(self, transfer: Callable[[list[Any], list[Any]], None], reread: bool,
-                   segments: array.array[int], at: array.array[int], fds: array.array[int],
+                   segments: array.array[int] | bytes, at: array.array[int], fds: array.array[int],
                    offsets: array.array[int]) -> list[Reason] | None:
         """:func:`run_flat` with ``merge`` of the pages in flat arrays
         (:meth:`~hicache_l3.connectors.nixl.batch_lib.NixlBatchLib.rows`): the joined rows
@@ -309,7 +311,7 @@ class NixlTransport(SlotTransport):
         n = len(fds)
         if not n:
             return None
-        local, remote = helpers.rows(segments, at, fds, offsets, MERGE_MAX_BYTES)
+        local, remote = helpers.rows(segments, at, fds, offsets, MERGE_MAX_BYTES, arrays=True)
         if len(local) <= self.max_descs:
             try:
                 transfer(local, remote)
