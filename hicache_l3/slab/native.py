@@ -33,14 +33,24 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from itertools import accumulate, chain
-from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from hicache_l3.common.integrity import page_checksum, xxh3_function
 from hicache_l3.common.pages import Page
 from hicache_l3.slab.format import RECORD_BYTES
 
-if TYPE_CHECKING:
-    from hicache_l3.slab.plan import GetPlan
+
+class PlannedRead(Protocol):
+    """What :meth:`BatchIO.plan_read` reads of a :class:`~hicache_l3.slab.plan.GetPlan`
+    (named by its fields here: slab/plan.py builds on the page table, which loads this
+    module's library)."""
+
+    count: int
+    fds: array.array[int]
+    data_offs: array.array[int]
+    marker_offs: array.array[int]
+    expect: bytearray
+    csums: array.array[int]
 
 OK, SHORT, HEADER, CHECKSUM, NOMEM = 0, 1, 2, 3, 4
 ABI = 2  # hl3_abi() of a library this module can call (slab format 2)
@@ -252,7 +262,7 @@ class BatchIO:
         """Whether this build has :meth:`read_plan` (``hl3_read_plan``)."""
         return self._read_plan is not None
 
-    def plan_read(self, plan: GetPlan, pages: Sequence[Page]) -> PlanRead:
+    def plan_read(self, plan: PlannedRead, pages: Sequence[Page]) -> PlanRead:
         """The call :meth:`read_plan` makes for ``plan``'s ``plan.count`` pages into
         ``pages`` (page ``j`` of the plan into ``pages[j]``): the plan's arrays taken as
         they are (no copy) and the segments of ``pages`` as :func:`plan_segments` gives
