@@ -49,7 +49,7 @@ from hicache_l3.slab.table import (
     DIGEST_SEED,
     NativePageTable,
     PageTable,
-    build_image,
+    TableImage,
     digest,
     digests,
     live_put_spans,
@@ -687,8 +687,8 @@ class SlabIndex:
     def rebase_later(self) -> None:
         """Move the table onto the namespace's checkpoint, when it is another than the
         mapped base (looked for at most every :data:`REBASE_CHECK_S`), mostly off the
-        lock: the table is exported and its changes journaled from now; a background
-        thread builds a table from the export and rebases it on the checkpoint; the next
+        lock: the table is copied (``flatten``, about a memcpy) and its changes journaled
+        from now; a background thread rebases the copy on the checkpoint; the next
         :meth:`refresh` catches it up with the journal and adopts it. Caller holds
         ``lock``; nothing while a background checkpoint write or rebase runs."""
         now = time.monotonic()
@@ -697,33 +697,36 @@ class SlabIndex:
                 or self._pending_base is not None or (self._saver is not None and self._saver.is_alive())):
             return
         self._rebase_checked = now
-        try:
-            st = os.stat(self.directory / checkpoint.CHECKPOINT_FILE, follow_symlinks=False)
-        except OSError:
+        if not self._newer_checkpoint():
             return
-        if (st.st_ino, st.st_mtime_ns) == self.base_id:
-            return
-        ds, values = table.export()
         try:
+            copy = table.flatten()
             table.journal_start()
         except MemoryError:
             return
-        self._saver = threading.Thread(target=self._rebase_off_lock, args=(ds, values),
+        self._saver = threading.Thread(target=self._rebase_off_lock, args=(copy,),
                                        name="hicache-index-rebase", daemon=True)
         self._saver.start()
 
-    def _rebase_off_lock(self, ds: bytes, values: array.array[int]) -> None:
-        """The rebase thread of :meth:`rebase_later`."""
+    def _newer_checkpoint(self) -> bool:
+        """The namespace's checkpoint is another file than the mapped base."""
+        try:
+            st = os.stat(self.directory / checkpoint.CHECKPOINT_FILE, follow_symlinks=False)
+        except OSError:
+            return False
+        return (st.st_ino, st.st_mtime_ns) != self.base_id
+
+    def _rebase_off_lock(self, copy: TableImage) -> None:
+        """The rebase thread of :meth:`rebase_later`: ``copy`` (the table's snapshot) is
+        rebased on the checkpoint without the GIL."""
         new: tuple[NativePageTable, tuple[int, int]] | None = None
         try:
             state = checkpoint.read(self.directory)
             if state is not None and state.image is not None:
                 image = state.image
                 try:
-                    built = build_image(ds, values, self.capacity)
-                    if built is not None:
-                        built.rebase(image.fd, image.offset, image.length)
-                        new = built.table, _file_id(image.fd)
+                    copy.rebase(image.fd, image.offset, image.length)
+                    new = copy.table, _file_id(image.fd)
                 except (ValueError, MemoryError) as exc:
                     log.warning("%s: index not rebased on its checkpoint (%s)", self.directory, exc)
                 finally:
@@ -742,13 +745,7 @@ class SlabIndex:
             return False
         self._rebase_checked, self._rebase_due = now, False
         table = self.table
-        if not isinstance(table, NativePageTable):
-            return False
-        try:
-            st = os.stat(self.directory / checkpoint.CHECKPOINT_FILE, follow_symlinks=False)
-        except OSError:
-            return False
-        if (st.st_ino, st.st_mtime_ns) == self.base_id:
+        if not isinstance(table, NativePageTable) or not self._newer_checkpoint():
             return False
         state = checkpoint.read(self.directory)
         if state is None or state.image is None:
