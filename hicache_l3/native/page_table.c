@@ -86,6 +86,7 @@ struct hl3_table { /* this process's handle: where the four areas are mapped */
     uint64_t ndead;
     void *map;        /* a base's own handle: its file mapping */
     size_t map_len;
+    uint64_t refs;    /* a base's: the tables over it (hl3_pt_fork shares it); freed at 0 */
     struct hl3_journal *journal; /* every put and pop, recorded while not NULL (hl3_pt_journal_start) */
 };
 
@@ -1199,6 +1200,8 @@ int hl3_pt_write_image(const hl3_table *t, int fd, uint64_t offset)
 
 static void free_base(hl3_table *b)
 {
+    if (__atomic_sub_fetch(&b->refs, 1, __ATOMIC_ACQ_REL) != 0)
+        return;
     unmap(b->h, sizeof(hl3_header));
     munmap(b->map, b->map_len);
     free(b);
@@ -1244,6 +1247,7 @@ static hl3_table *map_base(int fd, uint64_t offset, uint64_t bytes, int *err)
     b->meta = (uint16_t *)(uintptr_t)(img + at + hd.cap * (sizeof(hl3_page) + sizeof(uint32_t)));
     b->map = map;
     b->map_len = len;
+    b->refs = 1;
     uint64_t pages = 0, entries = 0;
     for (size_t i = 0; i < hd.cap; i++)
         if (b->pages[i].location != 0) {
@@ -1391,15 +1395,10 @@ int hl3_pt_journal_replay(hl3_table *dst, hl3_table *src)
     return rc;
 }
 
-/* A standalone copy (no base, no journal) of ``t``'s pages with the ``n`` pages of
- * ``digests``/``values`` put after them: what a checkpoint's image is written from. A
- * copy of the arrays (the base's, then its dead pages removed and the delta's pages put;
- * or t's own) rather than a rebuild page by page: about a memcpy of the table, so that it
- * can be taken under the caller's lock instead of an export of every page. NULL when out
- * of memory or a value is refused. */
-hl3_table *hl3_pt_flatten(const hl3_table *t, size_t n, const uint8_t *digests, const uint64_t *values)
+/* A table (no base, no journal) whose arrays are copies of ``src``'s own, expecting
+ * ``expect`` buckets (hl3_pt_expect); NULL when out of memory. */
+static hl3_table *copy_arrays(const hl3_table *src, uint64_t expect)
 {
-    const hl3_table *src = t->base != NULL ? t->base : t;
     uint64_t cap = src->h->cap;
     hl3_table *c = calloc(1, sizeof(*c));
     if (c == NULL)
@@ -1420,11 +1419,52 @@ hl3_table *hl3_pt_flatten(const hl3_table *t, size_t n, const uint8_t *digests, 
     memcpy(c->meta, src->meta, cap * sizeof(uint16_t));
     c->h->cap = cap;
     c->h->len = src->h->len;
-    c->h->expect = t->h->expect;
+    c->h->expect = expect;
     c->h->nclasses = src->h->nclasses;
     memcpy(c->h->lengths, src->h->lengths, src->h->nclasses * sizeof(uint32_t));
     for (uint64_t k = 0; k < c->h->nclasses; k++) /* (a base's header copy has no class hash) */
         c->h->classes[class_bucket(c->h, c->h->lengths[k])] = (uint16_t)(k + 1);
+    return c;
+}
+
+/* A copy of ``t`` (no journal) over the same base: its own copies of the delta's arrays
+ * and of the dead bits, the base's read-only mapping shared (counted: it stays mapped
+ * while either table holds it, whatever the other does). What a snapshot has to cost
+ * under the caller's lock: the delta and a bit per base bucket, not the base (57 B a
+ * page); hl3_pt_flatten of the fork then makes the image off the lock. A table without
+ * a base is copied whole. NULL when out of memory. */
+hl3_table *hl3_pt_fork(const hl3_table *t)
+{
+    hl3_table *c = copy_arrays(t, t->h->expect);
+    if (c == NULL || t->base == NULL)
+        return c;
+    size_t bytes = dead_bytes(t->base->h->cap);
+    uint64_t *dead = map_zero(bytes);
+    if (dead == NULL) {
+        hl3_pt_free(c);
+        return NULL;
+    }
+    memcpy(dead, t->dead, bytes);
+    __atomic_add_fetch(&t->base->refs, 1, __ATOMIC_ACQ_REL);
+    c->base = t->base;
+    c->dead = dead;
+    c->ndead = t->ndead;
+    return c;
+}
+
+/* A standalone copy (no base, no journal) of ``t``'s pages with the ``n`` pages of
+ * ``digests``/``values`` put after them: what a checkpoint's image is written from. A
+ * copy of the arrays (the base's, then its dead pages removed and the delta's pages put;
+ * or t's own) rather than a rebuild page by page: about a memcpy of the table. Called
+ * on a fork (hl3_pt_fork) off the lock, without the GIL. NULL when out of memory or a
+ * value is refused. */
+hl3_table *hl3_pt_flatten(const hl3_table *t, size_t n, const uint8_t *digests, const uint64_t *values)
+{
+    const hl3_table *src = t->base != NULL ? t->base : t;
+    uint64_t cap = src->h->cap;
+    hl3_table *c = copy_arrays(src, t->h->expect);
+    if (c == NULL)
+        return NULL;
     int rc = 0;
     if (t->base != NULL) {
         for (size_t i = 0; i < cap; i++) /* the base's dead pages leave the copy */

@@ -50,6 +50,7 @@ from __future__ import annotations
 import array
 import contextlib
 import dataclasses
+import errno
 import functools
 import gc
 import logging
@@ -366,7 +367,12 @@ def write(directory: Path, state: IndexState, expect: int | None = None,
     if sections is None:
         log.info("%s: a deleted key holds a NUL character: no index checkpoint written", directory)
         return False
-    image = state.table or build_image(state.digests, state.values, expect)  # (without the GIL)
+    try:
+        image = state.table or build_image(state.digests, state.values, expect)  # (without the GIL)
+        if image is not None:
+            image.nbytes  # noqa: B018 (a snapshot's standalone copy is made here, without the GIL)
+    except MemoryError as exc:
+        raise OSError(errno.ENOMEM, f"no memory for the checkpoint's table image ({exc})") from exc
     data = encode(state) if image is None else None
     _remove_stale_temporaries(directory)
     tmp = directory / f".{CHECKPOINT_FILE}.{os.getpid()}.{threading.get_ident()}.tmp"

@@ -687,7 +687,7 @@ class SlabIndex:
     def rebase_later(self) -> None:
         """Move the table onto the namespace's checkpoint, when it is another than the
         mapped base (looked for at most every :data:`REBASE_CHECK_S`), mostly off the
-        lock: the table is copied (``flatten``, about a memcpy) and its changes journaled
+        lock: the table is forked (``snapshot``: its delta copied, its base shared) and its changes journaled
         from now; a background thread rebases the copy on the checkpoint; the next
         :meth:`refresh` catches it up with the journal and adopts it. Caller holds
         ``lock``; nothing while a background checkpoint write or rebase runs."""
@@ -700,7 +700,7 @@ class SlabIndex:
         if not self._newer_checkpoint():
             return
         try:
-            copy = table.flatten()
+            copy = table.snapshot()
             table.journal_start()
         except MemoryError:
             return
@@ -767,16 +767,16 @@ class SlabIndex:
         """The log-derived state of this index now (see the class docstring), what a
         checkpoint holds. Caller holds ``lock``. Without ``copy`` it shares the live
         dicts (encode it before releasing ``lock``); with ``copy`` it is a snapshot that
-        may be encoded on another thread (the C table is always copied, as its arrays
-        with the unlogged pages put in: about a memcpy, ``state.table``; a dict table is
-        exported, ~10 ns a page; the small dicts are copied)."""
+        may be encoded on another thread (the C table is always copied, with the unlogged
+        pages put in: ``state.table``, a fork costing here its private delta and not its
+        shared base; a dict table is exported, ~10 ns a page; the small dicts are copied)."""
         table, flat = self.table, None
         if isinstance(table, NativePageTable):
             ds, values = b"".join(self.unlogged), array.array("Q")
             for entry in self.unlogged.values():
                 values.extend(entry)
             with contextlib.suppress(MemoryError):
-                flat = table.flatten(ds, values)
+                flat = table.snapshot(ds, values)
         if flat is not None:
             ds, values = b"", array.array("Q")
         else:

@@ -353,7 +353,7 @@ class _Library:
         self.attach = fn("hl3_pt_attach", ctypes.c_int, _vp, ctypes.c_int, _u64, _u64)
         self.rebase = fn("hl3_pt_rebase", ctypes.c_int, _vp, ctypes.c_int, _u64, _u64)
         self.image_bytes = fn("hl3_pt_image_bytes", _sz, _vp)
-        self.flatten = fn("hl3_pt_flatten", _vp, _vp, _sz, ctypes.c_char_p, _vp)
+        self.fork = fn("hl3_pt_fork", _vp, _vp)
         self.journal_start = fn("hl3_pt_journal_start", ctypes.c_int, _vp)
         self.journal_stop = fn("hl3_pt_journal_stop", None, _vp)
         self.journal_replay = fn("hl3_pt_journal_replay", ctypes.c_int, _vp, _vp)
@@ -370,6 +370,7 @@ class _Library:
         self.build_reserve = nogil("hl3_pt_reserve", ctypes.c_int, _vp, _u64)
         self.write_image = nogil("hl3_pt_write_image", ctypes.c_int, _vp, ctypes.c_int, _u64)
         self.build_rebase = nogil("hl3_pt_rebase", ctypes.c_int, _vp, ctypes.c_int, _u64, _u64)
+        self.build_flatten = nogil("hl3_pt_flatten", _vp, _vp, _sz, ctypes.c_char_p, _vp)
         from hicache_l3.common.integrity import xxh3_function
 
         self.seeded128 = ctypes.cast(xxh3_function("seeded128"), ctypes.c_void_p).value
@@ -450,20 +451,22 @@ class NativePageTable:
             raise ValueError("page table: attach needs an empty table")
         _raise(self._lib.attach(self._t, fd, offset, length))
 
-    def flatten(self, ds: bytes = b"", values: array.array[int] | None = None) -> TableImage:
-        """A standalone copy of this table's pages (both layers) with the pages of the
+    def snapshot(self, ds: bytes = b"", values: array.array[int] | None = None) -> TableImage:
+        """A copy of this table's pages (both layers) with the pages of the
         :meth:`export`-shaped ``ds``/``values`` put after them, as a :class:`TableImage`
-        to write: a copy of the arrays, about a memcpy (``hl3_pt_flatten``), so that a
-        checkpoint snapshot costs that under the lock instead of an export and a rebuild.
-        :class:`MemoryError` (or a value refused)."""
+        for another thread. What it costs here (under the caller's lock) is a fork
+        (``hl3_pt_fork``): copies of the private delta and of the base's dead bits, the
+        base's read-only mapping shared; the standalone copy an image is written from
+        (``hl3_pt_flatten``, about a memcpy of the table) is made by the image's first use,
+        without the GIL. :class:`MemoryError` (or a value refused)."""
         n = len(ds) // DIGEST_BYTES
         vals = values if values is not None else array.array("Q")
         if len(ds) != n * DIGEST_BYTES or len(vals) != 6 * n:
             raise ValueError(f"page table snapshot: {len(ds)} digest bytes for {len(vals)} values")
-        handle = self._lib.flatten(self._t, n, ds, vals.buffer_info()[0] if n else None)
+        handle = self._lib.fork(self._t)
         if not handle:
-            raise MemoryError("page table: out of memory (or a value refused) copying the table")
-        return TableImage(self._lib, NativePageTable(self._lib, handle))
+            raise MemoryError("page table: out of memory copying the table")
+        return TableImage(self._lib, NativePageTable(self._lib, handle), (ds, vals) if n else None)
 
     def journal_start(self) -> None:
         """Record every put and pop from now on (``hl3_pt_journal_start``), for
@@ -647,16 +650,43 @@ class NativePageTable:
 
 
 class TableImage:
-    """A table no other thread sees (:meth:`NativePageTable.flatten`, or
+    """A table no other thread sees (:meth:`NativePageTable.snapshot`, or
     :meth:`from_snapshot`), for its image (a checkpoint's page section: :attr:`nbytes`,
     then :meth:`write`) or to be rebased (:meth:`rebase`) and then used as
     :attr:`table`; its calls here run without the GIL. Only the thread that holds it may
-    use it until then."""
+    use it until then. A snapshot's first use makes its standalone copy (the base's
+    arrays copied, its dead pages removed, the delta's and the snapshot's pages put:
+    ``hl3_pt_flatten``); a rebase needs none."""
 
-    def __init__(self, lib: _Library, table: NativePageTable) -> None:
-        self._lib, self._table = lib, table
-        self.pages = len(table)
-        self.nbytes = int(lib.image_bytes(table._t))
+    def __init__(self, lib: _Library, table: NativePageTable,
+                 put: tuple[bytes, array.array[int]] | None = None) -> None:
+        self._lib, self._table, self._put = lib, table, put
+        self._standalone = put is None and not table.shared_nbytes
+
+    def _flat(self) -> NativePageTable:
+        """The table as a standalone copy (no base) with the snapshot's pages put."""
+        if not self._standalone:
+            t, (ds, values) = self._table, self._put or (b"", array.array("Q"))
+            n = len(ds) // DIGEST_BYTES
+            if t.shared_nbytes:
+                handle = self._lib.build_flatten(t._t, n, ds, values.buffer_info()[0] if n else None)
+                if not handle:
+                    raise MemoryError("page table: out of memory (or a value refused) copying the table")
+                self._table = NativePageTable(self._lib, handle)
+            elif n:
+                _raise(self._lib.build_put_many(t._t, n, ds, values.buffer_info()[0]))
+            self._put, self._standalone = None, True
+        return self._table
+
+    @property
+    def pages(self) -> int:
+        """Pages in the image."""
+        return len(self._flat())
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the image (:meth:`write`)."""
+        return int(self._lib.image_bytes(self._flat()._t))
 
     @classmethod
     def from_snapshot(cls, lib: _Library, ds: bytes, values: array.array[int],
@@ -677,17 +707,25 @@ class TableImage:
 
     def write(self, fd: int, offset: int) -> None:
         """Write the image at ``offset`` (a multiple of 8) of ``fd``; :class:`OSError`."""
-        code = self._lib.write_image(self._table._t, fd, offset)
+        code = self._lib.write_image(self._flat()._t, fd, offset)
         if code:
             raise OSError(code, os.strerror(code))
 
     def rebase(self, fd: int, offset: int, length: int) -> None:
-        """:meth:`NativePageTable.rebase` of the table, without the GIL."""
+        """:meth:`NativePageTable.rebase` of the table, without the GIL (a snapshot's
+        pages put first; its fork is rebased as it is: no standalone copy)."""
+        if self._put is not None:
+            ds, values = self._put
+            _raise(self._lib.build_put_many(self._table._t, len(ds) // DIGEST_BYTES, ds,
+                                            values.buffer_info()[0]))
+            self._put = None
         _raise(self._lib.build_rebase(self._table._t, fd, offset, length))
 
     @property
     def table(self) -> NativePageTable:
-        """The table itself."""
+        """The table itself (a snapshot's pages put)."""
+        if self._put is not None:
+            return self._flat()
         return self._table
 
 

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hicache_l3.slab.format import Entry
-from hicache_l3.slab.table import DictPageTable, NativePageTable, build_image, native_library
+from hicache_l3.slab.table import DictPageTable, NativePageTable, TableImage, build_image, native_library
 from tests.unit.test_slab_table import DIG, ENTRY, OP, WHERE, _apply, _state
 
 
@@ -55,8 +55,35 @@ LAYER_OP = st.one_of(
     st.tuples(st.just("take"), st.lists(WHERE, max_size=10)),
     st.tuples(st.just("snapshot")),  # journal on; a table on the image of this one, made now...
     st.tuples(st.just("adopt")),  # ... catches up with the journal and replaces this one
-    st.tuples(st.just("flatten"), st.lists(st.tuples(DIG, ENTRY), max_size=5)),  # a copy + puts
+    # a snapshot (a fork sharing the base) with pages put after, kept while the table goes on...
+    st.tuples(st.just("fork"), st.lists(st.tuples(DIG, ENTRY), max_size=5)),
+    st.tuples(st.just("use_fork"), st.sampled_from(["table", "image", "rebase"])),  # ... used later
 )
+
+
+def _check_fork(held: tuple[TableImage, DictPageTable], how: str) -> None:
+    """A kept snapshot holds what the table held when it was taken, used as a standalone
+    table, through its written image, or rebased on an image of another table."""
+    image, expected = held
+    if how == "table":
+        table = image.table
+        assert table.delta_len == len(table)
+    elif how == "image":
+        fd = os.memfd_create("image")
+        try:
+            image.write(fd, 4096)
+            table = _native()
+            table.attach(fd, 4096, image.nbytes)
+        finally:
+            os.close(fd)
+    else:
+        fd, n = _image_fd([(bytes([7]) * 16, Entry(0, 0, 9, 1, 64, 1))])
+        try:
+            image.rebase(fd, 4096, n)
+        finally:
+            os.close(fd)
+        table = image.table
+    assert _state(table) == _state(expected) and table.check() == 0
 
 
 @settings(max_examples=300, deadline=None)
@@ -64,6 +91,7 @@ LAYER_OP = st.one_of(
 def test_layered_table_agrees_with_the_dict_reference(ops: list[tuple]) -> None:
     ref, native = DictPageTable(), _native()
     pending: NativePageTable | None = None
+    forks: list[tuple[TableImage, DictPageTable]] = []
     for op in ops:
         if op[0] == "snapshot" and pending is None:
             native.journal_start()
@@ -73,13 +101,17 @@ def test_layered_table_agrees_with_the_dict_reference(ops: list[tuple]) -> None:
             native, pending = pending, None
         elif op[0] in ("snapshot", "adopt"):
             continue
-        elif op[0] == "flatten":  # a standalone copy with pages put after: as the reference would
-            copy = native.flatten(b"".join(d for d, _ in op[1]),
-                                  array.array("Q", [v for _, e in op[1] for v in e])).table
+        elif op[0] == "fork":  # the pages with pages put after, as the reference would
+            fork = native.snapshot(b"".join(d for d, _ in op[1]),
+                                   array.array("Q", [v for _, e in op[1] for v in e]))
             expected = DictPageTable()
             expected.load(*ref.export())
             expected.put_many([d for d, _ in op[1]], [e for _, e in op[1]])
-            assert _state(copy) == _state(expected) and copy.check() == 0 and copy.delta_len == len(copy)
+            forks.append((fork, expected))
+        elif op[0] == "use_fork":
+            if forks:
+                _check_fork(forks.pop(0), op[1])
+            continue
         elif op[0] in ("attach", "rebase", "rebase_other"):  # the pages do not change
             fd, n = _image_fd(op[1] if op[0] == "rebase_other" else native.select())
             try:
@@ -101,6 +133,8 @@ def test_layered_table_agrees_with_the_dict_reference(ops: list[tuple]) -> None:
             assert _apply(native, op) == _apply(ref, op), op
         assert _state(native) == _state(ref), op
         assert native.check() == 0, op  # both layers, the dead bits, no shadowed base page
+    for i, held in enumerate(forks):  # (after the table they were forked from changed or went)
+        _check_fork(held, ("table", "image", "rebase")[i % 3])
 
 
 def test_a_base_page_put_again_moves_to_the_delta_and_shadows_nothing() -> None:
