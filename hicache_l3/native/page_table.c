@@ -1372,6 +1372,19 @@ int hl3_pt_rebase(hl3_table *t, int fd, uint64_t offset, uint64_t bytes)
     return 0;
 }
 
+static int apply_journal(hl3_table *dst, const hl3_journal *j)
+{
+    int rc = 0;
+    for (size_t k = 0; k < j->n && rc == 0; k++) {
+        const uint64_t *r = j->records + HL3_JOURNAL_WORDS * k;
+        if (r[0] == 1)
+            rc = hl3_pt_put_many(dst, 1, (const uint8_t *)(r + 1), r + 3);
+        else
+            pop_one(dst, (const uint8_t *)(r + 1), NULL);
+    }
+    return rc;
+}
+
 /* Apply the changes ``src`` recorded since its journal started, in order, to ``dst`` (a
  * table holding what ``src`` held then), and stop ``src``'s journal: ``dst`` then holds
  * what ``src`` holds. 0, or HL3_PT_NOJOURNAL (``src`` kept none, or lost a record:
@@ -1383,16 +1396,52 @@ int hl3_pt_journal_replay(hl3_table *dst, hl3_table *src)
         hl3_pt_journal_stop(src);
         return HL3_PT_NOJOURNAL;
     }
-    int rc = 0;
-    for (size_t k = 0; k < j->n && rc == 0; k++) {
-        const uint64_t *r = j->records + HL3_JOURNAL_WORDS * k;
-        if (r[0] == 1)
-            rc = hl3_pt_put_many(dst, 1, (const uint8_t *)(r + 1), r + 3);
-        else
-            pop_one(dst, (const uint8_t *)(r + 1), NULL);
-    }
+    int rc = apply_journal(dst, j);
     hl3_pt_journal_stop(src);
     return rc;
+}
+
+void hl3_pt_journal_free(hl3_journal *j);
+
+/* Whether ``t`` keeps a journal (hl3_pt_journal_start). */
+int hl3_pt_journal_has(const hl3_table *t) { return t->journal != NULL; }
+
+/* Records in ``t``'s journal (0: none, or no journal). */
+size_t hl3_pt_journal_len(const hl3_table *t) { return t->journal != NULL ? t->journal->n : 0; }
+
+/* The records ``t``'s journal holds, handed over: ``t`` journals on from none (what
+ * lets a long catch-up be replayed in parts, each but the last off the caller's lock,
+ * by hl3_pt_journal_apply). NULL when ``t`` keeps no journal, or it lost a record
+ * (then it stops: a catch-up is impossible), or out of memory (the journal stays). */
+hl3_journal *hl3_pt_journal_take(hl3_table *t)
+{
+    hl3_journal *j = t->journal, *fresh;
+    if (j == NULL || j->failed) {
+        hl3_pt_journal_stop(t);
+        return NULL;
+    }
+    if ((fresh = calloc(1, sizeof(hl3_journal))) == NULL)
+        return NULL;
+    t->journal = fresh;
+    return j;
+}
+
+/* Apply the records of ``j`` (hl3_pt_journal_take) in order to ``dst``, then free ``j``.
+ * 0, or HL3_PT_NOMEM (``dst`` is partly changed: drop it). */
+int hl3_pt_journal_apply(hl3_table *dst, hl3_journal *j)
+{
+    int rc = apply_journal(dst, j);
+    hl3_pt_journal_free(j);
+    return rc;
+}
+
+/* Free a taken journal without applying it. */
+void hl3_pt_journal_free(hl3_journal *j)
+{
+    if (j != NULL) {
+        free(j->records);
+        free(j);
+    }
 }
 
 /* A table (no base, no journal) whose arrays are copies of ``src``'s own, expecting

@@ -47,6 +47,7 @@ from hicache_l3.slab.plan import GetPlan, plan_get
 from hicache_l3.slab.table import (
     DIGEST_BYTES,
     DIGEST_SEED,
+    JournalPart,
     NativePageTable,
     PageTable,
     TableImage,
@@ -68,6 +69,9 @@ CHECKPOINT_FRACTION = 32  # ... and at least 1/this of the indexed pages (the de
 TAIL_CHUNK = 1 << 20  # bytes of a log decoded at a time
 CHECKPOINT_DUTY = 9.0  # the next checkpoint waits this many times the last one's duration
 REBASE_CHECK_S = 1.0  # a big delta looks for a newer checkpoint at most this often
+# a journal catch-up replays at most this many records under the lock; a longer one is
+# applied off it first, in parts (~1 us a record at 10^7 pages)
+JOURNAL_ON_LOCK = 16384
 
 
 class Evicted(NamedTuple):
@@ -253,7 +257,7 @@ class SlabIndex:
             if st.st_size > tail.offset:
                 self.read_tail(writer, tail, st.st_size)
         if self._pending_base is not None:
-            self._adopt_base()
+            self._adopt_base(defer=True)
         if self._rebase_due:
             self.rebase_on_newer(force=True)
         elif self.delta_big():
@@ -827,7 +831,9 @@ class SlabIndex:
         running this does nothing (the checkpoint stays due)."""
         if self._saver is not None and self._saver.is_alive():
             return
-        self._adopt_base()  # (what a previous one left, before the journal starts again)
+        self._adopt_base(defer=True)  # (what a previous one left, before the journal starts again)
+        if self._pending_base is not None or (self._saver is not None and self._saver.is_alive()):
+            return  # (a long catch-up goes on off the lock first; the checkpoint stays due)
         state = self.state(copy=True)
         self.applied = 0
         fixups = None
@@ -887,11 +893,14 @@ class SlabIndex:
             return None
         return table, _file_id(image.fd)
 
-    def _adopt_base(self) -> None:
-        """Adopt the table a finished background checkpoint made (caller holds ``lock``):
-        it catches up with the live table's journal (the changes since the snapshot) and
-        replaces it. Without one (the write failed or was not version 3) the journal stops
-        and the next refresh rebases on whatever checkpoint is there."""
+    def _adopt_base(self, defer: bool = False) -> None:
+        """Adopt the table a finished background checkpoint or rebase made (caller holds
+        ``lock``): it catches up with the live table's journal (the changes since the
+        snapshot) and replaces it. With ``defer``, a journal longer than
+        :data:`JOURNAL_ON_LOCK` records is handed to a thread that applies it off the lock
+        (the live table journals on), and a later call adopts. Without a table (the write
+        failed or was not version 3) the journal stops and the next refresh rebases on
+        whatever checkpoint is there."""
         pending, self._pending_base = self._pending_base, None
         if pending is None:
             return
@@ -902,6 +911,20 @@ class SlabIndex:
             table.journal_stop()
             return
         new, base_id = pending
+        if defer and table.journal_len > JOURNAL_ON_LOCK:
+            try:
+                part = table.journal_take()
+            except ValueError:  # (a lost record: no catch-up is possible, the journal stopped)
+                log.warning("%s: index not moved onto its checkpoint (its journal lost a record)",
+                            self.directory)
+                return
+            except MemoryError:
+                pass  # (caught up under the lock below)
+            else:
+                self._saver = threading.Thread(target=self._catch_up_off_lock, args=(new, base_id, part),
+                                               name="hicache-index-catch-up", daemon=True)
+                self._saver.start()
+                return
         try:
             new.catch_up(table)
         except (ValueError, MemoryError) as exc:
@@ -910,6 +933,19 @@ class SlabIndex:
             return
         self.table, self.base_id = new, base_id
         self.rebases += 1
+
+    def _catch_up_off_lock(self, new: NativePageTable, base_id: tuple[int, int], part: JournalPart) -> None:
+        """The thread of a deferred :meth:`_adopt_base`: ``part`` (the journal's records so
+        far) applied to ``new`` without the lock nor the GIL; the next refresh applies the
+        rest and adopts it."""
+        done = False
+        try:
+            part.apply(new)
+            done = True
+        except MemoryError as exc:
+            log.warning("%s: index not moved onto its checkpoint (%s)", self.directory, exc)
+        finally:
+            self._pending_base = (new, base_id) if done else False
 
     def wait_checkpoint(self, timeout: float | None = None) -> None:
         """Wait for a background checkpoint write to finish (at most ``timeout`` s)."""

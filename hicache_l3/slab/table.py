@@ -357,6 +357,10 @@ class _Library:
         self.journal_start = fn("hl3_pt_journal_start", ctypes.c_int, _vp)
         self.journal_stop = fn("hl3_pt_journal_stop", None, _vp)
         self.journal_replay = fn("hl3_pt_journal_replay", ctypes.c_int, _vp, _vp)
+        self.journal_len = fn("hl3_pt_journal_len", _sz, _vp)
+        self.journal_has = fn("hl3_pt_journal_has", ctypes.c_int, _vp)
+        self.journal_take = fn("hl3_pt_journal_take", _vp, _vp)
+        self.journal_free = fn("hl3_pt_journal_free", None, _vp)
         # building and writing an image (checkpoint.py, on its own thread, of a table no
         # other thread sees): the same calls without the GIL
         free = ctypes.CDLL(path)
@@ -371,6 +375,7 @@ class _Library:
         self.write_image = nogil("hl3_pt_write_image", ctypes.c_int, _vp, ctypes.c_int, _u64)
         self.build_rebase = nogil("hl3_pt_rebase", ctypes.c_int, _vp, ctypes.c_int, _u64, _u64)
         self.build_flatten = nogil("hl3_pt_flatten", _vp, _vp, _sz, ctypes.c_char_p, _vp)
+        self.build_journal_apply = nogil("hl3_pt_journal_apply", ctypes.c_int, _vp, _vp)
         from hicache_l3.common.integrity import xxh3_function
 
         self.seeded128 = ctypes.cast(xxh3_function("seeded128"), ctypes.c_void_p).value
@@ -483,6 +488,25 @@ class NativePageTable:
         :class:`ValueError` (no usable journal: this table is unchanged) or
         :class:`MemoryError` (this table is partly changed: drop it)."""
         _raise(self._lib.journal_replay(self._t, src._t))
+
+    @property
+    def journal_len(self) -> int:
+        """Records in the journal (0 when none is kept)."""
+        return int(self._lib.journal_len(self._t))
+
+    def journal_take(self) -> JournalPart:
+        """The journal's records so far, handed over (``hl3_pt_journal_take``): the
+        journal goes on from none, so that a long catch-up is applied in parts
+        (:meth:`JournalPart.apply`), each but the last off the caller's lock.
+        :class:`ValueError` (no usable journal: it stops), :class:`MemoryError`."""
+        if not self._lib.journal_has(self._t):
+            raise ValueError("page table: no journal to take")
+        handle = self._lib.journal_take(self._t)
+        if not handle:
+            if self._lib.journal_has(self._t):
+                raise MemoryError("page table: out of memory taking the journal")
+            raise ValueError("page table: the journal lost a record")
+        return JournalPart(self._lib, handle)
 
     def rebase(self, fd: int, offset: int, length: int) -> None:
         """Move this table's pages onto the image at ``offset`` of ``fd`` as their base,
@@ -727,6 +751,28 @@ class TableImage:
         if self._put is not None:
             return self._flat()
         return self._table
+
+
+class JournalPart:
+    """Records a table's journal held (:meth:`NativePageTable.journal_take`), to apply,
+    in order, to a table that holds what that table held when they began."""
+
+    def __init__(self, lib: _Library, handle: int) -> None:
+        self._lib, self._j = lib, handle
+
+    def __del__(self) -> None:
+        j, self._j = getattr(self, "_j", 0), 0
+        if j:
+            self._lib.journal_free(j)
+
+    def apply(self, table: NativePageTable) -> None:
+        """Apply the records to ``table`` (no other thread may use it meanwhile: the call
+        runs without the GIL) and free them. :class:`MemoryError` (``table`` is partly
+        changed: drop it)."""
+        j, self._j = self._j, 0
+        if not j:
+            raise ValueError("page table: journal part already applied")
+        _raise(self._lib.build_journal_apply(table._t, j))
 
 
 def build_image(ds: bytes, values: array.array[int], expect: int | None = None) -> TableImage | None:

@@ -10,6 +10,7 @@ import array
 import contextlib
 import os
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -163,18 +164,23 @@ def run_history(root: Path, ops: list[tuple[str, int, Any]]) -> list[SlabStore]:
 
 @contextlib.contextmanager
 def table_kind(kind: str) -> Iterator[None]:
-    """Indexes built meanwhile use the C page table ("native") or the dict fallback."""
+    """Indexes built meanwhile use the C page table ("native"; "deferred": every journal
+    catch-up is applied off the lock first) or the dict fallback."""
     from hicache_l3.slab import index as index_module
     from hicache_l3.slab.table import DictPageTable
 
     if kind == "native":
         yield
         return
+    if kind == "deferred":
+        with mock.patch.object(index_module, "JOURNAL_ON_LOCK", 0):
+            yield
+        return
     with mock.patch.object(index_module, "new_table", lambda capacity=None: DictPageTable()):
         yield
 
 
-@pytest.mark.parametrize("kind", ["native", "dict"])
+@pytest.mark.parametrize("kind", ["native", "deferred", "dict"])
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(OPS, max_size=40), background=st.booleans())
 def test_checkpoint_plus_tail_equals_full_replay(kind: str, ops: list[tuple[str, int, Any]],
@@ -399,6 +405,61 @@ def test_writer_checkpoints_when_due_and_on_close(tmp_path: Path, monkeypatch: p
         assert reopened.stats()["index_replayed_records"] == 0
     finally:
         reopened.close()
+
+
+def test_a_long_journal_is_caught_up_off_the_lock_then_adopted(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A background checkpoint's table catches up with a journal longer than
+    JOURNAL_ON_LOCK on a thread (the live table answers meanwhile), the rest under the
+    lock at the next refresh, and replaces the live table: its pages are exactly a full
+    replay's, mostly in the shared base."""
+    from hicache_l3.slab import index as index_module
+
+    monkeypatch.setattr(index_module, "JOURNAL_ON_LOCK", 8)
+    go = threading.Event()
+    write_state = SlabIndex._write_state
+
+    def held_write_state(self: SlabIndex, *args: Any) -> None:
+        go.wait(30)  # (until the records below are journaled)
+        write_state(self, *args)
+
+    monkeypatch.setattr(SlabIndex, "_write_state", held_write_state)
+    store = open_store(tmp_path, slots=256)
+    try:
+        keys = [key(0, i) for i in range(40)]
+        plan = store.reserve_new(keys)
+        store.commit(keys, plan.slots, [5] * len(keys))
+        index = store.index
+        with store._lock:
+            index.save_checkpoint_later()
+        thread = index._saver
+        assert thread is not None
+        rebases = index.rebases
+        def write(lo: int, hi: int) -> None:  # journaled: the table made from the image lacks them
+            more = [key(0, i) for i in range(lo, hi)]
+            plan = store.reserve_new(more)
+            store.commit(more, plan.slots, [6] * len(more))
+
+        write(40, 100)
+        store.delete([key(0, 3)])
+        go.set()
+        index.wait_checkpoint()
+        store.refresh()  # 61 records: handed to a catch-up thread
+        assert index._saver is not thread and index._saver is not None
+        assert index._saver.name == "hicache-index-catch-up" and index.rebases == rebases
+        write(100, 104)  # (the journal goes on meanwhile)
+        assert store.contains([key(0, 3), key(0, 99), key(0, 103)]) == [False, True, True]
+        index.wait_checkpoint()
+        store.refresh()  # the rest of the journal, under the lock: adopted
+        assert index.rebases == rebases + 1
+        table = index.table
+        assert table.shared_nbytes > 0 and table.delta_len < len(table) and table.check() == 0
+        with indexes(store) as (oracle, _):
+            live = dict(table.select())
+            live.update(index.unlogged)
+            assert live == dict(oracle.table.select())
+    finally:
+        store.close()
 
 
 def test_multi_node_takeover_keeps_checkpoint_exact(tmp_path: Path) -> None:

@@ -54,6 +54,7 @@ LAYER_OP = st.one_of(
     st.tuples(st.just("rebase_other"), st.lists(st.tuples(DIG, ENTRY), max_size=40)),
     st.tuples(st.just("take"), st.lists(WHERE, max_size=10)),
     st.tuples(st.just("snapshot")),  # journal on; a table on the image of this one, made now...
+    st.tuples(st.just("take_part")),  # ... takes the journal so far (which goes on from none)...
     st.tuples(st.just("adopt")),  # ... catches up with the journal and replaces this one
     # a snapshot (a fork sharing the base) with pages put after, kept while the table goes on...
     st.tuples(st.just("fork"), st.lists(st.tuples(DIG, ENTRY), max_size=5)),
@@ -99,7 +100,11 @@ def test_layered_table_agrees_with_the_dict_reference(ops: list[tuple]) -> None:
         elif op[0] == "adopt" and pending is not None:
             pending.catch_up(native)
             native, pending = pending, None
-        elif op[0] in ("snapshot", "adopt"):
+        elif op[0] == "take_part" and pending is not None:
+            native.journal_take().apply(pending)
+            assert native.journal_len == 0
+            continue
+        elif op[0] in ("snapshot", "adopt", "take_part"):
             continue
         elif op[0] == "fork":  # the pages with pages put after, as the reference would
             fork = native.snapshot(b"".join(d for d, _ in op[1]),
