@@ -58,6 +58,10 @@ class FileConfig(ConnectorConfig):
     )
     slab_bytes: int = setting(256 << 20, "size of one preallocated slab file", size=True)
     io_threads: int = setting(2, "threads reading the pages of one batch in parallel")
+    cold_read_threads: int = setting(
+        16, "threads reading the pages of a batch that are not in the page cache (with native_io: "
+        "each waits on the disk, so this is the batch's queue depth on a store bigger than the "
+        "page cache; 0 or 1: they are read by the io_threads, one or two at a time)")
     write_threads: int = setting(
         2, "threads writing the pages of one batch (with native_io; the Python path measured "
         "slower with more than one, and uses one)")
@@ -80,6 +84,8 @@ class FileConfig(ConnectorConfig):
                 "file connector: set root to a directory (e.g. root=/mnt/nvme/hicache) "
                 "or an fsspec URL (s3://bucket/prefix)"
             )
+        if self.cold_read_threads < 0:
+            raise ConfigError(f"cold_read_threads must be >= 0, got {self.cold_read_threads}")
         if self.io_threads < 1 or self.write_threads < 1:
             raise ConfigError(
                 f"io_threads and write_threads must be >= 1, got {self.io_threads}, {self.write_threads}"
@@ -112,6 +118,7 @@ class FileConnector(SlabConnector, Connector[FileConfig]):
             self.regions, self.metrics, self._log, native_io=config.native_io,
             direct=config.o_direct, io_threads=config.io_threads,
             write_threads=config.write_threads, label=self.name,
+            cold_threads=config.cold_read_threads,
         )
         try:
             if config.o_direct:

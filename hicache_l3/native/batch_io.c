@@ -32,7 +32,9 @@ struct hl3_xxh3 {
     xxh_digest_fn digest;
 };
 
-enum { HL3_OK = 0, HL3_SHORT = 1, HL3_HEADER = 2, HL3_CHECKSUM = 3, HL3_NOMEM = 4 };
+/* HL3_AGAIN: a page of a nowait read (hl3_read_plan_nowait) whose data were not all in the
+ * page cache: not read, to be read again by a blocking call */
+enum { HL3_OK = 0, HL3_SHORT = 1, HL3_HEADER = 2, HL3_CHECKSUM = 3, HL3_NOMEM = 4, HL3_AGAIN = 5 };
 
 #define HL3_CSUM_AT 24 /* byte offset of the checksum in a marker record (slab/format.py START) */
 #define HL3_MAX_IOV 1024
@@ -61,6 +63,22 @@ static ssize_t transfer(int writing, int fd, const struct iovec *iov, int n, off
         r = writing ? pwritev(fd, iov, n, off) : preadv(fd, iov, n, off);
     } while (r < 0 && errno == EINTR);
     return r < 0 ? -errno : r;
+}
+
+/* preadv2 with RWF_NOWAIT: what the page cache holds now, without waiting for the disk
+ * (-EAGAIN, or fewer bytes, when some are not there); -EOPNOTSUPP where unsupported. */
+static ssize_t read_nowait(int fd, const struct iovec *iov, int n, off_t off)
+{
+#ifdef RWF_NOWAIT
+    ssize_t r;
+    do {
+        r = preadv2(fd, iov, n, off, RWF_NOWAIT);
+    } while (r < 0 && errno == EINTR);
+    return r < 0 ? -errno : r;
+#else
+    (void)fd, (void)iov, (void)n, (void)off;
+    return -EOPNOTSUPP;
+#endif
 }
 
 static size_t total(const struct iovec *iov, int n)
@@ -126,11 +144,12 @@ static void move_markers(int writing, int lo, int hi, const int32_t *fds, const 
  * max_bytes > 0, until a call holds max_bytes or more. A moved page's status becomes `to`;
  * a failed one's HL3_SHORT or -errno (retried page by page). Where csums is not NULL (a
  * read), each moved page with csums[i] != 0 is hashed right after its call: HL3_CHECKSUM
- * (or HL3_NOMEM) when the XXH3 differs, `to` when it matches. */
+ * (or HL3_NOMEM) when the XXH3 differs, `to` when it matches. With nowait (reads only),
+ * a call that cannot be served whole from the page cache leaves its pages HL3_AGAIN. */
 static void move_pages(int writing, int lo, int hi, const int32_t *fds, const int64_t *offs,
                        const struct iovec *segs, const int32_t *at, int32_t *status, int32_t from,
                        int32_t to, int64_t max_bytes, const uint64_t *csums,
-                       const struct hl3_xxh3 *x, void **state)
+                       const struct hl3_xxh3 *x, void **state, int nowait)
 {
     int j = lo;
     while (j < hi) {
@@ -149,7 +168,21 @@ static void move_pages(int writing, int lo, int hi, const int32_t *fds, const in
             end += (int64_t)total(segs + at[k], m);
             k++;
         }
-        ssize_t r = transfer(writing, fds[j], segs + at[j], nv, offs[j]);
+        ssize_t r;
+        if (nowait && !writing) {
+            /* a read that would wait for the disk is left to a blocking call (HL3_AGAIN) */
+            r = read_nowait(fds[j], segs + at[j], nv, offs[j]);
+            if (r == -EOPNOTSUPP || r == -EINVAL) /* (no RWF_NOWAIT here: a plain read) */
+                r = transfer(0, fds[j], segs + at[j], nv, offs[j]);
+            else if (r != end - offs[j]) {
+                for (int i = j; i < k; i++)
+                    status[i] = HL3_AGAIN;
+                j = k;
+                continue;
+            }
+        } else {
+            r = transfer(writing, fds[j], segs + at[j], nv, offs[j]);
+        }
         if (r == end - offs[j]) {
             for (int i = j; i < k; i++)
                 status[i] = to;
@@ -204,12 +237,12 @@ static int count_bad(int lo, int hi, const int32_t *status)
 static int read_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
                       const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
                       unsigned char *markers, int base, const unsigned char *expect, int64_t mlen,
-                      const uint64_t *csums, const struct hl3_xxh3 *x, int32_t *status)
+                      const uint64_t *csums, const struct hl3_xxh3 *x, int32_t *status, int nowait)
 {
     void *state = NULL;
     check_segments(lo, hi, at, status);
     move_pages(0, lo, hi, fds, data_offs, segs, at, status, HL3_TODO, HL3_STEP, HL3_READ_RUN, csums, x,
-               &state);
+               &state, nowait);
     /* a page that failed its checksum still has its marker read: a marker that differs
      * (the slot was rewritten meanwhile) makes it a miss of the torn kind, not corruption */
     for (int j = lo; j < hi; j++)
@@ -237,7 +270,7 @@ int hl3_read_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
                    const uint64_t *csums, const struct hl3_xxh3 *x, int32_t *status)
 {
     return read_pages(lo, hi, fds, data_offs, marker_offs, segs, at, markers, 0, expect, mlen, csums, x,
-                      status);
+                      status, 0);
 }
 
 /* hl3_read_pages of a planned get (hicache_l3/slab/plan.py: the plan's arrays and the
@@ -245,10 +278,10 @@ int hl3_read_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
  * call's own instead of a caller's buffer: one call per share, nothing built per batch but
  * the status array. Every page HL3_NOMEM when the scratch cannot be had; returns the
  * number not OK. */
-int hl3_read_plan(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
-                  const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
-                  const unsigned char *expect, int64_t mlen, const uint64_t *csums,
-                  const struct hl3_xxh3 *x, int32_t *status)
+static int read_plan(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
+                     const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
+                     const unsigned char *expect, int64_t mlen, const uint64_t *csums,
+                     const struct hl3_xxh3 *x, int32_t *status, int nowait)
 {
     if (hi <= lo)
         return 0;
@@ -259,9 +292,29 @@ int hl3_read_plan(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
         return hi - lo;
     }
     int bad = read_pages(lo, hi, fds, data_offs, marker_offs, segs, at, markers, lo, expect, mlen, csums,
-                         x, status);
+                         x, status, nowait);
     free(markers);
     return bad;
+}
+
+int hl3_read_plan(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
+                  const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
+                  const unsigned char *expect, int64_t mlen, const uint64_t *csums,
+                  const struct hl3_xxh3 *x, int32_t *status)
+{
+    return read_plan(lo, hi, fds, data_offs, marker_offs, segs, at, expect, mlen, csums, x, status, 0);
+}
+
+/* hl3_read_plan of what the page cache holds: a page whose data would wait for the disk
+ * is not read and left HL3_AGAIN (its marker not read either), for a blocking call on
+ * another thread (slab/io.py: the cold pages of a batch, many at once); the others as
+ * hl3_read_plan. Returns the number not OK, HL3_AGAIN included. */
+int hl3_read_plan_nowait(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
+                         const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
+                         const unsigned char *expect, int64_t mlen, const uint64_t *csums,
+                         const struct hl3_xxh3 *x, int32_t *status)
+{
+    return read_plan(lo, hi, fds, data_offs, marker_offs, segs, at, expect, mlen, csums, x, status, 1);
 }
 
 /* Pages lo..hi-1 of a write batch (slab format 2): where with_csum, the XXH3 of page j's
@@ -295,7 +348,7 @@ int hl3_write_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs
     if (state != NULL)
         x->free_state(state);
     move_markers(1, lo, hi, fds, marker_offs, markers, 0, mlen, status, HL3_TODO, HL3_STEP);
-    move_pages(1, lo, hi, fds, data_offs, segs, at, status, HL3_STEP, HL3_OK, 0, NULL, x, NULL);
+    move_pages(1, lo, hi, fds, data_offs, segs, at, status, HL3_STEP, HL3_OK, 0, NULL, x, NULL, 0);
     return count_bad(lo, hi, status);
 }
 

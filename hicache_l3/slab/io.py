@@ -270,10 +270,14 @@ class NativeTransport(SlotTransport):
 
     name = "native batch I/O (C)"
 
-    def __init__(self, lib: native.BatchIO, python: PythonTransport, write_threads: int) -> None:
+    def __init__(self, lib: native.BatchIO, python: PythonTransport, write_threads: int,
+                 cold_threads: int = 0) -> None:
         self.lib, self.python = lib, python
         self._pool = python.read_pool
         self._write_pool = BatchPool(write_threads, "hicache-file-w")
+        # pages not in the page cache wait on the disk: read many at once (its queue
+        # depth), by threads started only when a batch has some
+        self._cold_pool = BatchPool(cold_threads, "hicache-file-cold") if cold_threads > 1 else None
 
     def write(self, store: SlabStore, batch: WriteBatch) -> None:
         """One :class:`~hicache_l3.slab.native.PageBatch` (its marker records and offsets
@@ -317,8 +321,35 @@ class NativeTransport(SlotTransport):
             self._pool.run_chunks(lambda lo, hi: lib.read(pb, lo, hi), n, self._read_chunk(n))
             return pb.status
         call = lib.plan_read(plan, pages)
-        self._pool.run_chunks(lambda lo, hi: lib.read_plan(call, lo, hi), n, self._read_chunk(n))
+        nowait = self._cold_pool is not None and lib.reads_nowait
+        self._pool.run_chunks(lambda lo, hi: lib.read_plan(call, lo, hi, nowait), n, self._read_chunk(n))
+        if nowait and native.AGAIN in call.status:
+            self._read_cold(call)
         return call.status
+
+    def _read_cold(self, call: native.PlanRead) -> None:
+        """The pages a nowait read left :data:`~hicache_l3.slab.native.AGAIN` (not in the
+        page cache), read by blocking calls on the cold pool: one run of adjacent pages
+        per call, cut so that every thread has some, so that the disk sees them at once
+        instead of one or two at a time."""
+        assert self._cold_pool is not None
+        status, again = call.status, native.AGAIN
+        cold = [j for j in range(len(status)) if status[j] == again]
+        self.python.metrics.count("cold_pages", len(cold))
+        most = max(1, len(cold) // self._cold_pool.threads)
+        runs: list[tuple[int, int]] = []
+        for j in cold:
+            if runs and runs[-1][1] == j and j - runs[-1][0] < most:
+                runs[-1] = (runs[-1][0], j + 1)
+            else:
+                runs.append((j, j + 1))
+        lib = self.lib
+
+        def read(lo: int, hi: int) -> None:
+            for a, b in runs[lo:hi]:
+                lib.read_plan(call, a, b)
+
+        self._cold_pool.run_chunks(read, len(runs), 1)
 
     def _read_chunk(self, n: int) -> int:
         """Pages per native read call: the whole batch in one call with one I/O thread (a
@@ -328,11 +359,14 @@ class NativeTransport(SlotTransport):
     def close(self) -> None:
         """Stop the I/O threads (and the Python path's)."""
         self._write_pool.shutdown()
+        if self._cold_pool is not None:
+            self._cold_pool.shutdown()
         self.python.close()
 
 
 def select_transport(regions: Any, metrics: Any, log: Any, *, native_io: bool, direct: bool,
-                     io_threads: int, write_threads: int, label: str) -> SlotTransport:
+                     io_threads: int, write_threads: int, label: str,
+                     cold_threads: int = 0) -> SlotTransport:
     """The one selection point for local slab I/O: the C batch library when ``native_io``
     asks for it, it loads, and ``direct`` is off (O_DIRECT pages take the Python path);
     the Python path otherwise, named with the reason."""
@@ -346,7 +380,7 @@ def select_transport(regions: Any, metrics: Any, log: Any, *, native_io: bool, d
         log.warning("native-io", "%s: %s; moving pages through the Python path (about half as "
                     "fast on 64 KiB pages)", label, native.describe())
         return PythonTransport(regions, metrics, io_threads, name=native.describe())
-    return NativeTransport(lib, PythonTransport(regions, metrics, io_threads), write_threads)
+    return NativeTransport(lib, PythonTransport(regions, metrics, io_threads), write_threads, cold_threads)
 
 
 def _chunk(n: int) -> int:

@@ -53,6 +53,7 @@ class PlannedRead(Protocol):
     csums: array.array[int]
 
 OK, SHORT, HEADER, CHECKSUM, NOMEM = 0, 1, 2, 3, 4
+AGAIN = 5  # a nowait read's page not (all) in the page cache: not read (BatchIO.read_plan)
 ABI = 2  # hl3_abi() of a library this module can call (slab format 2)
 
 _vp, _i32, _i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
@@ -234,6 +235,10 @@ class BatchIO:
         if self._read_plan is not None:
             self._read_plan.restype = ctypes.c_int
             self._read_plan.argtypes = [_i32, _i32, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _vp, _vp, _vp]
+        self._read_plan_nowait = getattr(lib, "hl3_read_plan_nowait", None)  # (likewise)
+        if self._read_plan_nowait is not None:
+            self._read_plan_nowait.restype = ctypes.c_int
+            self._read_plan_nowait.argtypes = [_i32, _i32, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _vp, _vp, _vp]
         self._markers = lib.hl3_markers
         self._markers.restype = ctypes.c_int
         self._markers.argtypes = [_i32, _i32, _i32, _vp, _vp, _vp, _vp, _i64, _vp]
@@ -279,16 +284,25 @@ class BatchIO:
                                  plan.csums.buffer_info()[0], self._xxh3_at, status.buffer_info()[0]),
                         (segments, at, plan))
 
-    def read_plan(self, call: PlanRead, lo: int, hi: int) -> int:
+    @property
+    def reads_nowait(self) -> bool:
+        """Whether this build has ``read_plan(..., nowait=True)`` (``hl3_read_plan_nowait``)."""
+        return self._read_plan_nowait is not None
+
+    def read_plan(self, call: PlanRead, lo: int, hi: int, nowait: bool = False) -> int:
         """``hl3_read_plan`` of pages ``lo..hi-1`` of ``call`` (:meth:`plan_read`): the
         read and checks of :meth:`read` without a :class:`PageBatch` (the records read land
-        in the C call's own scratch memory); the number not OK (0 for an empty share)."""
+        in the C call's own scratch memory); the number not OK (0 for an empty share).
+        With ``nowait`` (``hl3_read_plan_nowait``) only what the page cache holds is read:
+        a page whose data would wait for the disk is left :data:`AGAIN` (and counted),
+        for a blocking call."""
         if lo == hi:
             return 0
         if not 0 <= lo < hi <= len(call.status):
             raise ValueError(f"read of pages [{lo}, {hi}) of a {len(call.status)}-page plan")
-        assert self._read_plan is not None
-        return int(self._read_plan(lo, hi, *call.args))
+        fn = self._read_plan_nowait if nowait else self._read_plan
+        assert fn is not None
+        return int(fn(lo, hi, *call.args))
 
     @property
     def has_markers(self) -> bool:
