@@ -71,7 +71,7 @@ CHECKPOINT_DUTY = 9.0  # the next checkpoint waits this many times the last one'
 REBASE_CHECK_S = 1.0  # a big delta looks for a newer checkpoint at most this often
 # a journal catch-up replays at most this many records under the lock; a longer one is
 # applied off it first, in parts (~1 us a record at 10^7 pages)
-JOURNAL_ON_LOCK = 16384
+JOURNAL_ON_LOCK = 4096
 
 
 class Evicted(NamedTuple):
@@ -882,7 +882,7 @@ class SlabIndex:
             with contextlib.suppress(ValueError):
                 table.expect(self.capacity)
         try:
-            table.attach(image.fd, image.offset, image.length)
+            table.attach_unshared(image.fd, image.offset, image.length)
             for d, entry in fixups:
                 if entry is None:
                     table.pop(d)
@@ -933,6 +933,11 @@ class SlabIndex:
             return
         self.table, self.base_id = new, base_id
         self.rebases += 1
+        # the old table is freed by a thread of its own (its base's unmapping: tens of ms
+        # at 10^7 pages), not under the lock
+        reaper = threading.Thread(target=_drop, args=(table,), name="hicache-index-free", daemon=True)
+        del table  # (the thread's arguments hold the last reference)
+        reaper.start()
 
     def _catch_up_off_lock(self, new: NativePageTable, base_id: tuple[int, int], part: JournalPart) -> None:
         """The thread of a deferred :meth:`_adopt_base`: ``part`` (the journal's records so
@@ -952,6 +957,10 @@ class SlabIndex:
         saver = self._saver
         if saver is not None:
             saver.join(timeout)
+
+
+def _drop(table: object) -> None:
+    """Nothing: the thread that runs it releases ``table`` (its arguments) when it ends."""
 
 
 def _file_id(fd: int) -> tuple[int, int]:

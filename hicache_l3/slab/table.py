@@ -323,7 +323,6 @@ class _Library:
             return f
 
         self.new = fn("hl3_pt_new", _vp)
-        self.free = fn("hl3_pt_free", None, _vp)
         self.len = fn("hl3_pt_len", _sz, _vp)
         self.nbytes = fn("hl3_pt_nbytes", _sz, _vp)
         self.reserve = fn("hl3_pt_reserve", ctypes.c_int, _vp, _u64)
@@ -376,6 +375,10 @@ class _Library:
         self.build_rebase = nogil("hl3_pt_rebase", ctypes.c_int, _vp, ctypes.c_int, _u64, _u64)
         self.build_flatten = nogil("hl3_pt_flatten", _vp, _vp, _sz, ctypes.c_char_p, _vp)
         self.build_journal_apply = nogil("hl3_pt_journal_apply", ctypes.c_int, _vp, _vp)
+        # a table is freed by the thread that drops it, no other using it: unmapping a
+        # base of 10^7 pages takes tens of ms, which need not hold the GIL
+        self.free = nogil("hl3_pt_free", None, _vp)
+        self.build_attach = nogil("hl3_pt_attach", ctypes.c_int, _vp, ctypes.c_int, _u64, _u64)
         from hicache_l3.common.integrity import xxh3_function
 
         self.seeded128 = ctypes.cast(xxh3_function("seeded128"), ctypes.c_void_p).value
@@ -455,6 +458,13 @@ class NativePageTable:
         if len(self):
             raise ValueError("page table: attach needs an empty table")
         _raise(self._lib.attach(self._t, fd, offset, length))
+
+    def attach_unshared(self, fd: int, offset: int, length: int) -> None:
+        """:meth:`attach` without the GIL (its check of the image is O(capacity): 0.2 s at
+        10^7 pages), for a table no other thread uses yet."""
+        if len(self):
+            raise ValueError("page table: attach needs an empty table")
+        _raise(self._lib.build_attach(self._t, fd, offset, length))
 
     def snapshot(self, ds: bytes = b"", values: array.array[int] | None = None) -> TableImage:
         """A copy of this table's pages (both layers) with the pages of the
