@@ -85,7 +85,10 @@ def index_tensor(values: list[int]) -> torch.Tensor:
 def learned_pointers(host: Any, page_tokens: int, what: str) -> PointerModel | None:
     """The pool's pointer model (:mod:`hicache_l3.sglang.page_meta`), or None, logged at
     info with the reason, when SGLang's ``get_page_buffer_meta`` stays in use."""
-    model, why = learn_pointer_model(host, page_tokens, index_tensor)
+    try:
+        model, why = learn_pointer_model(host, page_tokens, index_tensor)
+    except Exception as exc:  # never fails the attach: SGLang's function serves every batch then
+        model, why = None, f"learning failed: {exc!r}"
     if model is None:
         log.info("hicache-l3: %s (%s): page pointers come from SGLang's get_page_buffer_meta, "
                  "page by page: %s", what, type(host).__name__, why)

@@ -190,7 +190,10 @@ def open_extra_pool(
              connector_name, name, namespace.describe(), sum(int(s) for s in sizes), len(ptrs))
     model = None
     if make_indices is not None:
-        model, why = learn_pointer_model(host, page_tokens, make_indices)
+        try:
+            model, why = learn_pointer_model(host, page_tokens, make_indices)
+        except Exception as exc:  # never fails the attach: SGLang's function serves every batch then
+            model, why = None, f"learning failed: {exc!r}"
         if model is None:
             log.info("hicache-l3: the %r pool (%s): page pointers come from SGLang's "
                      "get_page_buffer_meta, page by page: %s", name, type(host).__name__, why)

@@ -167,17 +167,16 @@ def learn_pointer_model(
     ptrs, sizes = got
     per = len(ptrs) // len(order)
     row = {p: i * per for i, p in enumerate(order)}
-    bases = ptrs[row[0] : row[0] + per]
+    bases, seg_sizes = ptrs[row[0] : row[0] + per], sizes[row[0] : row[0] + per]
     strides = [b1 - b0 for b0, b1 in zip(bases, ptrs[row[1] : row[1] + per])]
+    lasts = [b + (total - 1) * s for b, s in zip(bases, strides)]
+    if any(not 0 <= v < 1 << 63 for v in [*bases, *lasts, *seg_sizes]) or any(
+            a + n >= 1 << 63 for a, n in zip(lasts, seg_sizes)):
+        return None, "addresses or lengths outside 0..2**63 (numpy's int64)"
     try:
-        model = PointerModel(page_tokens, total, bases, strides, sizes[row[0] : row[0] + per])
-    except ValueError as exc:
+        model = PointerModel(page_tokens, total, bases, strides, seg_sizes)
+    except (ValueError, OverflowError) as exc:
         return None, str(exc)
-    if any(s < 0 for s in model.sizes) or any(b < 0 for b in model.bases):
-        return None, "negative addresses or lengths"
-    last = model.page(total - 1)
-    if any(not 0 <= a + n < 1 << 63 for a, n in last):
-        return None, "addresses beyond 64-bit signed range"
 
     def matches(page_list: Sequence[int], answer: tuple[list[int], list[int]]) -> bool:
         want = [seg for p in page_list for seg in model.page(p)]

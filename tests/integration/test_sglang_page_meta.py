@@ -274,7 +274,8 @@ def test_model_reads_only_page_starts_and_refuses_what_is_not_a_page() -> None:
     assert model.pointers(idx, 0) is None
 
 
-@pytest.mark.parametrize("case", ["permuted", "reads-all", "sizes-vary", "raises", "one-page", "too-few"])
+@pytest.mark.parametrize("case", ["permuted", "reads-all", "sizes-vary", "raises", "one-page", "too-few",
+                                  "beyond-int64"])
 def test_a_pool_the_model_does_not_fit_keeps_sglangs_function(case: str) -> None:
     pt, pages = 4, 50
     perm = list(range(pages))
@@ -293,7 +294,8 @@ def test_a_pool_the_model_does_not_fit_keeps_sglangs_function(case: str) -> None
     pool = {"permuted": FakePool(*args, perm=perm), "reads-all": FakePool(*args, reads_all=True),
             "sizes-vary": VaryingSizes(*args), "raises": Raises(*args),
             "one-page": FakePool(1, pt, [1 << 30], [4096], [4096]),
-            "too-few": FakePool(*args)}[case]
+            "too-few": FakePool(*args),
+            "beyond-int64": FakePool(pages, pt, [(1 << 63) - 4096 * 10], [4096], [4096])}[case]
     if case == "too-few":  # a pool answering with a segment list that does not split in pages
         pool.get_page_buffer_meta = lambda indices: ([1, 2, 3], [1, 1, 1])  # type: ignore[method-assign]
     model, why = learn_pointer_model(pool, pt, list)
