@@ -36,8 +36,8 @@ class PointerModel:
     segments ``(bases[j] + p * strides[j], sizes[j])``, ``j < per``, in SGLang's order.
     Immutable once built; safe to share between threads."""
 
-    __slots__ = ("_bases", "_size_lists", "_strides", "bases", "page_tokens", "pages", "per",
-                 "sizes", "strides")
+    __slots__ = ("_bases", "_by_token", "_limit", "_mask", "_mult", "_size_lists", "bases", "page_tokens",
+                 "pages", "per", "sizes", "strides")
 
     def __init__(self, page_tokens: int, pages: int, bases: Sequence[int], strides: Sequence[int],
                  sizes: Sequence[int]) -> None:
@@ -47,7 +47,13 @@ class PointerModel:
         self.page_tokens, self.pages, self.per = page_tokens, pages, len(bases)
         self.bases, self.strides, self.sizes = tuple(bases), tuple(strides), tuple(sizes)
         self._bases = np.asarray(self.bases, dtype=np.int64)
-        self._strides = np.asarray(self.strides, dtype=np.int64)
+        self._limit = pages * page_tokens  # first host index past the pool
+        # page_tokens a power of two: OR-ing the page starts shows any start off a boundary
+        self._mask = page_tokens - 1 if page_tokens & (page_tokens - 1) == 0 else None
+        # every stride a multiple of page_tokens (SGLang's layouts): ptr = base + start * stride/pt
+        self._by_token = all(s % page_tokens == 0 for s in self.strides)
+        self._mult = np.asarray([s // page_tokens for s in self.strides] if self._by_token else self.strides,
+                                dtype=np.int64)
         self._size_lists: dict[int, list[int]] = {}
 
     def page(self, p: int) -> list[tuple[int, int]]:
@@ -78,19 +84,22 @@ class PointerModel:
         except (TypeError, RuntimeError, ValueError):  # a GPU tensor, one requiring grad, ...
             return None
         pt = self.page_tokens
-        first = arr.reshape(-1)[: n * pt : pt]
-        if first.shape[0] != n or first.dtype.kind not in "iu":
+        first = (arr if arr.ndim == 1 else arr.reshape(-1))[: n * pt : pt]
+        if first.shape[0] != n:
             return None
-        first = first.astype(np.int64, copy=False)  # uint64 beyond int64 turns negative: refused
-        if pt == 1:
-            page = first
-        else:
-            page, off = np.divmod(first, pt)
-            if off.any():
+        if first.dtype != np.int64:
+            if first.dtype.kind not in "iu":
                 return None
-        if page.min() < 0 or page.max() >= self.pages:
+            first = first.astype(np.int64)  # uint64 beyond int64 turns negative: refused below
+        # Few numpy calls: each costs microseconds with the caches cold after a batch's I/O.
+        # As uint64 a negative start is huge: one max() bounds both ends.
+        if first.view(np.uint64).max() >= self._limit:
             return None
-        ptrs: list[int] = (page[:, None] * self._strides + self._bases).ravel().tolist()
+        if pt > 1 and (np.bitwise_or.reduce(first) & self._mask if self._mask is not None
+                       else (first % pt).any()):
+            return None
+        col = first if self._by_token else first // pt
+        ptrs: list[int] = (col[:, None] * self._mult + self._bases).ravel().tolist()
         return ptrs, self.size_list(n)
 
     def __repr__(self) -> str:

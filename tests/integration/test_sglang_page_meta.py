@@ -230,12 +230,14 @@ from hypothesis import strategies as st  # noqa: E402
 
 
 @settings(max_examples=60, deadline=None)
-@given(pt=st.sampled_from([1, 2, 16, 64]), pages=st.integers(2, 300), per=st.integers(1, 9),
+@given(pt=st.sampled_from([1, 2, 3, 16, 24, 64]), pages=st.integers(2, 300), per=st.integers(1, 9),
        data=st.data())
 def test_learned_model_equals_the_pool_on_random_batches(pt: int, pages: int, per: int,
                                                          data: st.DataObject) -> None:
     base0 = data.draw(st.integers(1 << 20, 1 << 46))
     strides = data.draw(st.lists(st.integers(0, 1 << 22), min_size=per, max_size=per))
+    if data.draw(st.booleans()):  # multiples of page_tokens, as in SGLang's layouts (another code path)
+        strides = [s * pt for s in strides]
     offsets = data.draw(st.lists(st.integers(0, 1 << 40), min_size=per, max_size=per))
     sizes = data.draw(st.lists(st.integers(1, 1 << 22), min_size=per, max_size=per))
     pool = FakePool(pages, pt, [base0 + o for o in offsets], strides, sizes)
@@ -249,9 +251,10 @@ def test_learned_model_equals_the_pool_on_random_batches(pt: int, pages: int, pe
     assert [seg for p in batch for seg in model.page(p)] == list(zip(*want))  # the pure-Python reference
 
 
-def test_model_reads_only_page_starts_and_refuses_what_is_not_a_page() -> None:
-    pt, pages = 16, 40
-    pool = FakePool(pages, pt, [1 << 30, (1 << 30) + (1 << 24)], [4096, 4096], [4096, 4096])
+@pytest.mark.parametrize(("pt", "stride"), [(16, 4096), (24, 4096), (24, 4104)])
+def test_model_reads_only_page_starts_and_refuses_what_is_not_a_page(pt: int, stride: int) -> None:
+    pages = 40
+    pool = FakePool(pages, pt, [1 << 30, (1 << 30) + (1 << 24)], [stride, stride], [4096, 4096])
     model, why = learn_pointer_model(pool, pt, list)
     assert model is not None, why
     idx = np.asarray(page_indices([3, 39, 0], pt), dtype=np.int64)
