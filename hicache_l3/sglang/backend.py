@@ -96,6 +96,7 @@ def learned_pointers(host: Any, page_tokens: int, what: str) -> PointerModel | N
         log.debug("hicache-l3: %s: page pointers computed from %r", what, model)
     return model
 
+
 def _pool_buffers(host: Any) -> list[torch.Tensor]:
     """The host pool's tensors that hold page bytes (registered once with the connector)."""
     found: list[torch.Tensor] = []
