@@ -28,6 +28,12 @@ from typing import Any
 import numpy as np
 
 PROBE_PAGES = 8  # random pages probed besides 0, 1 and the last one
+# Up to this many segments per page, a batch's lists are built with builtins over the page
+# starts (map over Python ints); above it, with numpy. Right after a batch's I/O the caches
+# are cold, and then each numpy call costs microseconds (its dispatch code is not in cache;
+# measured: 1 MiB pages, numpy slower than SGLang's loop) while the builtins stay warm;
+# with many segments per page (layer_first) the per-segment passes of builtins cost more.
+BUILTIN_MAX_PER = 4
 _MAX_CACHED_SIZES = 64  # batch lengths whose size lists are kept
 
 
@@ -36,8 +42,8 @@ class PointerModel:
     segments ``(bases[j] + p * strides[j], sizes[j])``, ``j < per``, in SGLang's order.
     Immutable once built; safe to share between threads."""
 
-    __slots__ = ("_bases", "_by_token", "_limit", "_mask", "_mult", "_size_lists", "bases", "page_tokens",
-                 "pages", "per", "sizes", "strides")
+    __slots__ = ("_bases", "_by_token", "_limit", "_mask", "_mult", "_off", "_size_lists", "_terms",
+                 "bases", "page_tokens", "pages", "per", "sizes", "strides")
 
     def __init__(self, page_tokens: int, pages: int, bases: Sequence[int], strides: Sequence[int],
                  sizes: Sequence[int]) -> None:
@@ -52,13 +58,16 @@ class PointerModel:
         self._mask = page_tokens - 1 if page_tokens & (page_tokens - 1) == 0 else None
         # every stride a multiple of page_tokens (SGLang's layouts): ptr = base + start * stride/pt
         self._by_token = all(s % page_tokens == 0 for s in self.strides)
-        self._mult = np.asarray([s // page_tokens for s in self.strides] if self._by_token else self.strides,
-                                dtype=np.int64)
+        mult = [s // page_tokens for s in self.strides] if self._by_token else list(self.strides)
+        self._mult = np.asarray(mult, dtype=np.int64)
+        self._terms = tuple(zip(self.bases, mult))  # (base, multiplier) per segment, for builtins
+        self._off: Callable[[int], int] = (  # start -> its offset from a page boundary
+            self._mask.__and__ if self._mask is not None else page_tokens.__rmod__)
         self._size_lists: dict[int, list[int]] = {}
 
     def page(self, p: int) -> list[tuple[int, int]]:
-        """The segments of page ``p`` (pure Python: the reference the numpy path is checked
-        against)."""
+        """The segments of page ``p`` (pure Python, page by page: the reference both batch
+        paths are checked against)."""
         return [(b + p * s, n) for b, s, n in zip(self.bases, self.strides, self.sizes)]
 
     def size_list(self, n: int) -> list[int]:
@@ -74,9 +83,9 @@ class PointerModel:
         """``get_page_buffer_meta``'s ``(ptrs, sizes)`` for the ``n`` pages starting at
         ``host_indices[i * page_tokens]`` (a CPU tensor, numpy array or sequence of ints;
         only every page's first index is read, as SGLang does), computed without a Python
-        loop; None when fewer than ``n`` pages are given, the indices are not integers, or a
-        page start is not a multiple of ``page_tokens`` or lies outside the pool: the caller
-        then asks SGLang."""
+        loop per page (:data:`BUILTIN_MAX_PER`); None when fewer than ``n`` pages are given,
+        the indices are not integers, or a page start is not a multiple of ``page_tokens``
+        or lies outside the pool: the caller then asks SGLang."""
         if n < 1:
             return None
         try:
@@ -85,11 +94,37 @@ class PointerModel:
             return None
         pt = self.page_tokens
         first = (arr if arr.ndim == 1 else arr.reshape(-1))[: n * pt : pt]
-        if first.shape[0] != n:
+        if first.shape[0] != n or first.dtype.kind not in "iu":
             return None
+        if self.per <= BUILTIN_MAX_PER:
+            return self.pointers_builtin(first.tolist())
+        return self.pointers_numpy(first)
+
+    def pointers_builtin(self, starts: list[int]) -> tuple[list[int], list[int]] | None:
+        """:meth:`pointers` from the pages' first host indices as Python ints, with builtins
+        (``map`` over the starts, one pass per segment)."""
+        n = len(starts)
+        if not n or min(starts) < 0 or max(starts) >= self._limit:
+            return None
+        if self.page_tokens > 1 and any(map(self._off, starts)):
+            return None
+        col = starts if self._by_token else list(map(self.page_tokens.__rfloordiv__, starts))
+        per = self.per
+        if per == 1:
+            base, mult = self._terms[0]
+            return list(map(base.__add__, map(mult.__mul__, col))), self.size_list(n)
+        ptrs = [0] * (n * per)
+        for j, (base, mult) in enumerate(self._terms):
+            ptrs[j::per] = map(base.__add__, map(mult.__mul__, col))
+        return ptrs, self.size_list(n)
+
+    def pointers_numpy(self, first: Any) -> tuple[list[int], list[int]] | None:
+        """:meth:`pointers` from the pages' first host indices as a 1-D numpy integer array."""
+        n = first.shape[0]
+        if not n or first.dtype.kind not in "iu":
+            return None
+        pt = self.page_tokens
         if first.dtype != np.int64:
-            if first.dtype.kind not in "iu":
-                return None
             first = first.astype(np.int64)  # uint64 beyond int64 turns negative: refused below
         # Few numpy calls: each costs microseconds with the caches cold after a batch's I/O.
         # As uint64 a negative start is huge: one max() bounds both ends.
@@ -206,8 +241,10 @@ def learn_pointer_model(
         if isinstance(answer, str) or not matches(scrambled_pages, answer):
             return None, ("the pool reads more of a page's host indices than the first "
                           f"({answer if isinstance(answer, str) else 'its answer moves'})")
-    # the numpy path against the pure-Python one on the probed pages
-    check = model.pointers(np.asarray(_page_indices(order, page_tokens), dtype=np.int64), len(order))
-    if check is None or check[0] != ptrs or check[1] != sizes:
-        return None, "the numpy path disagrees with the fitted model"
+    # both batch paths against SGLang's answer on the probed pages
+    starts = [p * page_tokens for p in order]
+    for path, check in (("builtin", model.pointers_builtin(starts)),
+                        ("numpy", model.pointers_numpy(np.asarray(starts, dtype=np.int64)))):
+        if check is None or check[0] != ptrs or check[1] != sizes:
+            return None, f"the {path} path disagrees with SGLang's answer"
     return model, ""

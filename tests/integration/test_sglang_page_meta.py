@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from hicache_l3.sglang import page_meta
 from hicache_l3.sglang.page_meta import PointerModel, learn_pointer_model, pool_pages
 
 HERE = Path(__file__).resolve().parent
@@ -248,11 +249,16 @@ def test_learned_model_equals_the_pool_on_random_batches(pt: int, pages: int, pe
     want = sglang_answer(pool, batch)
     got = model.pointers(np.asarray(page_indices(batch, pt), dtype=np.int64), len(batch))
     assert got == want
+    starts = [p * pt for p in batch]  # both batch paths, whichever pointers() takes
+    assert model.pointers_builtin(starts) == model.pointers_numpy(np.asarray(starts)) == want
     assert [seg for p in batch for seg in model.page(p)] == list(zip(*want))  # the pure-Python reference
 
 
+@pytest.mark.parametrize("builtin_max_per", [0, 4])  # the numpy path, the builtin path
 @pytest.mark.parametrize(("pt", "stride"), [(16, 4096), (24, 4096), (24, 4104)])
-def test_model_reads_only_page_starts_and_refuses_what_is_not_a_page(pt: int, stride: int) -> None:
+def test_model_reads_only_page_starts_and_refuses_what_is_not_a_page(
+        pt: int, stride: int, builtin_max_per: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(page_meta, "BUILTIN_MAX_PER", builtin_max_per)
     pages = 40
     pool = FakePool(pages, pt, [1 << 30, (1 << 30) + (1 << 24)], [stride, stride], [4096, 4096])
     model, why = learn_pointer_model(pool, pt, list)
