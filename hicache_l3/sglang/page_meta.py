@@ -11,9 +11,10 @@ registered: it asks ``get_page_buffer_meta`` about a few pages (0, 1, the last o
 some random ones, in one call and one page alone; then pages whose host indices after the
 first are scrambled, which must not move anything), fits ``base_j`` and ``stride_j``, and
 keeps the model only when it reproduces every answer exactly (pointers and lengths, in
-SGLang's order). :meth:`PointerModel.pointers` then computes a batch's lists with numpy;
-a batch holding a page start that is not a multiple of ``page_tokens`` or lies outside
-the pool gets None, and the caller asks SGLang for that batch as before.
+SGLang's order). :meth:`PointerModel.pointers` then computes a batch's lists from the
+page starts, with builtins or numpy (:data:`BUILTIN_MAX_PER`); a batch holding a page
+start that is not a multiple of ``page_tokens`` or lies outside the pool gets None, and
+the caller asks SGLang for that batch as before.
 
 This module imports neither torch nor SGLang: it works on the objects it is handed.
 """
