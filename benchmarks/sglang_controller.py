@@ -3,7 +3,7 @@ of the same pages, driven the way SGLang's HiCacheController drives them. Run wi
 venv::
 
     .venv-sglang/bin/python benchmarks/sglang_controller.py [--pages 1024] [--reps 5]
-        [--layers 4] [--steady-state] [--no-stages] [--json]
+        [--layers 4] [--steady-state] [--no-stages] [--sglang-pointers] [--json]
 
 One real MHA host pool (CPU, ``page_first``; 16 KiB of K and V per layer and page, so 64 KiB
 pages with the default ``--layers 4`` and 1 MiB pages with ``--layers 64``). SGLang's ``file``
@@ -33,10 +33,12 @@ and verifies the bytes read back. One untimed warm-up repetition of all comes fi
 per-repetition ratios ours/SGLang and ours/raw (speed over speed, > 1 = ours faster), and
 (unless ``--no-stages``) a per-stage breakdown of our path from one extra, untimed-for-the-
 table pass with timers wrapped around the stages (exclusive time, ms per 1024 pages):
-SGLang's controller method itself, its pointer lists (``get_page_buffer_meta``), our
-adapter, the connector's validation, planning (slot reservation / index lookup), the I/O,
-the index commit (set) or LRU touch (get), and metrics. The timers are installed on the
-objects by this script only and removed after the pass. The CPU model is printed and in
+SGLang's controller method itself, its pointer lists (``get_page_buffer_meta``: none on our
+path while the adapter computes them from the pool's learned pointer model,
+hicache_l3/sglang/page_meta.py; ``--sglang-pointers`` makes it ask SGLang for every batch,
+the reference path), our adapter, the connector's validation, planning (slot reservation /
+index lookup), the I/O, the index commit (set) or LRU touch (get), and metrics. The timers
+are installed on the objects by this script only and removed after the pass. The CPU model is printed and in
 the JSON (``cpu``).
 """
 
@@ -379,6 +381,9 @@ def main() -> int:
                          "so every set reuses an evicted slot")
     ap.add_argument("--no-raw", action="store_true", help="skip the raw pwritev/preadv contenders")
     ap.add_argument("--no-stages", action="store_true", help="skip the per-stage breakdown")
+    ap.add_argument("--sglang-pointers", action="store_true",
+                    help="our backend asks SGLang's get_page_buffer_meta for every batch's pointer "
+                         "lists (the reference path) instead of its learned pointer model")
     ap.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     args = ap.parse_args()
     if args.pages < 1 or args.reps < 1 or args.warmup < 0 or args.layers < 1:
@@ -404,6 +409,8 @@ def main() -> int:
             "dynamic", storage_config(extra_config_for("file", root)), host)
         backend.register_mem_pool_host(host)
         backend.on_host_pools_registered()
+        if args.sglang_pointers:
+            backend.pointer_model = None
         ours[name] = backend
         return StandIn(host, backend)
 
@@ -417,6 +424,7 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     stages: dict[str, Any] = {}
     evictions: dict[str, int] = {}
+    pointer_models = {name: repr(backend.pointer_model) for name, backend in ours.items()}
     try:
         if not args.no_raw:
             for threads in (1, 2):
@@ -485,6 +493,7 @@ def main() -> int:
               f"{'' if fresh is None else f'{gb / fresh:.2f}':>11}{gb / medians[name + ':get_s']:>10.2f}",
               file=sys.stderr)
     print(f"slots reused by eviction: {evictions}", file=sys.stderr)
+    print(f"pointer lists: {pointer_models} (None: SGLang's get_page_buffer_meta)", file=sys.stderr)
     print("ratios (median of per-rep ratios, our speed / theirs):", file=sys.stderr)
     for key, value in ratios.items():
         print(f"  {key:<34}{'-' if value is None else f'{value:.2f}'}", file=sys.stderr)
@@ -495,7 +504,7 @@ def main() -> int:
         "warmup": args.warmup, "batch_pages": STORAGE_BATCH_SIZE, "verified": True, "cpu": cpu,
         "steady_state": args.steady_state,
         "set_ratio_median": ratios["set_vs_sglang"], "get_ratio_median": ratios["get_vs_sglang"],
-        "ratios": ratios, "median_s": medians, "evictions": evictions,
+        "ratios": ratios, "median_s": medians, "evictions": evictions, "pointer_models": pointer_models,
         "stages_ms_per_1024_pages": stages, "rows": rows,
     }
     if args.json:

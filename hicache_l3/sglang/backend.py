@@ -70,10 +70,32 @@ from hicache_l3.sglang.hybrid import (
     restorable_prefixes,
     transfer_pages,
 )
+from hicache_l3.sglang.page_meta import PointerModel, learn_pointer_model
 
 log = logging.getLogger("hicache_l3.sglang")
 
 STAGING_BYTES = 64 << 20  # legacy copying path: most bytes staged per connector call
+
+
+def index_tensor(values: list[int]) -> torch.Tensor:
+    """Host indices as SGLang's controller hands them (int64, CPU)."""
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def learned_pointers(host: Any, page_tokens: int, what: str) -> PointerModel | None:
+    """The pool's pointer model (:mod:`hicache_l3.sglang.page_meta`), or None, logged at
+    info with the reason, when SGLang's ``get_page_buffer_meta`` stays in use."""
+    try:
+        model, why = learn_pointer_model(host, page_tokens, index_tensor)
+    except Exception as exc:  # never fails the attach: SGLang's function serves every batch then
+        model, why = None, f"learning failed: {exc!r}"
+    if model is None:
+        log.info("hicache-l3: %s (%s): page pointers come from SGLang's get_page_buffer_meta, "
+                 "page by page: %s", what, type(host).__name__, why)
+    else:
+        log.debug("hicache-l3: %s: page pointers computed from %r", what, model)
+    return model
+
 
 def _pool_buffers(host: Any) -> list[torch.Tensor]:
     """The host pool's tensors that hold page bytes (registered once with the connector)."""
@@ -127,6 +149,9 @@ class HiCacheL3Storage(HiCacheStorage):
         self.namespace: Namespace | None = None
         self.mem_pool_host: Any = None
         self.page_tokens = 0  # host indices per page (logical page size)
+        # None: every batch's pointers come from SGLang's get_page_buffer_meta (the reference
+        # path; set it to None to force that path)
+        self.pointer_model: PointerModel | None = None
         self.page_bytes = 0
         self._lock = threading.Lock()
         self._staging_lock = threading.Lock()
@@ -198,6 +223,7 @@ class HiCacheL3Storage(HiCacheStorage):
                 raise
             self.mem_pool_host = host
             self.page_tokens = page_tokens
+            self.pointer_model = learned_pointers(host, page_tokens, f"host pool ({layout})")
             self.page_bytes = int(sum(sizes))
             self.namespace = namespace
             self.connector = connector
@@ -226,7 +252,7 @@ class HiCacheL3Storage(HiCacheStorage):
             self.extra_pools[name] = open_extra_pool(
                 name, host_pool, base=self.namespace, tp_rank=self.storage_config.tp_rank,
                 connector_name=self.adapter.connector, settings=self.adapter.settings,
-                probe=lambda n: torch.arange(n, dtype=torch.int64),
+                probe=lambda n: torch.arange(n, dtype=torch.int64), make_indices=index_tensor,
             )
 
     def on_host_pools_registered(self) -> None:
@@ -305,9 +331,11 @@ class HiCacheL3Storage(HiCacheStorage):
     # ---- zero-copy path --------------------------------------------------------------------
     def _pages(self, n: int, host_indices: torch.Tensor) -> PointerPages:
         """The segments of the ``n`` pages starting at ``host_indices[i * page_tokens]``:
-        SGLang's flat pointer lists as they are, each page's segments in address order
+        SGLang's flat pointer lists, each page's segments in address order
         (:class:`~hicache_l3.common.pages.PointerPages`; no page built unless a reference
-        path indexes it)."""
+        path indexes it). The lists come from the pool's learned pointer model when it
+        has one and every page start is a page boundary inside the pool, else from
+        SGLang's ``get_page_buffer_meta`` (same lists, a Python loop per page)."""
         assert self.mem_pool_host is not None
         need = n * self.page_tokens
         # SGLang's controller sends exactly the batch's indices: no slice (a torch call) then
@@ -317,6 +345,11 @@ class HiCacheL3Storage(HiCacheStorage):
                              f"(page size {self.page_tokens})")
         if not indices.is_cpu:
             indices = indices.cpu()
+        model = self.pointer_model
+        if model is not None:
+            got = model.pointers(indices, n)
+            if got is not None:
+                return PointerPages(got[0], got[1], model.per)
         ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(indices)
         per, rest = divmod(len(ptrs), n)
         if rest or per == 0 or len(sizes) != len(ptrs):

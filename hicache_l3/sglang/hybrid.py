@@ -38,6 +38,7 @@ from hicache_l3.common.keys import Namespace
 from hicache_l3.common.logs import RateLimitedLogger
 from hicache_l3.common.pages import Page
 from hicache_l3.common.registry import open_connector
+from hicache_l3.sglang.page_meta import PointerModel, learn_pointer_model
 
 log = logging.getLogger("hicache_l3.sglang")
 
@@ -60,19 +61,29 @@ class ExtraPool:
     connector: Connector[Any]
     page_tokens: int  # host indices per key (Mamba: 1 state slot)
     shared: bool  # MLA-shared across TP ranks: only the storage writer writes
+    # None: pointers from SGLang's get_page_buffer_meta (the reference path; None forces it)
+    pointer_model: PointerModel | None = None
 
     def pages(self, n: int, host_indices: Any) -> list[Page]:
         """The segments of the ``n`` pages at ``host_indices[i * page_tokens]``, in the
-        order the pool gives them."""
+        order the pool gives them: from the pool's learned pointer model when every page
+        start is a page boundary inside the pool, else from SGLang's
+        ``get_page_buffer_meta`` (the same segments, a Python loop per page)."""
         indices = host_indices.reshape(-1)
         if indices.device.type != "cpu":
             indices = indices.cpu()
-        ptrs, sizes = self.host.get_page_buffer_meta(indices)
-        per, rest = divmod(len(ptrs), n)
-        if rest or per == 0 or len(sizes) != len(ptrs):
-            raise ValueError(f"pool {self.name!r} described {n} pages with {len(ptrs)} segments")
-        segs = list(zip(ptrs, sizes))
-        return [tuple(segs[i * per : (i + 1) * per]) for i in range(n)]
+        model = self.pointer_model
+        got = model.pointers(indices, n) if model is not None else None
+        if got is not None and model is not None:
+            ptrs, sizes, per = got[0], got[1], model.per
+        else:
+            ptrs, sizes = self.host.get_page_buffer_meta(indices)
+            per, rest = divmod(len(ptrs), n)
+            if rest or per == 0 or len(sizes) != len(ptrs):
+                raise ValueError(f"pool {self.name!r} described {n} pages with {len(ptrs)} segments")
+        if per == 1:
+            return list(zip(zip(ptrs, sizes)))
+        return list(zip(*(zip(ptrs[r::per], sizes[r::per]) for r in range(per))))
 
 
 def _pool_attr(host: Any, name: str, pool: str) -> Any:
@@ -123,11 +134,14 @@ def open_extra_pool(
     connector_name: str,
     settings: dict[str, Any],
     probe: Callable[[Any], Any],
+    make_indices: Callable[[list[int]], Any] | None = None,
 ) -> ExtraPool:
     """Open the connector of extra pool ``name`` and register the pool's buffers once.
 
     ``base`` is the KV namespace of this rank; ``probe(n)`` builds an index tensor
-    ``arange(n)``. Raises ConfigError naming the pool when SGLang cannot describe its pages
+    ``arange(n)``, ``make_indices(ints)`` one of the given host indices (to learn the pool's
+    pointer model, :mod:`hicache_l3.sglang.page_meta`; without it every batch asks
+    SGLang). Raises ConfigError naming the pool when SGLang cannot describe its pages
     (e.g. a Mamba pool in ``layer_first`` layout, or with slot side states)."""
     layout = str(getattr(host, "layout", "") or "-")
     page_tokens = int(_pool_attr(host, "page_size", name) or 1)
@@ -174,7 +188,16 @@ def open_extra_pool(
         raise
     log.info("hicache-l3: %s connector attached for the %r pool (%s, %d bytes per page in %d segments)",
              connector_name, name, namespace.describe(), sum(int(s) for s in sizes), len(ptrs))
-    return ExtraPool(name, host, connector, page_tokens, shared)
+    model = None
+    if make_indices is not None:
+        try:
+            model, why = learn_pointer_model(host, page_tokens, make_indices)
+        except Exception as exc:  # never fails the attach: SGLang's function serves every batch then
+            model, why = None, f"learning failed: {exc!r}"
+        if model is None:
+            log.info("hicache-l3: the %r pool (%s): page pointers come from SGLang's "
+                     "get_page_buffer_meta, page by page: %s", name, type(host).__name__, why)
+    return ExtraPool(name, host, connector, page_tokens, shared, model)
 
 
 def transfer_pages(
