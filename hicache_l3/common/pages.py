@@ -68,6 +68,9 @@ class PointerPages(Sequence[Page]):
     other connector sees ordinary pages. Values are taken as given; a page whose addresses
     do not compare keeps the given order (the connector then refuses it as malformed).
     ValueError when ``per < 1`` or the lists do not hold ``per`` segments per page.
+    ``ptrs``/``sizes`` may also be buffers of 8-byte integers (a numpy ``int64`` array, as
+    the SGLang adapter computes them): the check reads them as they are, without a Python
+    int per segment; pages built from them hold ints.
     """
 
     __slots__ = ("_built", "n", "per", "ptrs", "sizes")
@@ -89,7 +92,7 @@ class PointerPages(Sequence[Page]):
         return built
 
     def _build(self) -> list[tuple[Segment, ...]]:
-        ptrs, sizes, per = self.ptrs, self.sizes, self.per
+        ptrs, sizes, per = _ints(self.ptrs), _ints(self.sizes), self.per
         if per == 1:
             return list(zip(zip(ptrs, sizes)))
         try:
@@ -117,6 +120,16 @@ class PointerPages(Sequence[Page]):
 
     def __repr__(self) -> str:
         return f"PointerPages({self.n} pages of {self.per} segments)"
+
+
+def _ints(values: Sequence[Any]) -> Sequence[Any]:
+    """A list or tuple as it is; a buffer's items as a list of ints (``memoryview.tolist``)."""
+    if type(values) in _SEQUENCES:
+        return values
+    try:
+        return memoryview(values).tolist()  # type: ignore[arg-type]
+    except TypeError:  # another kind of sequence
+        return list(values)
 
 
 def normalize_page(page: Any) -> tuple[Segment, ...] | None:

@@ -24,6 +24,9 @@
  *       len(keys) * per items): page i is the segments i*per .. i*per+per-1 put in
  *       address order (sorted in place in `segments` when the pool gave them otherwise,
  *       as the page's own sort does), so `segments` are the pages' segments, flattened.
+ *       `ptrs` and `sizes` may also be one-dimensional C-contiguous buffers of 8-byte
+ *       integers (a numpy int64 array: the adapter's computed pointers, no Python int
+ *       per segment); a negative signed value refuses the batch as a negative int does.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -341,6 +344,52 @@ refuse:
     Py_RETURN_NONE;
 }
 
+/* A flat list of integers: an exact tuple or list of ints, or a buffer of 8-byte ints. */
+typedef struct {
+    PyObject **items;  /* the tuple's or list's items; NULL for a buffer */
+    Py_buffer view;    /* the buffer (view.obj NULL when none is held) */
+    int is_signed;
+    Py_ssize_t n;
+} u64_source;
+
+/* `o` as a u64_source: 1, or 0 (no error set) when it is neither kind. */
+static int u64_open(PyObject *o, u64_source *src)
+{
+    memset(src, 0, sizeof(*src));
+    if ((src->items = exact_items(o, &src->n)) != NULL)
+        return 1;
+    if (!PyObject_CheckBuffer(o) || PyObject_GetBuffer(o, &src->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    const char *fmt = src->view.format != NULL ? src->view.format : "B";
+    if (*fmt == '@' || *fmt == '=' || *fmt == '<')
+        fmt++;
+    int ok = src->view.itemsize == 8 && src->view.ndim == 1 && fmt[0] != '\0' && fmt[1] == '\0'
+             && strchr("lLqQ", fmt[0]) != NULL;
+    if (!ok) {
+        PyBuffer_Release(&src->view);
+        return 0;
+    }
+    src->is_signed = fmt[0] == 'l' || fmt[0] == 'q';
+    src->n = src->view.len / 8;
+    return 1;
+}
+
+static int u64_at(const u64_source *src, Py_ssize_t j, uint64_t *v)
+{
+    if (src->items != NULL)
+        return plain_u64(src->items[j], v);
+    memcpy(v, (const char *)src->view.buf + 8 * j, 8);
+    return !(src->is_signed && (int64_t)*v < 0);
+}
+
+static void u64_close(u64_source *src)
+{
+    if (src->view.obj != NULL)
+        PyBuffer_Release(&src->view);
+}
+
 static PyObject *pointer_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
@@ -348,29 +397,41 @@ static PyObject *pointer_batch(PyObject *self, PyObject *const *args, Py_ssize_t
         PyErr_SetString(PyExc_TypeError, "pointer_batch(keys, ptrs, sizes, per) takes 4 arguments");
         return NULL;
     }
-    Py_ssize_t n, np, ns, len;
+    Py_ssize_t n, len;
     PyObject **keys = exact_items(args[0], &n);
-    PyObject **ptrs = exact_items(args[1], &np);
-    PyObject **sizes = exact_items(args[2], &ns);
     Py_ssize_t per = PyLong_AsSsize_t(args[3]);
     if (per == -1 && PyErr_Occurred())
         return NULL;
-    if (keys == NULL || ptrs == NULL || sizes == NULL || n == 0 || per < 1
-        || per > PY_SSIZE_T_MAX / 16 / n || np != n * per || ns != np)
+    if (keys == NULL || n == 0 || per < 1 || per > PY_SSIZE_T_MAX / 16 / n)
         Py_RETURN_NONE;
     for (Py_ssize_t i = 0; i < n; i++)
         if (valid_key(keys[i], &len) == NULL)
             Py_RETURN_NONE;
-    PyObject *out = PyBytes_FromStringAndSize(NULL, np * 16);
-    if (out == NULL)
+    u64_source ptrs, sizes;
+    if (!u64_open(args[1], &ptrs))
+        Py_RETURN_NONE;
+    if (!u64_open(args[2], &sizes)) {
+        u64_close(&ptrs);
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t np = ptrs.n;
+    PyObject *out = NULL;
+    if (np != n * per || sizes.n != np)
+        goto refuse;
+    if ((out = PyBytes_FromStringAndSize(NULL, np * 16)) == NULL) {
+        u64_close(&ptrs);
+        u64_close(&sizes);
         return NULL;
+    }
     uint64_t *flat = (uint64_t *)PyBytes_AS_STRING(out);
     uint64_t size = 0, low = UINT64_MAX, high = 0;
     for (Py_ssize_t j = 0; j < np; j++) {
         uint64_t *f = flat + 2 * j;
-        if (!plain_u64(ptrs[j], &f[0]) || !plain_u64(sizes[j], &f[1]) || !take_segment(f, &size, &low, &high))
+        if (!u64_at(&ptrs, j, &f[0]) || !u64_at(&sizes, j, &f[1]) || !take_segment(f, &size, &low, &high))
             goto refuse;
     }
+    u64_close(&ptrs);
+    u64_close(&sizes);
     if (per > 1)
         for (Py_ssize_t i = 0; i < n; i++) {
             uint64_t *page = flat + 2 * i * per;
@@ -382,7 +443,9 @@ static PyObject *pointer_batch(PyObject *self, PyObject *const *args, Py_ssize_t
         }
     return batch_result(out, n, per, size, low, high);
 refuse:
-    Py_DECREF(out);
+    u64_close(&ptrs);
+    u64_close(&sizes);
+    Py_XDECREF(out);
     Py_RETURN_NONE;
 }
 

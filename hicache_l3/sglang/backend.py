@@ -347,7 +347,7 @@ class HiCacheL3Storage(HiCacheStorage):
             indices = indices.cpu()
         model = self.pointer_model
         if model is not None:
-            got = model.pointers(indices, n)
+            got = model.pointer_array(indices, n)
             if got is not None:
                 return PointerPages(got[0], got[1], model.per)
         ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(indices)

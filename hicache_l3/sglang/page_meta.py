@@ -87,6 +87,22 @@ class PointerModel:
         loop per page (:data:`BUILTIN_MAX_PER`); None when fewer than ``n`` pages are given,
         the indices are not integers, or a page start is not a multiple of ``page_tokens``
         or lies outside the pool: the caller then asks SGLang."""
+        first = self._starts(host_indices, n)
+        if first is None:
+            return None
+        if self.per <= BUILTIN_MAX_PER:
+            return self.pointers_builtin(first.tolist())
+        return self.pointers_numpy(first)
+
+    def pointer_array(self, host_indices: Any, n: int) -> tuple[Any, list[int]] | None:
+        """:meth:`pointers` with the addresses as a numpy ``int64`` array, not a list: no
+        Python int per segment (the connector's batch check reads the array as it is,
+        :class:`~hicache_l3.common.pages.PointerPages`); the same None cases."""
+        first = self._starts(host_indices, n)
+        return None if first is None else self.pointers_numpy(first, as_array=True)
+
+    def _starts(self, host_indices: Any, n: int) -> Any:
+        """The ``n`` pages' first host indices as a 1-D numpy integer array, or None."""
         if n < 1:
             return None
         try:
@@ -97,9 +113,7 @@ class PointerModel:
         first = (arr if arr.ndim == 1 else arr.reshape(-1))[: n * pt : pt]
         if first.shape[0] != n or first.dtype.kind not in "iu":
             return None
-        if self.per <= BUILTIN_MAX_PER:
-            return self.pointers_builtin(first.tolist())
-        return self.pointers_numpy(first)
+        return first
 
     def pointers_builtin(self, starts: list[int]) -> tuple[list[int], list[int]] | None:
         """:meth:`pointers` from the pages' first host indices as Python ints, with builtins
@@ -119,8 +133,9 @@ class PointerModel:
             ptrs[j::per] = map(base.__add__, map(mult.__mul__, col))
         return ptrs, self.size_list(n)
 
-    def pointers_numpy(self, first: Any) -> tuple[list[int], list[int]] | None:
-        """:meth:`pointers` from the pages' first host indices as a 1-D numpy integer array."""
+    def pointers_numpy(self, first: Any, as_array: bool = False) -> tuple[Any, list[int]] | None:
+        """:meth:`pointers` from the pages' first host indices as a 1-D numpy integer array
+        (with ``as_array``, the addresses as an ``int64`` array)."""
         n = first.shape[0]
         if not n or first.dtype.kind not in "iu":
             return None
@@ -135,8 +150,8 @@ class PointerModel:
                        else (first % pt).any()):
             return None
         col = first if self._by_token else first // pt
-        ptrs: list[int] = (col[:, None] * self._mult + self._bases).ravel().tolist()
-        return ptrs, self.size_list(n)
+        ptrs = (col[:, None] * self._mult + self._bases).ravel()
+        return (ptrs if as_array else ptrs.tolist()), self.size_list(n)
 
     def __repr__(self) -> str:
         return (f"PointerModel({self.pages} pages of {self.page_tokens} tokens, {self.per} segments "

@@ -112,6 +112,9 @@ def _real_pools_main(root: str) -> int:  # pragma: no cover - runs in .venv-sgla
             idx = batch(pages, pt)
             want = tuple(list(v) for v in host.get_page_buffer_meta(idx))
             check(model.pointers(idx, len(pages)) == want, f"{name}: pointers differ on pages {pages[:6]}")
+            arr = model.pointer_array(idx, len(pages))
+            check(arr is not None and (arr[0].tolist(), arr[1]) == want,
+                  f"{name}: pointer_array differs on pages {pages[:6]}")
         # refused, never answered: not a page boundary, past the last page
         if pt > 1:
             check(model.pointers(batch([1, 2], pt) + 1, 2) is None, f"{name}: a non-boundary start answered")
@@ -143,7 +146,8 @@ def _real_pools_main(root: str) -> int:  # pragma: no cover - runs in .venv-sgla
                 ptrs, sizes = host.get_page_buffer_meta(idx)
                 want = PointerPages(ptrs, sizes, len(ptrs) // len(pages))
                 got = b._pages(len(pages), idx)
-                same = (got.ptrs, got.sizes, got.per, list(got)) == (
+                got_ptrs = got.ptrs.tolist() if hasattr(got.ptrs, "tolist") else got.ptrs  # (an int64 array)
+                same = (got_ptrs, got.sizes, got.per, list(got)) == (
                     want.ptrs, want.sizes, want.per, list(want))
                 check(same, f"backend {kind}/{layout}: page lists differ on {pages[:6]}")
             for bad in (batch([2, 3], PAGE) + 3, batch([2, total], PAGE)):  # served by SGLang's function
@@ -251,6 +255,8 @@ def test_learned_model_equals_the_pool_on_random_batches(pt: int, pages: int, pe
     assert got == want
     starts = [p * pt for p in batch]  # both batch paths, whichever pointers() takes
     assert model.pointers_builtin(starts) == model.pointers_numpy(np.asarray(starts)) == want
+    arr = model.pointer_array(np.asarray(page_indices(batch, pt), dtype=np.int64), len(batch))
+    assert arr is not None and arr[0].dtype == np.int64 and (arr[0].tolist(), arr[1]) == want
     assert [seg for p in batch for seg in model.page(p)] == list(zip(*want))  # the pure-Python reference
 
 
@@ -281,6 +287,8 @@ def test_model_reads_only_page_starts_and_refuses_what_is_not_a_page(
     assert model.pointers(np.asarray(page_indices([2], pt)) + (1 << 40), 1) is None
     assert model.pointers(np.asarray([2 * pt], dtype=np.uint64) | np.uint64(1 << 63), 1) is None
     assert model.pointers(idx, 0) is None
+    assert model.pointer_array(idx, 0) is None
+    assert model.pointer_array(np.asarray(page_indices([2], pt)) + (1 << 40), 1) is None
 
 
 @pytest.mark.parametrize("case", ["permuted", "reads-all", "sizes-vary", "raises", "one-page", "too-few",

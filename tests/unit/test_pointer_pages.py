@@ -7,6 +7,7 @@ per key, the same ValueError for overlapping get destinations, the same bytes)."
 
 from __future__ import annotations
 
+import array
 import operator
 import random
 from collections.abc import Iterator
@@ -130,6 +131,24 @@ def test_pointer_batch_is_common_batch_of_the_pages(flat: tuple[list[Any], list[
     assert got == common_batch(keys, list(pages))
     assert got == _reference_common(keys, list(pages))
     assert pointer_batch(keys, tuple(ptrs), tuple(sizes), per) == got
+    if all(type(v) is int and -(1 << 63) <= v < 1 << 63 for v in ptrs + sizes):
+        # as int64 buffers (the adapter's computed pointers): the same answer, negatives refused
+        qs, qz = array.array("q", ptrs), array.array("q", sizes)
+        assert pointer_batch(keys, qs, qz, per) == got
+        assert pointer_batch(keys, qs, sizes, per) == got
+        assert list(PointerPages(qs, qz, per)) == list(pages)
+    if all(type(v) is int and 0 <= v < 1 << 64 for v in ptrs + sizes):
+        assert pointer_batch(keys, array.array("Q", ptrs), array.array("Q", sizes), per) == got
+
+
+def test_pointer_batch_refuses_buffers_of_another_kind() -> None:
+    assert pointer_batch is not None
+    ok = pointer_batch(["a"], array.array("q", [0, 4096]), [64, 64], 2)
+    assert ok is not None and ok[1:] == (2, 64, 0, 4160, False)
+    for ptrs in (array.array("i", [0, 4096]), array.array("d", [0.0, 4096.0]), b"\0" * 16,
+                 memoryview(array.array("q", [0, 0, 4096, 0]))[::2]):
+        assert pointer_batch(["a"], ptrs, [64, 64], 2) is None, ptrs
+    assert pointer_batch(["a"], array.array("q", [0, -4096]), [64, 64], 2) is None
 
 
 # ---- through the connector ----------------------------------------------------------------
