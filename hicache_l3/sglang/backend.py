@@ -70,7 +70,7 @@ from hicache_l3.sglang.hybrid import (
     restorable_prefixes,
     transfer_pages,
 )
-from hicache_l3.sglang.page_meta import PointerModel, learn_pointer_model
+from hicache_l3.sglang.page_meta import PointerModel, learned_pointers
 
 log = logging.getLogger("hicache_l3.sglang")
 
@@ -80,21 +80,6 @@ STAGING_BYTES = 64 << 20  # legacy copying path: most bytes staged per connector
 def index_tensor(values: list[int]) -> torch.Tensor:
     """Host indices as SGLang's controller hands them (int64, CPU)."""
     return torch.tensor(values, dtype=torch.int64)
-
-
-def learned_pointers(host: Any, page_tokens: int, what: str) -> PointerModel | None:
-    """The pool's pointer model (:mod:`hicache_l3.sglang.page_meta`), or None, logged at
-    info with the reason, when SGLang's ``get_page_buffer_meta`` stays in use."""
-    try:
-        model, why = learn_pointer_model(host, page_tokens, index_tensor)
-    except Exception as exc:  # never fails the attach: SGLang's function serves every batch then
-        model, why = None, f"learning failed: {exc!r}"
-    if model is None:
-        log.info("hicache-l3: %s (%s): page pointers come from SGLang's get_page_buffer_meta, "
-                 "page by page: %s", what, type(host).__name__, why)
-    else:
-        log.debug("hicache-l3: %s: page pointers computed from %r", what, model)
-    return model
 
 
 def _pool_buffers(host: Any) -> list[torch.Tensor]:
@@ -223,7 +208,7 @@ class HiCacheL3Storage(HiCacheStorage):
                 raise
             self.mem_pool_host = host
             self.page_tokens = page_tokens
-            self.pointer_model = learned_pointers(host, page_tokens, f"host pool ({layout})")
+            self.pointer_model = learned_pointers(host, page_tokens, index_tensor, f"host pool ({layout})")
             self.page_bytes = int(sum(sizes))
             self.namespace = namespace
             self.connector = connector

@@ -38,7 +38,7 @@ from hicache_l3.common.keys import Namespace
 from hicache_l3.common.logs import RateLimitedLogger
 from hicache_l3.common.pages import Page
 from hicache_l3.common.registry import open_connector
-from hicache_l3.sglang.page_meta import PointerModel, learn_pointer_model
+from hicache_l3.sglang.page_meta import PointerModel, learned_pointers
 
 log = logging.getLogger("hicache_l3.sglang")
 
@@ -190,13 +190,7 @@ def open_extra_pool(
              connector_name, name, namespace.describe(), sum(int(s) for s in sizes), len(ptrs))
     model = None
     if make_indices is not None:
-        try:
-            model, why = learn_pointer_model(host, page_tokens, make_indices)
-        except Exception as exc:  # never fails the attach: SGLang's function serves every batch then
-            model, why = None, f"learning failed: {exc!r}"
-        if model is None:
-            log.info("hicache-l3: the %r pool (%s): page pointers come from SGLang's "
-                     "get_page_buffer_meta, page by page: %s", name, type(host).__name__, why)
+        model = learned_pointers(host, page_tokens, make_indices, f"the {name!r} pool")
     return ExtraPool(name, host, connector, page_tokens, shared, model)
 
 

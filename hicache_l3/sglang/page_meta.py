@@ -21,12 +21,15 @@ This module imports neither torch nor SGLang: it works on the objects it is hand
 
 from __future__ import annotations
 
+import logging
 import operator
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
+log = logging.getLogger("hicache_l3.sglang")
 
 PROBE_PAGES = 8  # random pages probed besides 0, 1 and the last one
 # Up to this many segments per page, a batch's lists are built with builtins over the page
@@ -264,3 +267,20 @@ def learn_pointer_model(
         if check is None or check[0] != ptrs or check[1] != sizes:
             return None, f"the {path} path disagrees with SGLang's answer"
     return model, ""
+
+
+def learned_pointers(host: Any, page_tokens: int, make_indices: Callable[[list[int]], Any],
+                     what: str) -> PointerModel | None:
+    """:func:`learn_pointer_model` for an attach: the model, or None logged at info with
+    the reason (``what`` names the pool) when SGLang's ``get_page_buffer_meta`` stays in
+    use; an exception while learning never fails the attach."""
+    try:
+        model, why = learn_pointer_model(host, page_tokens, make_indices)
+    except Exception as exc:  # SGLang's function serves every batch then
+        model, why = None, f"learning failed: {exc!r}"
+    if model is None:
+        log.info("hicache-l3: %s (%s): page pointers come from SGLang's get_page_buffer_meta, "
+                 "page by page: %s", what, type(host).__name__, why)
+    else:
+        log.debug("hicache-l3: %s: page pointers computed from %r", what, model)
+    return model
