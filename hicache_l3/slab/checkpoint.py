@@ -370,7 +370,7 @@ def write(directory: Path, state: IndexState, expect: int | None = None,
     try:
         image = state.table or build_image(state.digests, state.values, expect)  # (without the GIL)
         if image is not None:
-            image.nbytes  # noqa: B018 (a snapshot's standalone copy is made here, without the GIL)
+            image.prepare()  # (a snapshot's standalone copy, made here without the GIL)
     except MemoryError as exc:
         raise OSError(errno.ENOMEM, f"no memory for the checkpoint's table image ({exc})") from exc
     data = encode(state) if image is None else None

@@ -697,8 +697,10 @@ class TableImage:
         self._lib, self._table, self._put = lib, table, put
         self._standalone = put is None and not table.shared_nbytes
 
-    def _flat(self) -> NativePageTable:
-        """The table as a standalone copy (no base) with the snapshot's pages put."""
+    def prepare(self) -> NativePageTable:
+        """The table as a standalone copy (no base) with the snapshot's pages put, made
+        now if it is not yet (without the GIL; :class:`MemoryError`): what :attr:`pages`,
+        :attr:`nbytes`, :meth:`write` and :attr:`table` read."""
         if not self._standalone:
             t, (ds, values) = self._table, self._put or (b"", array.array("Q"))
             n = len(ds) // DIGEST_BYTES
@@ -715,12 +717,12 @@ class TableImage:
     @property
     def pages(self) -> int:
         """Pages in the image."""
-        return len(self._flat())
+        return len(self.prepare())
 
     @property
     def nbytes(self) -> int:
         """Bytes of the image (:meth:`write`)."""
-        return int(self._lib.image_bytes(self._flat()._t))
+        return int(self._lib.image_bytes(self.prepare()._t))
 
     @classmethod
     def from_snapshot(cls, lib: _Library, ds: bytes, values: array.array[int],
@@ -741,7 +743,7 @@ class TableImage:
 
     def write(self, fd: int, offset: int) -> None:
         """Write the image at ``offset`` (a multiple of 8) of ``fd``; :class:`OSError`."""
-        code = self._lib.write_image(self._flat()._t, fd, offset)
+        code = self._lib.write_image(self.prepare()._t, fd, offset)
         if code:
             raise OSError(code, os.strerror(code))
 
@@ -759,7 +761,7 @@ class TableImage:
     def table(self) -> NativePageTable:
         """The table itself (a snapshot's pages put)."""
         if self._put is not None:
-            return self._flat()
+            return self.prepare()
         return self._table
 
 
