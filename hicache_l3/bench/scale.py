@@ -11,11 +11,22 @@ whole batches of 128). Then, per size:
   mappings (``/proc/self/maps``) across the open and the first ``exists`` answer, the
   time that took, and how the index was built (pages loaded from the index checkpoint,
   log records replayed); reported: the medians, divided by N for the memory;
-* in the filling process: ``exists`` and ``get`` of S random stored keys, ``get`` of the
-  same keys again (their slots now in the page cache: the index's cost without the disk's,
-  for stores bigger than the page cache), then ``set`` of S
-  new keys (the store reaches its capacity), then ``set`` of S more new keys, each of
-  which evicts one page (the eviction cost at capacity); all in batches of 128.
+* in the filling process: ``exists`` of S random stored keys, pass after pass for at
+  least :data:`EXISTS_SECONDS` (a lookup takes ~0.5 us: one pass is milliseconds, which
+  one background checkpoint's lock hold would dominate); ``get`` of S random stored keys,
+  ``get`` of the same keys again (their slots now in the page cache: the index's cost
+  without the disk's, for stores bigger than the page cache), then ``set`` of S new keys
+  (the store reaches its capacity), then ``set`` of S more new keys, each of which evicts
+  one page (the eviction cost at capacity); all in batches of 128. Every measure also
+  reports its batches' latencies (``<measure>_batch_ms``: p50, p99 and the longest), so
+  that a stall shows even where the rate absorbs it;
+* the raw contender of each ``get``: ``os.preadv`` of each page's data area alone (no
+  marker, no checksum, no index), one call per page, in the same batches: first over S
+  other stored keys (``raw_get_pages_per_s``, timed before the connector's first pass, so
+  that both meet the page cache as the fill left it), then over the connector's keys right
+  after its warm pass (``raw_get_warm_pages_per_s``). What the memory and the disk cost at
+  this size, whatever the index: where the connector's rate falls with the size, the
+  ratio to these says whether the index's share grew.
 
 Each open is also measured once with the index checkpoint ignored (``open_full_replay_s``:
 every log replayed from its start, as before checkpoints existed).
@@ -61,9 +72,13 @@ MAX_SAMPLE = 16384  # keys per timed measure, at most
 OPENS = 3  # fresh processes that open each store
 PROCS_PER_NODE = 8  # processes sharing one namespace on a node, for index_node_bytes_per_page
 LOG_SLACK = 2 * RECORD.size + 64  # disk per page for its index log record(s), generously
+EXISTS_SECONDS = 0.5  # exists is timed over passes of its sample for at least this long
+MAX_PASSES = 1000
 MEASURES = ("index_rss_bytes_per_page", "index_shared_bytes_per_page", "index_node_bytes_per_page",
             "open_s", "open_full_replay_s", "exists_keys_per_s", "get_pages_per_s", "get_warm_pages_per_s",
             "set_pages_per_s", "evict_set_pages_per_s")
+RAW_MEASURES = {"get_pages_per_s": "raw_get_pages_per_s",  # plotted with the connector's
+                "get_warm_pages_per_s": "raw_get_warm_pages_per_s"}
 INDEX_ONLY_MEASURES = MEASURES[:6]  # --scale-index-only: no page bytes to get or set
 
 
@@ -200,8 +215,9 @@ def _measure_index_only(n: int, page_bytes: int, root: Path, settings: dict[str,
     with contextlib.closing(open_connector("file", scale_namespace(page_bytes),
                                            {**settings, **capacity, "root": str(root / "store")})) as conn:
         _all_ok(conn.batch_exists(stored[:1]), "exists")
-        row["exists_keys_per_s"] = _rate(stored, lambda ks: conn.batch_exists(ks), "exists")
-    for measure in MEASURES[len(INDEX_ONLY_MEASURES):]:
+        row["exists_keys_per_s"] = _rate(stored, lambda ks: conn.batch_exists(ks), "exists", row,
+                                         "exists", EXISTS_SECONDS)
+    for measure in (*MEASURES[len(INDEX_ONLY_MEASURES):], *RAW_MEASURES.values()):
         row[measure] = None
     return row
 
@@ -259,17 +275,23 @@ def _measure_size(n: int, page_bytes: int, root: Path, settings: dict[str, Any],
         _probe_all(row, root / "store", page_bytes, _without_root(store_settings), key(n - 1))
         pages = contiguous_pages(buffer.address, page_bytes, range(BATCH))
         stored = [key(rng.randrange(n)) for _ in range(s)]
-        row["exists_keys_per_s"] = _rate(stored, lambda ks: conn.batch_exists(ks), "exists")
-        row["get_pages_per_s"] = _rate(stored, lambda ks: conn.batch_get(ks, pages), "get")
+        others = [key(rng.randrange(n)) for _ in range(s)]  # the raw first pass's keys
+        row["exists_keys_per_s"] = _rate(stored, lambda ks: conn.batch_exists(ks), "exists", row,
+                                         "exists", EXISTS_SECONDS)
+        raw_read = _raw_reader(conn, page_bytes)
+        row["raw_get_pages_per_s"] = _rate(others, raw_read, "raw get", row, "raw_get")
+        row["get_pages_per_s"] = _rate(stored, lambda ks: conn.batch_get(ks, pages), "get", row, "get")
         # the same keys again: their slots are in the page cache now, so this is the index's
         # and the connector's cost at this size without the disk's (a store bigger than the
         # page cache reads the first pass from the disk)
-        row["get_warm_pages_per_s"] = _rate(stored, lambda ks: conn.batch_get(ks, pages), "get (warm)")
+        row["get_warm_pages_per_s"] = _rate(stored, lambda ks: conn.batch_get(ks, pages), "get (warm)",
+                                            row, "get_warm")
+        row["raw_get_warm_pages_per_s"] = _rate(stored, raw_read, "raw get (warm)", row, "raw_get_warm")
         fresh = [key(i) for i in range(n, n + 2 * s)]
-        row["set_pages_per_s"] = _rate(fresh[:s], lambda ks: conn.batch_set(ks, pages), "set")
+        row["set_pages_per_s"] = _rate(fresh[:s], lambda ks: conn.batch_set(ks, pages), "set", row, "set")
         before = conn.stats()["engine"].get("evictions", 0)
         row["evict_set_pages_per_s"] = _rate(fresh[s:], lambda ks: conn.batch_set(ks, pages),
-                                             "set at capacity")
+                                             "set at capacity", row, "evict_set")
         row["evictions"] = conn.stats()["engine"].get("evictions", 0) - before
     if row["evictions"] != s:
         raise BenchError(f"store of {n:,} pages: {row['evictions']} evictions while setting {s} "
@@ -282,15 +304,49 @@ def _all_ok(results: list[bool], what: str) -> None:
         raise BenchError(f"{what}: {results.count(False)} of {len(results)} keys failed")
 
 
-def _rate(keys: list[str], call: Callable[[list[str]], list[bool]], what: str) -> float:
-    """Keys per second of ``call`` over ``keys`` in batches of :data:`BATCH`; every key must succeed."""
+def _rate(keys: list[str], call: Callable[[list[str]], list[bool]], what: str,
+          row: dict[str, Any] | None = None, name: str = "", seconds: float = 0.0) -> float:
+    """Keys per second of ``call`` over ``keys`` in batches of :data:`BATCH`, pass after pass
+    until ``seconds`` have gone by (one pass at least, :data:`MAX_PASSES` at most); every
+    key must succeed. With ``row``: the batches' latencies go into ``row[name +
+    "_batch_ms"]`` (p50, p99, max) and the passes into ``row[name + "_passes"]``."""
     results: list[bool] = []
-    started = time.perf_counter()
-    for lo in range(0, len(keys), BATCH):
-        results += call(keys[lo : lo + BATCH])
-    elapsed = time.perf_counter() - started
+    latencies: list[float] = []
+    clock = time.perf_counter
+    started = clock()
+    passes = 0
+    while passes < MAX_PASSES and (not passes or clock() - started < seconds):
+        for lo in range(0, len(keys), BATCH):
+            t0 = clock()
+            results += call(keys[lo : lo + BATCH])
+            latencies.append(clock() - t0)
+        passes += 1
+    elapsed = clock() - started
     _all_ok(results, what)
-    return len(keys) / elapsed
+    if row is not None:
+        ms = sorted(1e3 * t for t in latencies)
+        row[f"{name}_batch_ms"] = {"p50": ms[len(ms) // 2], "p99": ms[min(len(ms) - 1, int(0.99 * len(ms)))],
+                                   "max": ms[-1]}
+        row[f"{name}_passes"] = passes
+    return passes * len(keys) / elapsed
+
+
+def _raw_reader(conn: Any, page_bytes: int) -> Callable[[list[str]], list[bool]]:
+    """The raw contender of ``conn``'s gets: for a batch of stored keys, ``os.preadv`` of
+    each page's data area into one buffer, one call per page, in the batch's order (the
+    slots looked up before the clock would be fairer still, but a lookup is ~0.5 us of the
+    several a page takes). True per page read whole."""
+    store = conn._store_for_io()
+    geometry = store.geometry
+    into = [memoryview(bytearray(page_bytes))]
+    preadv = os.preadv
+
+    def read(keys: list[str]) -> list[bool]:
+        found = store.lookup(keys)
+        return [loc is not None and preadv(loc[0], into, geometry.data_offset(loc[1][2])) == page_bytes
+                for loc in found]
+
+    return read
 
 
 @contextlib.contextmanager
@@ -386,7 +442,8 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
             ("open_s", "{:.3f}"),
             ("open_replayed_records", "{:,.0f}"), ("open_full_replay_s", "{:.3f}"),
             ("exists_keys_per_s", "{:,.0f}"), ("get_pages_per_s", "{:,.0f}"),
-            ("get_warm_pages_per_s", "{:,.0f}"), ("set_pages_per_s", "{:,.0f}"),
+            ("get_warm_pages_per_s", "{:,.0f}"), ("raw_get_pages_per_s", "{:,.0f}"),
+            ("raw_get_warm_pages_per_s", "{:,.0f}"), ("set_pages_per_s", "{:,.0f}"),
             ("evict_set_pages_per_s", "{:,.0f}")]
     lines = [[name for name, _ in cols]]
     lines += [["-" if row[name] is None else fmt.format(row[name]) for name, fmt in cols]
@@ -406,13 +463,19 @@ def plot_scale(rows: list[dict[str, Any]], path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise EngineUnavailableError("--plot needs matplotlib: pip install 'hicache-l3[plot]'") from exc
-    fig, axes = plt.subplots(3, 3, figsize=(14, 10), squeeze=False)
+    fig, axes = plt.subplots(4, 3, figsize=(14, 13), squeeze=False)
     xs = [r["pages"] for r in rows]
+    for ax in axes.flat[len(MEASURES):]:
+        ax.set_axis_off()
     for ax, measure in zip(axes.flat, MEASURES):
         if any(r[measure] is None for r in rows):
             ax.set_axis_off()  # not measured (--scale-index-only)
             continue
-        ax.plot(xs, [r[measure] for r in rows], marker="o")
+        ax.plot(xs, [r[measure] for r in rows], marker="o", label="hicache-l3")
+        raw = RAW_MEASURES.get(measure)
+        if raw is not None:
+            ax.plot(xs, [r[raw] for r in rows], marker="s", linestyle="--", label="raw preadv")
+            ax.legend(fontsize=8)
         ax.set_xscale("log")
         if all(r[measure] > 0 for r in rows):
             ax.set_yscale("log")

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from hicache_l3.bench.scale import INDEX_ONLY_MEASURES, MEASURES, check_disk, disk_needed, parse_counts
+from hicache_l3.bench.scale import (
+    INDEX_ONLY_MEASURES,
+    MEASURES,
+    RAW_MEASURES,
+    check_disk,
+    disk_needed,
+    parse_counts,
+)
 from hicache_l3.cli import main
 from hicache_l3.common.errors import ConfigError
 
@@ -30,12 +37,19 @@ def test_scale_sweep_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture
             elif measure != "index_rss_bytes_per_page":  # (private: can be ~0 over a base)
                 assert row[measure] > 0, (measure, row)
         assert row["evictions"] == row["sample"] and len(row["open_s_all"]) == 3
+        for raw in RAW_MEASURES.values():  # the raw preadv contender of each get pass
+            assert row[raw] > 0, (raw, row)
+        for name in ("exists", "get", "get_warm", "raw_get", "raw_get_warm", "set", "evict_set"):
+            ms = row[f"{name}_batch_ms"]
+            assert 0 < ms["p50"] <= ms["p99"] <= ms["max"], (name, ms)
+        # exists is timed over whole passes of its sample for at least EXISTS_SECONDS
+        assert row["exists_passes"] >= 1 and row["get_passes"] == 1
         # the open built every page: from the checkpoint (-1: none) or by replaying the log
         assert max(row["open_checkpoint_pages"], 0) + row["open_replayed_records"] >= row["pages"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert set(doc["meta"]["cpu"]) >= {"model", "cores"} and len(doc["meta"]["loadavg"]) == 3
     printed = capsys.readouterr().out
-    assert "index_rss_bytes_per_page" in printed
+    assert "index_rss_bytes_per_page" in printed and "raw_get_warm_pages_per_s" in printed
     assert "cpu: " in printed and "load average: " in printed
     assert list((tmp_path / "w").iterdir()) == []  # the stores are removed after measuring
 
@@ -59,6 +73,7 @@ def test_scale_index_only_opens_from_the_checkpoint(tmp_path: Path,
     assert 20 < row["index_shared_bytes_per_page"] < 200, row
     assert row["checkpoint_write_s"] > 0
     assert [row[m] for m in MEASURES if m not in INDEX_ONLY_MEASURES] == [None] * 4
+    assert [row[m] for m in RAW_MEASURES.values()] == [None, None]
     assert " - " in capsys.readouterr().out  # unmeasured columns print as "-"
 
 
