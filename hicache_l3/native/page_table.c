@@ -118,6 +118,22 @@ static void *map_zero(size_t bytes)
     return p == MAP_FAILED ? NULL : p;
 }
 
+/* map_zero for an array that is filled whole at once (a copy, a rebuild): big ones asked
+ * for transparent huge pages (a no-op where THP is off), so that making one takes a fault
+ * per 2 MiB instead of per 4 KiB -- most of a snapshot's time under the lock -- and
+ * random probes into it miss the TLB less. Small ones, and sparse ones, stay 4 KiB paged:
+ * a huge page would make their untouched parts resident. */
+#define HL3_HUGE_MIN (8u << 20)
+static void *map_dense(size_t bytes)
+{
+    void *p = map_zero(bytes);
+#ifdef MADV_HUGEPAGE
+    if (p != NULL && bytes >= HL3_HUGE_MIN)
+        (void)madvise(p, mapped(bytes), MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
 static void unmap(void *p, size_t bytes)
 {
     if (p != NULL)
@@ -241,9 +257,9 @@ static int rebuild(hl3_table *t, uint64_t cap)
 {
     if (cap > HL3_PT_MAX_CAP)
         return HL3_PT_NOMEM;
-    hl3_page *pages = map_zero(cap * sizeof(hl3_page));
-    uint32_t *inv = map_zero(cap * sizeof(uint32_t));
-    uint16_t *meta = map_zero(cap * sizeof(uint16_t));
+    hl3_page *pages = map_dense(cap * sizeof(hl3_page));
+    uint32_t *inv = map_dense(cap * sizeof(uint32_t));
+    uint16_t *meta = map_dense(cap * sizeof(uint16_t));
     if (pages == NULL || inv == NULL || meta == NULL) {
         unmap_arrays(pages, inv, meta, cap);
         return HL3_PT_NOMEM;
@@ -1453,9 +1469,9 @@ static hl3_table *copy_arrays(const hl3_table *src, uint64_t expect)
     if (c == NULL)
         return NULL;
     c->h = map_zero(sizeof(hl3_header));
-    c->pages = map_zero(cap * sizeof(hl3_page));
-    c->inv = map_zero(cap * sizeof(uint32_t));
-    c->meta = map_zero(cap * sizeof(uint16_t));
+    c->pages = map_dense(cap * sizeof(hl3_page));
+    c->inv = map_dense(cap * sizeof(uint32_t));
+    c->meta = map_dense(cap * sizeof(uint16_t));
     if (c->h == NULL || c->pages == NULL || c->inv == NULL || c->meta == NULL) {
         if (c->h != NULL)
             unmap(c->h, sizeof(hl3_header));
@@ -1488,7 +1504,7 @@ hl3_table *hl3_pt_fork(const hl3_table *t)
     if (c == NULL || t->base == NULL)
         return c;
     size_t bytes = dead_bytes(t->base->h->cap);
-    uint64_t *dead = map_zero(bytes);
+    uint64_t *dead = map_dense(bytes);
     if (dead == NULL) {
         hl3_pt_free(c);
         return NULL;
