@@ -28,6 +28,10 @@ whole batches of 128). Then, per size:
   this size, whatever the index: where the connector's rate falls with the size, the
   ratio to these says whether the index's share grew.
 
+Before the measures in the filling process, the index work the fill made due (its last
+checkpoint, written off the lock, then adopted) is let end (``settle_s``: how long that
+took), so that it lands in none of them.
+
 Each open is also measured once with the index checkpoint ignored (``open_full_replay_s``:
 every log replayed from its start, as before checkpoints existed).
 
@@ -72,6 +76,7 @@ MAX_SAMPLE = 16384  # keys per timed measure, at most
 OPENS = 3  # fresh processes that open each store
 PROCS_PER_NODE = 8  # processes sharing one namespace on a node, for index_node_bytes_per_page
 LOG_SLACK = 2 * RECORD.size + 64  # disk per page for its index log record(s), generously
+SETTLE_TIMEOUT = 600.0  # seconds the fill's last index checkpoint may take
 EXISTS_SECONDS = 0.5  # exists is timed over passes of its sample for at least this long
 MAX_PASSES = 1000
 MEASURES = ("index_rss_bytes_per_page", "index_shared_bytes_per_page", "index_node_bytes_per_page",
@@ -273,6 +278,7 @@ def _measure_size(n: int, page_bytes: int, root: Path, settings: dict[str, Any],
         # the opening processes are configured as the writer is (its capacity included),
         # as every process of a deployment would be
         _probe_all(row, root / "store", page_bytes, _without_root(store_settings), key(n - 1))
+        row["settle_s"] = _settle(conn)
         pages = contiguous_pages(buffer.address, page_bytes, range(BATCH))
         stored = [key(rng.randrange(n)) for _ in range(s)]
         others = [key(rng.randrange(n)) for _ in range(s)]  # the raw first pass's keys
@@ -297,6 +303,23 @@ def _measure_size(n: int, page_bytes: int, root: Path, settings: dict[str, Any],
         raise BenchError(f"store of {n:,} pages: {row['evictions']} evictions while setting {s} "
                          "new pages at capacity (expected one per page)")
     return row
+
+
+def _settle(conn: Any, timeout: float = SETTLE_TIMEOUT) -> float:
+    """Let the index work the fill made due end before any measure (the fill's last
+    checkpoint written off the lock and adopted): at 10^7 pages it takes seconds of a core
+    and of the disk, and would land in whichever measure it overlaps (the first refresh
+    after the fill starts it). Seconds it took (``settle_s``); :class:`BenchError` past
+    ``timeout``."""
+    store = conn._store_for_io()
+    started = time.perf_counter()
+    store.refresh()  # starts what the fill made due
+    while store.index.busy():
+        if time.perf_counter() - started > timeout:
+            raise BenchError(f"the index's background work did not end within {timeout:g} s")
+        store.index.wait_checkpoint(1.0)
+        store.refresh()  # adopts what ended (a long journal: caught up off the lock first)
+    return time.perf_counter() - started
 
 
 def _all_ok(results: list[bool], what: str) -> None:

@@ -952,6 +952,11 @@ class SlabIndex:
         finally:
             self._pending_base = (new, base_id) if done else False
 
+    def busy(self) -> bool:
+        """A checkpoint write, rebase or journal catch-up runs off the lock, or has ended and
+        waits for the next :meth:`refresh` to adopt it (a hint: read without the lock)."""
+        return self._pending_base is not None or (self._saver is not None and self._saver.is_alive())
+
     def wait_checkpoint(self, timeout: float | None = None) -> None:
         """Wait for a background checkpoint write to finish (at most ``timeout`` s)."""
         saver = self._saver

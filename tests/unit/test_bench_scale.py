@@ -44,6 +44,7 @@ def test_scale_sweep_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture
             assert 0 < ms["p50"] <= ms["p99"] <= ms["max"], (name, ms)
         # exists is timed over whole passes of its sample for at least EXISTS_SECONDS
         assert row["exists_passes"] >= 1 and row["get_passes"] == 1
+        assert row["settle_s"] >= 0  # the fill's index work let end before the measures
         # the open built every page: from the checkpoint (-1: none) or by replaying the log
         assert max(row["open_checkpoint_pages"], 0) + row["open_replayed_records"] >= row["pages"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

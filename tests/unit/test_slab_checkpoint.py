@@ -433,7 +433,7 @@ def test_a_long_journal_is_caught_up_off_the_lock_then_adopted(tmp_path: Path,
         with store._lock:
             index.save_checkpoint_later()
         thread = index._saver
-        assert thread is not None
+        assert thread is not None and index.busy()  # (held: writing)
         rebases = index.rebases
         def write(lo: int, hi: int) -> None:  # journaled: the table made from the image lacks them
             more = [key(0, i) for i in range(lo, hi)]
@@ -447,11 +447,12 @@ def test_a_long_journal_is_caught_up_off_the_lock_then_adopted(tmp_path: Path,
         store.refresh()  # 61 records: handed to a catch-up thread
         assert index._saver is not thread and index._saver is not None
         assert index._saver.name == "hicache-index-catch-up" and index.rebases == rebases
+        assert index.busy()  # (catching up, or caught up and waiting for a refresh to adopt it)
         write(100, 104)  # (the journal goes on meanwhile)
         assert store.contains([key(0, 3), key(0, 99), key(0, 103)]) == [False, True, True]
         index.wait_checkpoint()
         store.refresh()  # the rest of the journal, under the lock: adopted
-        assert index.rebases == rebases + 1
+        assert index.rebases == rebases + 1 and not index.busy()
         table = index.table
         assert table.shared_nbytes > 0 and table.delta_len < len(table) and table.check() == 0
         with indexes(store) as (oracle, _):
