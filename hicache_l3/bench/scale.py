@@ -21,12 +21,12 @@ whole batches of 128). Then, per size:
   reports its batches' latencies (``<measure>_batch_ms``: p50, p99 and the longest), so
   that a stall shows even where the rate absorbs it;
 * the raw contender of each ``get``: ``os.preadv`` of each page's data area alone (no
-  marker, no checksum, no index), one call per page, in the same batches: first over S
-  other stored keys (``raw_get_pages_per_s``, timed before the connector's first pass, so
-  that both meet the page cache as the fill left it), then over the connector's keys right
-  after its warm pass (``raw_get_warm_pages_per_s``). What the memory and the disk cost at
-  this size, whatever the index: where the connector's rate falls with the size, the
-  ratio to these says whether the index's share grew.
+  marker, no checksum, no index), one call per page, batch for batch with the connector's
+  (the order turning every batch): over S other stored keys beside the connector's first
+  pass (``raw_get_pages_per_s``: both meet the page cache as the fill left it), then over
+  the connector's own keys beside its warm pass (``raw_get_warm_pages_per_s``). What the
+  memory and the disk cost at this size, whatever the index: where the connector's rate
+  falls with the size, the ratio to these says whether the index's share grew.
 
 Before the measures in the filling process, the index work the fill made due (its last
 checkpoint, written off the lock, then adopted) is let end (``settle_s``: how long that
@@ -285,14 +285,19 @@ def _measure_size(n: int, page_bytes: int, root: Path, settings: dict[str, Any],
         row["exists_keys_per_s"] = _rate(stored, lambda ks: conn.batch_exists(ks), "exists", row,
                                          "exists", EXISTS_SECONDS)
         raw_read = _raw_reader(conn, page_bytes)
-        row["raw_get_pages_per_s"] = _rate(others, raw_read, "raw get", row, "raw_get")
-        row["get_pages_per_s"] = _rate(stored, lambda ks: conn.batch_get(ks, pages), "get", row, "get")
+
+        def get(ks: list[str]) -> list[bool]:
+            return conn.batch_get(ks, pages)
+
+        # the connector's keys and the raw contender's others, batch for batch
+        first = _rates([("get", stored, get, "get"), ("raw_get", others, raw_read, "raw get")], row)
         # the same keys again: their slots are in the page cache now, so this is the index's
         # and the connector's cost at this size without the disk's (a store bigger than the
         # page cache reads the first pass from the disk)
-        row["get_warm_pages_per_s"] = _rate(stored, lambda ks: conn.batch_get(ks, pages), "get (warm)",
-                                            row, "get_warm")
-        row["raw_get_warm_pages_per_s"] = _rate(stored, raw_read, "raw get (warm)", row, "raw_get_warm")
+        warm = _rates([("get_warm", stored, get, "get (warm)"),
+                       ("raw_get_warm", stored, raw_read, "raw get (warm)")], row)
+        for name, rate in (*first.items(), *warm.items()):
+            row[f"{name}_pages_per_s"] = rate
         fresh = [key(i) for i in range(n, n + 2 * s)]
         row["set_pages_per_s"] = _rate(fresh[:s], lambda ks: conn.batch_set(ks, pages), "set", row, "set")
         before = conn.stats()["engine"].get("evictions", 0)
@@ -327,31 +332,49 @@ def _all_ok(results: list[bool], what: str) -> None:
         raise BenchError(f"{what}: {results.count(False)} of {len(results)} keys failed")
 
 
+Contender = tuple[str, list[str], Callable[[list[str]], list[bool]], str]  # name, keys, call, what
+
+
 def _rate(keys: list[str], call: Callable[[list[str]], list[bool]], what: str,
           row: dict[str, Any] | None = None, name: str = "", seconds: float = 0.0) -> float:
     """Keys per second of ``call`` over ``keys`` in batches of :data:`BATCH`, pass after pass
     until ``seconds`` have gone by (one pass at least, :data:`MAX_PASSES` at most); every
     key must succeed. With ``row``: the batches' latencies go into ``row[name +
     "_batch_ms"]`` (p50, p99, max) and the passes into ``row[name + "_passes"]``."""
-    results: list[bool] = []
-    latencies: list[float] = []
+    return _rates([(name, keys, call, what)], row, seconds)[name]
+
+
+def _rates(contenders: list[Contender], row: dict[str, Any] | None = None,
+           seconds: float = 0.0) -> dict[str, float]:
+    """:func:`_rate` of several contenders (each its own keys, equally many) interleaved
+    batch by batch, the order turning every batch, so that each meets the page cache, the
+    disk and the machine's load as the others do. Keys per second per name."""
+    results: dict[str, list[bool]] = {name: [] for name, *_ in contenders}
+    latencies: dict[str, list[float]] = {name: [] for name, *_ in contenders}
     clock = time.perf_counter
-    started = clock()
+    total = 0.0
     passes = 0
-    while passes < MAX_PASSES and (not passes or clock() - started < seconds):
-        for lo in range(0, len(keys), BATCH):
-            t0 = clock()
-            results += call(keys[lo : lo + BATCH])
-            latencies.append(clock() - t0)
+    n = len(contenders[0][1])
+    while passes < MAX_PASSES and (not passes or total < seconds):
+        for b, lo in enumerate(range(0, n, BATCH)):
+            turn = b % len(contenders)
+            for name, keys, call, _ in contenders[turn:] + contenders[:turn]:
+                t0 = clock()
+                results[name] += call(keys[lo : lo + BATCH])
+                spent = clock() - t0
+                latencies[name].append(spent)
+                total += spent
         passes += 1
-    elapsed = clock() - started
-    _all_ok(results, what)
-    if row is not None:
-        ms = sorted(1e3 * t for t in latencies)
-        row[f"{name}_batch_ms"] = {"p50": ms[len(ms) // 2], "p99": ms[min(len(ms) - 1, int(0.99 * len(ms)))],
-                                   "max": ms[-1]}
-        row[f"{name}_passes"] = passes
-    return passes * len(keys) / elapsed
+    out = {}
+    for name, keys, _, what in contenders:
+        _all_ok(results[name], what)
+        out[name] = passes * len(keys) / sum(latencies[name])
+        if row is not None:
+            ms = sorted(1e3 * t for t in latencies[name])
+            row[f"{name}_batch_ms"] = {"p50": ms[len(ms) // 2],
+                                       "p99": ms[min(len(ms) - 1, int(0.99 * len(ms)))], "max": ms[-1]}
+            row[f"{name}_passes"] = passes
+    return out
 
 
 def _raw_reader(conn: Any, page_bytes: int) -> Callable[[list[str]], list[bool]]:
