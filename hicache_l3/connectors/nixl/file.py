@@ -83,6 +83,7 @@ from hicache_l3.slab.io import (
 )
 from hicache_l3.slab.plan import GetPlan
 from hicache_l3.slab.records import write_markers
+from hicache_l3.slab.slots import SlotColumns
 from hicache_l3.slab.store import SlabStore
 
 
@@ -168,10 +169,10 @@ class NixlTransport(SlotTransport):
         fds: Sequence[int]
         data_at: Sequence[int]
         if helpers is not None and self.lib is not None:
-            fd_col, _slabs, slot_col, gen_col = zip(*slots)
-            fds = array.array("i", fd_col)
+            cols = SlotColumns.of(slots)  # the reserve's columns, as they are: no tuple per page
+            fds = cols.fds
             # the local write's call (slab/records.py): records with checksum 0, and offsets
-            made = write_markers(batch.keys, array.array("Q", gen_col), array.array("Q", slot_col), geometry)
+            made = write_markers(batch.keys, cols.gens, cols.slots, geometry)
             records, data_at, marker_at = made
             if sums is not None:  # each record's checksum field: its fourth uint64
                 memoryview(records).cast("Q")[3::RECORD_BYTES // 8] = array.array("Q", sums)
