@@ -284,18 +284,19 @@ def _measure_size(n: int, page_bytes: int, root: Path, settings: dict[str, Any],
         others = [key(rng.randrange(n)) for _ in range(s)]  # the raw first pass's keys
         row["exists_keys_per_s"] = _rate(stored, lambda ks: conn.batch_exists(ks), "exists", row,
                                          "exists", EXISTS_SECONDS)
-        raw_read = _raw_reader(conn, page_bytes)
 
         def get(ks: list[str]) -> list[bool]:
             return conn.batch_get(ks, pages)
 
         # the connector's keys and the raw contender's others, batch for batch
-        first = _rates([("get", stored, get, "get"), ("raw_get", others, raw_read, "raw get")], row)
+        first = _rates([("get", stored, get, "get"),
+                        ("raw_get", others, _raw_reader(conn, page_bytes, others), "raw get")], row)
         # the same keys again: their slots are in the page cache now, so this is the index's
         # and the connector's cost at this size without the disk's (a store bigger than the
         # page cache reads the first pass from the disk)
         warm = _rates([("get_warm", stored, get, "get (warm)"),
-                       ("raw_get_warm", stored, raw_read, "raw get (warm)")], row)
+                       ("raw_get_warm", stored, _raw_reader(conn, page_bytes, stored), "raw get (warm)")],
+                      row)
         for name, rate in (*first.items(), *warm.items()):
             row[f"{name}_pages_per_s"] = rate
         fresh = [key(i) for i in range(n, n + 2 * s)]
@@ -377,20 +378,20 @@ def _rates(contenders: list[Contender], row: dict[str, Any] | None = None,
     return out
 
 
-def _raw_reader(conn: Any, page_bytes: int) -> Callable[[list[str]], list[bool]]:
-    """The raw contender of ``conn``'s gets: for a batch of stored keys, ``os.preadv`` of
-    each page's data area into one buffer, one call per page, in the batch's order (the
-    slots looked up before the clock would be fairer still, but a lookup is ~0.5 us of the
-    several a page takes). True per page read whole."""
+def _raw_reader(conn: Any, page_bytes: int, keys: list[str]) -> Callable[[list[str]], list[bool]]:
+    """The raw contender of ``conn``'s gets of ``keys``: for a batch of them, ``os.preadv``
+    of each page's data area into one buffer, one call per page, in the batch's order (as
+    ``bench``'s raw-posix does). The slots are looked up here, before any clock. True per
+    page read whole."""
     store = conn._store_for_io()
     geometry = store.geometry
+    where = {k: (loc[0], geometry.data_offset(loc[1][2])) for k, loc in zip(keys, store.lookup(keys))
+             if loc is not None}
     into = [memoryview(bytearray(page_bytes))]
     preadv = os.preadv
 
-    def read(keys: list[str]) -> list[bool]:
-        found = store.lookup(keys)
-        return [loc is not None and preadv(loc[0], into, geometry.data_offset(loc[1][2])) == page_bytes
-                for loc in found]
+    def read(batch: list[str]) -> list[bool]:
+        return [k in where and preadv(where[k][0], into, where[k][1]) == page_bytes for k in batch]
 
     return read
 
