@@ -78,7 +78,7 @@ PROCS_PER_NODE = 8  # processes sharing one namespace on a node, for index_node_
 LOG_SLACK = 2 * RECORD.size + 64  # disk per page for its index log record(s), generously
 SETTLE_TIMEOUT = 600.0  # seconds the fill's last index checkpoint may take
 EXISTS_SECONDS = 0.5  # exists is timed over passes of its sample for at least this long
-MAX_PASSES = 1000
+MAX_PASSES = 1000  # a bound on the passes of a measure whose batches take ~no time
 MEASURES = ("index_rss_bytes_per_page", "index_shared_bytes_per_page", "index_node_bytes_per_page",
             "open_s", "open_full_replay_s", "exists_keys_per_s", "get_pages_per_s", "get_warm_pages_per_s",
             "set_pages_per_s", "evict_set_pages_per_s")
@@ -281,7 +281,7 @@ def _measure_size(n: int, page_bytes: int, root: Path, settings: dict[str, Any],
         row["settle_s"] = _settle(conn)
         pages = contiguous_pages(buffer.address, page_bytes, range(BATCH))
         stored = [key(rng.randrange(n)) for _ in range(s)]
-        others = [key(rng.randrange(n)) for _ in range(s)]  # the raw first pass's keys
+        others = [key(rng.randrange(n)) for _ in range(s)]  # the raw first pass's (own draws)
         row["exists_keys_per_s"] = _rate(stored, lambda ks: conn.batch_exists(ks), "exists", row,
                                          "exists", EXISTS_SECONDS)
 
@@ -391,7 +391,7 @@ def _raw_reader(conn: Any, page_bytes: int, keys: list[str]) -> Callable[[list[s
     preadv = os.preadv
 
     def read(batch: list[str]) -> list[bool]:
-        return [k in where and preadv(where[k][0], into, where[k][1]) == page_bytes for k in batch]
+        return [at is not None and preadv(at[0], into, at[1]) == page_bytes for at in map(where.get, batch)]
 
     return read
 
