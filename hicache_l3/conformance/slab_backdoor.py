@@ -23,6 +23,7 @@ from hicache_l3.slab.format import (
     Geometry,
     decode_records,
     encode_marker,
+    geometry_of,
     read_namespace_file,
 )
 
@@ -70,7 +71,7 @@ def slab_location(root: Path, namespace: Namespace, key: str) -> tuple[Path, int
         return None
     w, slab, slot, _ = where
     path = nsdir / "writers" / f"w{w:04d}" / f"slab-{slab:06d}.dat"
-    geometry = Geometry(meta["slot_bytes"])
+    geometry = geometry_of(nsdir, meta)
     return path, geometry.data_offset(slot), meta["slot_bytes"], geometry.marker_offset(slot)
 
 

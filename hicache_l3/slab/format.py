@@ -16,6 +16,17 @@ the page size is a power of two up to 64 KiB, aligned to its own size::
 
     group g: [ marker 0 | marker 1 | ... | marker 511 ][ data 0 ][ data 1 ] ... [ data 511 ]
 
+Packed small slots (format 3). Slots of at most :data:`PACKED_MAX` bytes (2 KiB) are
+packed: ``data_stride`` is the smallest power of two that holds the slot (at least 64
+bytes), so a 256-byte page costs 256 + 128 bytes of disk and page cache instead of
+4,096 + 128, and no page straddles a 4 KiB page of the file. Nothing else differs: the
+marker records, their table and the torn-slot argument are format 2's (page data of
+neighbouring slots share a 4 KiB block, as their markers always did; a write never
+touches another slot's bytes). Such pages are never moved with O_DIRECT (not 4 KiB
+long). ``namespace.json`` says ``"format": 3`` for such a namespace, so a version that
+predates packing refuses it instead of reading it with the 4 KiB stride; a namespace of
+small slots created before packing says format 2 and keeps the 4 KiB stride.
+
 A marker record is a start header (64 B: magic, format version, generation, length,
 checksum, key fingerprint) followed by an end marker (64 B: magic, generation, key
 fingerprint). Page data lie where the kernel caches a file best (the raw contenders'
@@ -74,7 +85,10 @@ from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.integrity import key_fingerprint
 from hicache_l3.common.keys import Namespace
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 2  # the marker record's version; namespace.json's format of 4 KiB-aligned slots
+PACKED_FORMAT = 3  # namespace.json's format of a namespace whose small slots are packed
+PACKED_MAX = 2048  # slots of at most this many bytes are packed (format 3); larger ones never
+PACKED_MIN_STRIDE = 64  # a packed slot's data start on a cache line at least
 MARKER = 64  # bytes of a start header and of an end marker
 RECORD_BYTES = 2 * MARKER  # a slot's marker record: start header, then end marker
 GROUP_SLOTS = 512  # slots per group: a 64 KiB table of marker records
@@ -149,13 +163,21 @@ class Geometry:
     whole group, at most 64 KiB more per slab file)."""
 
     slot_bytes: int
+    packed: bool | None = None  # None: as a new namespace would be (:func:`packs`)
     data_stride: int = 0  # bytes between the data of consecutive slots of a group
     table: int = 0  # bytes of a group's marker table
     group: int = 0  # bytes of a whole group
     stride: int = 0  # data_stride + RECORD_BYTES
 
     def __post_init__(self) -> None:
-        data_stride = round_up(self.slot_bytes, ALIGN)
+        packed = packs(self.slot_bytes) if self.packed is None else self.packed
+        if packed and not packs(self.slot_bytes):
+            raise ValueError(f"slots of {self.slot_bytes} bytes are never packed (at most {PACKED_MAX})")
+        object.__setattr__(self, "packed", packed)
+        if packed:  # the smallest power of two that holds the slot
+            data_stride = max(PACKED_MIN_STRIDE, 1 << (self.slot_bytes - 1).bit_length())
+        else:
+            data_stride = round_up(self.slot_bytes, ALIGN)
         table = GROUP_SLOTS * RECORD_BYTES
         object.__setattr__(self, "data_stride", data_stride)
         object.__setattr__(self, "table", table)
@@ -168,7 +190,8 @@ class Geometry:
         return g * self.group + i * RECORD_BYTES
 
     def data_offset(self, slot: int) -> int:
-        """Offset of the slot's data (4 KiB aligned, so O_DIRECT can move it)."""
+        """Offset of the slot's data (4 KiB aligned, so O_DIRECT can move it; a packed
+        slot's aligned to its power-of-two data stride instead)."""
         g, i = divmod(slot, GROUP_SLOTS)
         return g * self.group + self.table + i * self.data_stride
 
@@ -196,6 +219,17 @@ class Geometry:
         g, rest = divmod(max(0, nbytes), self.group)
         partial = 0 if rest < self.table else min(GROUP_SLOTS - 1, (rest - self.table) // self.data_stride)
         return g * GROUP_SLOTS + partial
+
+
+def packs(slot_bytes: int) -> bool:
+    """Whether a new namespace of ``slot_bytes`` slots packs them (format 3, module
+    docstring "Packed small slots")."""
+    return 0 < slot_bytes <= PACKED_MAX
+
+
+def layout_format(slot_bytes: int) -> int:
+    """The ``format`` a new namespace of ``slot_bytes`` slots writes in ``namespace.json``."""
+    return PACKED_FORMAT if packs(slot_bytes) else FORMAT_VERSION
 
 
 def encode_start(gen: int, length: int, checksum: int, fingerprint: bytes) -> bytes:
@@ -347,18 +381,29 @@ def read_namespace_file(directory: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
-def write_namespace_file(directory: Path, namespace: Namespace, slot_bytes: int) -> None:
+def write_namespace_file(directory: Path, namespace: Namespace, slot_bytes: int) -> Geometry:
     """Create ``namespace.json`` if absent, rebuild it if damaged (atomically either way:
     a synced temporary file linked or renamed into place), then check that the namespace
-    stores pages of ``slot_bytes``."""
+    stores pages of ``slot_bytes``; the namespace's slot geometry (packed or not, as its
+    ``namespace.json`` says: a namespace keeps the layout it was created with).
+
+    A lost or damaged ``namespace.json`` of slots that a new namespace packs is not
+    rebuilt when slabs exist (:class:`ConfigError`): whether they were written packed
+    (format 3) or 4 KiB-aligned (format 2, before packing) cannot be told from them."""
     from hicache_l3.slab.files import make_dir, open_file
 
     make_dir(directory, exist_ok=True)
     path = directory / NAMESPACE_FILE
-    body = {"format": FORMAT_VERSION, "slot_bytes": slot_bytes, "namespace": namespace.fields()}
+    body = {"format": layout_format(slot_bytes), "slot_bytes": slot_bytes, "namespace": namespace.fields()}
     existing = read_namespace_file(directory)
     if not existing:
         damaged = path.exists()
+        if packs(slot_bytes) and any((directory / "writers").glob("w*/slab-*.dat")):
+            raise ConfigError(
+                f"{directory}: {NAMESPACE_FILE} is {'damaged' if damaged else 'missing'} and its "
+                f"slabs of {slot_bytes}-byte pages may be laid out packed (format {PACKED_FORMAT}) "
+                f"or 4 KiB-aligned (format {FORMAT_VERSION}): the store is a cache, delete "
+                f"{directory} and restart, or point root at another directory")
         tmp = directory / f".namespace.{os.getpid()}.{threading.get_ident()}.tmp"
         fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
@@ -378,23 +423,37 @@ def write_namespace_file(directory: Path, namespace: Namespace, slot_bytes: int)
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
         existing = read_namespace_file(directory)
-    check_format(directory, existing)
+    geometry = geometry_of(directory, existing)
     if existing.get("slot_bytes") != slot_bytes:
         raise ConfigError(
             f"{directory} stores pages of {existing.get('slot_bytes')} bytes, "
             f"not {slot_bytes}: page_bytes differs for the same namespace"
         )
+    return geometry
 
 
 def check_format(directory: str | os.PathLike[str], meta: dict[str, Any]) -> None:
     """Refuse (:class:`ConfigError`) a namespace directory whose ``namespace.json``
     (``meta``, as :func:`read_namespace_file` gives it) is of another on-disk format:
-    its slabs are laid out differently and are never read as this format's."""
+    its slabs are laid out differently and are never read as this format's. Format 2
+    (4 KiB-aligned slots, any size) and format 3 (packed slots of at most
+    :data:`PACKED_MAX` bytes) are read and written."""
     found = meta.get("format", 1)
-    if meta and found != FORMAT_VERSION:
-        raise ConfigError(
-            f"{directory} holds a slab store in on-disk format {found}; this version reads "
-            f"and writes format {FORMAT_VERSION} only (a new slot layout). The store is a "
-            f"cache: delete {directory} (or the whole root) and restart, or point root at "
-            "another directory"
-        )
+    if not meta or found == FORMAT_VERSION:
+        return
+    if found == PACKED_FORMAT and packs(meta["slot_bytes"]):
+        return
+    raise ConfigError(
+        f"{directory} holds a slab store in on-disk format {found} with "
+        f"{meta.get('slot_bytes')}-byte slots; this version reads and writes format "
+        f"{FORMAT_VERSION}, and format {PACKED_FORMAT} for slots of at most {PACKED_MAX} "
+        f"bytes. The store is a cache: delete {directory} (or the whole root) and restart, "
+        "or point root at another directory"
+    )
+
+
+def geometry_of(directory: str | os.PathLike[str], meta: dict[str, Any]) -> Geometry:
+    """The slot geometry of a namespace from its ``namespace.json`` (``meta``, not empty),
+    after :func:`check_format`."""
+    check_format(directory, meta)
+    return Geometry(meta["slot_bytes"], packed=meta.get("format") == PACKED_FORMAT)

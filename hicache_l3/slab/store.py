@@ -41,7 +41,6 @@ from hicache_l3.slab.format import (
     PUT,
     RECORD,
     Entry,
-    Geometry,
     Located,
     Slot,
     decode_records,
@@ -106,7 +105,8 @@ class SlabStore:
         self.namespace = namespace
         self.directory = namespace_dir(root, namespace)
         self.writers_dir = self.directory / "writers"
-        self.geometry = Geometry(slot_bytes)
+        # the namespace's layout (packed small slots or not) is the one it was created with
+        self.geometry = write_namespace_file(self.directory, namespace, slot_bytes)
         self.fsync = fsync
         self.direct = direct
         stride = self.geometry.stride
@@ -132,7 +132,6 @@ class SlabStore:
         self._next_gen = 1
         self.evictions = 0
         self.compactions = 0
-        write_namespace_file(self.directory, namespace, slot_bytes)
         make_dir(self.writers_dir, exist_ok=True)
 
     def _index_capacity(self) -> int | None:

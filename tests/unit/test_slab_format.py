@@ -11,12 +11,15 @@ import pytest
 
 from hicache_l3 import Namespace, open_connector
 from hicache_l3.common.errors import ConfigError
-from hicache_l3.conformance.pages import Pages
+from hicache_l3.conformance.pages import Pages, page_pattern
+from hicache_l3.conformance.slab_backdoor import slab_location
 from hicache_l3.slab.format import (
     ALIGN,
     FORMAT_VERSION,
     GROUP_SLOTS,
     NAMESPACE_FILE,
+    PACKED_FORMAT,
+    PACKED_MAX,
     RECORD_BYTES,
     Entry,
     Geometry,
@@ -30,14 +33,25 @@ from hicache_l3.slab.format import (
 NS = Namespace(model="m", kv_dtype="bfloat16", layout="page_first", page_size=16)
 
 
-@pytest.mark.parametrize("slot_bytes", [1000, 4096, 16 << 10, 64 << 10, 70000, 1 << 20])
-def test_geometry_places_every_part_apart_and_aligned(slot_bytes: int) -> None:
-    g = Geometry(slot_bytes)
+@pytest.mark.parametrize(("slot_bytes", "packed"), [
+    (1, True), (64, True), (100, True), (256, True), (1000, True), (2048, True),
+    (64, False), (1000, False), (2048, False), (2049, None), (4096, None), (16 << 10, None),
+    (64 << 10, None), (70000, None), (1 << 20, None)])
+def test_geometry_places_every_part_apart_and_aligned(slot_bytes: int, packed: bool | None) -> None:
+    g = Geometry(slot_bytes, packed=packed)
+    assert g.packed == (slot_bytes <= PACKED_MAX if packed is None else packed)
+    assert g == Geometry(slot_bytes) or packed is False  # a new namespace packs what it can
     n = 2 * GROUP_SLOTS + 7  # two whole groups and a partial one
     data, marks = g.offsets(range(n))
     assert data == [g.data_offset(s) for s in range(n)] and marks == [g.marker_offset(s) for s in range(n)]
     assert g.table % ALIGN == 0 and g.table == GROUP_SLOTS * RECORD_BYTES
-    assert all(d % ALIGN == 0 for d in data)
+    if g.packed:  # the smallest power of two (of 64 bytes at least) holding the slot
+        assert g.data_stride >= max(slot_bytes, 64) and g.data_stride & (g.data_stride - 1) == 0
+        assert g.data_stride < 2 * max(slot_bytes, 64)
+        assert all(d % g.data_stride == 0 for d in data)
+        assert all(d // ALIGN == (d + slot_bytes - 1) // ALIGN for d in data)  # none straddles 4 KiB
+    else:
+        assert all(d % ALIGN == 0 for d in data)
     if slot_bytes <= 64 << 10 and slot_bytes & (slot_bytes - 1) == 0:
         assert all(d % slot_bytes == 0 for d in data)  # power-of-two pages: aligned to their size
     spans = sorted([(d, d + slot_bytes) for d in data] + [(m, m + RECORD_BYTES) for m in marks])
@@ -87,3 +101,94 @@ def test_a_format_1_namespace_is_refused_with_the_fix(tmp_path: Path) -> None:
         assert conn.batch_set(["k"], pages.pages) == [True]
     meta = json.loads((namespace_dir(fresh, NS) / NAMESPACE_FILE).read_text())
     assert meta["format"] == FORMAT_VERSION == 2
+
+
+def test_packed_slots_are_never_made_for_big_pages() -> None:
+    with pytest.raises(ValueError, match="never packed"):
+        Geometry(PACKED_MAX + 1, packed=True)
+
+
+def _slabs_bytes(root: Path) -> int:
+    """Disk blocks the namespace's slab files hold."""
+    return sum(p.stat().st_blocks * 512 for p in namespace_dir(root, NS).glob("writers/w*/slab-*.dat"))
+
+
+def _read_back(conn: object, pages: Pages, keys: list[str]) -> list[bool]:
+    """Get ``keys`` into a wiped buffer: per key, hit and the bytes its pattern."""
+    pages.wipe()
+    got = conn.batch_get(keys, pages.pages[:len(keys)])  # type: ignore[attr-defined]
+    return [ok and pages.matches(i, key) for i, (ok, key) in enumerate(zip(got, keys))]
+
+
+def test_small_pages_are_packed_in_a_format_3_namespace_and_read_back(tmp_path: Path) -> None:
+    """A new namespace of 256-byte pages lays them out packed (format 3): its slabs hold
+    about 2,000 x (256 + 128) bytes for 2,000 pages, not 2,000 x (4 KiB + 128); every page
+    reads back whole, in this process and in a fresh one."""
+    n, page = 2000, 256
+    keys = [f"k{i}" for i in range(n)]
+    with open_connector("file", NS, root=str(tmp_path)) as conn:
+        pages = Pages(conn, page, n)
+        pages.fill(keys)
+        assert conn.batch_set(keys, pages.pages) == [True] * n
+        assert _read_back(conn, pages, keys) == [True] * n
+    meta = json.loads((namespace_dir(tmp_path, NS) / NAMESPACE_FILE).read_text())
+    assert meta["format"] == PACKED_FORMAT and meta["slot_bytes"] == page
+    used = _slabs_bytes(tmp_path)
+    assert 0 < used <= 2 * Geometry(page).bytes_for(n) + (1 << 20) < n * Geometry(page, packed=False).stride
+    with open_connector("file", NS, root=str(tmp_path)) as conn:
+        pages = Pages(conn, page, n)
+        assert _read_back(conn, pages, keys) == [True] * n
+
+
+def test_a_format_2_namespace_of_small_pages_keeps_its_4_kib_stride(tmp_path: Path) -> None:
+    """A namespace of small pages created before packing (namespace.json format 2) is read
+    and written with the stride it was created with, never the packed one."""
+    directory = namespace_dir(tmp_path, NS)
+    directory.mkdir(parents=True, mode=0o700)
+    tmp_path.chmod(0o700)
+    (directory / NAMESPACE_FILE).write_text(json.dumps({"format": 2, "slot_bytes": 256,
+                                                        "namespace": NS.fields()}))
+    keys = [f"k{i}" for i in range(600)]  # more than a group
+    with open_connector("file", NS, root=str(tmp_path)) as conn:
+        pages = Pages(conn, 256, len(keys))
+        pages.fill(keys)
+        assert conn.batch_set(keys, pages.pages) == [True] * len(keys)
+        assert _read_back(conn, pages, keys) == [True] * len(keys)
+    assert json.loads((directory / NAMESPACE_FILE).read_text())["format"] == 2
+    for key in keys[:3] + keys[-3:]:
+        located = slab_location(tmp_path, NS, key)
+        assert located is not None
+        path, data_at, length, _ = located
+        assert data_at % ALIGN == 0 and length == 256
+        assert path.read_bytes()[data_at:data_at + 256] == page_pattern(key, 256)
+
+
+def test_a_format_3_namespace_of_big_pages_is_refused(tmp_path: Path) -> None:
+    directory = namespace_dir(tmp_path, NS)
+    directory.mkdir(parents=True)
+    (directory / NAMESPACE_FILE).write_text(json.dumps({"format": 3, "slot_bytes": 16 << 10,
+                                                        "namespace": NS.fields()}))
+    with pytest.raises(ConfigError, match="format 3") as info, \
+            open_connector("file", NS, root=str(tmp_path), page_bytes=16 << 10) as conn:
+        conn.batch_exists(["k"])
+    assert str(directory) in str(info.value) and "delete" in str(info.value)
+
+
+@pytest.mark.parametrize("damage", ["missing", "damaged"])
+def test_a_lost_namespace_file_of_small_pages_with_slabs_is_not_guessed(tmp_path: Path, damage: str) -> None:
+    """namespace.json lost or damaged while slabs of small pages exist: their layout
+    (packed or not) cannot be told, so opening is a ConfigError naming the directory;
+    nothing is read with a guessed stride."""
+    with open_connector("file", NS, root=str(tmp_path)) as conn:
+        pages = Pages(conn, 256, 4)
+        pages.fill(["a", "b", "c", "d"])
+        assert conn.batch_set(["a", "b", "c", "d"], pages.pages) == [True] * 4
+    path = namespace_dir(tmp_path, NS) / NAMESPACE_FILE
+    if damage == "missing":
+        path.unlink()
+    else:
+        path.write_text("{not json")
+    with pytest.raises(ConfigError, match=damage) as info, \
+            open_connector("file", NS, root=str(tmp_path), page_bytes=256) as conn:
+        conn.batch_get(["a"], pages.pages[:1])
+    assert str(namespace_dir(tmp_path, NS)) in str(info.value) and "delete" in str(info.value)
