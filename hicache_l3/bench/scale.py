@@ -1,7 +1,8 @@
 """``hicache-l3 bench --scale``: how the file connector's costs grow with the store size.
 
 For each store size N (``--scale-sizes``), one process fills a fresh file-connector store
-with N tiny pages (``--scale-page-bytes``, 4 KiB by default so the disk stays small) in big
+with N tiny pages (``--scale-page-bytes``, 256 bytes by default: packed slots of 384 bytes
+with their marker, so 10^7 pages take 3.8 GB of disk and fit the page cache) in big
 batches, with a capacity of exactly ``N + S`` slots (``S = min(N, 16384)`` rounded up to
 whole batches of 128). Then, per size:
 
@@ -169,11 +170,10 @@ def write_index_only_store(store: Path, n: int, page_bytes: int) -> None:
     namespace = scale_namespace(page_bytes)
     directory = namespace_dir(store, namespace)
     make_dir(store, exist_ok=True)
-    write_namespace_file(directory, namespace, page_bytes)
+    geometry = write_namespace_file(directory, namespace, page_bytes)
     wdir = directory / "writers" / "w0000"
     make_dir(directory / "writers", exist_ok=True)
     make_dir(wdir, exist_ok=True)
-    geometry = Geometry(page_bytes)
     per_slab = max(1, (256 << 20) // geometry.stride)
     fd = open_file(wdir / "index.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:

@@ -26,7 +26,7 @@ def test_scale_sweep_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture
                  "--plot", str(png), "--workdir", str(tmp_path / "w")])
     assert code == 0
     doc = json.loads(out.read_text())
-    assert doc["meta"]["mode"] == "scale" and doc["meta"]["page_bytes"] == 4096
+    assert doc["meta"]["mode"] == "scale" and doc["meta"]["page_bytes"] == 256
     rows = doc["results"]
     assert [r["pages"] for r in rows] == [1000, 3000]
     for row in rows:
