@@ -66,9 +66,10 @@ def _check_fork(held: tuple[TableImage, DictPageTable], how: str) -> None:
     """A kept snapshot holds what the table held when it was taken, used as a standalone
     table, through its written image, or rebased on an image of another table."""
     image, expected = held
-    if how == "table":
-        table = image.table
-        assert table.delta_len == len(table)
+    if how == "table":  # the standalone copy: no base, every page in its own arrays
+        assert _state(image.table) == _state(expected)  # (a fork with no pages put shares its base)
+        table = image.prepare()
+        assert table.delta_len == len(table) and table.shared_nbytes == 0
     elif how == "image":
         fd = os.memfd_create("image")
         try:
