@@ -164,7 +164,7 @@ def write_index_only_store(store: Path, n: int, page_bytes: int) -> None:
     """A store whose one writer's log publishes ``n`` pages (keys :func:`key`) in sparse
     slab files that hold no bytes: enough to open it and answer ``exists``, at sizes whose
     pages would not fit on the disk."""
-    from hicache_l3.slab.files import make_dir, open_file
+    from hicache_l3.slab.files import make_dir, open_file, slab_file_name
     from hicache_l3.slab.format import PUT, Entry, encode_record, namespace_dir, write_namespace_file
 
     namespace = scale_namespace(page_bytes)
@@ -184,7 +184,7 @@ def write_index_only_store(store: Path, n: int, page_bytes: int) -> None:
     finally:
         os.close(fd)
     for slab in range(-(-n // per_slab)):
-        fd = open_file(wdir / f"slab-{slab:06d}.dat", os.O_WRONLY | os.O_CREAT)
+        fd = open_file(wdir / slab_file_name(slab, geometry.packed), os.O_WRONLY | os.O_CREAT)
         try:
             os.ftruncate(fd, geometry.bytes_for(per_slab))
         finally:

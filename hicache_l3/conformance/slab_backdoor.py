@@ -15,6 +15,7 @@ from typing import Any
 
 from hicache_l3.common.integrity import key_fingerprint
 from hicache_l3.common.keys import Namespace
+from hicache_l3.slab.files import slab_file_name
 from hicache_l3.slab.format import (
     DEL,
     MARKER_RECORD,
@@ -70,8 +71,8 @@ def slab_location(root: Path, namespace: Namespace, key: str) -> tuple[Path, int
     if not meta or where is None:
         return None
     w, slab, slot, _ = where
-    path = nsdir / "writers" / f"w{w:04d}" / f"slab-{slab:06d}.dat"
     geometry = geometry_of(nsdir, meta)
+    path = nsdir / "writers" / f"w{w:04d}" / slab_file_name(slab, geometry.packed)
     return path, geometry.data_offset(slot), meta["slot_bytes"], geometry.marker_offset(slot)
 
 

@@ -19,6 +19,7 @@ import pytest
 from hicache_l3.common.keys import Namespace
 from hicache_l3.conformance.pages import Pages
 from hicache_l3.conformance.slab_backdoor import SlabBackdoor, live_entries
+from hicache_l3.slab.files import slab_file_name
 from hicache_l3.slab.format import NAMESPACE_FILE, RECORD, Geometry, decode_records
 
 
@@ -99,7 +100,8 @@ class SlabIntegrityTests(SlabBackdoor):
         lost = [k for k in keys if entries[k][1] == 1]
         assert len(lost) == 2
         w = entries[lost[0]][0]
-        os.unlink(_writers(settings, namespace) / f"w{w:04d}" / "slab-000001.dat")
+        os.unlink(_writers(settings, namespace) / f"w{w:04d}"
+                  / slab_file_name(1, Geometry(self.page_bytes).packed))
         reader = open_conn(slab_bytes=2 * stride)
         expect = [k not in lost for k in keys]
         got, back = self._read(reader, keys)
@@ -193,7 +195,8 @@ class SlabIntegrityTests(SlabBackdoor):
         would read right) is refused: a miss for readers, and a writer that adopts the
         directory never writes through it."""
         keys = [f"link-{i}" for i in range(3)]
-        slab = self._stored_and_closed(open_conn, settings, namespace, keys) / "slab-000000.dat"
+        slab = (self._stored_and_closed(open_conn, settings, namespace, keys)
+                / slab_file_name(0, Geometry(self.page_bytes).packed))
         victim = tmp_path / "victim.dat"
         victim.write_bytes(slab.read_bytes())
         before = victim.read_bytes()

@@ -64,6 +64,13 @@ def parse_writer_name(name: str) -> int | None:
     return None
 
 
+def slab_file_name(slab: int, packed: bool = False) -> str:
+    """The file name of slab ``slab`` in its writer's directory: ``slab-NNNNNN.dat``, or
+    ``slab-NNNNNN.packed.dat`` for packed small slots (slab/format.py "Packed small slots"), so
+    that slabs of one layout are never opened as the other's."""
+    return f"slab-{slab:06d}.packed.dat" if packed else f"slab-{slab:06d}.dat"
+
+
 class SlabFiles:
     """Open descriptors on slab files, cached per ``(writer, slab, direct)``.
 
@@ -72,15 +79,16 @@ class SlabFiles:
     closed number can be reused by another open, and a late read would hit that file.
     """
 
-    def __init__(self, writers_dir: Path) -> None:
+    def __init__(self, writers_dir: Path, packed: bool = False) -> None:
         self.writers_dir = writers_dir
+        self.packed = packed  # the namespace's slots are packed: its slabs' names say so
         self.owner: int | None = None  # the writer whose slabs open read-write
         self._fds: dict[tuple[int, int, bool], int] = {}
         self._retired: list[int] = []
 
     def path(self, writer: int, slab: int) -> Path:
         """The path of slab ``slab`` of ``writer``."""
-        return self.writers_dir / writer_name(writer) / f"slab-{slab:06d}.dat"
+        return self.writers_dir / writer_name(writer) / slab_file_name(slab, self.packed)
 
     def get(self, writer: int, slab: int, direct: bool = False) -> int:
         """A descriptor on that slab (opened on first use; O_DIRECT when ``direct``)."""

@@ -7,6 +7,7 @@ Layout under ``<root>/ns-<namespace digest>/``::
     writers/wNNNN/lock        flock-ed by the process that owns this writer directory
     writers/wNNNN/index.log   append-only index records of this writer
     writers/wNNNN/slab-NNNNNN.dat   preallocated data files cut into slots
+                                    (slab-NNNNNN.packed.dat: packed small slots, format 3)
 
 Slots (format 2). A slab is cut into groups of :data:`GROUP_SLOTS` slots. A group is a
 table of 128-byte marker records, one per slot (``GROUP_SLOTS * 128`` bytes: 64 KiB, a
@@ -25,7 +26,10 @@ neighbouring slots share a 4 KiB block, as their markers always did; a write nev
 touches another slot's bytes). Such pages are never moved with O_DIRECT (not 4 KiB
 long). ``namespace.json`` says ``"format": 3`` for such a namespace, so a version that
 predates packing refuses it instead of reading it with the 4 KiB stride; a namespace of
-small slots created before packing says format 2 and keeps the 4 KiB stride.
+small slots created before packing says format 2 and keeps the 4 KiB stride. Packed slabs
+are named ``slab-NNNNNN.packed.dat``: were ``namespace.json`` lost and rebuilt with the other
+layout (by this version or an older one), the slabs of the first are not found, and their
+pages miss as those of a missing slab do; no slab is ever read with another's stride.
 
 A marker record is a start header (64 B: magic, format version, generation, length,
 checksum, key fingerprint) followed by an end marker (64 B: magic, generation, key
@@ -163,14 +167,15 @@ class Geometry:
     whole group, at most 64 KiB more per slab file)."""
 
     slot_bytes: int
-    packed: bool | None = None  # None: as a new namespace would be (:func:`packs`)
+    pack: dataclasses.InitVar[bool | None] = None  # None: as a new namespace would (:func:`packs`)
+    packed: bool = dataclasses.field(init=False, default=False)  # small slots packed (format 3)
     data_stride: int = 0  # bytes between the data of consecutive slots of a group
     table: int = 0  # bytes of a group's marker table
     group: int = 0  # bytes of a whole group
     stride: int = 0  # data_stride + RECORD_BYTES
 
-    def __post_init__(self) -> None:
-        packed = packs(self.slot_bytes) if self.packed is None else self.packed
+    def __post_init__(self, pack: bool | None) -> None:
+        packed = packs(self.slot_bytes) if pack is None else pack
         if packed and not packs(self.slot_bytes):
             raise ValueError(f"slots of {self.slot_bytes} bytes are never packed (at most {PACKED_MAX})")
         object.__setattr__(self, "packed", packed)
@@ -385,11 +390,9 @@ def write_namespace_file(directory: Path, namespace: Namespace, slot_bytes: int)
     """Create ``namespace.json`` if absent, rebuild it if damaged (atomically either way:
     a synced temporary file linked or renamed into place), then check that the namespace
     stores pages of ``slot_bytes``; the namespace's slot geometry (packed or not, as its
-    ``namespace.json`` says: a namespace keeps the layout it was created with).
-
-    A lost or damaged ``namespace.json`` of slots that a new namespace packs is not
-    rebuilt when slabs exist (:class:`ConfigError`): whether they were written packed
-    (format 3) or 4 KiB-aligned (format 2, before packing) cannot be told from them."""
+    ``namespace.json`` says: a namespace keeps the layout it was created with; one rebuilt
+    takes a new namespace's, and slabs of the other layout, named otherwise, are not
+    found: their pages miss)."""
     from hicache_l3.slab.files import make_dir, open_file
 
     make_dir(directory, exist_ok=True)
@@ -398,12 +401,6 @@ def write_namespace_file(directory: Path, namespace: Namespace, slot_bytes: int)
     existing = read_namespace_file(directory)
     if not existing:
         damaged = path.exists()
-        if packs(slot_bytes) and any((directory / "writers").glob("w*/slab-*.dat")):
-            raise ConfigError(
-                f"{directory}: {NAMESPACE_FILE} is {'damaged' if damaged else 'missing'} and its "
-                f"slabs of {slot_bytes}-byte pages may be laid out packed (format {PACKED_FORMAT}) "
-                f"or 4 KiB-aligned (format {FORMAT_VERSION}): the store is a cache, delete "
-                f"{directory} and restart, or point root at another directory")
         tmp = directory / f".namespace.{os.getpid()}.{threading.get_ident()}.tmp"
         fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
@@ -456,4 +453,4 @@ def geometry_of(directory: str | os.PathLike[str], meta: dict[str, Any]) -> Geom
     """The slot geometry of a namespace from its ``namespace.json`` (``meta``, not empty),
     after :func:`check_format`."""
     check_format(directory, meta)
-    return Geometry(meta["slot_bytes"], packed=meta.get("format") == PACKED_FORMAT)
+    return Geometry(meta["slot_bytes"], pack=meta.get("format") == PACKED_FORMAT)

@@ -114,7 +114,7 @@ class SlabStore:
         self.max_slots = None if capacity_bytes is None else max(1, capacity_bytes // stride)
         if self.max_slots is not None:
             self.slots_per_slab = min(self.slots_per_slab, self.max_slots)
-        self.files = SlabFiles(self.writers_dir)
+        self.files = SlabFiles(self.writers_dir, self.geometry.packed)
         self.index = SlabIndex(self.writers_dir, self.files, self._index_capacity())
         self.index.on_free = self._release
         self._lock = self.index.lock

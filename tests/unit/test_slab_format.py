@@ -38,7 +38,7 @@ NS = Namespace(model="m", kv_dtype="bfloat16", layout="page_first", page_size=16
     (64, False), (1000, False), (2048, False), (2049, None), (4096, None), (16 << 10, None),
     (64 << 10, None), (70000, None), (1 << 20, None)])
 def test_geometry_places_every_part_apart_and_aligned(slot_bytes: int, packed: bool | None) -> None:
-    g = Geometry(slot_bytes, packed=packed)
+    g = Geometry(slot_bytes, pack=packed)
     assert g.packed == (slot_bytes <= PACKED_MAX if packed is None else packed)
     assert g == Geometry(slot_bytes) or packed is False  # a new namespace packs what it can
     n = 2 * GROUP_SLOTS + 7  # two whole groups and a partial one
@@ -105,12 +105,12 @@ def test_a_format_1_namespace_is_refused_with_the_fix(tmp_path: Path) -> None:
 
 def test_packed_slots_are_never_made_for_big_pages() -> None:
     with pytest.raises(ValueError, match="never packed"):
-        Geometry(PACKED_MAX + 1, packed=True)
+        Geometry(PACKED_MAX + 1, pack=True)
 
 
 def _slabs_bytes(root: Path) -> int:
     """Disk blocks the namespace's slab files hold."""
-    return sum(p.stat().st_blocks * 512 for p in namespace_dir(root, NS).glob("writers/w*/slab-*.dat"))
+    return sum(p.stat().st_blocks * 512 for p in namespace_dir(root, NS).glob("writers/w*/slab-*.packed.dat"))
 
 
 def _read_back(conn: object, pages: Pages, keys: list[str]) -> list[bool]:
@@ -134,7 +134,7 @@ def test_small_pages_are_packed_in_a_format_3_namespace_and_read_back(tmp_path: 
     meta = json.loads((namespace_dir(tmp_path, NS) / NAMESPACE_FILE).read_text())
     assert meta["format"] == PACKED_FORMAT and meta["slot_bytes"] == page
     used = _slabs_bytes(tmp_path)
-    assert 0 < used <= 2 * Geometry(page).bytes_for(n) + (1 << 20) < n * Geometry(page, packed=False).stride
+    assert 0 < used <= 2 * Geometry(page).bytes_for(n) + (1 << 20) < n * Geometry(page, pack=False).stride
     with open_connector("file", NS, root=str(tmp_path)) as conn:
         pages = Pages(conn, page, n)
         assert _read_back(conn, pages, keys) == [True] * n
@@ -175,20 +175,48 @@ def test_a_format_3_namespace_of_big_pages_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", ["missing", "damaged"])
-def test_a_lost_namespace_file_of_small_pages_with_slabs_is_not_guessed(tmp_path: Path, damage: str) -> None:
-    """namespace.json lost or damaged while slabs of small pages exist: their layout
-    (packed or not) cannot be told, so opening is a ConfigError naming the directory;
-    nothing is read with a guessed stride."""
-    with open_connector("file", NS, root=str(tmp_path)) as conn:
-        pages = Pages(conn, 256, 4)
-        pages.fill(["a", "b", "c", "d"])
-        assert conn.batch_set(["a", "b", "c", "d"], pages.pages) == [True] * 4
-    path = namespace_dir(tmp_path, NS) / NAMESPACE_FILE
+def test_a_rebuilt_namespace_file_never_reads_slabs_of_the_other_layout(tmp_path: Path, damage: str) -> None:
+    """A format-2 namespace of small pages (4 KiB stride, written before packing) whose
+    namespace.json is lost or damaged is rebuilt as a new one (format 3, packed): its
+    slabs, named for their layout, are not found, so every old page misses, even with
+    checksum=none (never the bytes of a slab read with the other stride); new sets then
+    work, and so do gets in a fresh process."""
+    directory = namespace_dir(tmp_path, NS)
+    directory.mkdir(parents=True, mode=0o700)
+    tmp_path.chmod(0o700)
+    (directory / NAMESPACE_FILE).write_text(json.dumps({"format": 2, "slot_bytes": 256,
+                                                        "namespace": NS.fields()}))
+    keys = [f"k{i}" for i in range(40)]
+    with open_connector("file", NS, root=str(tmp_path), checksum="none") as conn:
+        pages = Pages(conn, 256, len(keys))
+        pages.fill(keys)
+        assert conn.batch_set(keys, pages.pages) == [True] * len(keys)
+    assert [p.name for p in directory.glob("writers/w*/slab-*.dat")] == ["slab-000000.dat"]
+    path = directory / NAMESPACE_FILE
     if damage == "missing":
         path.unlink()
     else:
         path.write_text("{not json")
-    with pytest.raises(ConfigError, match=damage) as info, \
-            open_connector("file", NS, root=str(tmp_path), page_bytes=256) as conn:
-        conn.batch_get(["a"], pages.pages[:1])
-    assert str(namespace_dir(tmp_path, NS)) in str(info.value) and "delete" in str(info.value)
+    with open_connector("file", NS, root=str(tmp_path), page_bytes=256, checksum="none") as conn:
+        pages = Pages(conn, 256, len(keys))
+        assert conn.batch_get(keys, pages.pages) == [False] * len(keys)  # misses, not hits
+        assert conn.batch_exists(keys) == [False] * len(keys)  # dropped once found gone
+        pages.fill(keys)
+        assert conn.batch_set(keys, pages.pages) == [True] * len(keys)
+    assert json.loads(path.read_text())["format"] == PACKED_FORMAT
+    assert list(directory.glob("writers/w*/slab-*.packed.dat"))
+    with open_connector("file", NS, root=str(tmp_path), checksum="none") as conn:
+        pages = Pages(conn, 256, len(keys))
+        assert _read_back(conn, pages, keys) == [True] * len(keys)
+
+
+def test_a_damaged_namespace_file_of_packed_pages_is_rebuilt_and_its_pages_read(tmp_path: Path) -> None:
+    keys = [f"k{i}" for i in range(40)]
+    with open_connector("file", NS, root=str(tmp_path)) as conn:
+        pages = Pages(conn, 256, len(keys))
+        pages.fill(keys)
+        assert conn.batch_set(keys, pages.pages) == [True] * len(keys)
+    (namespace_dir(tmp_path, NS) / NAMESPACE_FILE).write_text("{not json")
+    with open_connector("file", NS, root=str(tmp_path), page_bytes=256) as conn:
+        pages = Pages(conn, 256, len(keys))
+        assert _read_back(conn, pages, keys) == [True] * len(keys)
