@@ -51,17 +51,19 @@ class GetPlan:
     ``i``; :meth:`entry` its entry where indexed. The ``count`` pages to read, in key order:
     page ``j`` is key ``where[j]``, in descriptor ``fds[j]`` at ``data_offs[j]`` with its
     marker record at ``marker_offs[j]``, which must equal ``expect[128 j : 128 (j + 1)]``;
-    ``csums[j]`` its checksum (0: none). Arrays are exactly ``count`` long."""
+    ``csums[j]`` its checksum (0: none). Arrays are exactly ``count`` long. Every page
+    read is ``slot_bytes`` long (0: not said)."""
 
-    __slots__ = ("code", "count", "csums", "data_offs", "expect", "fds", "marker_offs", "n", "values",
-                 "where")
+    __slots__ = ("code", "count", "csums", "data_offs", "expect", "fds", "marker_offs", "n", "slot_bytes",
+                 "values", "where")
 
     def __init__(self, n: int, count: int, values: array.array[int], code: array.array[int],
                  data_offs: array.array[int], marker_offs: array.array[int], expect: bytearray,
-                 csums: array.array[int], where: array.array[int], fds: array.array[int]) -> None:
+                 csums: array.array[int], where: array.array[int], fds: array.array[int],
+                 slot_bytes: int = 0) -> None:
         self.n, self.count, self.values, self.code = n, count, values, code
         self.data_offs, self.marker_offs, self.expect = data_offs, marker_offs, expect
-        self.csums, self.where, self.fds = csums, where, fds
+        self.csums, self.where, self.fds, self.slot_bytes = csums, where, fds, slot_bytes
 
     def entry(self, i: int) -> Entry:
         """The index entry of key ``i`` (not a :data:`MISS`)."""
@@ -155,4 +157,5 @@ def plan_get(table: PageTable, keys: Sequence[str], geometry: Geometry, verified
         fds = by_slab * count
     else:
         fds = array.array("i", map(by_slab.__getitem__, map(slab_of.__getitem__, where)))
-    return GetPlan(n, count, values, code, data_offs, marker_offs, expect, csums, where, fds)
+    return GetPlan(n, count, values, code, data_offs, marker_offs, expect, csums, where, fds,
+                   geometry.slot_bytes)

@@ -1,0 +1,43 @@
+"""How the native transport shares a batch among its I/O threads: a batch moving less than
+``PARALLEL_MIN_BYTES`` runs as one call on the caller's thread (a second thread cost more
+than it saved on small pages), a bigger one is cut into chunks the threads claim; the
+bytes read back are exact either way."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hicache_l3 import Namespace, open_connector
+from hicache_l3.common.parallel import BatchPool
+from hicache_l3.conformance.pages import Pages
+from hicache_l3.slab.io import PARALLEL_MIN_BYTES
+
+NS = Namespace(model="m", kv_dtype="bfloat16", layout="page_first", page_size=16)
+
+
+@pytest.mark.parametrize(("page", "n"), [(256, 128), (4096, 128), (32 << 10, 64), (64 << 10, 128)])
+def test_small_batches_run_whole_and_big_ones_are_shared(tmp_path: Path, page: int, n: int,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[int, int]] = []
+    run_chunks = BatchPool.run_chunks
+
+    def spy(self: BatchPool, fn: Any, count: int, chunk: int) -> None:
+        calls.append((count, chunk))
+        run_chunks(self, fn, count, chunk)
+
+    monkeypatch.setattr(BatchPool, "run_chunks", spy)
+    big = n * page >= PARALLEL_MIN_BYTES
+    with open_connector("file", NS, root=str(tmp_path), io_threads=2, write_threads=2) as conn:
+        keys = [f"k{i}" for i in range(n)]
+        pages = Pages(conn, page, n)
+        pages.fill(keys)
+        assert conn.batch_set(keys, pages.pages) == [True] * n
+        pages.wipe()
+        assert conn.batch_get(keys, pages.pages) == [True] * n
+        assert all(pages.matches(i, k) for i, k in enumerate(keys))
+    # the write, then the read (all in the page cache: the cold pool has nothing to read)
+    assert len(calls) == 2 and all(count == n for count, _ in calls), calls
+    assert all((chunk < n) == big for _, chunk in calls), calls
