@@ -500,7 +500,9 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
 
 
 def plot_scale(rows: list[dict[str, Any]], path: Path) -> None:
-    """PNG: one panel per measure against the store size (log x, log y)."""
+    """PNG: one panel per measure against the store size (log x). Rates (``*_per_s``) on a
+    linear y axis from 0, so that "flat within 2x" reads off the panel; sizes and times
+    on a log y axis (they span decades)."""
     from hicache_l3.common.errors import EngineUnavailableError
 
     try:
@@ -524,7 +526,9 @@ def plot_scale(rows: list[dict[str, Any]], path: Path) -> None:
             ax.plot(xs, [r[raw] for r in rows], marker="s", linestyle="--", label="raw preadv")
             ax.legend(fontsize=8)
         ax.set_xscale("log")
-        if all(r[measure] > 0 for r in rows):
+        if measure.endswith("_per_s"):
+            ax.set_ylim(bottom=0)
+        elif all(r[measure] > 0 for r in rows):
             ax.set_yscale("log")
         ax.set_xlabel("pages in the store")
         ax.set_title(measure.replace("_", " "), fontsize=10)
