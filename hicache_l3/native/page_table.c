@@ -554,6 +554,17 @@ static long base_at(const hl3_table *t, uint64_t location)
     return (long)(b->inv[j] - 1);
 }
 
+/* The live page in slot ``location`` (the delta's, else the base's), or NULL. */
+static const hl3_page *page_at(const hl3_table *t, uint64_t location)
+{
+    int found;
+    size_t i = inv_find(t, location, &found);
+    if (found)
+        return &t->pages[t->inv[i] - 1];
+    long j = base_at(t, location);
+    return j < 0 ? NULL : &t->base->pages[j];
+}
+
 /* Before the delta takes ``digest`` at ``location``: the base's live page of that digest
  * and its live page in that slot are removed (the invariant of struct hl3_table). */
 static void kill_base_of(hl3_table *t, const uint8_t *digest, uint64_t location)
@@ -992,18 +1003,24 @@ long hl3_pt_live_puts(const hl3_table *t, const uint8_t *data, size_t n, uint64_
         if (crc32_of(r + 4, HL3_RECORD - 4 + keylen) != le32(r))
             return -1;
         if (kind == HL3_PUT) {
-            hl3_xxh128 h = hash(key, keylen, seed);
-            uint8_t digest[16]; /* the canonical (big-endian) form, as xxhash.xxh3_128_digest */
-            uint64_t hi = __builtin_bswap64(h.high64), lo = __builtin_bswap64(h.low64);
-            memcpy(digest, &hi, 8);
-            memcpy(digest + 8, &lo, 8);
-            const hl3_header *layer;
-            const hl3_page *p = lookup(t, digest, &layer);
-            if (p != NULL) {
-                uint64_t v[6];
-                unpack(layer, p, v);
-                if (v[0] == le32(r + 8) && v[1] == le32(r + 12) && v[2] == le32(r + 16)
-                    && v[3] == le64(r + 24)) {
+            /* Live: the table's page of the key's digest is this record's (writer, slab,
+             * slot, generation). Asked from the slot's side -- the page in the record's
+             * slot has its generation and the key's digest -- which is the same page by
+             * the inverse's invariants (one page per slot and per digest, over both
+             * layers): most records of a log to compact are dead, their slot holds a
+             * newer page, and that answer needs neither the key's hash nor the page
+             * map's probe for a digest it does not hold. */
+            uint64_t w = le32(r + 8), slab = le32(r + 12), slot = le32(r + 16), gen = le64(r + 24);
+            const hl3_page *p = NULL;
+            if (w < HL3_PT_WRITERS && slab < HL3_PT_SLABS && slot < HL3_PT_SLOTS)
+                p = page_at(t, pack_location(w, slab, slot));
+            if (p != NULL && p->genlen >> 16 == gen) {
+                hl3_xxh128 h = hash(key, keylen, seed);
+                uint8_t digest[16]; /* the canonical (big-endian) form, as xxhash.xxh3_128_digest */
+                uint64_t hi = __builtin_bswap64(h.high64), lo = __builtin_bswap64(h.low64);
+                memcpy(digest, &hi, 8);
+                memcpy(digest + 8, &lo, 8);
+                if (memcmp(p->digest, digest, 16) == 0) {
                     if (live >= max)
                         return -1;
                     starts[live] = pos;
