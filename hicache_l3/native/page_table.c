@@ -489,11 +489,16 @@ static void inv_insert(hl3_table *t, uint64_t location, size_t page)
     t->meta[j] = inv_meta(inv_tag(location), inv_home(location, t->h->cap), j, t->h->cap);
 }
 
+static void page_delete_with(hl3_table *t, size_t i, size_t inv);
+
 /* Remove page bucket ``i`` and its inverse entry. */
-static void page_delete_at(hl3_table *t, size_t i)
+static void page_delete_at(hl3_table *t, size_t i) { page_delete_with(t, i, inv_of(t, t->pages[i].location, i)); }
+
+/* page_delete_at, its inverse bucket ``inv`` known (the one naming ``i``). */
+static void page_delete_with(hl3_table *t, size_t i, size_t inv)
 {
     uint64_t cap = t->h->cap;
-    inv_delete_at(t, inv_of(t, t->pages[i].location, i));
+    inv_delete_at(t, inv);
     size_t j = i;
     for (;;) {
         j = next(j, cap);
@@ -770,6 +775,39 @@ int hl3_pt_at(const hl3_table *t, uint64_t w, uint64_t s, uint64_t sl, uint8_t *
     if (j < 0)
         return 0;
     memcpy(digest, t->base->pages[j].digest, 16);
+    return 1;
+}
+
+/* hl3_pt_at of slot (writer, slab, slot) then hl3_pt_pop of the digest found, with one
+ * probe for both (the slot's inverse bucket names the page to remove): 1 (the digest at
+ * ``digest``, the values at ``v``) or 0 (no page there, nothing changed). The eviction
+ * take of a run of slots (evict.c) calls it per slot. */
+int hl3_pt_take_at(hl3_table *t, uint64_t w, uint64_t s, uint64_t sl, uint8_t *digest, uint64_t *v)
+{
+    if (w >= HL3_PT_WRITERS || s >= HL3_PT_SLABS || sl >= HL3_PT_SLOTS)
+        return 0;
+    int found;
+    uint64_t location = pack_location(w, s, sl);
+    size_t j = inv_find(t, location, &found);
+    if (found) { /* the delta's page (pop_one's first case) */
+        size_t i = t->inv[j] - 1;
+        memcpy(digest, t->pages[i].digest, 16);
+        if (t->journal != NULL)
+            journal_add(t, 2, digest, NULL);
+        unpack(t->h, &t->pages[i], v);
+        page_delete_with(t, i, j);
+        return 1;
+    }
+    long b = base_at(t, location);
+    if (b < 0)
+        return 0;
+    /* the base's live page: the delta holds no page of its digest (struct hl3_table's
+     * invariant), so pop_one of that digest journals it and kills this bucket */
+    memcpy(digest, t->base->pages[b].digest, 16);
+    if (t->journal != NULL)
+        journal_add(t, 2, digest, NULL);
+    unpack(t->base->h, &t->base->pages[b], v);
+    kill(t, (size_t)b);
     return 1;
 }
 
