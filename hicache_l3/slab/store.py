@@ -51,9 +51,9 @@ from hicache_l3.slab.format import (
 )
 from hicache_l3.slab.index import SlabIndex
 from hicache_l3.slab.plan import GetPlan
-from hicache_l3.slab.records import encode_put_values
+from hicache_l3.slab.records import encode_put_values, key_digests
 from hicache_l3.slab.slots import SlotColumns
-from hicache_l3.slab.table import digest, digests, live_put_spans
+from hicache_l3.slab.table import Digests, digest, digests, live_put_spans
 
 log = logging.getLogger("hicache_l3.slab")
 _new_slot = functools.partial(tuple.__new__, Slot)
@@ -67,12 +67,13 @@ class WritePlan(NamedTuple):
     """What a set must write: the indices of the keys to write, their reserved slots
     (same order), the indices of keys left without a slot because the store is full, and
     the table digests of the keys of ``todo`` (same order: :meth:`SlabStore.commit` takes
-    them, so a set hashes each key once)."""
+    them, so a set hashes each key once; a :class:`~hicache_l3.slab.table.Digests`
+    buffer, which the commit passes to the table as it is)."""
 
     todo: list[int]
     slots: Sequence[Slot]  # a SlotColumns on the common batch
     full: list[int]
-    digests: list[bytes]
+    digests: Sequence[bytes]
 
 
 class SlabStore:
@@ -248,7 +249,7 @@ class SlabStore:
         need no write (same key, same bytes). This process becomes a writer first: adopting
         a directory may drop pages found gone, which must then be written again."""
         ready = self._writer_ready()
-        ds = digests(keys)
+        ds = key_digests(keys)  # one buffer: the table calls and the commit take it as it is
         self.refresh()
         with self._lock:
             present = self.index.table.contains_many(ds)
@@ -262,7 +263,7 @@ class SlabStore:
                 if not present[i] and key not in seen:
                     seen.add(key)
                     todo.append(i)
-            todo_ds = [ds[i] for i in todo]
+            todo_ds = Digests(b"".join([ds[i] for i in todo]))
         slots = self.reserve(len(todo)) if ready else []
         k = len(slots)
         return WritePlan(todo[:k], slots, todo[k:], todo_ds[:k])
@@ -351,7 +352,7 @@ class SlabStore:
             for fd in set(cols.fds):
                 os.fdatasync(fd)
         if ds is None:
-            ds = digests(keys)
+            ds = key_digests(keys)
         n = len(keys)
         if not (len(ds) == len(cols) == len(checksums) == n):
             raise ValueError(f"commit: {n} keys, {len(cols)} slots, {len(checksums)} "
