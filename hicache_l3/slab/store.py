@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
-from hicache_l3.slab.clock import Clock
+from hicache_l3.slab.clock import Clock, iota, is_run
 from hicache_l3.slab.files import SlabFiles, is_real_dir, make_dir, open_file, parse_writer_name, writer_name
 from hicache_l3.slab.format import (
     DEL,
@@ -211,7 +211,8 @@ class SlabStore:
                 return []
             highest: dict[int, int] = {}
             if slabs[0] == slabs[-1] and slabs.count(slabs[0]) == n:  # one slab: the common batch
-                highest[slabs[0]] = max(slot_nos)
+                first = slot_nos[0]  # (one run of slots, as an eviction pass gives: its last)
+                highest[slabs[0]] = slot_nos[-1] if is_run(slot_nos, first, n) else max(slot_nos)
             else:
                 for slab, slot in zip(slabs, slot_nos):
                     if slot > highest.get(slab, -1):
@@ -320,7 +321,7 @@ class SlabStore:
         n = 0
         for slab, first, k in runs:
             slabs.extend(array.array("Q", (slab,)) * k)
-            slots.extend(range(first, first + k))
+            slots.extend(iota(first, k))
             n += k
         self.evictions += n
         return n
