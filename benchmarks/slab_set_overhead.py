@@ -60,15 +60,16 @@ def instrument() -> None:
     """Wrap the stages of reserve_new and commit (whichever of them exist in this tree)."""
     for owner, names in (
         (SlabStore, ("reserve_new", "commit", "refresh", "reserve", "_take_slots", "_evict", "_preallocate",
-                     "_maybe_compact", "_writer_ready")),
+                     "_maybe_compact", "_writer_ready", "compact")),
         (SlabIndex, ("refresh", "remove_unlogged_runs", "apply_put_values", "_settle_evicted",
-                     "checkpoint_due")),
+                     "checkpoint_due", "save_checkpoint_later", "_adopt_base", "rebase_on_newer",
+                     "rebase_later")),
         (Clock, ("evict_runs", "add_slots")),
     ):
         for name in names:
             if hasattr(owner, name):
                 timed(owner, name, f"{owner.__name__}.{name}")
-    for module, names in ((slab_store, ("digests", "encode_put_values")),
+    for module, names in ((slab_store, ("digests", "key_digests", "encode_put_values")),
                           (slab_index, ("take_run",))):
         for name in names:
             if hasattr(module, name):
