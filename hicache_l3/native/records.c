@@ -12,6 +12,7 @@
  */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define HL3_RECORD_BYTES 48
@@ -187,9 +188,43 @@ long hl3_write_markers(size_t n, const unsigned char *keys, size_t keys_len, hl3
     return pos == keys_len ? 0 : -1;
 }
 
+/* Whether the n digests (16 bytes each) are all different: 1, 0 (one repeats), or -1 (no
+ * memory for the check). An open-addressing set of their indices, keyed by a digest's
+ * first 8 bytes (uniform: they are hash output). */
+static int all_distinct(size_t n, const unsigned char *ds)
+{
+    size_t cap = 16;
+    while (cap < 2 * n)
+        cap *= 2;
+    uint32_t stack[256], *set = cap <= 256 ? stack : calloc(cap, sizeof(uint32_t));
+    if (set == NULL || n >= UINT32_MAX)
+        return -1;
+    if (set == stack)
+        memset(stack, 0, sizeof(stack));
+    int distinct = 1;
+    for (size_t j = 0; j < n && distinct; j++) {
+        uint64_t h;
+        memcpy(&h, ds + 16 * j, 8);
+        size_t i = (size_t)h & (cap - 1);
+        while (set[i] != 0) {
+            if (memcmp(ds + 16 * (set[i] - 1), ds + 16 * j, 16) == 0) {
+                distinct = 0;
+                break;
+            }
+            i = (i + 1) & (cap - 1);
+        }
+        set[i] = (uint32_t)(j + 1);
+    }
+    if (set != stack)
+        free(set);
+    return distinct;
+}
+
 /* The page-table digests of n '\n'-ended keys (slab/table.py digest: XXH3-128 with
  * ``seed`` of each key's bytes, in xxh3_128_digest's byte order) at out + 16 j: one call
- * for a set batch's keys instead of a hash call and a bytes object per key. 0, or -1 when
+ * for a set batch's keys instead of a hash call and a bytes object per key. Returns 0
+ * when the n digests are all different (so are the keys), 1 when one repeats (the keys
+ * may: the caller compares them), 2 when that could not be checked (no memory), -1 when
  * keys is not n '\n'-ended keys. */
 long hl3_key_digests(size_t n, const unsigned char *keys, size_t keys_len, hl3_rec_xxh128_fn hash,
                      uint64_t seed, unsigned char *out)
@@ -202,5 +237,8 @@ long hl3_key_digests(size_t n, const unsigned char *keys, size_t keys_len, hl3_r
         rec_canonical128(hash(keys + pos, (size_t)(nl - keys) - pos, seed), out + 16 * j);
         pos = (size_t)(nl - keys) + 1;
     }
-    return pos == keys_len ? 0 : -1;
+    if (pos != keys_len)
+        return -1;
+    int distinct = all_distinct(n, out);
+    return distinct == 1 ? 0 : distinct == 0 ? 1 : 2;
 }

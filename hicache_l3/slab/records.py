@@ -91,26 +91,31 @@ def _native_encode_lines(lib: _Library, keys: Sequence[str], values: array.array
     return out.raw if got == cap else None
 
 
-def _native_digests(lib: _Library, keys: Sequence[str]) -> bytes | None:
+def _native_digests(lib: _Library, keys: Sequence[str]) -> Digests | None:
+    """The keys' digests from C, with whether they are all different (None where C
+    cannot hash these keys)."""
     hash_keys = lib.digests
     blob = _lines(keys) if hash_keys is not None else None
     if hash_keys is None or blob is None:
         return None
     out = bytearray(DIGEST_BYTES * len(keys))
-    if hash_keys(len(keys), blob, len(blob), lib.seeded128, DIGEST_SEED, _address(out)) != 0:
+    code = hash_keys(len(keys), blob, len(blob), lib.seeded128, DIGEST_SEED, _address(out))
+    if code not in (0, 1, 2):
         return None
-    return bytes(out)
+    return Digests(bytes(out), distinct=(True, False, None)[code])
 
 
 def key_digests(keys: Sequence[str]) -> Digests:
     """The table digests of ``keys`` (:func:`~hicache_l3.slab.table.digests`'s, same
     order) as one :class:`~hicache_l3.slab.table.Digests` buffer: one C call when it
-    can (a key holding a newline, or not encodable, takes the reference)."""
+    can (a key holding a newline, or not encodable, takes the reference). From C, its
+    ``distinct`` also says whether the digests are all different (then so are the keys;
+    where one repeats, the keys may or may not)."""
     lib = _native.get()
     if lib is not None and keys:
-        blob = _native_digests(lib, keys)
-        if blob is not None:
-            return Digests(blob)
+        made = _native_digests(lib, keys)
+        if made is not None:
+            return made
     return Digests(b"".join(digests(keys)))
 
 
@@ -242,8 +247,12 @@ def _self_test(lib: _Library) -> None:
     if lib.encode_nl is not None and _native_encode_lines(
             lib, keys, array.array("Q", chain.from_iterable(entries))) != python_encode_puts(keys, entries):
         raise RuntimeError("the C record encoder (keys as lines) disagrees with the reference")
-    if lib.digests is not None and _native_digests(lib, keys) != b"".join(digests(keys)):
-        raise RuntimeError("the C key digests disagree with the reference")
+    if lib.digests is not None:
+        made = _native_digests(lib, keys)
+        twice = _native_digests(lib, [*keys, keys[0]])
+        if made is None or made.blob != b"".join(digests(keys)) or made.distinct is not True or (
+                twice is None or twice.distinct is not False):
+            raise RuntimeError("the C key digests disagree with the reference")
     ascii_keys = ["a", "", "k" * 300, "m:0123abcd"]
     geometry = Geometry(20000)
     gens, slots = array.array("Q", [1, 2, 1 << 40, 7]), array.array("Q", [0, 1, 300, 70000])

@@ -254,7 +254,8 @@ class SlabStore:
         self.refresh()
         with self._lock:
             present = self.index.table.contains_many(ds)
-        if not any(present) and len(set(keys)) == len(keys):  # the common batch: all new, once each
+        if not any(present) and (ds.distinct if ds.distinct is not None else len(set(keys)) == len(keys)):
+            # the common batch: all new, once each (digests all different: so are the keys)
             todo = list(range(len(keys)))
             todo_ds = ds
         else:
@@ -267,7 +268,7 @@ class SlabStore:
             todo_ds = Digests(b"".join([ds[i] for i in todo]))
         slots = self.reserve(len(todo)) if ready else []
         k = len(slots)
-        return WritePlan(todo[:k], slots, todo[k:], todo_ds[:k])
+        return WritePlan(todo[:k], slots, todo[k:], todo_ds if k == len(todo) else todo_ds[:k])
 
     def _writer_ready(self) -> bool:
         """Own a writer directory (adopting or creating one); False if none can be owned."""

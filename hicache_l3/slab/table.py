@@ -84,14 +84,17 @@ class Digests(Sequence[bytes]):
     take them): what :func:`hicache_l3.slab.records.key_digests` returns for a set batch,
     so that the table calls and the commit pass the buffer on instead of joining a bytes
     object per key. Item ``j`` is ``blob[16 j : 16 j + 16]``; equal to any sequence of the
-    same digests (a list included)."""
+    same digests (a list included). ``distinct``: True when the digests are known to be
+    all different (so are their keys), False when one is known to repeat, None when not
+    known."""
 
-    __slots__ = ("blob",)
+    __slots__ = ("blob", "distinct")
 
-    def __init__(self, blob: bytes) -> None:
+    def __init__(self, blob: bytes, distinct: bool | None = None) -> None:
         if len(blob) % DIGEST_BYTES:
             raise ValueError(f"Digests: {len(blob)} bytes is not a whole number of digests")
         self.blob = blob
+        self.distinct = distinct
 
     def __len__(self) -> int:
         return len(self.blob) // DIGEST_BYTES
