@@ -481,12 +481,18 @@ static void inv_delete_at(hl3_table *t, size_t i)
     t->meta[i] = 0;
 }
 
+/* Name page ``page`` (in slot ``location``) in inverse bucket ``j``: the free bucket that
+ * ends the probe run of ``location`` (inv_find's answer when not found). */
+static void inv_place(hl3_table *t, uint64_t location, size_t page, size_t j)
+{
+    t->inv[j] = (uint32_t)(page + 1);
+    t->meta[j] = inv_meta(inv_tag(location), inv_home(location, t->h->cap), j, t->h->cap);
+}
+
 static void inv_insert(hl3_table *t, uint64_t location, size_t page)
 {
     int found;
-    size_t j = inv_find(t, location, &found);
-    t->inv[j] = (uint32_t)(page + 1);
-    t->meta[j] = inv_meta(inv_tag(location), inv_home(location, t->h->cap), j, t->h->cap);
+    inv_place(t, location, page, inv_find(t, location, &found));
 }
 
 static void page_delete_with(hl3_table *t, size_t i, size_t inv);
@@ -659,9 +665,9 @@ static void put_one(hl3_table *t, const uint8_t *digest, const uint64_t *v, uint
     if (t->journal != NULL)
         journal_add(t, 1, digest, v);
     kill_base_of(t, digest, location);
-    int found;
-    size_t j = inv_find(t, location, &found);
-    if (found && memcmp(t->pages[t->inv[j] - 1].digest, digest, 16) != 0)
+    int in_slot, found;
+    size_t j = inv_find(t, location, &in_slot);
+    if (in_slot && memcmp(t->pages[t->inv[j] - 1].digest, digest, 16) != 0)
         page_delete_at(t, t->inv[j] - 1); /* the slot held another key's page: that page is gone */
     size_t i = page_find(t, digest, &found);
     hl3_page *p = &t->pages[i];
@@ -675,7 +681,11 @@ static void put_one(hl3_table *t, const uint8_t *digest, const uint64_t *v, uint
     p->location = location;
     p->genlen = v[3] << 16 | cls;
     p->checksum = v[5];
-    if (moved)
+    if (!moved)
+        return;
+    if (!in_slot && !found) /* the inverse is as inv_find left it: j ends the slot's probe run */
+        inv_place(t, location, i, j);
+    else
         inv_insert(t, location, i);
 }
 
