@@ -7,9 +7,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* page_table.c's calls; its table is opaque here */
-int hl3_pt_at(const void *t, uint64_t w, uint64_t s, uint64_t sl, uint8_t *digest);
-int hl3_pt_pop(void *t, const uint8_t *digest, uint64_t *v);
+/* page_table.c's call (hl3_pt_at then hl3_pt_pop of that digest, one probe); its table
+ * is opaque here */
+int hl3_pt_take_at(void *t, uint64_t w, uint64_t s, uint64_t sl, uint8_t *digest, uint64_t *v);
 
 /* Remove the pages in slots first .. first + n - 1 of (writer, slab): their digests land
  * at digests + 16 k and their entries (Entry's order) at values + 6 k for k = 0.. in slot
@@ -19,8 +19,7 @@ size_t hl3_pt_take_run(void *t, uint64_t writer, uint64_t slab, uint64_t first, 
 {
     size_t hits = 0;
     for (size_t i = 0; i < n; i++)
-        if (hl3_pt_at(t, writer, slab, first + i, digests + 16 * hits)
-            && hl3_pt_pop(t, digests + 16 * hits, values + 6 * hits))
+        if (hl3_pt_take_at(t, writer, slab, first + i, digests + 16 * hits, values + 6 * hits))
             hits++;
     return hits;
 }

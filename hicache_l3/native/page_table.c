@@ -481,19 +481,30 @@ static void inv_delete_at(hl3_table *t, size_t i)
     t->meta[i] = 0;
 }
 
-static void inv_insert(hl3_table *t, uint64_t location, size_t page)
+/* Name page ``page`` (in slot ``location``) in inverse bucket ``j``: the free bucket that
+ * ends the probe run of ``location`` (inv_find's answer when not found). */
+static void inv_place(hl3_table *t, uint64_t location, size_t page, size_t j)
 {
-    int found;
-    size_t j = inv_find(t, location, &found);
     t->inv[j] = (uint32_t)(page + 1);
     t->meta[j] = inv_meta(inv_tag(location), inv_home(location, t->h->cap), j, t->h->cap);
 }
 
+static void inv_insert(hl3_table *t, uint64_t location, size_t page)
+{
+    int found;
+    inv_place(t, location, page, inv_find(t, location, &found));
+}
+
+static void page_delete_with(hl3_table *t, size_t i, size_t inv);
+
 /* Remove page bucket ``i`` and its inverse entry. */
-static void page_delete_at(hl3_table *t, size_t i)
+static void page_delete_at(hl3_table *t, size_t i) { page_delete_with(t, i, inv_of(t, t->pages[i].location, i)); }
+
+/* page_delete_at, its inverse bucket ``inv`` known (the one naming ``i``). */
+static void page_delete_with(hl3_table *t, size_t i, size_t inv)
 {
     uint64_t cap = t->h->cap;
-    inv_delete_at(t, inv_of(t, t->pages[i].location, i));
+    inv_delete_at(t, inv);
     size_t j = i;
     for (;;) {
         j = next(j, cap);
@@ -552,6 +563,17 @@ static long base_at(const hl3_table *t, uint64_t location)
     if (!found || !alive(t, b->inv[j] - 1))
         return -1;
     return (long)(b->inv[j] - 1);
+}
+
+/* The live page in slot ``location`` (the delta's, else the base's), or NULL. */
+static const hl3_page *page_at(const hl3_table *t, uint64_t location)
+{
+    int found;
+    size_t i = inv_find(t, location, &found);
+    if (found)
+        return &t->pages[t->inv[i] - 1];
+    long j = base_at(t, location);
+    return j < 0 ? NULL : &t->base->pages[j];
 }
 
 /* Before the delta takes ``digest`` at ``location``: the base's live page of that digest
@@ -643,9 +665,9 @@ static void put_one(hl3_table *t, const uint8_t *digest, const uint64_t *v, uint
     if (t->journal != NULL)
         journal_add(t, 1, digest, v);
     kill_base_of(t, digest, location);
-    int found;
-    size_t j = inv_find(t, location, &found);
-    if (found && memcmp(t->pages[t->inv[j] - 1].digest, digest, 16) != 0)
+    int in_slot, found;
+    size_t j = inv_find(t, location, &in_slot);
+    if (in_slot && memcmp(t->pages[t->inv[j] - 1].digest, digest, 16) != 0)
         page_delete_at(t, t->inv[j] - 1); /* the slot held another key's page: that page is gone */
     size_t i = page_find(t, digest, &found);
     hl3_page *p = &t->pages[i];
@@ -659,7 +681,11 @@ static void put_one(hl3_table *t, const uint8_t *digest, const uint64_t *v, uint
     p->location = location;
     p->genlen = v[3] << 16 | cls;
     p->checksum = v[5];
-    if (moved)
+    if (!moved)
+        return;
+    if (!in_slot && !found) /* the inverse is as inv_find left it: j ends the slot's probe run */
+        inv_place(t, location, i, j);
+    else
         inv_insert(t, location, i);
 }
 
@@ -759,6 +785,39 @@ int hl3_pt_at(const hl3_table *t, uint64_t w, uint64_t s, uint64_t sl, uint8_t *
     if (j < 0)
         return 0;
     memcpy(digest, t->base->pages[j].digest, 16);
+    return 1;
+}
+
+/* hl3_pt_at of slot (writer, slab, slot) then hl3_pt_pop of the digest found, with one
+ * probe for both (the slot's inverse bucket names the page to remove): 1 (the digest at
+ * ``digest``, the values at ``v``) or 0 (no page there, nothing changed). The eviction
+ * take of a run of slots (evict.c) calls it per slot. */
+int hl3_pt_take_at(hl3_table *t, uint64_t w, uint64_t s, uint64_t sl, uint8_t *digest, uint64_t *v)
+{
+    if (w >= HL3_PT_WRITERS || s >= HL3_PT_SLABS || sl >= HL3_PT_SLOTS)
+        return 0;
+    int found;
+    uint64_t location = pack_location(w, s, sl);
+    size_t j = inv_find(t, location, &found);
+    if (found) { /* the delta's page (pop_one's first case) */
+        size_t i = t->inv[j] - 1;
+        memcpy(digest, t->pages[i].digest, 16);
+        if (t->journal != NULL)
+            journal_add(t, 2, digest, NULL);
+        unpack(t->h, &t->pages[i], v);
+        page_delete_with(t, i, j);
+        return 1;
+    }
+    long b = base_at(t, location);
+    if (b < 0)
+        return 0;
+    /* the base's live page: the delta holds no page of its digest (struct hl3_table's
+     * invariant), so pop_one of that digest journals it and kills this bucket */
+    memcpy(digest, t->base->pages[b].digest, 16);
+    if (t->journal != NULL)
+        journal_add(t, 2, digest, NULL);
+    unpack(t->base->h, &t->base->pages[b], v);
+    kill(t, (size_t)b);
     return 1;
 }
 
@@ -908,25 +967,43 @@ typedef struct {
 } hl3_xxh128;
 typedef hl3_xxh128 (*hl3_xxh128_fn)(const void *, size_t, uint64_t);
 
-static uint32_t crc_table[256];
+static uint32_t crc_table[8][256];
+static volatile int crc_ready;
 
 static void crc_init(void)
 {
-    if (crc_table[1] != 0)
+    if (crc_ready)
         return;
     for (uint32_t i = 0; i < 256; i++) {
         uint32_t c = i;
         for (int k = 0; k < 8; k++)
             c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-        crc_table[i] = c;
+        crc_table[0][i] = c;
     }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int k = 1; k < 8; k++)
+            crc_table[k][i] = (crc_table[k - 1][i] >> 8) ^ crc_table[0][crc_table[k - 1][i] & 0xFF];
+    crc_ready = 1; /* (racing first calls compute the same tables: harmless) */
 }
 
-static uint32_t crc32_of(const uint8_t *p, size_t n) /* zlib.crc32 */
+/* zlib.crc32, slicing by 8 (little-endian hosts, as le64 below): a compaction checks every
+ * record of a log of megabytes, and a byte at a time made that most of its time. */
+static uint32_t crc32_of(const uint8_t *p, size_t n)
 {
     uint32_t c = 0xFFFFFFFFu;
-    for (size_t i = 0; i < n; i++)
-        c = crc_table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+    while (n >= 8) {
+        uint32_t lo, hi;
+        memcpy(&lo, p, 4);
+        memcpy(&hi, p + 4, 4);
+        lo ^= c;
+        c = crc_table[7][lo & 0xFF] ^ crc_table[6][(lo >> 8) & 0xFF] ^ crc_table[5][(lo >> 16) & 0xFF]
+            ^ crc_table[4][lo >> 24] ^ crc_table[3][hi & 0xFF] ^ crc_table[2][(hi >> 8) & 0xFF]
+            ^ crc_table[1][(hi >> 16) & 0xFF] ^ crc_table[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n--)
+        c = crc_table[0][(c ^ *p++) & 0xFF] ^ (c >> 8);
     return c ^ 0xFFFFFFFFu;
 }
 
@@ -974,18 +1051,24 @@ long hl3_pt_live_puts(const hl3_table *t, const uint8_t *data, size_t n, uint64_
         if (crc32_of(r + 4, HL3_RECORD - 4 + keylen) != le32(r))
             return -1;
         if (kind == HL3_PUT) {
-            hl3_xxh128 h = hash(key, keylen, seed);
-            uint8_t digest[16]; /* the canonical (big-endian) form, as xxhash.xxh3_128_digest */
-            uint64_t hi = __builtin_bswap64(h.high64), lo = __builtin_bswap64(h.low64);
-            memcpy(digest, &hi, 8);
-            memcpy(digest + 8, &lo, 8);
-            const hl3_header *layer;
-            const hl3_page *p = lookup(t, digest, &layer);
-            if (p != NULL) {
-                uint64_t v[6];
-                unpack(layer, p, v);
-                if (v[0] == le32(r + 8) && v[1] == le32(r + 12) && v[2] == le32(r + 16)
-                    && v[3] == le64(r + 24)) {
+            /* Live: the table's page of the key's digest is this record's (writer, slab,
+             * slot, generation). Asked from the slot's side -- the page in the record's
+             * slot has its generation and the key's digest -- which is the same page by
+             * the inverse's invariants (one page per slot and per digest, over both
+             * layers): most records of a log to compact are dead, their slot holds a
+             * newer page, and that answer needs neither the key's hash nor the page
+             * map's probe for a digest it does not hold. */
+            uint64_t w = le32(r + 8), slab = le32(r + 12), slot = le32(r + 16), gen = le64(r + 24);
+            const hl3_page *p = NULL;
+            if (w < HL3_PT_WRITERS && slab < HL3_PT_SLABS && slot < HL3_PT_SLOTS)
+                p = page_at(t, pack_location(w, slab, slot));
+            if (p != NULL && p->genlen >> 16 == gen) {
+                hl3_xxh128 h = hash(key, keylen, seed);
+                uint8_t digest[16]; /* the canonical (big-endian) form, as xxhash.xxh3_128_digest */
+                uint64_t hi = __builtin_bswap64(h.high64), lo = __builtin_bswap64(h.low64);
+                memcpy(digest, &hi, 8);
+                memcpy(digest + 8, &lo, 8);
+                if (memcmp(p->digest, digest, 16) == 0) {
                     if (live >= max)
                         return -1;
                     starts[live] = pos;

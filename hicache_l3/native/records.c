@@ -12,6 +12,7 @@
  */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define HL3_RECORD_BYTES 48
@@ -54,6 +55,31 @@ static uint32_t crc32_ieee(const unsigned char *p, size_t n)
     return c ^ 0xFFFFFFFFu;
 }
 
+/* One PUT record at r: key (keylen bytes), entry v (six values). 0, or -2 when a value
+ * does not fit its field. */
+static int encode_one(unsigned char *r, const char *key, uint64_t keylen, const uint64_t *v)
+{
+    if (keylen > 0xFFFF || v[0] > 0xFFFFFFFFu || v[1] > 0xFFFFFFFFu || v[2] > 0xFFFFFFFFu
+        || v[4] > 0xFFFFFFFFu)
+        return -2;
+    uint16_t klen = (uint16_t)keylen;
+    uint32_t w = (uint32_t)v[0], slab = (uint32_t)v[1], slot = (uint32_t)v[2], zero = 0;
+    r[4] = HL3_PUT;
+    r[5] = 0;
+    memcpy(r + 6, &klen, 2);
+    memcpy(r + 8, &w, 4);
+    memcpy(r + 12, &slab, 4);
+    memcpy(r + 16, &slot, 4);
+    memcpy(r + 20, &zero, 4);
+    memcpy(r + 24, &v[3], 8);
+    memcpy(r + 32, &v[4], 8);
+    memcpy(r + 40, &v[5], 8);
+    memcpy(r + HL3_RECORD_BYTES, key, keylen);
+    uint32_t crc = crc32_ieee(r + 4, HL3_RECORD_BYTES - 4 + keylen);
+    memcpy(r, &crc, 4);
+    return 0;
+}
+
 /* The PUT records of n pages into out (cap bytes): page j's key is keys[key_ends[j-1] ..
  * key_ends[j]) (key_ends[-1] = 0), its entry the six values[6j .. 6j+6) (writer, slab,
  * slot, gen, length, checksum). Returns the bytes written (48 n + the keys' bytes), -1
@@ -67,36 +93,43 @@ long hl3_encode_puts(size_t n, const char *keys, const uint64_t *key_ends, const
     size_t pos = 0;
     uint64_t start = 0;
     for (size_t j = 0; j < n; j++) {
-        const uint64_t *v = values + 6 * j;
         uint64_t end = key_ends[j];
         if (end < start)
             return -1;
         uint64_t keylen = end - start;
-        if (keylen > 0xFFFF || v[0] > 0xFFFFFFFFu || v[1] > 0xFFFFFFFFu || v[2] > 0xFFFFFFFFu
-            || v[4] > 0xFFFFFFFFu)
-            return -2;
         if (pos + HL3_RECORD_BYTES + keylen > cap)
             return -1;
-        unsigned char *r = (unsigned char *)out + pos;
-        uint16_t klen = (uint16_t)keylen;
-        uint32_t w = (uint32_t)v[0], slab = (uint32_t)v[1], slot = (uint32_t)v[2], zero = 0;
-        r[4] = HL3_PUT;
-        r[5] = 0;
-        memcpy(r + 6, &klen, 2);
-        memcpy(r + 8, &w, 4);
-        memcpy(r + 12, &slab, 4);
-        memcpy(r + 16, &slot, 4);
-        memcpy(r + 20, &zero, 4);
-        memcpy(r + 24, &v[3], 8);
-        memcpy(r + 32, &v[4], 8);
-        memcpy(r + 40, &v[5], 8);
-        memcpy(r + HL3_RECORD_BYTES, keys + start, keylen);
-        uint32_t crc = crc32_ieee(r + 4, HL3_RECORD_BYTES - 4 + keylen);
-        memcpy(r, &crc, 4);
+        if (encode_one((unsigned char *)out + pos, keys + start, keylen, values + 6 * j) != 0)
+            return -2;
         pos += HL3_RECORD_BYTES + keylen;
         start = end;
     }
     return (long)pos;
+}
+
+/* hl3_encode_puts with the keys as one buffer of n '\n'-ended keys (keys_len bytes, as
+ * slab/records.py _key_blob makes them: no end offsets to build per batch). Returns the
+ * bytes written, -1 when out is too small or keys is not n '\n'-ended keys, -2 as
+ * hl3_encode_puts. */
+long hl3_encode_puts_nl(size_t n, const char *keys, size_t keys_len, const uint64_t *values, char *out,
+                        size_t cap)
+{
+    if (!crc_ready)
+        crc_init();
+    size_t pos = 0, at = 0;
+    for (size_t j = 0; j < n; j++) {
+        const char *nl = at < keys_len ? memchr(keys + at, '\n', keys_len - at) : NULL;
+        if (nl == NULL)
+            return -1;
+        uint64_t keylen = (uint64_t)(nl - keys) - at;
+        if (pos + HL3_RECORD_BYTES + keylen > cap)
+            return -1;
+        if (encode_one((unsigned char *)out + pos, keys + at, keylen, values + 6 * j) != 0)
+            return -2;
+        pos += HL3_RECORD_BYTES + keylen;
+        at = (size_t)(nl - keys) + 1;
+    }
+    return at == keys_len ? (long)pos : -1;
 }
 
 /* ---- the key hashes and marker records of a set batch (slab/records.py) ---------------- */
@@ -153,4 +186,59 @@ long hl3_write_markers(size_t n, const unsigned char *keys, size_t keys_len, hl3
         memcpy(r + 80, fp, 16);
     }
     return pos == keys_len ? 0 : -1;
+}
+
+/* Whether the n digests (16 bytes each) are all different: 1, 0 (one repeats), or -1 (no
+ * memory for the check). An open-addressing set of their indices, keyed by a digest's
+ * first 8 bytes (uniform: they are hash output). */
+static int all_distinct(size_t n, const unsigned char *ds)
+{
+    size_t cap = 16;
+    while (cap < 2 * n)
+        cap *= 2;
+    uint32_t stack[256], *set = cap <= 256 ? stack : calloc(cap, sizeof(uint32_t));
+    if (set == NULL || n >= UINT32_MAX)
+        return -1;
+    if (set == stack)
+        memset(stack, 0, sizeof(stack));
+    int distinct = 1;
+    for (size_t j = 0; j < n && distinct; j++) {
+        uint64_t h;
+        memcpy(&h, ds + 16 * j, 8);
+        size_t i = (size_t)h & (cap - 1);
+        while (set[i] != 0) {
+            if (memcmp(ds + 16 * (set[i] - 1), ds + 16 * j, 16) == 0) {
+                distinct = 0;
+                break;
+            }
+            i = (i + 1) & (cap - 1);
+        }
+        set[i] = (uint32_t)(j + 1);
+    }
+    if (set != stack)
+        free(set);
+    return distinct;
+}
+
+/* The page-table digests of n '\n'-ended keys (slab/table.py digest: XXH3-128 with
+ * ``seed`` of each key's bytes, in xxh3_128_digest's byte order) at out + 16 j: one call
+ * for a set batch's keys instead of a hash call and a bytes object per key. Returns 0
+ * when the n digests are all different (so are the keys), 1 when one repeats (the keys
+ * may: the caller compares them), 2 when that could not be checked (no memory), -1 when
+ * keys is not n '\n'-ended keys. */
+long hl3_key_digests(size_t n, const unsigned char *keys, size_t keys_len, hl3_rec_xxh128_fn hash,
+                     uint64_t seed, unsigned char *out)
+{
+    size_t pos = 0;
+    for (size_t j = 0; j < n; j++) {
+        const unsigned char *nl = pos < keys_len ? memchr(keys + pos, '\n', keys_len - pos) : NULL;
+        if (nl == NULL)
+            return -1;
+        rec_canonical128(hash(keys + pos, (size_t)(nl - keys) - pos, seed), out + 16 * j);
+        pos = (size_t)(nl - keys) + 1;
+    }
+    if (pos != keys_len)
+        return -1;
+    int distinct = all_distinct(n, out);
+    return distinct == 1 ? 0 : distinct == 0 ? 1 : 2;
 }

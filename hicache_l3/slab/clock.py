@@ -27,20 +27,26 @@ from collections.abc import Iterable, Sequence
 ABSENT, COLD, HOT = 0, 1, 2
 _COLD, _HOT = b"\x01", b"\x02"
 _TO_HOT = bytes((ABSENT, HOT, HOT)) + bytes(range(3, 256))  # own pages HOT, free slots kept
-_IOTA: array.array[int] = array.array("Q")  # 0, 1, 2, ...: grown on demand (_is_run)
+_IOTA: array.array[int] = array.array("Q")  # 0, 1, 2, ...: grown on demand (iota)
 
 
-def _is_run(slots: Sequence[int], first: int, n: int) -> bool:
-    """Whether ``slots`` is ``first, first + 1, ..., first + n - 1`` (``n = len(slots)``,
-    ``first >= 0``): one C-level comparison with a slice of a kept ``0, 1, 2, ...`` array
-    for a uint64 array (a planned get's or a commit's column), element by element
-    otherwise."""
+def iota(first: int, n: int) -> array.array[int]:
+    """``first, first + 1, ..., first + n - 1`` as an ``array("Q")`` (``first, n >= 0``;
+    slot numbers, so they stay below a slab's slots): a slice of a kept ``0, 1, 2, ...``
+    array, one copy and no int object per value."""
     global _IOTA
+    if len(_IOTA) < first + n:
+        _IOTA = array.array("Q", range(max(first + n, 2 * len(_IOTA))))
+    return _IOTA[first : first + n]
+
+
+def is_run(slots: Sequence[int], first: int, n: int) -> bool:
+    """Whether ``slots`` is ``first, first + 1, ..., first + n - 1`` (``n = len(slots)``,
+    ``first >= 0``): for a uint64 array (a planned get's or a commit's column) whose last
+    value allows it, one C-level comparison with an :func:`iota` slice; element by
+    element otherwise."""
     if isinstance(slots, array.array) and slots.typecode == "Q":
-        iota = _IOTA
-        if len(iota) < first + n:
-            iota = _IOTA = array.array("Q", range(max(first + n, 2 * len(iota))))
-        return slots == iota[first : first + n]
+        return n == 0 or (slots[-1] == first + n - 1 and slots == iota(first, n))
     return list(slots) == list(range(first, first + n))
 
 
@@ -101,7 +107,7 @@ class Clock:
         st = self.state
         slab0, first = slabs[0], slots[0]
         if (first >= 0 and first + n <= self.stride and slots[-1] == first + n - 1
-                and slabs.count(slab0) == n and _is_run(slots, first, n)):
+                and slabs.count(slab0) == n and is_run(slots, first, n)):
             lo = self.index(slab0, first)  # one run in one slab: the batch of an eviction pass
             self.count += st.count(ABSENT, lo, lo + n)
             st[lo : lo + n] = bytes((state,)) * n
@@ -129,7 +135,7 @@ class Clock:
             return
         first, slab = slots[0], slabs[0]
         if (first >= 0 and first + n <= self.stride and slots[-1] == first + n - 1
-                and slabs.count(slab) == n and _is_run(slots, first, n)):
+                and slabs.count(slab) == n and is_run(slots, first, n)):
             lo = slab * self.stride + first
             if lo >= 0 and lo + n <= len(self.state):
                 self.state[lo : lo + n] = self.state[lo : lo + n].translate(_TO_HOT)

@@ -53,6 +53,7 @@ from hicache_l3.slab.table import (
     TableImage,
     digest,
     digests,
+    joined,
     live_put_spans,
     native_library,
     new_table,
@@ -429,7 +430,7 @@ class SlabIndex:
         goes to the table in one call; any other takes the per-page path."""
         if len(values) != 6 * len(ds):
             raise ValueError(f"apply_put_values: {len(ds)} digests for {len(values)} values")
-        deleted, blob = self.deleted, b"".join(ds)
+        deleted, blob = self.deleted, joined(ds)
         if deleted and not deleted.keys().isdisjoint(zip(values[0::6], values[1::6], values[2::6])):
             self.apply_puts(ds, split_snapshot(blob, values)[1])
             return

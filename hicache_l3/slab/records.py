@@ -1,6 +1,8 @@
 """A set batch's per-key bytes in one C call each when the library is built
 (``hicache_l3/native/records.c`` in ``hicache_l3._batch_io``):
 
+* the keys' table digests (:func:`key_digests`, the reference
+  :func:`~hicache_l3.slab.table.digests`), as one buffer the table calls take as it is;
 * the PUT records for the index log (:func:`encode_puts`, :func:`encode_put_values`): the
   commit of 1024 pages spent ~0.4 ms in the per-record Python of
   :func:`~hicache_l3.slab.format.encode_puts`;
@@ -29,7 +31,7 @@ from hicache_l3.common.integrity import key_fingerprint, xxh3_function
 from hicache_l3.slab.format import _GROUP_SHIFT, RECORD, RECORD_BYTES, Entry, Geometry, encode_markers
 from hicache_l3.slab.format import encode_puts as python_encode_puts
 from hicache_l3.slab.native import LoadedOnce
-from hicache_l3.slab.table import split_snapshot
+from hicache_l3.slab.table import DIGEST_BYTES, DIGEST_SEED, Digests, digests, split_snapshot
 
 _vp, _sz = ctypes.c_void_p, ctypes.c_size_t
 
@@ -53,7 +55,68 @@ class _Library:
             self.markers.restype = ctypes.c_long
             self.markers.argtypes = [_sz, ctypes.c_char_p, _sz, _vp, _vp, _vp, ctypes.c_uint64, _vp, _vp,
                                      _vp, _vp]
+        # optional too (a library built before them): the PUT records from '\n'-ended
+        # keys, and the keys' table digests
+        self.encode_nl = getattr(lib, "hl3_encode_puts_nl", None)
+        if self.encode_nl is not None:
+            self.encode_nl.restype = ctypes.c_long
+            self.encode_nl.argtypes = [_sz, ctypes.c_char_p, _sz, _vp, _vp, _sz]
+        self.digests = getattr(lib, "hl3_key_digests", None)
+        if self.digests is not None:
+            self.digests.restype = ctypes.c_long
+            self.digests.argtypes = [_sz, ctypes.c_char_p, _sz, _vp, ctypes.c_uint64, _vp]
         self.seeded128 = ctypes.cast(xxh3_function("seeded128"), ctypes.c_void_p).value
+
+
+def _lines(keys: Sequence[str]) -> bytes | None:
+    """The keys as UTF-8, each followed by a newline (what the '\n'-ended C calls take),
+    or None when one cannot be encoded. (A key holding a newline makes more lines than
+    keys: the C calls refuse that, -1.)"""
+    try:
+        return ("\n".join(keys) + "\n").encode()
+    except UnicodeEncodeError:
+        return None
+
+
+def _native_encode_lines(lib: _Library, keys: Sequence[str], values: array.array[int]) -> bytes | None:
+    """:func:`_native_encode` from the keys' lines (no per-key end offsets to build), or
+    None when this call cannot encode them."""
+    n, encode = len(keys), lib.encode_nl
+    blob = _lines(keys) if encode is not None else None
+    if encode is None or blob is None or len(values) != 6 * n or values.typecode != "Q":
+        return None
+    cap = RECORD.size * n + len(blob) - n
+    out = ctypes.create_string_buffer(cap)
+    got = encode(n, blob, len(blob), values.buffer_info()[0], out, cap)
+    return out.raw if got == cap else None
+
+
+def _native_digests(lib: _Library, keys: Sequence[str]) -> Digests | None:
+    """The keys' digests from C, with whether they are all different (None where C
+    cannot hash these keys)."""
+    hash_keys = lib.digests
+    blob = _lines(keys) if hash_keys is not None else None
+    if hash_keys is None or blob is None:
+        return None
+    out = bytearray(DIGEST_BYTES * len(keys))
+    code = hash_keys(len(keys), blob, len(blob), lib.seeded128, DIGEST_SEED, _address(out))
+    if code not in (0, 1, 2):
+        return None
+    return Digests(bytes(out), distinct=(True, False, None)[code])
+
+
+def key_digests(keys: Sequence[str]) -> Digests:
+    """The table digests of ``keys`` (:func:`~hicache_l3.slab.table.digests`'s, same
+    order) as one :class:`~hicache_l3.slab.table.Digests` buffer: one C call when it
+    can (a key holding a newline, or not encodable, takes the reference). From C, its
+    ``distinct`` also says whether the digests are all different (then so are the keys;
+    where one repeats, the keys may or may not)."""
+    lib = _native.get()
+    if lib is not None and keys:
+        made = _native_digests(lib, keys)
+        if made is not None:
+            return made
+    return Digests(b"".join(digests(keys)))
 
 
 def _native_encode(lib: _Library, keys: Sequence[str], values: array.array[int]) -> bytes | None:
@@ -95,7 +158,9 @@ def encode_put_values(keys: Sequence[str], values: array.array[int]) -> bytes:
     table export's shape), as a writer's commit builds them."""
     lib = _native.get()
     if lib is not None and keys:
-        data = _native_encode(lib, keys, values)
+        data = _native_encode_lines(lib, keys, values)
+        if data is None:
+            data = _native_encode(lib, keys, values)
         if data is not None:
             return data
     return python_encode_puts(keys, split_snapshot(bytes(16 * len(keys)), values)[1])
@@ -179,6 +244,15 @@ def _self_test(lib: _Library) -> None:
     if _native_encode(lib, keys, array.array("Q", chain.from_iterable(entries))) != python_encode_puts(
             keys, entries):
         raise RuntimeError("the C record encoder disagrees with the reference")
+    if lib.encode_nl is not None and _native_encode_lines(
+            lib, keys, array.array("Q", chain.from_iterable(entries))) != python_encode_puts(keys, entries):
+        raise RuntimeError("the C record encoder (keys as lines) disagrees with the reference")
+    if lib.digests is not None:
+        made = _native_digests(lib, keys)
+        twice = _native_digests(lib, [*keys, keys[0]])
+        if made is None or made.blob != b"".join(digests(keys)) or made.distinct is not True or (
+                twice is None or twice.distinct is not False):
+            raise RuntimeError("the C key digests disagree with the reference")
     ascii_keys = ["a", "", "k" * 300, "m:0123abcd"]
     geometry = Geometry(20000)
     gens, slots = array.array("Q", [1, 2, 1 << 40, 7]), array.array("Q", [0, 1, 300, 70000])

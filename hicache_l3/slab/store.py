@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
-from hicache_l3.slab.clock import Clock
+from hicache_l3.slab.clock import Clock, iota, is_run
 from hicache_l3.slab.files import SlabFiles, is_real_dir, make_dir, open_file, parse_writer_name, writer_name
 from hicache_l3.slab.format import (
     DEL,
@@ -50,9 +50,9 @@ from hicache_l3.slab.format import (
 )
 from hicache_l3.slab.index import SlabIndex
 from hicache_l3.slab.plan import GetPlan
-from hicache_l3.slab.records import encode_put_values
+from hicache_l3.slab.records import encode_put_values, key_digests
 from hicache_l3.slab.slots import SlotColumns
-from hicache_l3.slab.table import digest, digests, live_put_spans
+from hicache_l3.slab.table import Digests, digest, digests, live_put_spans
 
 log = logging.getLogger("hicache_l3.slab")
 _new_slot = functools.partial(tuple.__new__, Slot)
@@ -66,12 +66,13 @@ class WritePlan(NamedTuple):
     """What a set must write: the indices of the keys to write, their reserved slots
     (same order), the indices of keys left without a slot because the store is full, and
     the table digests of the keys of ``todo`` (same order: :meth:`SlabStore.commit` takes
-    them, so a set hashes each key once)."""
+    them, so a set hashes each key once; a :class:`~hicache_l3.slab.table.Digests`
+    buffer, which the commit passes to the table as it is)."""
 
     todo: list[int]
     slots: Sequence[Slot]  # a SlotColumns on the common batch
     full: list[int]
-    digests: list[bytes]
+    digests: Sequence[bytes]
 
 
 class SlabStore:
@@ -209,7 +210,8 @@ class SlabStore:
                 return []
             highest: dict[int, int] = {}
             if slabs[0] == slabs[-1] and slabs.count(slabs[0]) == n:  # one slab: the common batch
-                highest[slabs[0]] = max(slot_nos)
+                first = slot_nos[0]  # (one run of slots, as an eviction pass gives: its last)
+                highest[slabs[0]] = slot_nos[-1] if is_run(slot_nos, first, n) else max(slot_nos)
             else:
                 for slab, slot in zip(slabs, slot_nos):
                     if slot > highest.get(slab, -1):
@@ -247,11 +249,12 @@ class SlabStore:
         need no write (same key, same bytes). This process becomes a writer first: adopting
         a directory may drop pages found gone, which must then be written again."""
         ready = self._writer_ready()
-        ds = digests(keys)
+        ds = key_digests(keys)  # one buffer: the table calls and the commit take it as it is
         self.refresh()
         with self._lock:
             present = self.index.table.contains_many(ds)
-        if not any(present) and len(set(keys)) == len(keys):  # the common batch: all new, once each
+        if not any(present) and (ds.distinct if ds.distinct is not None else len(set(keys)) == len(keys)):
+            # the common batch: all new, once each (digests all different: so are the keys)
             todo = list(range(len(keys)))
             todo_ds = ds
         else:
@@ -261,10 +264,10 @@ class SlabStore:
                 if not present[i] and key not in seen:
                     seen.add(key)
                     todo.append(i)
-            todo_ds = [ds[i] for i in todo]
+            todo_ds = Digests(b"".join([ds[i] for i in todo]))
         slots = self.reserve(len(todo)) if ready else []
         k = len(slots)
-        return WritePlan(todo[:k], slots, todo[k:], todo_ds[:k])
+        return WritePlan(todo[:k], slots, todo[k:], todo_ds if k == len(todo) else todo_ds[:k])
 
     def _writer_ready(self) -> bool:
         """Own a writer directory (adopting or creating one); False if none can be owned."""
@@ -318,7 +321,7 @@ class SlabStore:
         n = 0
         for slab, first, k in runs:
             slabs.extend(array.array("Q", (slab,)) * k)
-            slots.extend(range(first, first + k))
+            slots.extend(iota(first, k))
             n += k
         self.evictions += n
         return n
@@ -350,7 +353,7 @@ class SlabStore:
             for fd in set(cols.fds):
                 os.fdatasync(fd)
         if ds is None:
-            ds = digests(keys)
+            ds = key_digests(keys)
         n = len(keys)
         if not (len(ds) == len(cols) == len(checksums) == n):
             raise ValueError(f"commit: {n} keys, {len(cols)} slots, {len(checksums)} "

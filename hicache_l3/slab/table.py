@@ -44,8 +44,8 @@ import itertools
 import os
 import struct
 import sys
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Iterator, Sequence
+from typing import Protocol, overload
 
 import xxhash
 
@@ -77,6 +77,67 @@ def digests(keys: Sequence[str]) -> list[bytes]:
     """:func:`digest` of each key."""
     h, seed = xxh3_128, DIGEST_SEED
     return [h(k.encode(), seed) for k in keys]
+
+
+class Digests(Sequence[bytes]):
+    """Digests ``j = 0..n-1`` held as one buffer (``blob``, 16 bytes each, as the C calls
+    take them): what :func:`hicache_l3.slab.records.key_digests` returns for a set batch,
+    so that the table calls and the commit pass the buffer on instead of joining a bytes
+    object per key. Item ``j`` is ``blob[16 j : 16 j + 16]``; equal to any sequence of the
+    same digests (a list included). ``distinct``: True when the digests are known to be
+    all different (so are their keys), False when one is known to repeat, None when not
+    known."""
+
+    __slots__ = ("blob", "distinct")
+
+    def __init__(self, blob: bytes, distinct: bool | None = None) -> None:
+        if len(blob) % DIGEST_BYTES:
+            raise ValueError(f"Digests: {len(blob)} bytes is not a whole number of digests")
+        self.blob = blob
+        self.distinct = distinct
+
+    def __len__(self) -> int:
+        return len(self.blob) // DIGEST_BYTES
+
+    @overload
+    def __getitem__(self, j: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, j: slice) -> Digests: ...
+
+    def __getitem__(self, j: int | slice) -> bytes | Digests:
+        n = len(self)
+        if isinstance(j, slice):
+            start, stop, step = j.indices(n)
+            if step == 1:
+                return Digests(self.blob[DIGEST_BYTES * start : DIGEST_BYTES * max(start, stop)])
+            return Digests(b"".join(self[k] for k in range(start, stop, step)))
+        if j < 0:
+            j += n
+        if not 0 <= j < n:
+            raise IndexError("Digests index out of range")
+        return self.blob[DIGEST_BYTES * j : DIGEST_BYTES * j + DIGEST_BYTES]
+
+    def __iter__(self) -> Iterator[bytes]:
+        blob = self.blob
+        return (blob[i : i + DIGEST_BYTES] for i in range(0, len(blob), DIGEST_BYTES))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Digests):
+            return self.blob == other.blob
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+            return len(other) == len(self) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # like the list it stands for
+
+    def __repr__(self) -> str:
+        return f"Digests({list(self)!r})"
+
+
+def joined(ds: Sequence[bytes]) -> bytes:
+    """The digests ``ds`` as one buffer: a :class:`Digests`' own, else joined."""
+    return ds.blob if isinstance(ds, Digests) else b"".join(ds)
 
 
 class PageTable(Protocol):
@@ -537,7 +598,7 @@ class NativePageTable:
             return []
         values = array.array("Q", bytes(48 * n))
         found = bytearray(n)
-        hits = self._lib.get_many(self._t, n, b"".join(ds), values.buffer_info()[0], _address(found))
+        hits = self._lib.get_many(self._t, n, joined(ds), values.buffer_info()[0], _address(found))
         if not hits:
             return [None] * n
         made = map(_new_entry, _SIX.iter_unpack(values))  # C-level: no slice per entry
@@ -550,7 +611,9 @@ class NativePageTable:
         if not n:
             return []
         found = bytearray(n)
-        self._lib.get_many(self._t, n, b"".join(ds), None, _address(found))
+        hits = self._lib.get_many(self._t, n, joined(ds), None, _address(found))
+        if hits == 0 or hits == n:  # (a set batch's keys: all new, the common case)
+            return [hits > 0] * n
         return list(map(bool, found))
 
     def at(self, where: Where) -> bytes | None:
@@ -583,7 +646,7 @@ class NativePageTable:
         if len(ds) != len(entries):
             raise ValueError(f"page table: {len(ds)} digests for {len(entries)} entries")
         if ds:
-            self._load(b"".join(ds), _values(entries))
+            self._load(joined(ds), _values(entries))
 
     def _load(self, ds: bytes, values: array.array[int]) -> None:
         _raise(self._lib.put_many(self._t, len(ds) // DIGEST_BYTES, ds, values.buffer_info()[0]))
@@ -597,7 +660,7 @@ class NativePageTable:
     def pop_many(self, ds: Sequence[bytes]) -> int:
         if not ds:
             return 0
-        return int(self._lib.pop_many(self._t, len(ds), b"".join(ds)))
+        return int(self._lib.pop_many(self._t, len(ds), joined(ds)))
 
     def take_at_many(self, wheres: Sequence[Where]) -> tuple[bytes, array.array[int]]:
         n = len(wheres)

@@ -177,3 +177,18 @@ def test_reopened_writer_evicts_its_oldest_pages_first() -> None:
             assert store.contains(["b0", "b1", "c0", "c1", "a4"]) == [True] * 5
         finally:
             store.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 300), st.integers(0, 40), st.lists(st.integers(0, 400), max_size=40))
+def test_iota_and_is_run(first: int, n: int, other: list[int]) -> None:
+    """iota is range(first, first + n) as an array('Q'); is_run says whether a column
+    (array or list) is exactly that run."""
+    from hicache_l3.slab.clock import iota, is_run
+
+    run = iota(first, n)
+    assert run.typecode == "Q" and list(run) == list(range(first, first + n))
+    assert is_run(run, first, n) and is_run(list(run), first, n)
+    col = array.array("Q", other)
+    assert is_run(col, first, len(other)) == (other == list(range(first, first + len(other))))
+    assert is_run(other, first, len(other)) == (other == list(range(first, first + len(other))))

@@ -6,6 +6,7 @@ slot-by-slot reference CLOCK's victims."""
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 from hypothesis import given, settings
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from hicache_l3.slab import evict
 from hicache_l3.slab.clock import COLD, HOT, Clock
 from hicache_l3.slab.format import Entry
-from hicache_l3.slab.table import DictPageTable, NativePageTable, digest, native_library
+from hicache_l3.slab.table import DictPageTable, NativePageTable, build_image, digest, native_library
 
 
 def raw_library() -> evict._Library:
@@ -45,6 +46,55 @@ def test_a_run_taken_in_c_equals_take_at_many(puts: list[tuple[int, int, int, in
     assert evict._native_take(lib, ours, writer, slab, first, count) == expected
     assert evict.take_run(dict_ref, writer, slab, first, count) == expected  # the fallback
     assert sorted(ours.select()) == sorted(ref.select()) == sorted(dict_ref.select())
+
+
+def _on_image(pages: list[tuple[bytes, Entry]]) -> NativePageTable:
+    """A C table whose pages ``pages`` (put in order) lie in its read-only base layer."""
+    tables = native_library()
+    assert tables is not None
+    ref = DictPageTable()
+    for d, e in pages:
+        ref.put(d, e)
+    image = build_image(*ref.export())
+    assert image is not None
+    fd = os.memfd_create("image")
+    try:
+        image.write(fd, 4096)
+        table = NativePageTable(tables)
+        table.attach(fd, 4096, image.nbytes)
+    finally:
+        os.close(fd)  # the mapping stays
+    return table
+
+
+@settings(max_examples=200, deadline=None)
+@given(puts_st, st.integers(0, 40), st.integers(0, 1), st.integers(0, 1), st.integers(0, 12),
+       st.integers(0, 8))
+def test_a_run_taken_in_c_equals_take_at_many_over_two_layers_and_journals(
+        puts: list[tuple[int, int, int, int]], based: int, writer: int, slab: int, first: int,
+        count: int) -> None:
+    """The same with the first ``based`` puts in a checkpoint image's base layer (the rest
+    in the delta, superseding some of them) and a journal on: the take removes base pages
+    too, and journals what take_at_many journals (replayed onto the table as it was
+    before the take, both journals give the same table)."""
+    lib = raw_library()
+    pages = [(digest(f"k{k}"), Entry(w, s, slot, gen, 64, k)) for gen, (k, w, s, slot) in enumerate(puts, 1)]
+    made = []
+    for _ in range(4):  # ours, the reference, and the two tables the journals are replayed on
+        t = _on_image(pages[:based])
+        for d, e in pages[based:]:
+            t.put(d, e)
+        made.append(t)
+    ours, ref, ours_replay, ref_replay = made
+    for t in (ours, ref):
+        t.journal_start()
+    wheres = [(writer, slab, slot) for slot in range(first, first + count)]
+    expected = ref.take_at_many(wheres)
+    assert evict._native_take(lib, ours, writer, slab, first, count) == expected
+    assert sorted(ours.select()) == sorted(ref.select()) and ours.check() == 0
+    ours.journal_take().apply(ours_replay)
+    ref.journal_take().apply(ref_replay)
+    assert sorted(ours_replay.select()) == sorted(ref_replay.select()) == sorted(ref.select())
 
 
 def test_out_of_range_runs_take_the_reference_path() -> None:

@@ -46,6 +46,58 @@ def test_c_records_equal_the_reference(batch: list[tuple[str, Entry]]) -> None:
     assert [(key, entry) for _, key, entry in decoded] == batch
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.text(max_size=40), entry_st), min_size=1, max_size=40))
+def test_c_records_from_values_equal_the_reference(batch: list[tuple[str, Entry]]) -> None:
+    """encode_put_values (a commit's path: the keys passed to C as lines, or by end
+    offsets where a key holds a newline) writes encode_puts's bytes."""
+    native_or_skip()
+    keys, entries = [k for k, _ in batch], [e for _, e in batch]
+    values = array.array("Q", [v for e in entries for v in e])
+    assert records.encode_put_values(keys, values) == encode_puts(keys, entries)
+    lib = records._native.get()
+    assert lib is not None and lib.encode_nl is not None
+    lines = records._native_encode_lines(lib, keys, values)
+    assert lines == (None if any("\n" in k for k in keys) else encode_puts(keys, entries))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=40), max_size=40))
+def test_key_digests_equal_the_reference(keys: list[str]) -> None:
+    """key_digests: table.digests's digests in one buffer (C, or the reference where a
+    key holds a newline or is not UTF-8 encodable), read as the list it stands for."""
+    native_or_skip()
+    ds = records.key_digests(keys)
+    assert isinstance(ds, table_mod.Digests) and ds.blob == b"".join(table_mod.digests(keys))
+    assert ds == table_mod.digests(keys) and list(ds) == table_mod.digests(keys) and len(ds) == len(keys)
+    lib = records._native.get()
+    assert lib is not None and lib.digests is not None
+    if keys and not any("\n" in k for k in keys):  # from C: it says whether they are all different
+        assert records._native_digests(lib, keys) == ds and ds.distinct == (len(set(keys)) == len(keys))
+    else:
+        assert ds.distinct is None  # (the reference does not look)
+
+
+def test_key_digests_of_unencodable_keys_raise_as_the_reference_does() -> None:
+    with pytest.raises(UnicodeEncodeError):
+        table_mod.digests(["\ud800"])
+    with pytest.raises(UnicodeEncodeError):
+        records.key_digests(["ok", "\ud800"])
+
+
+def test_digests_read_as_a_list() -> None:
+    ref = [digest(f"k{i}") for i in range(5)]
+    ds = table_mod.Digests(b"".join(ref))
+    assert len(ds) == 5 and ds[0] == ref[0] and ds[-1] == ref[-1] and list(ds) == ref
+    assert ds[1:3] == ref[1:3] and isinstance(ds[1:3], table_mod.Digests) and ds[::2] == ref[::2]
+    assert ds[3:1] == [] and ds == ref and ds != ref[:4] and table_mod.joined(ds) == b"".join(ref)
+    assert table_mod.joined(ref) == ds.blob
+    with pytest.raises(IndexError):
+        ds[5]
+    with pytest.raises(ValueError):
+        table_mod.Digests(b"x" * 17)
+
+
 def test_values_out_of_range_raise_as_the_reference_does() -> None:
     native_or_skip()
     too_big = [Entry(2**32, 0, 0, 1, 64, 0)]
@@ -101,6 +153,26 @@ def test_abort_gives_slots_back_and_a_logged_del_frees_the_owners_slot() -> None
         finally:
             owner.close()
             other.close()
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", "c", "d", "e\nf", "é"]), max_size=12))
+def test_reserve_new_plans_each_new_key_once(keys: list[str]) -> None:
+    """reserve_new's plan: the first index of each key not stored yet (stored: "a" and
+    "b"), whatever repeats, newlines or non-ASCII keys the batch holds, with those keys'
+    digests."""
+    with tempfile.TemporaryDirectory() as root:
+        store = open_store(root, 32)
+        try:
+            plan = store.reserve_new(["a", "b"])
+            store.commit(["a", "b"], plan.slots, [0, 0], plan.digests)
+            plan = store.reserve_new(keys)
+            first = [i for i, k in enumerate(keys) if k not in ("a", "b") and keys.index(k) == i]
+            assert plan.todo == first and not plan.full and len(plan.slots) == len(first)
+            assert list(plan.digests) == [digest(keys[i]) for i in first]
+            store.abort(plan.slots)
+        finally:
+            store.close()
 
 
 key_st = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=300)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import array
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from hicache_l3.slab.table import (
     DictPageTable,
     NativePageTable,
     PageTable,
+    build_image,
     digest,
     digests,
     native_library,
@@ -308,22 +310,47 @@ RECORDS = st.lists(st.tuples(st.sampled_from([1, 1, 2, 3]), st.text("abc", max_s
 DAMAGE = st.one_of(st.none(), st.tuples(st.integers(0, 12), st.binary(min_size=1, max_size=20)))
 
 
+def _on_image(pages: list[tuple[bytes, Entry]]) -> NativePageTable:
+    """A C table whose pages ``pages`` (put in order) lie in its read-only base layer, a
+    checkpoint image's (the delta empty)."""
+    ref = DictPageTable()
+    for d, e in pages:
+        ref.put(d, e)
+    image = build_image(*ref.export())
+    assert image is not None
+    fd = os.memfd_create("image")
+    try:
+        image.write(fd, 4096)
+        table = _native()
+        table.attach(fd, 4096, image.nbytes)
+    finally:
+        os.close(fd)  # the mapping stays
+    return table
+
+
 @settings(max_examples=300, deadline=None)
-@given(parts=RECORDS, damage=DAMAGE, utf8=st.booleans())
+@given(parts=RECORDS, damage=DAMAGE, utf8=st.booleans(), based=st.integers(0, 12))
 def test_live_put_spans_agree_with_decoding_the_log(parts: list, damage: tuple[int, bytes] | None,
-                                                     utf8: bool) -> None:
+                                                     utf8: bool, based: int) -> None:
     """The C scan of a log gives the live PUT records that decode_records + the table
-    give, or None (never a different answer) where the log is not all clean records."""
+    give, or None (never a different answer) where the log is not all clean records;
+    also where the table's pages lie in both layers (the first ``based`` pages put are
+    in a checkpoint image's base layer, later ones in the delta, superseding some of them
+    by key or by slot)."""
     from hicache_l3.slab.format import PUT, RECORD, decode_records, encode_record
     from hicache_l3.slab.table import live_put_spans
 
-    table, chunks = _native(), []
+    chunks: list[bytes] = []
+    puts: list[tuple[bytes, Entry]] = []
     for i, (kind, key, slot, indexed) in enumerate(parts):
         key = key + "é" if utf8 and i == 0 else key  # a non-ASCII key: the C scan declines
         entry = Entry(0, 0, slot, i + 1, 64, 0)
         chunks.append(encode_record(kind, key, entry))
         if kind == PUT and indexed:
-            table.put(digest(key), entry if i % 3 else entry._replace(gen=i + 2))  # some stale
+            puts.append((digest(key), entry if i % 3 else entry._replace(gen=i + 2)))  # some stale
+    table = _on_image(puts[:based]) if based and puts[:based] else _native()
+    for d, e in puts[len(puts[:based]) if based else 0:]:
+        table.put(d, e)
     if damage is not None:
         chunks.insert(min(damage[0], len(chunks)), damage[1])
     data = b"".join(chunks)
