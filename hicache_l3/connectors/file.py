@@ -57,14 +57,15 @@ class FileConfig(ConnectorConfig):
         "0 = half the free space of the filesystem at open", size=True,
     )
     slab_bytes: int = setting(256 << 20, "size of one preallocated slab file", size=True)
-    io_threads: int = setting(2, "threads reading the pages of one batch in parallel")
+    io_threads: int = setting(2, "threads reading the pages of one batch in parallel (with native_io, "
+                              "a batch of under 1 MiB is read by the calling thread alone)")
     cold_read_threads: int = setting(
         16, "threads reading the pages of a batch that are not in the page cache (with native_io: "
         "each waits on the disk, so this is the batch's queue depth on a store bigger than the "
         "page cache; 0 or 1: they are read by the io_threads, one or two at a time)")
     write_threads: int = setting(
-        2, "threads writing the pages of one batch (with native_io; the Python path measured "
-        "slower with more than one, and uses one)")
+        2, "threads writing the pages of one batch (with native_io, a batch of 1 MiB or more; the "
+        "Python path measured slower with more than one, and uses one)")
     checksum: Literal["xxh3", "none"] = setting(
         "xxh3", "page checksum written on set, verified on every get; with xxh3 a page another "
         "writer stored without one (checksum=none, nixl file mode's default) is a miss "
