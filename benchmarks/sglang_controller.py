@@ -27,7 +27,10 @@ slots. It is compared with raw overwrite; the default (fresh-store, unbounded) c
 with raw fresh.
 
 Every repetition uses fresh keys and fresh random page bytes, runs the contenders one
-after the other (the order rotating every repetition), zeroes the pages between set and get,
+after the other (the order rotating every repetition) with an untimed ``sync()`` before
+each (so the dirty pages one contender left are not written back inside the next one's
+clock: without it, fresh sets moved between 0.35 and 4.5 GB/s for every contender, with
+the dirty-page throttle), zeroes the pages between set and get,
 and verifies the bytes read back. One untimed warm-up repetition of all comes first
 (``--warmup``). Reported: per repetition each contender's GB/s; then medians, the median of
 per-repetition ratios ours/SGLang and ours/raw (speed over speed, > 1 = ours faster), and
@@ -436,6 +439,7 @@ def main() -> int:
             row: dict[str, Any] = {"rep": rep}
             shift = rep % len(contenders)
             for name, what in contenders[shift:] + contenders[:shift]:
+                os.sync()  # the previous contender's dirty pages written back off the clock
                 host.kv_buffer.view(-1).view(torch.uint8).random_(0, 256)
                 expected = as_bytes(page_view(host, args.pages))
                 if isinstance(what, RawPosix):
