@@ -10,6 +10,7 @@ Subclass :class:`SlabIntegrityTests` together with
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,12 @@ from hicache_l3.conformance.pages import Pages
 from hicache_l3.conformance.slab_backdoor import SlabBackdoor, live_entries
 from hicache_l3.slab.files import slab_file_name
 from hicache_l3.slab.format import NAMESPACE_FILE, RECORD, Geometry, decode_records
+
+
+def json_format(settings: dict[str, Any], namespace: Namespace) -> int:
+    """The on-disk format the namespace's ``namespace.json`` says."""
+    path = Path(settings["root"]) / f"ns-{namespace.digest()}" / NAMESPACE_FILE
+    return int(json.loads(path.read_text())["format"])
 
 
 def _writers(settings: dict[str, Any], namespace: Namespace) -> Path:
@@ -50,6 +57,31 @@ class SlabIntegrityTests(SlabBackdoor):
     def _read(self, conn: Any, keys: list[str]) -> tuple[list[bool], Pages]:
         pages = Pages(conn, self.page_bytes, len(keys))
         return conn.batch_get(keys, pages.pages), pages
+
+    def test_small_pages_are_packed_and_read_back_whole(self, open_conn: Any,
+                                                         settings: dict[str, Any]) -> None:
+        """Pages of at most 2 KiB are packed (slab format 3, slab/format.py "Packed small
+        slots"): more than a group of 256-byte pages read back exactly, by the writer and
+        by another connector; a flipped byte of one is a miss for a connector that detects
+        corruption, and its neighbours, which share its 4 KiB block, still read whole."""
+        small = Namespace(model="m-packed", kv_dtype="bfloat16", layout="page_first", page_size=1)
+        keys = [f"packed-{i}" for i in range(600)]  # a group is 512 slots
+        writer = open_conn(small)
+        pages = Pages(writer, 256, len(keys))
+        pages.fill(keys)
+        assert writer.batch_set(keys, pages.pages) == [True] * len(keys)
+        assert json_format(settings, small) == 3
+        for conn in (writer, open_conn(small)):
+            back = Pages(conn, 256, len(keys))
+            assert conn.batch_get(keys, back.pages) == [True] * len(keys)
+            assert all(back.matches(i, k) for i, k in enumerate(keys))
+        if not writer.capabilities.detects_corruption:
+            return
+        self.backdoor_corrupt(settings, small, keys[300], "flip")
+        reader = open_conn(small)
+        back = Pages(reader, 256, 3)
+        assert reader.batch_get(keys[299:302], back.pages) == [True, False, True]
+        assert back.matches(0, keys[299]) and back.matches(2, keys[301])
 
     def test_corrupt_unchecksummed_page_is_a_miss_for_a_checksumming_reader(
             self, open_conn: Any, settings: dict[str, Any], namespace: Namespace) -> None:
