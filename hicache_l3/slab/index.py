@@ -699,7 +699,7 @@ class SlabIndex:
         now = time.monotonic()
         table = self.table
         if (now - self._rebase_checked < REBASE_CHECK_S or not isinstance(table, NativePageTable)
-                or self._pending_base is not None or (self._saver is not None and self._saver.is_alive())):
+                or self.busy()):
             return
         self._rebase_checked = now
         if not self._newer_checkpoint():
@@ -833,7 +833,7 @@ class SlabIndex:
         if self._saver is not None and self._saver.is_alive():
             return
         self._adopt_base(defer=True)  # (what a previous one left, before the journal starts again)
-        if self._pending_base is not None or (self._saver is not None and self._saver.is_alive()):
+        if self.busy():
             return  # (a long catch-up goes on off the lock first; the checkpoint stays due)
         state = self.state(copy=True)
         self.applied = 0
