@@ -16,12 +16,11 @@ cost ~0.3 us per call.
 from __future__ import annotations
 
 import argparse
-import collections
-import functools
 import shutil
 import tempfile
 import time
-from typing import Any
+
+from stage_timers import spent, timed  # (benchmarks/: the script's own directory)
 
 import hicache_l3.connectors.nixl.base as nixl_base
 import hicache_l3.connectors.nixl.file as nixl_file
@@ -32,23 +31,6 @@ from hicache_l3.common.registry import open_connector
 from hicache_l3.connectors.nixl import batch_lib
 from hicache_l3.slab import native
 from hicache_l3.slab.store import SlabStore
-
-spent: collections.Counter[str] = collections.Counter()
-
-
-def timed(owner: Any, name: str, label: str) -> None:
-    """Replace ``owner.name`` by a wrapper adding its wall time to ``spent[label]``."""
-    inner = getattr(owner, name)
-
-    @functools.wraps(inner)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            spent[label] += time.perf_counter() - start
-
-    setattr(owner, name, wrapper)
 
 
 def main() -> None:

@@ -20,14 +20,14 @@ from __future__ import annotations
 import argparse
 import array
 import collections
-import functools
 import os
 import shutil
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
+
+from stage_timers import spent, timed  # (benchmarks/: the script's own directory)
 
 import hicache_l3.slab.index as slab_index
 import hicache_l3.slab.store as slab_store
@@ -37,23 +37,6 @@ from hicache_l3.slab.clock import Clock
 from hicache_l3.slab.format import Geometry
 from hicache_l3.slab.index import SlabIndex
 from hicache_l3.slab.store import SlabStore
-
-spent: collections.Counter[str] = collections.Counter()
-
-
-def timed(owner: Any, name: str, label: str) -> None:
-    """Replace ``owner.name`` by a wrapper adding its wall time to ``spent[label]``."""
-    inner = getattr(owner, name)
-
-    @functools.wraps(inner)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            spent[label] += time.perf_counter() - start
-
-    setattr(owner, name, wrapper)
 
 
 def instrument() -> None:

@@ -967,45 +967,8 @@ typedef struct {
 } hl3_xxh128;
 typedef hl3_xxh128 (*hl3_xxh128_fn)(const void *, size_t, uint64_t);
 
-static uint32_t crc_table[8][256];
-static volatile int crc_ready;
-
-static void crc_init(void)
-{
-    if (crc_ready)
-        return;
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++)
-            c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-        crc_table[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; i++)
-        for (int k = 1; k < 8; k++)
-            crc_table[k][i] = (crc_table[k - 1][i] >> 8) ^ crc_table[0][crc_table[k - 1][i] & 0xFF];
-    crc_ready = 1; /* (racing first calls compute the same tables: harmless) */
-}
-
-/* zlib.crc32, slicing by 8 (little-endian hosts, as le64 below): a compaction checks every
- * record of a log of megabytes, and a byte at a time made that most of its time. */
-static uint32_t crc32_of(const uint8_t *p, size_t n)
-{
-    uint32_t c = 0xFFFFFFFFu;
-    while (n >= 8) {
-        uint32_t lo, hi;
-        memcpy(&lo, p, 4);
-        memcpy(&hi, p + 4, 4);
-        lo ^= c;
-        c = crc_table[7][lo & 0xFF] ^ crc_table[6][(lo >> 8) & 0xFF] ^ crc_table[5][(lo >> 16) & 0xFF]
-            ^ crc_table[4][lo >> 24] ^ crc_table[3][hi & 0xFF] ^ crc_table[2][(hi >> 8) & 0xFF]
-            ^ crc_table[1][(hi >> 16) & 0xFF] ^ crc_table[0][hi >> 24];
-        p += 8;
-        n -= 8;
-    }
-    while (n--)
-        c = crc_table[0][(c ^ *p++) & 0xFF] ^ (c >> 8);
-    return c ^ 0xFFFFFFFFu;
-}
+/* zlib.crc32 (records.c: slicing by 8, its tables made on first use) */
+uint32_t hl3_crc32(const unsigned char *p, size_t n);
 
 static uint64_t le64(const uint8_t *p)
 {
@@ -1034,7 +997,6 @@ static uint32_t le32(const uint8_t *p)
 long hl3_pt_live_puts(const hl3_table *t, const uint8_t *data, size_t n, uint64_t seed,
                       hl3_xxh128_fn hash, uint64_t *starts, uint64_t *ends, size_t max)
 {
-    crc_init();
     size_t pos = 0, live = 0;
     while (pos < n) {
         if (n - pos < HL3_RECORD)
@@ -1048,7 +1010,7 @@ long hl3_pt_live_puts(const hl3_table *t, const uint8_t *data, size_t n, uint64_
         for (size_t i = 0; i < keylen; i++)
             if (key[i] >= 0x80)
                 return -1;
-        if (crc32_of(r + 4, HL3_RECORD - 4 + keylen) != le32(r))
+        if (hl3_crc32(r + 4, HL3_RECORD - 4 + keylen) != le32(r))
             return -1;
         if (kind == HL3_PUT) {
             /* Live: the table's page of the key's digest is this record's (writer, slab,

@@ -32,12 +32,17 @@ static void crc_init(void)
     for (uint32_t i = 0; i < 256; i++)
         for (int t = 1; t < 8; t++)
             crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
-    crc_ready = 1; /* (racing first calls compute the same table: harmless) */
+    /* racing first calls compute the same tables (harmless); the release store makes them
+     * visible before the flag to a thread that loads it with acquire */
+    __atomic_store_n(&crc_ready, 1, __ATOMIC_RELEASE);
 }
 
-/* zlib's crc32(0, p, n), slicing by 8 (little endian). */
-static uint32_t crc32_ieee(const unsigned char *p, size_t n)
+/* zlib's crc32(0, p, n), slicing by 8 (little endian); its tables made on first use. The
+ * one CRC of the library: page_table.c's compaction scan checks records with it too. */
+uint32_t hl3_crc32(const unsigned char *p, size_t n)
 {
+    if (!__atomic_load_n(&crc_ready, __ATOMIC_ACQUIRE))
+        crc_init();
     uint32_t c = 0xFFFFFFFFu;
     while (n >= 8) {
         uint32_t lo, hi;
@@ -75,7 +80,7 @@ static int encode_one(unsigned char *r, const char *key, uint64_t keylen, const 
     memcpy(r + 32, &v[4], 8);
     memcpy(r + 40, &v[5], 8);
     memcpy(r + HL3_RECORD_BYTES, key, keylen);
-    uint32_t crc = crc32_ieee(r + 4, HL3_RECORD_BYTES - 4 + keylen);
+    uint32_t crc = hl3_crc32(r + 4, HL3_RECORD_BYTES - 4 + keylen);
     memcpy(r, &crc, 4);
     return 0;
 }
@@ -88,8 +93,6 @@ static int encode_one(unsigned char *r, const char *key, uint64_t keylen, const 
 long hl3_encode_puts(size_t n, const char *keys, const uint64_t *key_ends, const uint64_t *values,
                      char *out, size_t cap)
 {
-    if (!crc_ready)
-        crc_init();
     size_t pos = 0;
     uint64_t start = 0;
     for (size_t j = 0; j < n; j++) {
@@ -114,8 +117,6 @@ long hl3_encode_puts(size_t n, const char *keys, const uint64_t *key_ends, const
 long hl3_encode_puts_nl(size_t n, const char *keys, size_t keys_len, const uint64_t *values, char *out,
                         size_t cap)
 {
-    if (!crc_ready)
-        crc_init();
     size_t pos = 0, at = 0;
     for (size_t j = 0; j < n; j++) {
         const char *nl = at < keys_len ? memchr(keys + at, '\n', keys_len - at) : NULL;

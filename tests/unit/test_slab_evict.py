@@ -6,7 +6,6 @@ slot-by-slot reference CLOCK's victims."""
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import pytest
 from hypothesis import given, settings
@@ -15,7 +14,8 @@ from hypothesis import strategies as st
 from hicache_l3.slab import evict
 from hicache_l3.slab.clock import COLD, HOT, Clock
 from hicache_l3.slab.format import Entry
-from hicache_l3.slab.table import DictPageTable, NativePageTable, build_image, digest, native_library
+from hicache_l3.slab.table import DictPageTable, NativePageTable, digest, native_library
+from tests.unit.test_slab_table import _on_image
 
 
 def raw_library() -> evict._Library:
@@ -46,25 +46,6 @@ def test_a_run_taken_in_c_equals_take_at_many(puts: list[tuple[int, int, int, in
     assert evict._native_take(lib, ours, writer, slab, first, count) == expected
     assert evict.take_run(dict_ref, writer, slab, first, count) == expected  # the fallback
     assert sorted(ours.select()) == sorted(ref.select()) == sorted(dict_ref.select())
-
-
-def _on_image(pages: list[tuple[bytes, Entry]]) -> NativePageTable:
-    """A C table whose pages ``pages`` (put in order) lie in its read-only base layer."""
-    tables = native_library()
-    assert tables is not None
-    ref = DictPageTable()
-    for d, e in pages:
-        ref.put(d, e)
-    image = build_image(*ref.export())
-    assert image is not None
-    fd = os.memfd_create("image")
-    try:
-        image.write(fd, 4096)
-        table = NativePageTable(tables)
-        table.attach(fd, 4096, image.nbytes)
-    finally:
-        os.close(fd)  # the mapping stays
-    return table
 
 
 @settings(max_examples=200, deadline=None)

@@ -83,17 +83,31 @@ def test_marker_record_is_start_header_then_end_marker() -> None:
     assert not check_marker(bytes(format1), entry, fp)  # format-1 bytes never match
 
 
+def _namespace_file(root: Path, fmt: int, slot_bytes: int) -> Path:
+    """A namespace directory under ``root`` (both private) whose namespace.json says
+    ``fmt`` with ``slot_bytes``-byte slots, as an earlier version would have left it."""
+    directory = namespace_dir(root, NS)
+    directory.mkdir(parents=True, mode=0o700)
+    root.chmod(0o700)
+    (directory / NAMESPACE_FILE).write_text(json.dumps({"format": fmt, "slot_bytes": slot_bytes,
+                                                        "namespace": NS.fields()}))
+    return directory
+
+
+def _assert_refused(root: Path, fmt: int) -> None:
+    """Opening the namespace (16 KiB pages) is a ConfigError naming the format, the
+    directory and what to do."""
+    directory = _namespace_file(root, fmt, 16 << 10)
+    with pytest.raises(ConfigError, match=f"format {fmt}") as info, \
+            open_connector("file", NS, root=str(root), page_bytes=16 << 10) as conn:
+        conn.batch_exists(["k"])
+    assert str(directory) in str(info.value) and "delete" in str(info.value)
+
+
 def test_a_format_1_namespace_is_refused_with_the_fix(tmp_path: Path) -> None:
     """A namespace written by format 1 must never yield bytes: opening it is a ConfigError
     naming the directory and what to do; a fresh root works."""
-    directory = namespace_dir(tmp_path, NS)
-    directory.mkdir(parents=True)
-    (directory / NAMESPACE_FILE).write_text(json.dumps({"format": 1, "slot_bytes": 16 << 10,
-                                                        "namespace": NS.fields()}))
-    with pytest.raises(ConfigError, match="format 1") as info, \
-            open_connector("file", NS, root=str(tmp_path), page_bytes=16 << 10) as conn:
-        conn.batch_exists(["k"])
-    assert str(directory) in str(info.value) and "delete" in str(info.value)
+    _assert_refused(tmp_path, 1)
     fresh = tmp_path / "fresh"
     with open_connector("file", NS, root=str(fresh)) as conn:
         pages = Pages(conn, 16 << 10, 1)
@@ -143,11 +157,7 @@ def test_small_pages_are_packed_in_a_format_3_namespace_and_read_back(tmp_path: 
 def test_a_format_2_namespace_of_small_pages_keeps_its_4_kib_stride(tmp_path: Path) -> None:
     """A namespace of small pages created before packing (namespace.json format 2) is read
     and written with the stride it was created with, never the packed one."""
-    directory = namespace_dir(tmp_path, NS)
-    directory.mkdir(parents=True, mode=0o700)
-    tmp_path.chmod(0o700)
-    (directory / NAMESPACE_FILE).write_text(json.dumps({"format": 2, "slot_bytes": 256,
-                                                        "namespace": NS.fields()}))
+    directory = _namespace_file(tmp_path, 2, 256)
     keys = [f"k{i}" for i in range(600)]  # more than a group
     with open_connector("file", NS, root=str(tmp_path)) as conn:
         pages = Pages(conn, 256, len(keys))
@@ -164,14 +174,7 @@ def test_a_format_2_namespace_of_small_pages_keeps_its_4_kib_stride(tmp_path: Pa
 
 
 def test_a_format_3_namespace_of_big_pages_is_refused(tmp_path: Path) -> None:
-    directory = namespace_dir(tmp_path, NS)
-    directory.mkdir(parents=True)
-    (directory / NAMESPACE_FILE).write_text(json.dumps({"format": 3, "slot_bytes": 16 << 10,
-                                                        "namespace": NS.fields()}))
-    with pytest.raises(ConfigError, match="format 3") as info, \
-            open_connector("file", NS, root=str(tmp_path), page_bytes=16 << 10) as conn:
-        conn.batch_exists(["k"])
-    assert str(directory) in str(info.value) and "delete" in str(info.value)
+    _assert_refused(tmp_path, 3)  # (format 3 is for packed slots of at most 2 KiB)
 
 
 @pytest.mark.parametrize("damage", ["missing", "damaged"])
@@ -181,11 +184,7 @@ def test_a_rebuilt_namespace_file_never_reads_slabs_of_the_other_layout(tmp_path
     slabs, named for their layout, are not found, so every old page misses, even with
     checksum=none (never the bytes of a slab read with the other stride); new sets then
     work, and so do gets in a fresh process."""
-    directory = namespace_dir(tmp_path, NS)
-    directory.mkdir(parents=True, mode=0o700)
-    tmp_path.chmod(0o700)
-    (directory / NAMESPACE_FILE).write_text(json.dumps({"format": 2, "slot_bytes": 256,
-                                                        "namespace": NS.fields()}))
+    directory = _namespace_file(tmp_path, 2, 256)
     keys = [f"k{i}" for i in range(40)]
     with open_connector("file", NS, root=str(tmp_path), checksum="none") as conn:
         pages = Pages(conn, 256, len(keys))
