@@ -1,5 +1,6 @@
 """Types of the optional C module built from hicache_l3/native/keys.c."""
 
+import array
 from collections.abc import Sequence
 
 def valid_keys(keys: Sequence[object], /) -> bool: ...
@@ -7,3 +8,9 @@ def prefixed_keys(prefix: str, keys: Sequence[object], /) -> list[str] | None: .
 def common_batch(
     keys: Sequence[object], pages: Sequence[object], /
 ) -> tuple[bytes, int, int, int, int, bool] | None: ...
+def pointer_batch(
+    keys: Sequence[object], ptrs: Sequence[object], sizes: Sequence[object], per: int, /
+) -> tuple[bytes, int, int, int, int, bool] | None: ...
+def model_pointers(
+    address: int, n: int, page_tokens: int, divide: bool, limit: int, terms: bytes, /
+) -> array.array[int] | None: ...

@@ -332,7 +332,10 @@ class HiCacheL3Storage(HiCacheStorage):
             indices = indices.cpu()
         model = self.pointer_model
         if model is not None:
-            got = model.pointer_array(indices, n)
+            got = (model.pointers_at(indices.data_ptr(), n)
+                   if indices.dtype is torch.int64 and indices.is_contiguous() else None)
+            if got is None:
+                got = model.pointer_array(indices, n)
             if got is not None:
                 return PointerPages(got[0], got[1], model.per)
         ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(indices)

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from hicache_l3.common.keys import model_pointers
+
 log = logging.getLogger("hicache_l3.sglang")
 
 PROBE_PAGES = 8  # random pages probed besides 0, 1 and the last one
@@ -47,7 +49,7 @@ class PointerModel:
     Immutable once built; safe to share between threads."""
 
     __slots__ = ("_bases", "_by_token", "_limit", "_mask", "_mult", "_off", "_size_lists", "_terms",
-                 "bases", "page_tokens", "pages", "per", "sizes", "strides")
+                 "_terms_bytes", "bases", "page_tokens", "pages", "per", "sizes", "strides")
 
     def __init__(self, page_tokens: int, pages: int, bases: Sequence[int], strides: Sequence[int],
                  sizes: Sequence[int]) -> None:
@@ -65,6 +67,7 @@ class PointerModel:
         mult = [s // page_tokens for s in self.strides] if self._by_token else list(self.strides)
         self._mult = np.asarray(mult, dtype=np.int64)
         self._terms = tuple(zip(self.bases, mult))  # (base, multiplier) per segment, for builtins
+        self._terms_bytes = np.asarray(self._terms, dtype=np.int64).tobytes()  # for model_pointers
         self._off: Callable[[int], int] = (  # start -> its offset from a page boundary
             self._mask.__and__ if self._mask is not None else page_tokens.__rmod__)
         self._size_lists: dict[int, list[int]] = {}
@@ -103,6 +106,19 @@ class PointerModel:
         :class:`~hicache_l3.common.pages.PointerPages`); the same None cases."""
         first = self._starts(host_indices, n)
         return None if first is None else self.pointers_numpy(first, as_array=True)
+
+    def pointers_at(self, address: int, n: int) -> tuple[Any, list[int]] | None:
+        """:meth:`pointer_array` of host indices in memory: ``n * page_tokens`` contiguous
+        ``int64`` at ``address`` (a contiguous CPU tensor's ``data_ptr()``; the caller holds
+        the tensor), the addresses computed by one C call
+        (:data:`~hicache_l3.common.keys.model_pointers`) as an ``array('q')``. After a
+        batch's I/O has flushed the CPU's caches, each numpy call of :meth:`pointer_array`
+        costs microseconds; this is one call. None in :meth:`pointer_array`'s None cases,
+        and without the C module."""
+        if model_pointers is None or n < 1:
+            return None
+        got = model_pointers(address, n, self.page_tokens, not self._by_token, self._limit, self._terms_bytes)
+        return None if got is None else (got, self.size_list(n))
 
     def _starts(self, host_indices: Any, n: int) -> Any:
         """The ``n`` pages' first host indices as a 1-D numpy integer array, or None."""

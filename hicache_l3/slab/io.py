@@ -288,10 +288,9 @@ class NativeTransport(SlotTransport):
         made = write_markers(batch.keys, cols.gens, cols.slots, batch.geometry)
         pb = native.PageBatch.for_write(RECORD_BYTES, cols.fds, made.data_offsets, made.marker_offsets,
                                         batch.pages, made.records)
-        checksum = batch.checksum
-        n = len(pb)
-        chunk = _chunk(n) if n * batch.geometry.slot_bytes >= PARALLEL_MIN_BYTES else n
-        self._write_pool.run_chunks(lambda lo, hi: lib.write(pb, lo, hi, checksum), n, chunk)
+        checksum, pool, n = batch.checksum, self._write_pool, len(pb)
+        pool.run_chunks(lambda lo, hi: lib.write(pb, lo, hi, checksum), n,
+                        _pages_per_call(pool, n, n * batch.geometry.slot_bytes))
         batch.status, batch.checksums = pb.status, pb.checksums
 
     def read(self, store: SlabStore, batch: ReadBatch) -> None:
@@ -305,7 +304,7 @@ class NativeTransport(SlotTransport):
         )
         n = len(pb)
         self._pool.run_chunks(lambda lo, hi: lib.read(pb, lo, hi), n,
-                              self._read_chunk(n, n * batch.geometry.slot_bytes))
+                              _pages_per_call(self._pool, n, n * batch.geometry.slot_bytes))
         batch.status = pb.status
 
     reads_plans = True
@@ -322,12 +321,12 @@ class NativeTransport(SlotTransport):
             pb = native.PageBatch.for_read(RECORD_BYTES, plan.fds, plan.data_offs, plan.marker_offs,
                                            pages, plan.expect, plan.csums)
             self._pool.run_chunks(lambda lo, hi: lib.read(pb, lo, hi), n,
-                                  self._read_chunk(n, n * plan.slot_bytes))
+                                  _pages_per_call(self._pool, n, n * plan.slot_bytes))
             return pb.status
         call = lib.plan_read(plan, pages)
         nowait = self._cold_pool is not None and lib.reads_nowait
         self._pool.run_chunks(lambda lo, hi: lib.read_plan(call, lo, hi, nowait), n,
-                              self._read_chunk(n, n * plan.slot_bytes))
+                              _pages_per_call(self._pool, n, n * plan.slot_bytes))
         if nowait and native.AGAIN in call.status:
             self._read_cold(call)
         return call.status
@@ -355,13 +354,6 @@ class NativeTransport(SlotTransport):
                 lib.read_plan(call, a, b)
 
         self._cold_pool.run_chunks(read, len(runs), 1)
-
-    def _read_chunk(self, n: int, nbytes: int) -> int:
-        """Pages per native read call of ``n`` pages moving ``nbytes``: the whole batch in
-        one call with one I/O thread (a chunk only helps a second thread) or under
-        :data:`PARALLEL_MIN_BYTES` (0: not known), else :func:`_chunk`."""
-        small = 0 < nbytes < PARALLEL_MIN_BYTES
-        return n if self._pool.threads <= 1 or small else _chunk(n)
 
     def close(self) -> None:
         """Stop the I/O threads (and the Python path's)."""
@@ -395,6 +387,13 @@ PARALLEL_MIN_BYTES = 1 << 20
 to another thread cost more than it saved (128-page gets on the 2-core VM, one thread
 against two, interleaved: 256 B pages 550-587 k pages/s against 465-490 k, 4 KiB 355-378 k
 against 195-321 k; 16 KiB even; 64 KiB batches, 8 MiB, gain from the second thread)."""
+
+
+def _pages_per_call(pool: BatchPool, n: int, nbytes: int) -> int:
+    """Pages per native call of an ``n``-page batch moving ``nbytes`` (0: not known) on
+    ``pool``: the whole batch in one call, on the caller's thread, with one thread or under
+    :data:`PARALLEL_MIN_BYTES`; else :func:`_chunk`."""
+    return n if pool.threads <= 1 or 0 < nbytes < PARALLEL_MIN_BYTES else _chunk(n)
 
 
 def _chunk(n: int) -> int:

@@ -258,6 +258,16 @@ def test_learned_model_equals_the_pool_on_random_batches(pt: int, pages: int, pe
     arr = model.pointer_array(np.asarray(page_indices(batch, pt), dtype=np.int64), len(batch))
     assert arr is not None and arr[0].dtype == np.int64 and (arr[0].tolist(), arr[1]) == want
     assert [seg for p in batch for seg in model.page(p)] == list(zip(*want))  # the pure-Python reference
+    assert _at(model, np.asarray(page_indices(batch, pt), dtype=np.int64), len(batch)) == want
+
+
+def _at(model: PointerModel, indices: np.ndarray, n: int) -> tuple[list[int], list[int]] | None:
+    """``model.pointers_at`` of ``indices`` (int64, contiguous) as lists; the C module
+    must be built (it is, wherever the package installs)."""
+    assert page_meta.model_pointers is not None, "hicache_l3._keys is not built"
+    indices = np.ascontiguousarray(indices, dtype=np.int64)
+    got = model.pointers_at(indices.ctypes.data, n)
+    return None if got is None else (list(got[0]), got[1])
 
 
 @pytest.mark.parametrize("builtin_max_per", [0, 4])  # the numpy path, the builtin path
@@ -289,6 +299,13 @@ def test_model_reads_only_page_starts_and_refuses_what_is_not_a_page(
     assert model.pointers(idx, 0) is None
     assert model.pointer_array(idx, 0) is None
     assert model.pointer_array(np.asarray(page_indices([2], pt)) + (1 << 40), 1) is None
+    # the C path (model_pointers) answers and refuses the same
+    assert _at(model, idx, 3) == _at(model, scrambled, 3) == sglang_answer(pool, [3, 39, 0])
+    for bad in (idx + 1, np.asarray(page_indices([3, pages], pt)), np.asarray(page_indices([-1, 2], pt)),
+                np.asarray(page_indices([2], pt)) + (1 << 40)):
+        assert _at(model, bad, len(bad) // pt) is None, bad[::pt]
+    assert _at(model, np.asarray(page_indices([3, pages - 1], pt)), 2) is not None
+    assert _at(model, idx, 0) is None
 
 
 @pytest.mark.parametrize("case", ["permuted", "reads-all", "sizes-vary", "raises", "one-page", "too-few",
