@@ -30,9 +30,12 @@ SEG = 2048  # two segments per page
 PAGE = 2 * SEG
 DATA0 = 64 * RECORD_BYTES  # data after the marker table
 MAX_PAGES = 24
-DAMAGE = ("ok", "flip", "record", "both", "short", "unchecked", "badfd")
-EXPECTED = {"ok": OK, "flip": CHECKSUM, "record": HEADER, "both": HEADER, "short": SHORT,
-            "unchecked": OK, "badfd": -errno.EBADF}
+DAMAGE = ("ok", "flip", "flip-end", "record", "both", "short", "unchecked", "badfd")
+EXPECTED = {"ok": OK, "flip": CHECKSUM, "flip-end": CHECKSUM, "record": HEADER, "both": HEADER,
+            "short": SHORT, "unchecked": OK, "badfd": -errno.EBADF}
+BIG_SEG = 200 << 10
+"""Segments of a 400 KiB page: bigger than one coalesced read (``HL3_READ_RUN``, 256 KiB), so
+read and hashed in pieces, the cut inside its second segment."""
 
 
 @pytest.fixture(scope="module")
@@ -43,27 +46,30 @@ def native() -> batch_io.BatchIO:
     return lib
 
 
-def _slot_file(path: Path, damage: list[str], rng: random.Random, gap: bool) -> tuple[int, GetPlan, bytes]:
-    """A file of ``len(damage)`` slots (adjacent, or one page apart when ``gap``), page
-    ``j`` damaged as ``damage[j]`` says, and the plan of reading them back: (fd, plan,
-    the bytes stored)."""
-    n = len(damage)
-    stride = 2 * PAGE if gap else PAGE
-    data = rng.randbytes(n * PAGE)
+def _slot_file(path: Path, damage: list[str], rng: random.Random, gap: bool,
+               seg: int = SEG) -> tuple[int, GetPlan, bytes]:
+    """A file of ``len(damage)`` slots of two ``seg``-byte segments (adjacent, or one page
+    apart when ``gap``), page ``j`` damaged as ``damage[j]`` says, and the plan of reading
+    them back: (fd, plan, the bytes stored)."""
+    n, page_bytes = len(damage), 2 * seg
+    stride = 2 * page_bytes if gap else page_bytes
+    data = rng.randbytes(n * page_bytes)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
     data_offs = array.array("q", (DATA0 + j * stride for j in range(n)))
     marker_offs = array.array("q", (j * RECORD_BYTES for j in range(n)))
     csums = array.array("Q", bytes(8 * n))
     expect = bytearray()
     for j, what in enumerate(damage):
-        page = data[j * PAGE:(j + 1) * PAGE]
+        page = data[j * page_bytes:(j + 1) * page_bytes]
         record = rng.randbytes(RECORD_BYTES)
         expect += record
         os.pwrite(fd, record if what not in ("record", "both") else bytes(b ^ 1 for b in record),
                   marker_offs[j])
         stored = page if what not in ("flip", "both") else bytes([page[0] ^ 0xFF]) + page[1:]
+        if what == "flip-end":  # the last byte: in the last piece of a page read in pieces
+            stored = page[:-1] + bytes([page[-1] ^ 0xFF])
         if what == "short":
-            stored = stored[: PAGE // 2]
+            stored = stored[: page_bytes // 2]
             data_offs[j] = DATA0 + (n + 4) * stride  # past every other slot: the file ends mid-page
         os.pwrite(fd, stored, data_offs[j])
         csums[j] = 0 if what == "unchecked" else _checksum(page)
@@ -79,10 +85,10 @@ def _checksum(page: bytes) -> int:
     return page_checksum([(buf.address, len(page))])
 
 
-def _pages(dst: HostBuffer, n: int, flat: bool) -> list[Page] | FlatPages:
-    """``n`` destination pages of two segments each, the second segment first in memory
-    (the segments of a page need not be in address order for the read)."""
-    pages = [((dst.address + j * PAGE + SEG, SEG), (dst.address + j * PAGE, SEG)) for j in range(n)]
+def _pages(dst: HostBuffer, n: int, flat: bool, seg: int = SEG) -> list[Page] | FlatPages:
+    """``n`` destination pages of two ``seg``-byte segments each, the second segment first
+    in memory (the segments of a page need not be in address order for the read)."""
+    pages = [((dst.address + j * 2 * seg + seg, seg), (dst.address + j * 2 * seg, seg)) for j in range(n)]
     if not flat:
         return pages
     segs = array.array("Q", (v for page in pages for seg in page for v in seg))
@@ -131,3 +137,29 @@ def test_a_plan_read_refuses_pages_of_another_count(native: batch_io.BatchIO, tm
     assert native.read_plan(call, 1, 1) == 0
     with pytest.raises(ValueError):
         native.read_plan(call, 2, 4)
+
+
+@pytest.mark.parametrize("nowait", [False, True])
+def test_a_page_bigger_than_a_run_is_read_and_hashed_in_pieces(native: batch_io.BatchIO, tmp_path: Path,
+                                                               nowait: bool) -> None:
+    """A page bigger than one coalesced read is read in pieces, each hashed right after its
+    read (while in cache): the same statuses and bytes as a whole read, damage in its first
+    or last piece caught; with ``nowait``, a page the file cannot hold whole is left for a
+    blocking read (AGAIN), as a smaller page is."""
+    damage = ["ok", "flip", "flip-end", "record", "both", "short", "unchecked", "ok"]
+    n, page_bytes = len(damage), 2 * BIG_SEG
+    fd, plan, data = _slot_file(tmp_path / "slab", damage, random.Random(5), False, seg=BIG_SEG)
+    try:
+        dst = HostBuffer(n * page_bytes)
+        call = native.plan_read(plan, _pages(dst, n, False, seg=BIG_SEG))
+        bad = native.read_plan(call, 0, n, nowait)
+    finally:
+        os.close(fd)
+    want = [batch_io.AGAIN if nowait and d == "short" else EXPECTED[d] for d in damage]
+    assert list(call.status) == want
+    assert bad == sum(w != OK for w in want)
+    got = bytes(dst.view())
+    for j in range(n):
+        if want[j] == OK:
+            page = data[j * page_bytes:(j + 1) * page_bytes]
+            assert got[j * page_bytes:(j + 1) * page_bytes] == page[BIG_SEG:] + page[:BIG_SEG]
