@@ -3,7 +3,7 @@ of the same pages, driven the way SGLang's HiCacheController drives them. Run wi
 venv::
 
     .venv-sglang/bin/python benchmarks/sglang_controller.py [--pages 1024] [--reps 5]
-        [--layers 4] [--steady-state] [--no-stages] [--sglang-pointers] [--json]
+        [--layers 4] [--steady-state] [--no-checksum] [--no-stages] [--sglang-pointers] [--json]
 
 One real MHA host pool (CPU, ``page_first``; 16 KiB of K and V per layer and page, so 64 KiB
 pages with the default ``--layers 4`` and 1 MiB pages with ``--layers 64``). SGLang's ``file``
@@ -20,6 +20,10 @@ ctypes, GIL released; iovecs built before the clock), batches dealt round-robin 
 threads. Sets are timed twice: ``overwrite`` into one preallocated, fully written file (what
 a store at capacity reusing its slots does), and ``fresh`` into a new file fallocated
 before the clock (what a store growing into new space does); gets read the overwrite file.
+
+``--no-checksum`` adds ``hicache-l3-file-nocsum``: our connector in a fresh store with
+``checksum=none`` (no XXH3 written or verified; the slot markers still checked), for the
+price of the checksum in the same run (``nocsum_*`` ratios).
 
 ``--steady-state`` adds ``hicache-l3-file-steady``: our connector with ``capacity_bytes``
 of exactly ``--pages`` slots, filled by the warm-up, so every timed set evicts and reuses
@@ -382,6 +386,9 @@ def main() -> int:
     ap.add_argument("--steady-state", action="store_true",
                     help="also run our connector at capacity (capacity_bytes = --pages slots), "
                          "so every set reuses an evicted slot")
+    ap.add_argument("--no-checksum", action="store_true",
+                    help="also run our connector with checksum=none (hicache-l3-file-nocsum, a fresh "
+                         "store): what the XXH3 of every page costs on this machine")
     ap.add_argument("--no-raw", action="store_true", help="skip the raw pwritev/preadv contenders")
     ap.add_argument("--no-stages", action="store_true", help="skip the per-stage breakdown")
     ap.add_argument("--sglang-pointers", action="store_true",
@@ -423,6 +430,9 @@ def main() -> int:
         capacity = args.pages * Geometry(page_bytes).stride
         contenders.append(("hicache-l3-file-steady",
                            (open_ours("hicache-l3-file-steady", capacity_bytes=capacity), True)))
+    if args.no_checksum:
+        nocsum = open_ours("hicache-l3-file-nocsum", checksum="none")
+        contenders.append(("hicache-l3-file-nocsum", (nocsum, True)))
     raws: list[RawPosix] = []
     rows: list[dict[str, Any]] = []
     stages: dict[str, Any] = {}
@@ -482,6 +492,11 @@ def main() -> int:
         ratios[f"set_vs_{raw.name}_fresh"] = median_ratio(
             rows, f"{raw.name}:set_fresh_s", "hicache-l3-file:set_s")
         ratios[f"get_vs_{raw.name}"] = median_ratio(rows, f"{raw.name}:get_s", "hicache-l3-file:get_s")
+        if args.no_checksum:
+            ratios[f"nocsum_set_vs_{raw.name}_fresh"] = median_ratio(
+                rows, f"{raw.name}:set_fresh_s", "hicache-l3-file-nocsum:set_s")
+            ratios[f"nocsum_get_vs_{raw.name}"] = median_ratio(
+                rows, f"{raw.name}:get_s", "hicache-l3-file-nocsum:get_s")
         if args.steady_state:
             ratios[f"steady_set_vs_{raw.name}_overwrite"] = median_ratio(
                 rows, f"{raw.name}:set_s", "hicache-l3-file-steady:set_s")

@@ -121,12 +121,13 @@ def test_startup_refusals_and_engine_errors(report: dict[str, Any]) -> None:
 def test_controller_paths_bench_runs() -> None:
     """The controller benchmark runs (small): SGLang's file backend through
     _generic_page_set/_get and ours through _page_set/_get_zero_copy, bytes verified; the raw
-    contenders, the steady-state store and the per-stage breakdown are reported; our pointer
+    contenders, the steady-state store, the checksum-less store and the per-stage breakdown
+    are reported; our pointer
     lists come from the learned pointer model (no get_page_buffer_meta call on our path),
     or from SGLang's function with --sglang-pointers."""
     python = require_sglang_venv()
     proc = subprocess.run([str(python), str(BENCH), "--pages", "64", "--reps", "1", "--steady-state",
-                           "--json"],
+                           "--no-checksum", "--json"],
                           capture_output=True, text=True, timeout=ROUNDTRIP_TIMEOUT, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -138,11 +139,11 @@ def test_controller_paths_bench_runs() -> None:
     ratios = result["ratios"]  # ours / raw (same pointers), fresh store and at capacity, 1 and 2 threads
     for raw in ("raw-1t", "raw-2t"):
         for key in (f"set_vs_{raw}_fresh", f"get_vs_{raw}", f"steady_set_vs_{raw}_overwrite",
-                    f"steady_get_vs_{raw}"):
+                    f"steady_get_vs_{raw}", f"nocsum_set_vs_{raw}_fresh", f"nocsum_get_vs_{raw}"):
             assert ratios[key] > 0, key
     assert result["evictions"]["hicache-l3-file-steady"] >= 64 and result["evictions"]["hicache-l3-file"] == 0
     stages = result["stages_ms_per_1024_pages"]
-    assert set(stages) == {"hicache-l3-file", "hicache-l3-file-steady"}
+    assert set(stages) == {"hicache-l3-file", "hicache-l3-file-steady", "hicache-l3-file-nocsum"}
     for op in ("set", "get"):
         st = stages["hicache-l3-file"][op]
         assert st["io"] > 0 and st["sglang pointer lists"] == 0 and st["validation"] > 0
