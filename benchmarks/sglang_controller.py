@@ -17,9 +17,13 @@ threads send them.
 Raw contenders (``raw-1t``, ``raw-2t``): the exact page pointers SGLang's host pool gives
 (``get_page_buffer_meta``), one ``pwritev``/``preadv`` per 128-page batch (libc through
 ctypes, GIL released; iovecs built before the clock), batches dealt round-robin to 1 or 2
-threads. Sets are timed twice: ``overwrite`` into one preallocated, fully written file (what
-a store at capacity reusing its slots does), and ``fresh`` into a new file fallocated
-before the clock (what a store growing into new space does); gets read the overwrite file.
+threads. ``raw-2t-batch``: each batch cut in two halves of whole pages, read or written
+by two threads at once and joined before the next batch, as a synchronous batch call
+(SGLang's, ours) must: the limit of two threads on SGLang's one-batch-at-a-time path,
+where ``raw-2t`` keeps two batches in flight. Sets are timed twice: ``overwrite`` into
+one preallocated, fully written file (what a store at capacity reusing its slots does),
+and ``fresh`` into a new file fallocated before the clock (what a store growing into new
+space does); gets read the overwrite file.
 
 ``--no-checksum`` adds ``hicache-l3-file-nocsum``: our connector in a fresh store with
 ``checksum=none`` (no XXH3 written or verified; the slot markers still checked), for the
@@ -54,6 +58,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -195,9 +200,9 @@ class RawPosix:
     fully written once. Page ``i`` lives at offset ``i * page_bytes`` of a file."""
 
     def __init__(self, work: str, host: Any, indices: torch.Tensor, pages: int, page_bytes: int,
-                 threads: int) -> None:
-        self.name = f"raw-{threads}t"
-        self.threads = threads
+                 threads: int, per_batch: bool = False) -> None:
+        self.name = f"raw-{threads}t" + ("-batch" if per_batch else "")
+        self.threads, self.per_batch = threads, per_batch
         self.total = pages * page_bytes
         self.dir = work
         ptrs, sizes = host.get_page_buffer_meta(indices)
@@ -210,6 +215,18 @@ class RawPosix:
             segs = list(zip(ptrs[lo * per : hi * per], sizes[lo * per : hi * per]))
             arr = (Iovec * len(segs))(*(Iovec(p, n) for p, n in segs))
             self.calls.append((arr, len(segs), lo * page_bytes, sum(n for _, n in segs)))
+        # per_batch: each batch's call cut into `threads` parts of whole pages, run at once
+        # and joined before the next batch (as a synchronous batch call must)
+        self.parts: list[list[tuple[Any, int, int, int]]] = []
+        for lo in range(0, pages, STORAGE_BATCH_SIZE):
+            hi = min(pages, lo + STORAGE_BATCH_SIZE)
+            cuts = [lo + (hi - lo) * t // threads for t in range(threads + 1)]
+            parts = []
+            for a, b in itertools.pairwise(cuts):
+                segs = list(zip(ptrs[a * per : b * per], sizes[a * per : b * per]))
+                arr = (Iovec * len(segs))(*(Iovec(p, n) for p, n in segs))
+                parts.append((arr, len(segs), a * page_bytes, sum(n for _, n in segs)))
+            self.parts.append(parts)
         self.pool = ThreadPoolExecutor(threads) if threads > 1 else None
         self.path = os.path.join(work, f"{self.name}-overwrite")
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -228,6 +245,13 @@ class RawPosix:
     def _all(self, fn: Any, fd: int) -> None:
         if self.pool is None:
             self._share(fn, fd, self.calls)
+            return
+        if self.per_batch:
+            for first, *rest in self.parts:
+                futures = [self.pool.submit(self._share, fn, fd, [part]) for part in rest]
+                self._share(fn, fd, [first])
+                for future in futures:
+                    future.result()
             return
         shares = [self.calls[t :: self.threads] for t in range(self.threads)]
         for future in [self.pool.submit(self._share, fn, fd, sh) for sh in shares]:
@@ -440,8 +464,8 @@ def main() -> int:
     pointer_models = {name: repr(backend.pointer_model) for name, backend in ours.items()}
     try:
         if not args.no_raw:
-            for threads in (1, 2):
-                raw = RawPosix(work, host, indices, args.pages, page_bytes, threads)
+            for threads, per_batch in ((1, False), (2, False), (2, True)):
+                raw = RawPosix(work, host, indices, args.pages, page_bytes, threads, per_batch)
                 raws.append(raw)
                 contenders.append((raw.name, raw))
         gb = args.pages * page_bytes / 1e9

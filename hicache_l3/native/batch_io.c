@@ -388,13 +388,24 @@ int hl3_read_plan_nowait(int lo, int hi, const int32_t *fds, const int64_t *data
  * segments goes into csums[j] and into its marker record markers[j * mlen ..]
  * (little-endian at HL3_CSUM_AT); then every page's marker record is written at
  * marker_offs[j], and only then every page's data at data_offs[j] (a page whose marker
- * failed writes no data), each call coalescing adjacent pages. status[j]: HL3_OK,
+ * failed writes no data), each call coalescing adjacent pages. Checksummed pages bigger
+ * than HL3_READ_RUN go through all of that one page at a time. status[j]: HL3_OK,
  * HL3_SHORT, HL3_NOMEM or -errno; returns the number not OK. */
 int hl3_write_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
                     const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
                     unsigned char *markers, int64_t mlen, int with_csum, uint64_t *csums,
                     const struct hl3_xxh3 *x, int32_t *status)
 {
+    if (with_csum && hi - lo > 1 && total(segs + at[lo], at[lo + 1] - at[lo]) > HL3_READ_RUN) {
+        /* pages bigger than one coalesced read: one at a time, each hashed, then its record
+         * and its data written while it is still in cache (measured, 1 MiB pages: 4.6
+         * against 4.0 GB/s for every page of a 16 MiB share hashed first) */
+        int bad = 0;
+        for (int j = lo; j < hi; j++)
+            bad += hl3_write_pages(j, j + 1, fds, data_offs, marker_offs, segs, at, markers, mlen, with_csum,
+                                   csums, x, status);
+        return bad;
+    }
     void *state = NULL;
     check_segments(lo, hi, at, status);
     if (with_csum) {

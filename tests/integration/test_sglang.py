@@ -121,10 +121,10 @@ def test_startup_refusals_and_engine_errors(report: dict[str, Any]) -> None:
 def test_controller_paths_bench_runs() -> None:
     """The controller benchmark runs (small): SGLang's file backend through
     _generic_page_set/_get and ours through _page_set/_get_zero_copy, bytes verified; the raw
-    contenders, the steady-state store, the checksum-less store and the per-stage breakdown
-    are reported; our pointer
-    lists come from the learned pointer model (no get_page_buffer_meta call on our path),
-    or from SGLang's function with --sglang-pointers."""
+    contenders (raw-2t-batch too), the steady-state store, the checksum-less store and the
+    per-stage breakdown are reported; our pointer lists come from the learned pointer model
+    (no get_page_buffer_meta call on our path), or from SGLang's function with
+    --sglang-pointers."""
     python = require_sglang_venv()
     proc = subprocess.run([str(python), str(BENCH), "--pages", "64", "--reps", "1", "--steady-state",
                            "--no-checksum", "--json"],
@@ -137,7 +137,7 @@ def test_controller_paths_bench_runs() -> None:
     assert result["set_ratio_median"] > 0 and result["get_ratio_median"] > 0
     assert result["cpu"]["model"] and "cpu: " in proc.stderr
     ratios = result["ratios"]  # ours / raw (same pointers), fresh store and at capacity, 1 and 2 threads
-    for raw in ("raw-1t", "raw-2t"):
+    for raw in ("raw-1t", "raw-2t", "raw-2t-batch"):
         for key in (f"set_vs_{raw}_fresh", f"get_vs_{raw}", f"steady_set_vs_{raw}_overwrite",
                     f"steady_get_vs_{raw}", f"nocsum_set_vs_{raw}_fresh", f"nocsum_get_vs_{raw}"):
             assert ratios[key] > 0, key
