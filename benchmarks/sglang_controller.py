@@ -538,8 +538,9 @@ def main() -> int:
     print(f"slots reused by eviction: {evictions}", file=sys.stderr)
     print(f"pointer lists: {pointer_models} (None: SGLang's get_page_buffer_meta)", file=sys.stderr)
     print("ratios (median of per-rep ratios, our speed / theirs):", file=sys.stderr)
+    width = max(map(len, ratios), default=0) + 2
     for key, value in ratios.items():
-        print(f"  {key:<34}{'-' if value is None else f'{value:.2f}'}", file=sys.stderr)
+        print(f"  {key:<{width}}{'-' if value is None else f'{value:.2f}'}", file=sys.stderr)
     for name, st in stages.items():
         print_stages(name, st)
     summary = {
