@@ -141,7 +141,7 @@ static void move_markers(int writing, int lo, int hi, const int32_t *fds, const 
  * bytes, hashing each piece right after its read when want != 0 (XXH3 streamed over the
  * pieces: the same value as over the whole page). A page read whole and hashed after
  * leaves little of itself in cache by then (measured, 2 MiB L2: XXH3 right after a 256 KiB
- * pread 35 GB/s, after a 1 MiB pread 18 GB/s). Returns `to` (read; its hash matches or
+ * pread 40 GB/s, after a 1 MiB pread 21 GB/s; docs/benchmarks.md, session 10). Returns `to` (read; its hash matches or
  * none is wanted), HL3_CHECKSUM, HL3_NOMEM, HL3_SHORT, -errno, or with nowait HL3_AGAIN
  * when the page cache does not hold it all (as move_pages). */
 static int32_t read_in_pieces(int fd, int64_t off, const struct iovec *segs, int nseg, size_t piece,
