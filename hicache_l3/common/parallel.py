@@ -1,6 +1,7 @@
 """Split a batch across a small thread pool; the calling thread takes the first share
 (:meth:`BatchPool.map`), or claims chunks alongside the pool threads
-(:meth:`BatchPool.run_chunks`, for work whose results land in place).
+(:meth:`BatchPool.run_chunks`, for work whose results land in place; :meth:`BatchPool.run_shared`
+where a C library claims the chunks and joins the threads).
 
 ``os.preadv``/``os.pwritev``, XXH3 and most engine calls release the GIL, so pages of
 one batch move in parallel.
@@ -90,6 +91,48 @@ class BatchPool:
             drain()
         finally:
             guard.settle()  # pool threads not started yet run nothing; running ones end
+        if failed:
+            raise failed[0]
+
+    def run_shared(self, drain: Callable[[int], bool], stop: Callable[[], None], chunks: int,
+                   wait_ns: int) -> None:
+        """A batch of ``chunks`` chunks whose claiming and join are native (see
+        ``hl3_share_read_plan``, hicache_l3/native/batch_io.c): ``drain(wait_ns)`` claims and runs
+        chunks until none is left, then waits up to ``wait_ns`` for the chunks other threads
+        still run, and says whether every chunk had finished; ``stop()`` makes every later
+        claim find nothing. The calling thread drains with ``wait_ns``, up to ``threads -
+        1`` pool threads with 0.
+
+        When the calling thread's drain says every chunk finished, this returns at once: a
+        pool thread still on its way out, or not started yet, claims nothing (every chunk
+        is claimed), so no pool thread touches the caller's pages after the call, as with
+        :meth:`run_chunks`, without waiting for one to take the GIL back to return. Else
+        (a chunk still running after ``wait_ns``, a drain raising, an interruption) it stops
+        the claims and waits for the pool threads, then raises the first exception of a
+        drain."""
+        if chunks <= 0:
+            return
+        if self._pool is None or chunks <= 1:
+            drain(wait_ns)
+            return
+        failed: list[BaseException] = []
+
+        def pool_drain(_lo: int = 0, _hi: int = 0) -> None:
+            try:
+                drain(0)
+            except BaseException as exc:
+                failed.append(exc)
+
+        guard = _Guard()
+        finished = False
+        try:
+            for _ in range(min(self.threads - 1, chunks - 1)):
+                self._pool.submit(guard.run, pool_drain, 0, 0)
+            finished = drain(wait_ns)
+        finally:
+            if not finished:
+                stop()
+                guard.settle()
         if failed:
             raise failed[0]
 

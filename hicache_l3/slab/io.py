@@ -289,8 +289,13 @@ class NativeTransport(SlotTransport):
         pb = native.PageBatch.for_write(RECORD_BYTES, cols.fds, made.data_offsets, made.marker_offsets,
                                         batch.pages, made.records)
         checksum, pool, n = batch.checksum, self._write_pool, len(pb)
-        pool.run_chunks(lambda lo, hi: lib.write(pb, lo, hi, checksum), n,
-                        _pages_per_call(pool, n, n * batch.geometry.slot_bytes))
+        chunk = _pages_per_call(pool, n, n * batch.geometry.slot_bytes)
+        if chunk < n and lib.shares:  # claimed and joined in C
+            share, wait = _share(pool, n, batch.geometry.slot_bytes, chunk)
+            pool.run_shared(lambda ns: lib.share_write(share, pb, ns, checksum),
+                            lambda: lib.share_stop(share), n // share.chunk, wait)
+        else:
+            pool.run_chunks(lambda lo, hi: lib.write(pb, lo, hi, checksum), n, chunk)
         batch.status, batch.checksums = pb.status, pb.checksums
 
     def read(self, store: SlabStore, batch: ReadBatch) -> None:
@@ -325,8 +330,14 @@ class NativeTransport(SlotTransport):
             return pb.status
         call = lib.plan_read(plan, pages)
         nowait = self._cold_pool is not None and lib.reads_nowait
-        self._pool.run_chunks(lambda lo, hi: lib.read_plan(call, lo, hi, nowait), n,
-                              _pages_per_call(self._pool, n, n * plan.slot_bytes))
+        pool = self._pool
+        chunk = _pages_per_call(pool, n, n * plan.slot_bytes)
+        if chunk < n and lib.shares:  # claimed and joined in C
+            share, wait = _share(pool, n, plan.slot_bytes)
+            pool.run_shared(lambda ns: lib.share_read_plan(share, call, ns, nowait),
+                            lambda: lib.share_stop(share), n // share.chunk, wait)
+        else:
+            pool.run_chunks(lambda lo, hi: lib.read_plan(call, lo, hi, nowait), n, chunk)
         if nowait and native.AGAIN in call.status:
             self._read_cold(call)
         return call.status
@@ -394,6 +405,25 @@ def _pages_per_call(pool: BatchPool, n: int, nbytes: int) -> int:
     ``pool``: the whole batch in one call, on the caller's thread, with one thread or under
     :data:`PARALLEL_MIN_BYTES`; else :func:`_chunk`."""
     return n if pool.threads <= 1 or 0 < nbytes < PARALLEL_MIN_BYTES else _chunk(n)
+
+
+SHARE_MIN_CHUNK_BYTES = 256 << 10  # (native/batch_io.c HL3_READ_RUN: one coalesced read)
+SHARE_WAIT_MIN_NS, SHARE_WAIT_MAX_NS = 50_000, 2_000_000
+
+
+def _share(pool: BatchPool, n: int, page_bytes: int, chunk: int = 0) -> tuple[native.Share, int]:
+    """The :class:`~hicache_l3.slab.native.Share` of an ``n``-page batch of ``page_bytes``
+    pages on ``pool``: ``chunk`` pages at a time, or (0) guided, a quarter of what is left
+    per thread and at least :data:`SHARE_MIN_CHUNK_BYTES`; and how long its calling thread
+    waits, spinning, for the chunks other threads still run before it waits for them as a
+    sleeper: the biggest chunk's time at 2 GB/s (the longest a chunk left runs when the
+    page cache holds its pages), from 50 us to 2 ms (a chunk waiting for the disk: the
+    sleep then, not a core spent spinning)."""
+    if chunk:
+        share = native.Share(n, chunk)
+    else:
+        share = native.Share(n, max(1, SHARE_MIN_CHUNK_BYTES // max(1, page_bytes)), 2 * pool.threads)
+    return share, min(SHARE_WAIT_MAX_NS, max(SHARE_WAIT_MIN_NS, share.biggest_chunk() * page_bytes // 2))
 
 
 def _chunk(n: int) -> int:

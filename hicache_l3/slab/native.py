@@ -215,6 +215,37 @@ class PlanRead(NamedTuple):
     keep: tuple[object, ...]
 
 
+class Share:
+    """The state of one batch shared by threads (``struct hl3_share``, native/batch_io.c):
+    ``pages`` pages claimed in chunks by whichever thread calls next, ``chunk`` pages at a
+    time or, with ``parts``, what is left / ``parts`` and at least ``chunk`` pages (big
+    chunks first, small last); and the count of pages of finished chunks. Every thread that
+    may call into it must hold a reference to it until its call returned."""
+
+    __slots__ = ("_state", "address", "chunk", "pages", "parts")
+
+    def __init__(self, pages: int, chunk: int, parts: int = 0) -> None:
+        if pages < 1 or chunk < 1 or parts < 0:
+            raise ValueError(f"a share of {pages} pages in chunks of at least {chunk} ({parts} parts)")
+        self.pages, self.chunk, self.parts = pages, chunk, parts
+        self._state = array.array("q", (0, 0, pages, chunk, parts, 0))
+        self.address = self._state.buffer_info()[0]
+
+    def biggest_chunk(self) -> int:
+        """Pages of the biggest chunk a thread can claim (the first)."""
+        return min(self.pages, max(self.chunk, self.pages // self.parts if self.parts else 0))
+
+    @property
+    def done(self) -> int:
+        """Pages of the chunks finished so far."""
+        return self._state[1]
+
+    @property
+    def spins(self) -> int:
+        """Loops of the calling thread's wait (its cost, for benchmarks)."""
+        return self._state[5]
+
+
 class BatchIO:
     """The loaded C library (see module docstring); one instance per process."""
 
@@ -239,6 +270,16 @@ class BatchIO:
         if self._read_plan_nowait is not None:
             self._read_plan_nowait.restype = ctypes.c_int
             self._read_plan_nowait.argtypes = [_i32, _i32, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _vp, _vp, _vp]
+        # one batch shared by threads, joined in C (absent from an older build)
+        names = ("hl3_share_read_plan", "hl3_share_write_pages", "hl3_share_stop")
+        self._share_read_plan = self._share_write = self._share_stop = None
+        if all(hasattr(lib, name) for name in names):
+            read, write, stop = (getattr(lib, name) for name in names)
+            read.restype = write.restype = ctypes.c_int
+            read.argtypes = [_vp, _i64, _i32, *[_vp] * 6, _i64, _vp, _vp, _vp]
+            write.argtypes = [_vp, _i64, *[_vp] * 6, _i64, _i32, _vp, _vp, _vp]
+            stop.restype, stop.argtypes = None, [_vp]
+            self._share_read_plan, self._share_write, self._share_stop = read, write, stop
         self._markers = lib.hl3_markers
         self._markers.restype = ctypes.c_int
         self._markers.argtypes = [_i32, _i32, _i32, _vp, _vp, _vp, _vp, _i64, _vp]
@@ -303,6 +344,37 @@ class BatchIO:
         fn = self._read_plan_nowait if nowait else self._read_plan
         assert fn is not None
         return int(fn(lo, hi, *call.args))
+
+    @property
+    def shares(self) -> bool:
+        """Whether this build runs a batch's chunks shared by threads and joined in C
+        (:meth:`share_read_plan`, :meth:`share_write`, :meth:`share_stop`)."""
+        return self._share_stop is not None
+
+    def share_read_plan(self, share: Share, call: PlanRead, wait_ns: int, nowait: bool = False) -> bool:
+        """:meth:`read_plan` of every chunk of ``share`` this thread claims (``hl3_share_read_plan``);
+        then, when ``wait_ns`` > 0, a wait of up to that long (spinning, without the GIL)
+        for the chunks other threads still run. True when every chunk had finished on
+        return: none is running and none can start."""
+        if share.pages != len(call.status):
+            raise ValueError(f"a share of {share.pages} pages for a {len(call.status)}-page plan")
+        assert self._share_read_plan is not None
+        return bool(self._share_read_plan(share.address, wait_ns, int(nowait), *call.args))
+
+    def share_write(self, share: Share, batch: PageBatch, wait_ns: int, checksum: bool) -> bool:
+        """:meth:`write` of every chunk of ``share`` this thread claims
+        (``hl3_share_write_pages``), then the wait of :meth:`share_read_plan`; same result."""
+        if share.pages != len(batch) or not batch.writing:
+            raise ValueError(f"a write share of {share.pages} pages for a {len(batch)}-page "
+                             f"{'write' if batch.writing else 'read'} batch")
+        assert self._share_write is not None
+        return bool(self._share_write(share.address, wait_ns, *batch.addresses, batch.marker_len,
+                                      int(checksum), batch.checksums_at, self._xxh3_at, batch.status_at))
+
+    def share_stop(self, share: Share) -> None:
+        """No chunk of ``share`` is claimed after this (``hl3_share_stop``)."""
+        assert self._share_stop is not None
+        self._share_stop(share.address)
 
     @property
     def has_markers(self) -> bool:

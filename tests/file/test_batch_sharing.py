@@ -1,7 +1,7 @@
 """How the native transport shares a batch among its I/O threads: a batch moving less than
 ``PARALLEL_MIN_BYTES`` runs as one call on the caller's thread (a second thread cost more
-than it saved on small pages), a bigger one is cut into chunks the threads claim; the
-bytes read back are exact either way."""
+than it saved on small pages), a bigger one is cut into chunks the threads claim (claimed
+and joined in C: ``BatchPool.run_shared``); the bytes read back are exact either way."""
 
 from __future__ import annotations
 
@@ -22,13 +22,19 @@ NS = Namespace(model="m", kv_dtype="bfloat16", layout="page_first", page_size=16
 def test_small_batches_run_whole_and_big_ones_are_shared(tmp_path: Path, page: int, n: int,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[int, int]] = []
-    run_chunks = BatchPool.run_chunks
+    shared: list[int] = []
+    run_chunks, run_shared = BatchPool.run_chunks, BatchPool.run_shared
 
     def spy(self: BatchPool, fn: Any, count: int, chunk: int) -> None:
         calls.append((count, chunk))
         run_chunks(self, fn, count, chunk)
 
+    def spy_shared(self: BatchPool, drain: Any, stop: Any, chunks: int, wait_ns: int) -> None:
+        shared.append(chunks)
+        run_shared(self, drain, stop, chunks, wait_ns)
+
     monkeypatch.setattr(BatchPool, "run_chunks", spy)
+    monkeypatch.setattr(BatchPool, "run_shared", spy_shared)
     big = n * page >= PARALLEL_MIN_BYTES
     with open_connector("file", NS, root=str(tmp_path), io_threads=2, write_threads=2) as conn:
         keys = [f"k{i}" for i in range(n)]
@@ -38,6 +44,9 @@ def test_small_batches_run_whole_and_big_ones_are_shared(tmp_path: Path, page: i
         pages.wipe()
         assert conn.batch_get(keys, pages.pages) == [True] * n
         assert all(pages.matches(i, k) for i, k in enumerate(keys))
-    # the write, then the read (all in the page cache: the cold pool has nothing to read)
-    assert len(calls) == 2 and all(count == n for count, _ in calls), calls
-    assert all((chunk < n) == big for _, chunk in calls), calls
+    # the write, then the read (all in the page cache: the cold pool has nothing to read):
+    # a small batch as one call, a big one shared by the threads, claimed and joined in C
+    if not big:
+        assert len(calls) == 2 and all(count == chunk == n for count, chunk in calls) and not shared, calls
+    else:
+        assert not calls and len(shared) == 2 and all(chunks > 1 for chunks in shared), (calls, shared)

@@ -10,6 +10,7 @@ import os
 import struct
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -330,3 +331,34 @@ def test_big_checksummed_pages_are_written_one_at_a_time_and_read_back(native: b
         assert native.read(r, 0, 2) == 0 and list(r.status) == [batch_io.OK, batch_io.OK]
         got = b"".join(bytes(big.view()[a - big.address:a - big.address + k]) for p in ok for a, k in p)
         assert got == raw[offsets[0]:offsets[0] + 2 * seg] + raw[offsets[2]:offsets[2] + 2 * seg]
+
+
+@pytest.mark.parametrize("threads, chunk", [(1, 1), (2, 1), (3, 2), (2, 3)])
+def test_a_shared_write_writes_what_one_call_writes(native: batch_io.BatchIO, buf: HostBuffer, tmp_path: Path,
+                                                    threads: int, chunk: int) -> None:
+    """hl3_share_write_pages: threads claiming chunks of one write batch write the same
+    records, checksums and data as one hl3_write_pages call; the calling thread's drain
+    returns True only once every chunk finished."""
+    assert native.shares, "hicache_l3._batch_io built without hl3_share_write_pages"
+    pages = _pages(buf)
+    n = len(pages)
+    with open(tmp_path / "one", "w+b") as one, open(tmp_path / "shared", "w+b") as shared:
+        ref = _write(native, one.fileno(), pages)
+        records = [encode_marker(j + 1, 4096, 0, bytes([j]) * 16) for j in range(n)]
+        w = PageBatch(MR, [shared.fileno()] * n, _data_offsets(pages, False), [j * MR for j in range(n)],
+                      pages, records, writing=True)
+        share = batch_io.Share(n, chunk)
+        others = [threading.Thread(target=native.share_write, args=(share, w, 0, True))
+                  for _ in range(threads - 1)]
+        for t in others:
+            t.start()
+        finished = native.share_write(share, w, 5_000_000_000, True)
+        done_then = share.done
+        for t in others:
+            t.join()
+        assert finished and done_then == n
+        assert list(w.status) == [batch_io.OK] * n
+        assert list(w.checksums) == list(ref.checksums)
+        assert (tmp_path / "shared").read_bytes() == (tmp_path / "one").read_bytes()
+    with pytest.raises(ValueError, match="share"):
+        native.share_write(batch_io.Share(n + 1, 1), w, 0, True)

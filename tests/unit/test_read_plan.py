@@ -12,6 +12,8 @@ import errno
 import itertools
 import os
 import random
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -163,3 +165,84 @@ def test_a_page_bigger_than_a_run_is_read_and_hashed_in_pieces(native: batch_io.
         if want[j] == OK:
             page = data[j * page_bytes:(j + 1) * page_bytes]
             assert got[j * page_bytes:(j + 1) * page_bytes] == page[BIG_SEG:] + page[:BIG_SEG]
+
+
+# ---- one batch shared by threads, claimed and joined in C (hl3_share_read_plan) --------------
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(damage=st.lists(st.sampled_from(DAMAGE), min_size=1, max_size=MAX_PAGES),
+       threads=st.integers(1, 3), chunk=st.integers(1, 6), guided=st.booleans(), seed=st.integers(0, 2**32))
+def test_a_shared_read_reads_every_page_once_whichever_thread_claims_it(
+        native: batch_io.BatchIO, tmp_path: Path, damage: list[str], threads: int, chunk: int, guided: bool,
+        seed: int) -> None:
+    """Threads draining one share (chunks of ``chunk`` pages, or guided: big first, small
+    last) read every page once, with the statuses and bytes of one whole read; the calling
+    thread's drain returns True only once every chunk has finished."""
+    assert native.shares, "hicache_l3._batch_io built without hl3_share_read_plan"
+    n = len(damage)
+    fd, plan, data = _slot_file(tmp_path / "slab", damage, random.Random(seed), False)
+    try:
+        dst = HostBuffer(n * PAGE)
+        call = native.plan_read(plan, _pages(dst, n, True))
+        share = batch_io.Share(n, chunk, 2 * threads if guided else 0)
+        others = [threading.Thread(target=native.share_read_plan, args=(share, call, 0))
+                  for _ in range(threads - 1)]
+        for t in others:
+            t.start()
+        finished = native.share_read_plan(share, call, 5_000_000_000)
+        done_then = share.done
+        for t in others:
+            t.join()
+    finally:
+        os.close(fd)
+    assert finished and done_then == n
+    assert list(call.status) == [EXPECTED[d] for d in damage]
+    got = bytes(dst.view())
+    for j in range(n):
+        if call.status[j] == OK:
+            page = data[j * PAGE:(j + 1) * PAGE]
+            assert got[j * PAGE:(j + 1) * PAGE] == page[SEG:] + page[:SEG]
+
+
+def test_a_drain_of_a_finished_or_stopped_share_touches_no_page(native: batch_io.BatchIO,
+                                                                tmp_path: Path) -> None:
+    """A pool thread that starts after the batch ended (every page claimed and finished) or
+    after it was stopped (an interrupted caller) claims nothing: it reads no page and
+    writes no status."""
+    n = 6
+    fd, plan, _ = _slot_file(tmp_path / "slab", ["ok"] * n, random.Random(2), False)
+    try:
+        dst = HostBuffer(n * PAGE)
+        call = native.plan_read(plan, _pages(dst, n, True))
+        share = batch_io.Share(n, 2)
+        assert native.share_read_plan(share, call, 0) and share.done == n
+        assert list(call.status) == [OK] * n
+        call.status[:] = array.array("i", [99]) * n
+        dst.view()[:] = bytes(n * PAGE)
+        assert native.share_read_plan(share, call, 0)  # late: nothing left to claim
+        stopped = batch_io.Share(n, 2)
+        native.share_stop(stopped)
+        assert not native.share_read_plan(stopped, call, 0)  # nothing claimed, nothing finished
+        assert stopped.done == 0
+    finally:
+        os.close(fd)
+    assert list(call.status) == [99] * n
+    assert bytes(dst.view()) == bytes(n * PAGE)
+
+
+def test_the_callers_wait_for_a_chunk_still_running_is_bounded(native: batch_io.BatchIO,
+                                                               tmp_path: Path) -> None:
+    """When a chunk another thread claimed does not finish, the calling thread's wait ends
+    after its bound (then it waits for the pool threads as a sleeper): False, in at least
+    the bound and at most twice it."""
+    fd, plan, _ = _slot_file(tmp_path / "slab", ["ok"] * 4, random.Random(3), False)
+    os.close(fd)
+    call = native.plan_read(plan, _pages(HostBuffer(4 * PAGE), 4, True))
+    share = batch_io.Share(4, 4)
+    native.share_stop(share)  # as if another thread had claimed every page and were still reading
+    wait_s = 0.05
+    start = time.monotonic()
+    assert not native.share_read_plan(share, call, int(wait_s * 1e9))
+    took = time.monotonic() - start
+    assert wait_s <= took <= 2 * wait_s, took
+    assert share.spins > 0
