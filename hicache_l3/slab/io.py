@@ -293,7 +293,7 @@ class NativeTransport(SlotTransport):
         if chunk < n and lib.shares:  # claimed and joined in C
             share, wait = _share(pool, n, batch.geometry.slot_bytes, chunk)
             pool.run_shared(lambda ns: lib.share_write(share, pb, ns, checksum),
-                            lambda: lib.share_stop(share), n // share.chunk, wait)
+                            lambda: lib.share_stop(share), -(-n // share.chunk), wait)
         else:
             pool.run_chunks(lambda lo, hi: lib.write(pb, lo, hi, checksum), n, chunk)
         batch.status, batch.checksums = pb.status, pb.checksums
@@ -335,7 +335,7 @@ class NativeTransport(SlotTransport):
         if chunk < n and lib.shares:  # claimed and joined in C
             share, wait = _share(pool, n, plan.slot_bytes)
             pool.run_shared(lambda ns: lib.share_read_plan(share, call, ns, nowait),
-                            lambda: lib.share_stop(share), n // share.chunk, wait)
+                            lambda: lib.share_stop(share), -(-n // share.chunk), wait)
         else:
             pool.run_chunks(lambda lo, hi: lib.read_plan(call, lo, hi, nowait), n, chunk)
         if nowait and native.AGAIN in call.status:
@@ -413,12 +413,12 @@ SHARE_WAIT_MIN_NS, SHARE_WAIT_MAX_NS = 50_000, 2_000_000
 
 def _share(pool: BatchPool, n: int, page_bytes: int, chunk: int = 0) -> tuple[native.Share, int]:
     """The :class:`~hicache_l3.slab.native.Share` of an ``n``-page batch of ``page_bytes``
-    pages on ``pool``: ``chunk`` pages at a time, or (0) guided, a quarter of what is left
-    per thread and at least :data:`SHARE_MIN_CHUNK_BYTES`; and how long its calling thread
-    waits, spinning, for the chunks other threads still run before it waits for them as a
-    sleeper: the biggest chunk's time at 2 GB/s (the longest a chunk left runs when the
-    page cache holds its pages), from 50 us to 2 ms (a chunk waiting for the disk: the
-    sleep then, not a core spent spinning)."""
+    pages on ``pool``: ``chunk`` pages at a time, or (0) guided, what is left / (2 x the
+    threads) (a quarter with two) and at least :data:`SHARE_MIN_CHUNK_BYTES`; and how long
+    its calling thread waits, spinning, for the chunks other threads still run before it
+    waits for them as a sleeper: the biggest chunk's time at 2 GB/s (the longest a chunk
+    left runs when the page cache holds its pages), from 50 us to 2 ms (a chunk waiting for
+    the disk: the sleep then, not a core spent spinning)."""
     if chunk:
         share = native.Share(n, chunk)
     else:
