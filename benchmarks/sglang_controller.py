@@ -41,7 +41,8 @@ clock: without it, fresh sets moved between 0.35 and 4.5 GB/s for every contende
 the dirty-page throttle), zeroes the pages between set and get,
 and verifies the bytes read back. One untimed warm-up repetition of all comes first
 (``--warmup``). Reported: per repetition each contender's GB/s; then medians, the median of
-per-repetition ratios ours/SGLang and ours/raw (speed over speed, > 1 = ours faster), and
+per-repetition ratios ours/SGLang and ours/raw (speed over speed, > 1 = ours faster) with
+the lowest and highest repetition's (``ratio_spreads`` in the JSON), and
 (unless ``--no-stages``) a per-stage breakdown of our path from one extra, untimed-for-the-
 table pass with timers wrapped around the stages (exclusive time, ms per 1024 pages):
 SGLang's controller method itself, its pointer lists (``get_page_buffer_meta``: none on our
@@ -390,10 +391,15 @@ def fresh_keys(tag: str, pages: int) -> list[str]:
     return [hashlib.sha256(f"{tag}-{i}-{time.time_ns()}".encode()).hexdigest() for i in range(pages)]
 
 
+def ratio_values(rows: list[dict[str, Any]], num: str, den: str) -> list[float]:
+    """``row[num] / row[den]`` of every repetition that has both: with times, ``den``'s speed
+    over ``num``'s."""
+    return [r[num] / r[den] for r in rows if num in r and den in r]
+
+
 def median_ratio(rows: list[dict[str, Any]], num: str, den: str) -> float | None:
-    """Median over repetitions of ``row[num] / row[den]``: with times, ``den``'s speed over
-    ``num``'s; None when a row lacks either."""
-    values = [r[num] / r[den] for r in rows if num in r and den in r]
+    """Median over repetitions of :func:`ratio_values`; None when no row has both."""
+    values = ratio_values(rows, num, den)
     return statistics.median(values) if values else None
 
 
@@ -508,24 +514,23 @@ def main() -> int:
                for name, _ in contenders for k in ("set_s", "set_fresh_s", "get_s")
                if f"{name}:{k}" in rows[0]}
     # ratios: time of the other / time of ours = our speed / the other's speed (> 1: ours faster)
-    ratios: dict[str, float | None] = {
-        "set_vs_sglang": median_ratio(rows, "sglang-file:set_s", "hicache-l3-file:set_s"),
-        "get_vs_sglang": median_ratio(rows, "sglang-file:get_s", "hicache-l3-file:get_s"),
+    pairs: dict[str, tuple[str, str]] = {
+        "set_vs_sglang": ("sglang-file:set_s", "hicache-l3-file:set_s"),
+        "get_vs_sglang": ("sglang-file:get_s", "hicache-l3-file:get_s"),
     }
-    for raw in raws:
-        ratios[f"set_vs_{raw.name}_fresh"] = median_ratio(
-            rows, f"{raw.name}:set_fresh_s", "hicache-l3-file:set_s")
-        ratios[f"get_vs_{raw.name}"] = median_ratio(rows, f"{raw.name}:get_s", "hicache-l3-file:get_s")
+    for raw in (r.name for r in raws):
+        pairs[f"set_vs_{raw}_fresh"] = (f"{raw}:set_fresh_s", "hicache-l3-file:set_s")
+        pairs[f"get_vs_{raw}"] = (f"{raw}:get_s", "hicache-l3-file:get_s")
         if args.no_checksum:
-            ratios[f"nocsum_set_vs_{raw.name}_fresh"] = median_ratio(
-                rows, f"{raw.name}:set_fresh_s", "hicache-l3-file-nocsum:set_s")
-            ratios[f"nocsum_get_vs_{raw.name}"] = median_ratio(
-                rows, f"{raw.name}:get_s", "hicache-l3-file-nocsum:get_s")
+            pairs[f"nocsum_set_vs_{raw}_fresh"] = (f"{raw}:set_fresh_s", "hicache-l3-file-nocsum:set_s")
+            pairs[f"nocsum_get_vs_{raw}"] = (f"{raw}:get_s", "hicache-l3-file-nocsum:get_s")
         if args.steady_state:
-            ratios[f"steady_set_vs_{raw.name}_overwrite"] = median_ratio(
-                rows, f"{raw.name}:set_s", "hicache-l3-file-steady:set_s")
-            ratios[f"steady_get_vs_{raw.name}"] = median_ratio(
-                rows, f"{raw.name}:get_s", "hicache-l3-file-steady:get_s")
+            pairs[f"steady_set_vs_{raw}_overwrite"] = (f"{raw}:set_s", "hicache-l3-file-steady:set_s")
+            pairs[f"steady_get_vs_{raw}"] = (f"{raw}:get_s", "hicache-l3-file-steady:get_s")
+    ratios = {key: median_ratio(rows, *pair) for key, pair in pairs.items()}
+    # the spread of each ratio over the repetitions: a median near a target says little alone
+    spreads = {key: [min(values), max(values)] if (values := ratio_values(rows, *pair)) else None
+               for key, pair in pairs.items()}
 
     print(f"\nmedians over {args.reps} reps of {args.pages} x {page_bytes // 1024} KiB pages, "
           f"batches of {STORAGE_BATCH_SIZE}, {describe_cpu(cpu)}", file=sys.stderr)
@@ -537,10 +542,13 @@ def main() -> int:
               file=sys.stderr)
     print(f"slots reused by eviction: {evictions}", file=sys.stderr)
     print(f"pointer lists: {pointer_models} (None: SGLang's get_page_buffer_meta)", file=sys.stderr)
-    print("ratios (median of per-rep ratios, our speed / theirs):", file=sys.stderr)
+    print("ratios (median of per-rep ratios, our speed / theirs; the lowest and highest rep):",
+          file=sys.stderr)
     width = max(map(len, ratios), default=0) + 2
     for key, value in ratios.items():
-        print(f"  {key:<{width}}{'-' if value is None else f'{value:.2f}'}", file=sys.stderr)
+        spread = spreads[key]
+        print(f"  {key:<{width}}{'-' if value is None else f'{value:.2f}'}"
+              f"{'' if spread is None else f'  ({spread[0]:.2f}-{spread[1]:.2f})'}", file=sys.stderr)
     for name, st in stages.items():
         print_stages(name, st)
     summary = {
@@ -548,7 +556,8 @@ def main() -> int:
         "warmup": args.warmup, "batch_pages": STORAGE_BATCH_SIZE, "verified": True, "cpu": cpu,
         "steady_state": args.steady_state,
         "set_ratio_median": ratios["set_vs_sglang"], "get_ratio_median": ratios["get_vs_sglang"],
-        "ratios": ratios, "median_s": medians, "evictions": evictions, "pointer_models": pointer_models,
+        "ratios": ratios, "ratio_spreads": spreads, "median_s": medians, "evictions": evictions,
+        "pointer_models": pointer_models,
         "stages_ms_per_1024_pages": stages, "rows": rows,
     }
     if args.json:

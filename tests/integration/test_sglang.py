@@ -141,6 +141,8 @@ def test_controller_paths_bench_runs() -> None:
         for key in (f"set_vs_{raw}_fresh", f"get_vs_{raw}", f"steady_set_vs_{raw}_overwrite",
                     f"steady_get_vs_{raw}", f"nocsum_set_vs_{raw}_fresh", f"nocsum_get_vs_{raw}"):
             assert ratios[key] > 0, key
+            low, high = result["ratio_spreads"][key]  # the lowest and highest repetition
+            assert 0 < low <= ratios[key] <= high, (key, low, ratios[key], high)
     assert result["evictions"]["hicache-l3-file-steady"] >= 64 and result["evictions"]["hicache-l3-file"] == 0
     stages = result["stages_ms_per_1024_pages"]
     assert set(stages) == {"hicache-l3-file", "hicache-l3-file-steady", "hicache-l3-file-nocsum"}
