@@ -32,7 +32,7 @@ import abc
 import array
 import errno
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hicache_l3.common.errors import Reason
@@ -288,14 +288,10 @@ class NativeTransport(SlotTransport):
         made = write_markers(batch.keys, cols.gens, cols.slots, batch.geometry)
         pb = native.PageBatch.for_write(RECORD_BYTES, cols.fds, made.data_offsets, made.marker_offsets,
                                         batch.pages, made.records)
-        checksum, pool, n = batch.checksum, self._write_pool, len(pb)
-        chunk = _pages_per_call(pool, n, n * batch.geometry.slot_bytes)
-        if chunk < n and lib.shares:  # claimed and joined in C
-            share, wait = _share(pool, n, batch.geometry.slot_bytes, chunk)
-            pool.run_shared(lambda ns: lib.share_write(share, pb, ns, checksum),
-                            lambda: lib.share_stop(share), -(-n // share.chunk), wait)
-        else:
-            pool.run_chunks(lambda lo, hi: lib.write(pb, lo, hi, checksum), n, chunk)
+        checksum = batch.checksum
+        _run_batch(lib, self._write_pool, len(pb), batch.geometry.slot_bytes,
+                   lambda share, ns: lib.share_write(share, pb, ns, checksum),
+                   lambda lo, hi: lib.write(pb, lo, hi, checksum), guided=False)
         batch.status, batch.checksums = pb.status, pb.checksums
 
     def read(self, store: SlabStore, batch: ReadBatch) -> None:
@@ -330,14 +326,9 @@ class NativeTransport(SlotTransport):
             return pb.status
         call = lib.plan_read(plan, pages)
         nowait = self._cold_pool is not None and lib.reads_nowait
-        pool = self._pool
-        chunk = _pages_per_call(pool, n, n * plan.slot_bytes)
-        if chunk < n and lib.shares:  # claimed and joined in C
-            share, wait = _share(pool, n, plan.slot_bytes)
-            pool.run_shared(lambda ns: lib.share_read_plan(share, call, ns, nowait),
-                            lambda: lib.share_stop(share), -(-n // share.chunk), wait)
-        else:
-            pool.run_chunks(lambda lo, hi: lib.read_plan(call, lo, hi, nowait), n, chunk)
+        _run_batch(lib, self._pool, n, plan.slot_bytes,
+                   lambda share, ns: lib.share_read_plan(share, call, ns, nowait),
+                   lambda lo, hi: lib.read_plan(call, lo, hi, nowait), guided=True)
         if nowait and native.AGAIN in call.status:
             self._read_cold(call)
         return call.status
@@ -409,6 +400,23 @@ def _pages_per_call(pool: BatchPool, n: int, nbytes: int) -> int:
 
 SHARE_MIN_CHUNK_BYTES = 256 << 10  # (native/batch_io.c HL3_READ_RUN: one coalesced read)
 SHARE_WAIT_MIN_NS, SHARE_WAIT_MAX_NS = 50_000, 2_000_000
+
+
+def _run_batch(lib: native.BatchIO, pool: BatchPool, n: int, page_bytes: int,
+               drain: Callable[[native.Share, int], bool], call: Callable[[int, int], object],
+               guided: bool) -> None:
+    """An ``n``-page native batch of ``page_bytes`` pages on ``pool``: one call on the
+    caller's thread where :func:`_pages_per_call` says so; else shared by the threads,
+    claimed and joined in C (``drain(share, wait_ns)``: :meth:`BatchPool.run_shared`;
+    chunks ``guided`` or of ~1/8 of the batch), or, with a library without those calls,
+    chunks claimed in Python (``call(lo, hi)``: :meth:`BatchPool.run_chunks`)."""
+    chunk = _pages_per_call(pool, n, n * page_bytes)
+    if chunk < n and lib.shares:
+        share, wait = _share(pool, n, page_bytes, 0 if guided else chunk)
+        pool.run_shared(lambda ns: drain(share, ns), lambda: lib.share_stop(share),
+                        -(-n // share.chunk), wait)
+    else:
+        pool.run_chunks(call, n, chunk)
 
 
 def _share(pool: BatchPool, n: int, page_bytes: int, chunk: int = 0) -> tuple[native.Share, int]:
