@@ -14,6 +14,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -541,6 +543,180 @@ int hl3_share_read_plan(struct hl3_share *s, int64_t wait_ns, int nowait, const 
     }
     return share_wait(s, wait_ns);
 }
+
+/* ---- I/O threads resident in C, for shared reads (hicache_l3/slab/readers.py) -------------
+ *
+ * A pool thread woken through Python for each batch joins it 60-90 us late on the 2-core
+ * VM (a futex wake, then the GIL, which the caller holds while it plans the batch): ~7 % of
+ * a 128-page get of 64 KiB pages, read by the caller alone meanwhile. A resident reader
+ * is a thread that entered hl3_readers_run once and never returns to Python until stopped:
+ * it waits here (spinning for `linger_ns` after each batch, then asleep on a futex) for a
+ * batch the caller publishes in the readers' mailbox, and drains it with the caller. The
+ * caller wakes a sleeping reader (hl3_readers_wake) when it starts planning a batch; woken,
+ * a reader spins up to HL3_READERS_WOKEN_NS for it, so that it is up when it is published.
+ *
+ * `gate` holds the mailbox's state in one word: BUSY (a caller owns the mailbox, from its
+ * publish to its hl3_readers_done), WRITING (it is filling the batch in), STOP, the
+ * readers inside the published batch (active) and the batch's sequence number. A caller
+ * takes the mailbox only when no caller owns it and no reader is inside the last batch;
+ * a reader joins a batch (active + 1) only while it is published (BUSY, not WRITING) and
+ * new to it, and reads the batch's arguments only while counted in `active`, so they never
+ * change under it. It touches the caller's arrays only within chunks it claimed, and a
+ * caller returns only once every claimed chunk is done (or, interrupted, once no reader is
+ * inside): after that a reader still in the batch finds no chunk and touches only the
+ * mailbox, which lives as long as the readers. A caller that cannot take the mailbox
+ * (another caller has it) shares its batch through Python pool threads as before. */
+#define HL3_GATE_BUSY 1ULL
+#define HL3_GATE_WRITING 2ULL
+#define HL3_GATE_STOP 4ULL
+#define HL3_GATE_ACTIVE (1ULL << 8) /* readers inside the batch: bits 8..23 */
+#define HL3_GATE_ACTIVE_MASK (0xFFFFULL << 8)
+#define HL3_GATE_SEQ (1ULL << 32)
+
+struct hl3_readers {
+    uint64_t gate;
+    uint32_t wake;     /* futex word: bumped to wake sleeping readers */
+    uint32_t sleepers; /* readers asleep, or about to be */
+    int64_t nowait;
+    struct hl3_share share;
+    int64_t args[10];  /* hl3_share_read_plan's, from fds to status */
+};
+
+/* Bytes Python allocates for the mailbox (zeroed: an empty mailbox). */
+size_t hl3_readers_size(void) { return sizeof(struct hl3_readers); }
+
+static int readers_read(struct hl3_readers *r, int64_t wait_ns)
+{
+    const int64_t *v = r->args;
+    return hl3_share_read_plan(&r->share, wait_ns, (int)r->nowait, (const int32_t *)(intptr_t)v[0],
+                               (const int64_t *)(intptr_t)v[1], (const int64_t *)(intptr_t)v[2],
+                               (const struct iovec *)(intptr_t)v[3], (const int32_t *)(intptr_t)v[4],
+                               (const unsigned char *)(intptr_t)v[5], v[6], (const uint64_t *)(intptr_t)v[7],
+                               (const struct hl3_xxh3 *)(intptr_t)v[8], (int32_t *)(intptr_t)v[9]);
+}
+
+static void readers_futex(uint32_t *word, int op, uint32_t val)
+{
+    (void)syscall(SYS_futex, word, op | FUTEX_PRIVATE_FLAG, val, NULL, NULL, 0);
+}
+
+/* Wake the readers asleep (a no-op, no syscall, when none is). */
+void hl3_readers_wake(struct hl3_readers *r)
+{
+    __atomic_fetch_add(&r->wake, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&r->sleepers, __ATOMIC_SEQ_CST))
+        readers_futex(&r->wake, FUTEX_WAKE, INT_MAX);
+}
+
+#define HL3_READERS_WOKEN_NS 1000000 /* a 128-page get plans in ~100 us; a big batch, longer */
+
+/* A reader's life: drain every batch published while it runs; returns (0) once
+ * hl3_readers_stop was called. Call with the GIL released, from a thread of its own. */
+int hl3_readers_run(struct hl3_readers *r, int64_t linger_ns)
+{
+    uint64_t last = __atomic_load_n(&r->gate, __ATOMIC_ACQUIRE) / HL3_GATE_SEQ;
+    int64_t idle = now_ns();
+    for (uint64_t i = 1;; i++) {
+        uint64_t g = __atomic_load_n(&r->gate, __ATOMIC_ACQUIRE);
+        if (g & HL3_GATE_STOP)
+            return 0;
+        if ((g & (HL3_GATE_BUSY | HL3_GATE_WRITING)) == HL3_GATE_BUSY && g / HL3_GATE_SEQ != last) {
+            if (__atomic_compare_exchange_n(&r->gate, &g, g + HL3_GATE_ACTIVE, 0, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_ACQUIRE)) {
+                last = g / HL3_GATE_SEQ;
+                (void)readers_read(r, 0);
+                __atomic_fetch_sub(&r->gate, HL3_GATE_ACTIVE, __ATOMIC_RELEASE);
+                idle = now_ns();
+                i = 0;
+            }
+            continue;
+        }
+#if defined(__x86_64__) || defined(__i386__)
+        _mm_pause();
+#endif
+        if ((i & 63) == 0 && now_ns() - idle > linger_ns) {
+            __atomic_fetch_add(&r->sleepers, 1, __ATOMIC_SEQ_CST);
+            uint32_t token = __atomic_load_n(&r->wake, __ATOMIC_SEQ_CST);
+            g = __atomic_load_n(&r->gate, __ATOMIC_SEQ_CST);
+            int work = (g & HL3_GATE_STOP) || ((g & (HL3_GATE_BUSY | HL3_GATE_WRITING)) == HL3_GATE_BUSY
+                                               && g / HL3_GATE_SEQ != last);
+            if (!work)
+                readers_futex(&r->wake, FUTEX_WAIT, token); /* returns at once if woken since */
+            __atomic_fetch_sub(&r->sleepers, 1, __ATOMIC_SEQ_CST);
+            /* woken for a batch being planned: wait for its publish up to HL3_READERS_WOKEN_NS */
+            idle = now_ns() - linger_ns + HL3_READERS_WOKEN_NS;
+            i = 0;
+        }
+    }
+}
+
+/* The caller's publish of a batch of n pages (chunks as struct hl3_share's, args as
+ * hl3_share_read_plan's from fds on): 1 when the caller now owns the mailbox (then it
+ * must call hl3_readers_read, and hl3_readers_done last), 0 when it is taken or stopped.
+ * *owned says the same, written before the batch is published: the caller reads it
+ * there even when an interruption lands before it sees the return value. */
+int hl3_readers_publish(struct hl3_readers *r, int64_t n, int64_t chunk, int64_t parts, int nowait,
+                        const int64_t *args, int64_t *owned)
+{
+    *owned = 0;
+    uint64_t g = __atomic_load_n(&r->gate, __ATOMIC_ACQUIRE);
+    if (!(g & (HL3_GATE_BUSY | HL3_GATE_WRITING | HL3_GATE_STOP)) && (g & HL3_GATE_ACTIVE_MASK)) {
+        /* a reader leaving the last batch (it found no chunk left): gone in nanoseconds */
+        int64_t start = now_ns();
+        while ((g & HL3_GATE_ACTIVE_MASK) && now_ns() - start < 20000) {
+#if defined(__x86_64__) || defined(__i386__)
+            _mm_pause();
+#endif
+            g = __atomic_load_n(&r->gate, __ATOMIC_ACQUIRE);
+        }
+    }
+    if (g & (HL3_GATE_BUSY | HL3_GATE_WRITING | HL3_GATE_STOP | HL3_GATE_ACTIVE_MASK))
+        return 0;
+    if (!__atomic_compare_exchange_n(&r->gate, &g, g | HL3_GATE_BUSY | HL3_GATE_WRITING, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE))
+        return 0;
+    struct hl3_share *s = &r->share;
+    s->next = 0;
+    s->done = 0;
+    s->n = n;
+    s->chunk = chunk;
+    s->parts = parts;
+    s->spins = 0;
+    r->nowait = nowait;
+    memcpy(r->args, args, sizeof(r->args));
+    *owned = 1;
+    __atomic_fetch_add(&r->gate, HL3_GATE_SEQ - HL3_GATE_WRITING, __ATOMIC_RELEASE);
+    hl3_readers_wake(r);
+    return 1;
+}
+
+/* The owner's own drain of the published batch, then the wait of hl3_share_read_plan:
+ * 1 once every chunk finished. */
+int hl3_readers_read(struct hl3_readers *r, int64_t wait_ns) { return readers_read(r, wait_ns); }
+
+/* The owner stops the batch (no chunk is claimed after this); then waits, calling
+ * hl3_readers_idle, until no reader is inside before hl3_readers_done. */
+void hl3_readers_stop_batch(struct hl3_readers *r) { hl3_share_stop(&r->share); }
+
+/* 1 when no reader is inside the batch. */
+int hl3_readers_idle(struct hl3_readers *r)
+{
+    return (__atomic_load_n(&r->gate, __ATOMIC_ACQUIRE) & HL3_GATE_ACTIVE_MASK) == 0;
+}
+
+/* The owner gives the mailbox up. */
+void hl3_readers_done(struct hl3_readers *r) { __atomic_fetch_and(&r->gate, ~HL3_GATE_BUSY, __ATOMIC_RELEASE); }
+
+/* Every reader returns from hl3_readers_run (after its current batch); no batch is
+ * published any more. */
+void hl3_readers_stop(struct hl3_readers *r)
+{
+    __atomic_fetch_or(&r->gate, HL3_GATE_STOP, __ATOMIC_SEQ_CST);
+    hl3_readers_wake(r);
+}
+
+/* The owner's share state, for benchmarks: the spin count of its wait. */
+int64_t hl3_readers_spins(struct hl3_readers *r) { return r->share.spins; }
 
 /* hl3_write_pages of every chunk of s this thread claims, then the wait of
  * hl3_share_read_plan; same return. */

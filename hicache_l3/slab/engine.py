@@ -182,6 +182,7 @@ class SlabConnector:
         if store is None:
             return [Reason.MISS] * len(keys)
         if self.transport.reads_plans:
+            self.transport.read_soon()  # an I/O thread woken now is up when the plan is read
             plan = store.plan_get(keys, self.checksum_writes)
             if plan is not None:
                 return self._get_planned(store, keys, pages, plan)

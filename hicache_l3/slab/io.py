@@ -52,6 +52,7 @@ from hicache_l3.slab.format import (
     expected_markers,
 )
 from hicache_l3.slab.native import CHECKSUM, HEADER, NOMEM, OK, SHORT
+from hicache_l3.slab.readers import ResidentReaders
 from hicache_l3.slab.records import write_markers
 from hicache_l3.slab.slots import SlotColumns
 
@@ -158,6 +159,9 @@ class SlotTransport(abc.ABC):
         for a page left :data:`FAILED` its Reason in ``reasons[j]`` (as a
         :class:`ReadBatch`'s; absent: an engine error)."""
         raise NotImplementedError(f"{self.name} does not read get plans")
+
+    def read_soon(self) -> None:  # noqa: B027 (a hint: most transports have nothing to wake)
+        """A read is being planned (:meth:`read_plan` follows): wake what it will need."""
 
 
 class PythonTransport(SlotTransport):
@@ -278,6 +282,9 @@ class NativeTransport(SlotTransport):
         # pages not in the page cache wait on the disk: read many at once (its queue
         # depth), by threads started only when a batch has some
         self._cold_pool = BatchPool(cold_threads, "hicache-file-cold") if cold_threads > 1 else None
+        # the read pool's threads but the caller's, resident in C (hicache_l3/slab/readers.py)
+        self._readers = ResidentReaders(self._pool.threads - 1 if lib.reads_plans and lib.shares else 0,
+                                        "hicache-file-r")
 
     def write(self, store: SlabStore, batch: WriteBatch) -> None:
         """One :class:`~hicache_l3.slab.native.PageBatch` (its marker records and offsets
@@ -326,12 +333,23 @@ class NativeTransport(SlotTransport):
             return pb.status
         call = lib.plan_read(plan, pages)
         nowait = self._cold_pool is not None and lib.reads_nowait
+        chunk = _pages_per_call(self._pool, n, n * plan.slot_bytes)
+        if chunk < n and self._readers.running:
+            least, parts, wait = _share_shape(self._pool, n, plan.slot_bytes)
+            if self._readers.read(call, least, parts, nowait, wait):
+                if nowait and native.AGAIN in call.status:
+                    self._read_cold(call)
+                return call.status
         _run_batch(lib, self._pool, n, plan.slot_bytes,
                    lambda share, ns: lib.share_read_plan(share, call, ns, nowait),
                    lambda lo, hi: lib.read_plan(call, lo, hi, nowait), guided=True)
         if nowait and native.AGAIN in call.status:
             self._read_cold(call)
         return call.status
+
+    def read_soon(self) -> None:
+        """Wake the resident readers if they sleep."""
+        self._readers.wake()
 
     def _read_cold(self, call: native.PlanRead) -> None:
         """The pages a nowait read left :data:`~hicache_l3.slab.native.AGAIN` (not in the
@@ -359,6 +377,7 @@ class NativeTransport(SlotTransport):
 
     def close(self) -> None:
         """Stop the I/O threads (and the Python path's)."""
+        self._readers.close()
         self._write_pool.shutdown()
         if self._cold_pool is not None:
             self._cold_pool.shutdown()
@@ -427,11 +446,17 @@ def _share(pool: BatchPool, n: int, page_bytes: int, chunk: int = 0) -> tuple[na
     waits for them as a sleeper: the biggest chunk's time at 2 GB/s (the longest a chunk
     left runs when the page cache holds its pages), from 50 us to 2 ms (a chunk waiting for
     the disk: the sleep then, not a core spent spinning)."""
-    if chunk:
-        share = native.Share(n, chunk)
-    else:
-        share = native.Share(n, max(1, SHARE_MIN_CHUNK_BYTES // max(1, page_bytes)), 2 * pool.threads)
-    return share, min(SHARE_WAIT_MAX_NS, max(SHARE_WAIT_MIN_NS, share.biggest_chunk() * page_bytes // 2))
+    least, parts, wait = _share_shape(pool, n, page_bytes, chunk)
+    return native.Share(n, least, parts), wait
+
+
+def _share_shape(pool: BatchPool, n: int, page_bytes: int, chunk: int = 0) -> tuple[int, int, int]:
+    """:func:`_share`'s numbers: the fewest pages of a chunk, the parts (0: fixed chunks),
+    the calling thread's wait in ns."""
+    least, parts = (chunk, 0) if chunk else (max(1, SHARE_MIN_CHUNK_BYTES // max(1, page_bytes)),
+                                             2 * pool.threads)
+    biggest = min(n, max(least, n // parts if parts else 0))
+    return least, parts, min(SHARE_WAIT_MAX_NS, max(SHARE_WAIT_MIN_NS, biggest * page_bytes // 2))
 
 
 def _chunk(n: int) -> int:

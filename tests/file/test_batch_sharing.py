@@ -1,7 +1,8 @@
 """How the native transport shares a batch among its I/O threads: a batch moving less than
 ``PARALLEL_MIN_BYTES`` runs as one call on the caller's thread (a second thread cost more
 than it saved on small pages), a bigger one is cut into chunks the threads claim (claimed
-and joined in C: ``BatchPool.run_shared``); the bytes read back are exact either way."""
+and joined in C: ``BatchPool.run_shared`` for writes, the resident readers for reads);
+the bytes read back are exact either way."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from hicache_l3 import Namespace, open_connector
 from hicache_l3.common.parallel import BatchPool
 from hicache_l3.conformance.pages import Pages
 from hicache_l3.slab.io import PARALLEL_MIN_BYTES
+from hicache_l3.slab.readers import ResidentReaders
 
 NS = Namespace(model="m", kv_dtype="bfloat16", layout="page_first", page_size=16)
 
@@ -23,7 +25,8 @@ def test_small_batches_run_whole_and_big_ones_are_shared(tmp_path: Path, page: i
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[int, int]] = []
     shared: list[int] = []
-    run_chunks, run_shared = BatchPool.run_chunks, BatchPool.run_shared
+    resident: list[bool] = []
+    run_chunks, run_shared, read = BatchPool.run_chunks, BatchPool.run_shared, ResidentReaders.read
 
     def spy(self: BatchPool, fn: Any, count: int, chunk: int) -> None:
         calls.append((count, chunk))
@@ -33,8 +36,13 @@ def test_small_batches_run_whole_and_big_ones_are_shared(tmp_path: Path, page: i
         shared.append(chunks)
         run_shared(self, drain, stop, chunks, wait_ns)
 
+    def spy_resident(self: ResidentReaders, *args: Any) -> bool:
+        resident.append(read(self, *args))
+        return resident[-1]
+
     monkeypatch.setattr(BatchPool, "run_chunks", spy)
     monkeypatch.setattr(BatchPool, "run_shared", spy_shared)
+    monkeypatch.setattr(ResidentReaders, "read", spy_resident)
     big = n * page >= PARALLEL_MIN_BYTES
     with open_connector("file", NS, root=str(tmp_path), io_threads=2, write_threads=2) as conn:
         keys = [f"k{i}" for i in range(n)]
@@ -46,7 +54,10 @@ def test_small_batches_run_whole_and_big_ones_are_shared(tmp_path: Path, page: i
         assert all(pages.matches(i, k) for i, k in enumerate(keys))
     # the write, then the read (all in the page cache: the cold pool has nothing to read):
     # a small batch as one call, a big one shared by the threads, claimed and joined in C
+    # (the read by the resident reader, which took it)
     if not big:
-        assert len(calls) == 2 and all(count == chunk == n for count, chunk in calls) and not shared, calls
+        assert len(calls) == 2 and all(count == chunk == n for count, chunk in calls), calls
+        assert not shared and not resident, (shared, resident)
     else:
-        assert not calls and len(shared) == 2 and all(chunks > 1 for chunks in shared), (calls, shared)
+        assert not calls and len(shared) == 1 and shared[0] > 1, (calls, shared)
+        assert resident == [True], resident

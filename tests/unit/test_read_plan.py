@@ -24,9 +24,11 @@ from hicache_l3.common.integrity import page_checksum
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.pages import FlatPages, Page
 from hicache_l3.slab import native as batch_io
+from hicache_l3.slab import readers as readers_module
 from hicache_l3.slab.format import RECORD_BYTES
 from hicache_l3.slab.native import CHECKSUM, HEADER, OK, SHORT, PageBatch
 from hicache_l3.slab.plan import GetPlan
+from hicache_l3.slab.readers import ResidentReaders
 
 SEG = 2048  # two segments per page
 PAGE = 2 * SEG
@@ -246,3 +248,132 @@ def test_the_callers_wait_for_a_chunk_still_running_is_bounded(native: batch_io.
     took = time.monotonic() - start
     assert wait_s <= took <= 2 * wait_s, took
     assert share.spins > 0
+
+
+# ---- resident readers: threads that wait in C for the batches (hicache_l3/slab/readers.py) ---
+
+def _expect_read(call: batch_io.PlanRead, dst: HostBuffer, damage: list[str], data: bytes) -> None:
+    assert list(call.status) == [EXPECTED[d] for d in damage]
+    got = bytes(dst.view())
+    for j in range(len(damage)):
+        if call.status[j] == OK:
+            page = data[j * PAGE:(j + 1) * PAGE]
+            assert got[j * PAGE:(j + 1) * PAGE] == page[SEG:] + page[:SEG]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(damage=st.lists(st.sampled_from(DAMAGE), min_size=1, max_size=MAX_PAGES),
+       threads=st.integers(1, 2), chunk=st.integers(1, 6), guided=st.booleans(),
+       linger=st.sampled_from([0, 200_000]), seed=st.integers(0, 2**32))
+def test_resident_readers_read_every_page_once(native: batch_io.BatchIO, tmp_path: Path, damage: list[str],
+                                               threads: int, chunk: int, guided: bool, linger: int,
+                                               seed: int) -> None:
+    """A batch published to resident readers (awake or asleep: ``linger`` 0 sends them to
+    sleep at once) is read with the statuses and bytes of one whole read, and the call
+    returns only once every page is."""
+    n = len(damage)
+    fd, plan, data = _slot_file(tmp_path / "slab", damage, random.Random(seed), False)
+    readers = ResidentReaders(threads, "test-r", linger)
+    try:
+        assert readers.running
+        dst = HostBuffer(n * PAGE)
+        call = native.plan_read(plan, _pages(dst, n, True))
+        if linger == 0:
+            time.sleep(0.002)  # asleep on the futex by now
+        readers.wake()
+        assert readers.read(call, chunk, 2 * (threads + 1) if guided else 0, False, 5_000_000_000)
+        _expect_read(call, dst, damage, data)
+    finally:
+        readers.close()
+        os.close(fd)
+
+
+def test_a_second_caller_finds_the_readers_taken_and_reads_nothing(native: batch_io.BatchIO,
+                                                                   tmp_path: Path) -> None:
+    """While one caller owns the readers' mailbox (from its publish to its end), another's
+    read says False and touches nothing (it shares its batch another way); once the owner
+    is done, the readers take the next batch."""
+    n = 8
+    fd, plan, data = _slot_file(tmp_path / "slab", ["ok"] * n, random.Random(4), False)
+    readers = ResidentReaders(1, "test-r")
+    try:
+        lib, mailbox = readers._lib, readers._mailbox
+        assert lib is not None
+        first_dst, second_dst = HostBuffer(n * PAGE), HostBuffer(n * PAGE)
+        first = native.plan_read(plan, _pages(first_dst, n, True))
+        args = array.array("q", [readers_module._pointer(a) for a in first.args])
+        owned = array.array("q", (0,))
+        # owned by "another caller" from here
+        assert lib.publish(mailbox, n, 2, 0, 0, args.buffer_info()[0], owned.buffer_info()[0])
+        assert owned[0] == 1
+        second = native.plan_read(plan, _pages(second_dst, n, True))
+        second.status[:] = array.array("i", [99]) * n
+        assert not readers.read(second, 2, 0, False, 1_000_000_000)
+        assert list(second.status) == [99] * n and bytes(second_dst.view()) == bytes(n * PAGE)
+        assert lib.read(mailbox, 1_000_000_000)  # the owner's drain: every chunk done
+        lib.done(mailbox)
+        _expect_read(first, first_dst, ["ok"] * n, data)
+        assert readers.read(second, 2, 0, False, 1_000_000_000)
+        _expect_read(second, second_dst, ["ok"] * n, data)
+    finally:
+        readers.close()
+        os.close(fd)
+
+
+def test_concurrent_callers_each_read_their_own_pages(native: batch_io.BatchIO, tmp_path: Path) -> None:
+    """Callers racing for the readers: each batch is read whole and exactly once, by the
+    readers with its caller or (mailbox taken) by its caller alone."""
+    n = 12
+    fd, plan, data = _slot_file(tmp_path / "slab", ["ok"] * n, random.Random(5), False)
+    readers = ResidentReaders(1, "test-r", 50_000)
+    failures: list[str] = []
+    took = [0, 0]
+
+    def caller(who: int) -> None:
+        for _ in range(150):
+            dst = HostBuffer(n * PAGE)
+            call = native.plan_read(plan, _pages(dst, n, True))
+            call.status[:] = array.array("i", [99]) * n
+            if readers.read(call, 2, 4, False, 1_000_000_000):
+                took[who] += 1
+            else:
+                native.read_plan(call, 0, n)
+            try:
+                _expect_read(call, dst, ["ok"] * n, data)
+            except AssertionError as exc:
+                failures.append(str(exc))
+
+    try:
+        threads = [threading.Thread(target=caller, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        readers.close()
+        os.close(fd)
+    assert not failures, failures[:3]
+    assert sum(took) > 0, "the readers never took a batch"
+
+
+def test_closed_or_forked_readers_read_nothing(native: batch_io.BatchIO, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process forked from the one that started the readers has none (its read says
+    False); closing stops and joins them at once, even asleep, and later reads say False."""
+    n = 4
+    fd, plan, _ = _slot_file(tmp_path / "slab", ["ok"] * n, random.Random(6), False)
+    os.close(fd)
+    call = native.plan_read(plan, _pages(HostBuffer(n * PAGE), n, True))
+    readers = ResidentReaders(2, "test-r", 0)
+    threads = list(readers._threads)
+    assert len(threads) == 2 and all(t.is_alive() for t in threads)
+    real_pid = os.getpid()
+    monkeypatch.setattr(os, "getpid", lambda: real_pid + 1)
+    assert not readers.running and not readers.read(call, 1, 0, False, 1_000_000)
+    monkeypatch.undo()
+    time.sleep(0.002)  # both asleep on the futex
+    start = time.monotonic()
+    readers.close()
+    assert time.monotonic() - start < 1.0
+    assert not any(t.is_alive() for t in threads)
+    assert not readers.running and not readers.read(call, 1, 0, False, 1_000_000)
