@@ -608,7 +608,7 @@ void hl3_readers_wake(struct hl3_readers *r)
         readers_futex(&r->wake, FUTEX_WAKE, INT_MAX);
 }
 
-#define HL3_READERS_WOKEN_NS 1000000 /* a 128-page get plans in ~100 us; a big batch, longer */
+#define HL3_READERS_WOKEN_NS 300000 /* a 128-page get plans in ~100 us */
 
 /* A reader's life: drain every batch published while it runs; returns (0) once
  * hl3_readers_stop was called. Call with the GIL released, from a thread of its own. */

@@ -9,7 +9,7 @@ when it starts and stays there, without the GIL, until :meth:`ResidentReaders.cl
 it waits in the readers' mailbox (spinning for :data:`LINGER_NS` after a batch, then
 asleep on a futex), and drains each batch the caller publishes there, with the caller.
 :meth:`ResidentReaders.wake`, called when a get starts planning, wakes a sleeping reader,
-which then spins up to 1 ms for the batch, so that it is up when the batch is published.
+which then spins up to 300 us for the batch, so that it is up when the batch is published.
 
 One caller at a time owns the mailbox; a caller that finds it taken (another thread's
 get), or a process that is a fork of the one that started the readers, shares its batch
@@ -30,13 +30,15 @@ from hicache_l3.slab.native import LoadedOnce, PlanRead
 
 _vp, _i32, _i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
 
-LINGER_NS = 500_000
+LINGER_NS = 100_000
 """How long a reader spins for the next batch before it sleeps. A caller sends its 128-page
-batches back to back, 150-250 us apart (its Python: the result, the next keys, validation,
-the plan), and a reader asleep takes 60-90 us to wake, more than the plan that
-:meth:`ResidentReaders.wake` overlaps. A/B on 64 KiB gets (1024 pages, 30 interleaved
-repetitions): 300 us 0.994x of 1 ms, 500 us 1.001x, 2 ms 1.003x; 0 (always asleep, woken at
-each plan) 0.97x. After a burst, a reader spins this long, then sleeps on a futex."""
+batches 150-250 us apart (its Python: the result, the next keys, validation, the plan); a
+reader asleep takes 60-90 us to wake, so :meth:`ResidentReaders.wake` wakes it when the
+plan starts and it then spins up to 300 us for the batch. Spinning longer costs more than it
+saves where the other core is busy: on SGLang's controller path (each get right after the
+host pool was filled by torch and a set), 64 KiB gets with readers over gets without, in one
+run: 500 us 0.90x, 100 us 1.06x, 0 1.04x and 1.04x; back-to-back gets alone gain from a
+longer spin (500 us 1.05x, 100 us 1.045x, 0 1.02x)."""
 
 _MAILBOX_BYTES = 152  # sizeof(struct hl3_readers)
 
