@@ -377,3 +377,27 @@ def test_closed_or_forked_readers_read_nothing(native: batch_io.BatchIO, tmp_pat
     assert time.monotonic() - start < 1.0
     assert not any(t.is_alive() for t in threads)
     assert not readers.running and not readers.read(call, 1, 0, False, 1_000_000)
+
+
+def test_readers_closed_under_an_owner_keep_its_mailbox(native: batch_io.BatchIO, tmp_path: Path) -> None:
+    """Closing while a caller owns the mailbox (a get still in flight) stops the readers
+    but keeps the mailbox the caller still uses; the caller's drain and end still work."""
+    n = 4
+    fd, plan, data = _slot_file(tmp_path / "slab", ["ok"] * n, random.Random(7), False)
+    readers = ResidentReaders(1, "test-r")
+    try:
+        lib, mailbox = readers._lib, readers._mailbox
+        assert lib is not None
+        dst = HostBuffer(n * PAGE)
+        call = native.plan_read(plan, _pages(dst, n, True))
+        args = array.array("q", [readers_module._pointer(a) for a in call.args])
+        owned = array.array("q", (0,))
+        lib.publish(mailbox, n, 1, 0, 0, args.buffer_info()[0], owned.buffer_info()[0])
+        assert owned[0] == 1
+        readers.close()
+        assert readers._mailbox == mailbox  # kept
+        assert lib.read(mailbox, 1_000_000_000)  # the owner goes on with it
+        lib.done(mailbox)
+        _expect_read(call, dst, ["ok"] * n, data)
+    finally:
+        os.close(fd)
