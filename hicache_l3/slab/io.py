@@ -455,7 +455,7 @@ def _share_shape(pool: BatchPool, n: int, page_bytes: int, chunk: int = 0) -> tu
     the calling thread's wait in ns."""
     least, parts = (chunk, 0) if chunk else (max(1, SHARE_MIN_CHUNK_BYTES // max(1, page_bytes)),
                                              2 * pool.threads)
-    biggest = min(n, max(least, n // parts if parts else 0))
+    biggest = min(n, max(least, n // parts if parts else 0))  # the first chunk claimed
     return least, parts, min(SHARE_WAIT_MAX_NS, max(SHARE_WAIT_MIN_NS, biggest * page_bytes // 2))
 
 

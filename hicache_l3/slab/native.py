@@ -231,10 +231,6 @@ class Share:
         self._state = array.array("q", (0, 0, pages, chunk, parts, 0))
         self.address = self._state.buffer_info()[0]
 
-    def biggest_chunk(self) -> int:
-        """Pages of the biggest chunk a thread can claim (the first)."""
-        return min(self.pages, max(self.chunk, self.pages // self.parts if self.parts else 0))
-
     @property
     def done(self) -> int:
         """Pages of the chunks finished so far."""

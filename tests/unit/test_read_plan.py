@@ -261,6 +261,18 @@ def _expect_read(call: batch_io.PlanRead, dst: HostBuffer, damage: list[str], da
             assert got[j * PAGE:(j + 1) * PAGE] == page[SEG:] + page[:SEG]
 
 
+def _publish_as_another_caller(readers: ResidentReaders, call: batch_io.PlanRead, chunk: int) -> None:
+    """Publish ``call`` in ``readers``' mailbox (fixed chunks of ``chunk`` pages) as another
+    caller would: the mailbox is owned from here until ``done``."""
+    lib = readers._lib
+    assert lib is not None
+    args = array.array("q", [readers_module._pointer(a) for a in call.args])
+    owned = array.array("q", (0,))
+    assert lib.publish(readers._mailbox, len(call.status), chunk, 0, 0, args.buffer_info()[0],
+                       owned.buffer_info()[0])
+    assert owned[0] == 1
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(damage=st.lists(st.sampled_from(DAMAGE), min_size=1, max_size=MAX_PAGES),
        threads=st.integers(1, 2), chunk=st.integers(1, 6), guided=st.booleans(),
@@ -301,11 +313,7 @@ def test_a_second_caller_finds_the_readers_taken_and_reads_nothing(native: batch
         assert lib is not None
         first_dst, second_dst = HostBuffer(n * PAGE), HostBuffer(n * PAGE)
         first = native.plan_read(plan, _pages(first_dst, n, True))
-        args = array.array("q", [readers_module._pointer(a) for a in first.args])
-        owned = array.array("q", (0,))
-        # owned by "another caller" from here
-        assert lib.publish(mailbox, n, 2, 0, 0, args.buffer_info()[0], owned.buffer_info()[0])
-        assert owned[0] == 1
+        _publish_as_another_caller(readers, first, 2)
         second = native.plan_read(plan, _pages(second_dst, n, True))
         second.status[:] = array.array("i", [99]) * n
         assert not readers.read(second, 2, 0, False, 1_000_000_000)
@@ -390,10 +398,7 @@ def test_readers_closed_under_an_owner_keep_its_mailbox(native: batch_io.BatchIO
         assert lib is not None
         dst = HostBuffer(n * PAGE)
         call = native.plan_read(plan, _pages(dst, n, True))
-        args = array.array("q", [readers_module._pointer(a) for a in call.args])
-        owned = array.array("q", (0,))
-        lib.publish(mailbox, n, 1, 0, 0, args.buffer_info()[0], owned.buffer_info()[0])
-        assert owned[0] == 1
+        _publish_as_another_caller(readers, call, 1)
         readers.close()
         assert readers._mailbox == mailbox  # kept
         assert lib.read(mailbox, 1_000_000_000)  # the owner goes on with it
