@@ -119,6 +119,10 @@ class NixlConfig(ConnectorConfig):
     )
     fsync: Literal["none", "data", "always"] = setting("none", "file mode: durability policy")
     checksum_threads: int = setting(2, "file mode: threads computing page checksums of a batch")
+    read_agents: int = setting(
+        2, "file mode: NIXL agents sharing the bytes of one get, each on its own thread (two "
+        "agents read one slab file in parallel; sets always use one: writes to a file "
+        "serialise); 1 = the caller's agent alone; on one CPU there are no lanes")
     native_io: bool = setting(
         True, "file mode: the slot marker records of a batch in one call of "
         "the C batch library (hicache_l3._batch_io) when it is built; false: an os.pwrite / "
@@ -155,6 +159,8 @@ class NixlConfig(ConnectorConfig):
                                   "(e.g. root=/mnt/nvme/hicache)")
             if self.checksum_threads < 1:
                 raise ConfigError(f"nixl: checksum_threads must be >= 1, got {self.checksum_threads}")
+            if not 1 <= self.read_agents <= 16:
+                raise ConfigError(f"nixl: read_agents must be 1..16, got {self.read_agents}")
             if self.slab_bytes < ALIGN:
                 raise ConfigError(f"nixl: slab_bytes must be >= {ALIGN}, got {self.slab_bytes}")
         else:
@@ -573,16 +579,20 @@ class NixlConnector(Connector[NixlConfig]):
         """A function running one transfer, on the live agent at the time it runs (a
         transfer after a timeout in the same batch runs on the renewed agent)."""
         timeout = self.config.timeout_s
-        files = remote_type == "FILE"
 
         def go(local: list[Any], remote: list[Any]) -> None:
-            agent = self._live_agent()
-            if files:
-                try:
-                    agent.register_files(_row_fds(remote))
-                except Exception as exc:
-                    raise TransferError(f"NIXL could not register a slab: {type(exc).__name__}: "
-                                        f"{exc}") from None
-            agent.transfer(op, local, remote, "DRAM", remote_type, timeout)
+            run_on(self._live_agent(), op, remote_type, local, remote, timeout)
 
         return go
+
+
+def run_on(agent: Agent, op: str, remote_type: str, local: Any, remote: Any, timeout_s: float) -> None:
+    """One transfer on ``agent`` (:meth:`Agent.transfer`), the slab files its ``FILE``
+    rows name registered with that agent first (once per agent)."""
+    if remote_type == "FILE":
+        try:
+            agent.register_files(_row_fds(remote))
+        except Exception as exc:
+            raise TransferError(f"NIXL could not register a slab: {type(exc).__name__}: "
+                                f"{exc}") from None
+    agent.transfer(op, local, remote, "DRAM", remote_type, timeout_s)

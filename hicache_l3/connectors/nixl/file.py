@@ -33,6 +33,11 @@ fingerprints included, in one C call. Without them (``native_io=false``, or a li
 that predates the helpers) every step is the per-page Python path: the reference the
 tests compare with (tests/nixl/test_nixl_plan.py).
 
+A get of 4 MiB or more is shared by the read lanes (:mod:`~hicache_l3.connectors.nixl.lanes`,
+``read_agents``): its rows cut in two (or more) parts of equal bytes, one moved by the
+caller's agent, the others by agents on resident threads, at once (reads of one slab file
+run in parallel; writes serialise in the kernel, so a set stays one transfer).
+
 Checksums: ``checksum=auto`` means none here. Measured on this machine, XXH3 over a
 batch runs at ~10 GB/s on one core and does not overlap with the transfer, which
 would cost 35-45% of get throughput against raw NIXL; the slot markers already catch
@@ -45,6 +50,7 @@ from __future__ import annotations
 
 import array
 import errno
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -55,6 +61,7 @@ from hicache_l3.common.connector import Capabilities
 from hicache_l3.common.errors import Reason
 from hicache_l3.common.integrity import key_fingerprint, page_checksum
 from hicache_l3.common.keys import Namespace
+from hicache_l3.common.memory import MemoryRegion
 from hicache_l3.common.pages import Page
 from hicache_l3.common.parallel import BatchPool
 from hicache_l3.connectors.nixl import batch_lib
@@ -66,7 +73,9 @@ from hicache_l3.connectors.nixl.base import (
     NixlConnector,
     TransferError,
     run_flat,
+    run_on,
 )
+from hicache_l3.connectors.nixl.lanes import SHARE_MIN_BYTES, ReadLanes, split_rows
 from hicache_l3.slab import native
 from hicache_l3.slab.engine import SlabConnector
 from hicache_l3.slab.format import RECORD_BYTES, Entry, encode_markers, expected_markers
@@ -120,8 +129,10 @@ class NixlTransport(SlotTransport):
 
     def __init__(self, transfer: Callable[[str], Callable[[list[Any], list[Any]], None]],
                  max_descs: int, checksum_threads: int, lib: native.BatchIO | None = None,
-                 helpers: batch_lib.NixlBatchLib | None = None) -> None:
+                 helpers: batch_lib.NixlBatchLib | None = None,
+                 share_read: Callable[[Any, Any], bool] | None = None) -> None:
         self._transfer, self.max_descs, self.lib, self.helpers = transfer, max_descs, lib, helpers
+        self._share_read = share_read
         self._pool = BatchPool(checksum_threads, "hicache-nixl-csum", min_share=4)
         if lib is not None:
             self.name = f"{self.name}, markers by the C batch library"
@@ -315,7 +326,9 @@ class NixlTransport(SlotTransport):
         local, remote = helpers.rows(segments, at, fds, offsets, MERGE_MAX_BYTES, arrays=True)
         if len(local) <= self.max_descs:
             try:
-                transfer(local, remote)
+                share = self._share_read if reread else None
+                if share is None or not share(local, remote):  # (the read lanes: lanes.py)
+                    transfer(local, remote)
                 return None
             except TransferError as exc:
                 if exc.reason is Reason.TIMEOUT:
@@ -366,6 +379,8 @@ class NixlTransport(SlotTransport):
 class NixlFileConnector(SlabConnector, NixlConnector):
     """Pages in slab files under ``root``, moved by NIXL's POSIX plugin (module docstring)."""
 
+    _lanes: ReadLanes | None = None
+
     def __init__(self, config: NixlConfig, namespace: Namespace) -> None:
         super().__init__(config, namespace)
         self.checksum_writes = config.use_checksum()
@@ -380,9 +395,53 @@ class NixlFileConnector(SlabConnector, NixlConnector):
             self._log.warning("nixl-helpers", "nixl: %s; file mode takes its per-page Python path "
                               "(about 0.65x raw NIXL at 64 KiB against ~0.8x)",
                               batch_lib.unavailable_reason())
+        # the read lanes share a get's bytes (lanes.py); they serve the rows the C helpers build
+        self._lanes: ReadLanes | None = None
+        if helpers is not None and config.read_agents > 1 and len(os.sched_getaffinity(0)) > 1:
+            self._lanes = ReadLanes([Agent("POSIX", self._agent_params, abandon_on_timeout=True)
+                                     for _ in range(config.read_agents - 1)], self._renew_agent)
         self.transport = NixlTransport(lambda op: self._xfer(op, "FILE"), config.max_descs,
-                                       config.checksum_threads, lib, helpers)
-        self._init_slab_root(config.root, config.capacity_bytes)
+                                       config.checksum_threads, lib, helpers,
+                                       self._share_read if self._lanes is not None else None)
+        try:
+            self._init_slab_root(config.root, config.capacity_bytes)
+        except BaseException:
+            if self._lanes is not None:
+                self._lanes.close()
+            raise
+
+    def _share_read(self, local: Any, remote: Any) -> bool:
+        """Move the read rows ``local``/``remote`` (``m x 3`` arrays) split between the
+        caller's agent and the read lanes (:mod:`~hicache_l3.connectors.nixl.lanes`); False
+        (nothing moved) when the read is too small to share or the lanes are taken. A
+        TransferError as one transfer would raise it: a timeout of any part first."""
+        lanes = self._lanes
+        if lanes is None or not hasattr(local, "shape") or not len(local):
+            return False
+        parts = min(len(lanes) + 1, int(local[:, 1].sum()) // SHARE_MIN_BYTES)
+        if parts < 2:
+            return False
+        pieces = split_rows(local, remote, parts)
+        if len(pieces) < 2:
+            return False
+        own, timeout = self._xfer("READ", "FILE"), self.config.timeout_s
+        try:
+            return lanes.run(lambda: own(*pieces[0]),
+                             [functools.partial(_lane_read, piece, timeout) for piece in pieces[1:]])
+        except TransferError:
+            raise
+        except Exception as exc:  # a lane's agent could not be renewed
+            raise TransferError(f"NIXL read lanes failed: {type(exc).__name__}: {exc}") from None
+
+    def _register(self, region: MemoryRegion) -> None:
+        super()._register(region)
+        for agent in self._lanes.agents if self._lanes is not None else ():
+            agent.register_dram(region)
+
+    def _unregister(self, region: MemoryRegion) -> None:
+        super()._unregister(region)
+        for agent in self._lanes.agents if self._lanes is not None else ():
+            agent.deregister_dram(region)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -397,6 +456,8 @@ class NixlFileConnector(SlabConnector, NixlConnector):
         )
 
     def _close(self) -> None:
+        if self._lanes is not None:
+            self._lanes.close()
         self.agent.close()  # deregisters the slab files before the store closes them
         super()._close()
 
@@ -404,4 +465,13 @@ class NixlFileConnector(SlabConnector, NixlConnector):
         return {"mode": "file", "posix_engine": self.config.posix_engine,
                 "checksum": self.checksum_writes, "registered_files": self.agent.registered_files,
                 "planned_get": self.transport.reads_plans,
-                "agent_renewals": self.agent_renewals, **self._slab_stats()}
+                "agent_renewals": self.agent_renewals,
+                "read_lanes": len(self._lanes) if self._lanes is not None else 0,
+                "lane_shared_gets": self._lanes.shared if self._lanes is not None else 0,
+                "lane_renewals": self._lanes.renewals if self._lanes is not None else 0,
+                **self._slab_stats()}
+
+
+def _lane_read(piece: tuple[Any, Any], timeout_s: float, agent: Agent) -> None:
+    """A read lane's share of a get: its rows read on the lane's agent."""
+    run_on(agent, "READ", "FILE", piece[0], piece[1], timeout_s)

@@ -1,0 +1,185 @@
+"""Read lanes of nixl file mode: extra NIXL agents, each on a resident thread of its own,
+that move a share of one get's bytes while the caller's agent moves the rest.
+
+Why. NIXL's POSIX plugin runs a transfer in the thread that posts it, and an agent in
+strict sync mode serialises its callers. Two agents reading one slab file at once do run
+in parallel (reads take the inode's lock shared). Measured here (Intel Xeon, 2 cores,
+64 KiB pages, 128 a batch, raw NIXL, one file): one transfer of the batch 1228-1232 us;
+the batch split in two transfers on one agent from two threads 1389-1411 us; on two
+agents 763-785 us. Writes to one file serialise in the kernel whatever the agents, so a
+set keeps one transfer.
+
+How. :func:`split_rows` cuts a transfer's rows (``m x 3`` arrays: address or offset,
+length, device) into parts of about equal bytes; :meth:`ReadLanes.run` hands part ``i +
+1`` to lane ``i`` and runs part 0 on the caller, then waits for every lane. A lane's
+thread sleeps on a semaphore between gets (woken in tens of microseconds, against a
+transfer of a millisecond or more: shares below :data:`SHARE_MIN_BYTES` are not split).
+
+Rules a get relies on:
+
+* ``run`` returns, or raises, only once no lane is still moving bytes of its call: an
+  interruption of the caller waits for the lanes first, so nothing writes into the
+  caller's pages after the get ends (the conformance suite's interrupted-get test);
+* one caller at a time: a get that finds the lanes taken (another thread's get) is told
+  so and moves its batch alone, as does a forked child (the threads are the parent's);
+* a lane whose agent timed out or was interrupted (poisoned: never called again, see
+  :class:`~hicache_l3.connectors.nixl.base.Agent`) gets a fresh agent before its next
+  share, from the connector's ``renew``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hicache_l3.connectors.nixl.base import Agent
+
+SHARE_MIN_BYTES = 2 << 20  # a get moving less than this per lane goes alone (the wake-up is ~40 us)
+ALIGN = 4096  # parts are cut on this byte boundary of the transfer
+
+
+def split_rows(local: Any, remote: Any, parts: int, align: int = ALIGN) -> list[tuple[Any, Any]]:
+    """``local`` and ``remote`` (``m x 3`` uint64 numpy arrays of the same rows' two
+    sides, lengths in column 1) cut into at most ``parts`` transfers of about equal
+    bytes, cut on multiples of ``align`` bytes of the transfer (a row crossing a cut is
+    split in two rows): together the parts move exactly the bytes of the rows, to the
+    same places. Fewer parts when the rows hold fewer than ``parts`` aligned pieces."""
+    import numpy
+
+    lengths = local[:, 1]
+    ends = numpy.cumsum(lengths, dtype=numpy.uint64)
+    total = int(ends[-1]) if len(ends) else 0
+    cuts = sorted({total * i // parts // align * align for i in range(1, parts)} - {0, total})
+    bounds = [0, *cuts, total]
+    out = []
+    for a, b in itertools.pairwise(bounds):
+        first = int(numpy.searchsorted(ends, a, side="right"))  # the row holding byte a
+        last = int(numpy.searchsorted(ends, b, side="left"))  # the row holding byte b - 1
+        lo, ro = local[first:last + 1].copy(), remote[first:last + 1].copy()
+        skip = a - (int(ends[first]) - int(lengths[first]))
+        over = int(ends[last]) - b
+        for rows in (lo, ro):
+            rows[0, 0] += skip
+            rows[0, 1] -= skip
+            rows[-1, 1] -= over
+        out.append((lo, ro))
+    return out
+
+
+class _Lane:
+    """One resident thread with its own agent, running one share at a time."""
+
+    def __init__(self, agent: Agent, name: str) -> None:
+        self.agent = agent
+        self.wake = threading.Semaphore(0)
+        self.done = threading.Semaphore(0)
+        self.job: Callable[[Agent], None] | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            self.wake.acquire()
+            job = self.job
+            if job is None:
+                return
+            try:
+                job(self.agent)
+                self.error = None
+            except BaseException as exc:  # handed to the caller, which raises it
+                self.error = exc
+            finally:
+                self.job = None
+                self.done.release()
+
+
+class ReadLanes:
+    """``len(agents)`` lanes (module docstring). ``renew(agent)`` gives a fresh agent for
+    a poisoned one (the connector's, with every host region registered); ``renewals``
+    counts them."""
+
+    def __init__(self, agents: Sequence[Agent], renew: Callable[[Agent], Agent]) -> None:
+        self._renew = renew
+        self._lanes = [_Lane(agent, f"hicache-nixl-lane-{k}") for k, agent in enumerate(agents)]
+        self._taken = threading.Lock()
+        self._pid = os.getpid()
+        self._closed = False
+        self.renewals = 0
+        self.shared = 0  # gets whose bytes the lanes shared
+
+    def __len__(self) -> int:
+        return len(self._lanes)
+
+    @property
+    def agents(self) -> list[Agent]:
+        """The lanes' agents now (to register or deregister host regions with)."""
+        return [lane.agent for lane in self._lanes]
+
+    def run(self, own: Callable[[], None], shares: Sequence[Callable[[Agent], None]]) -> bool:
+        """Run ``shares[i]`` on lane ``i`` (with its agent) and ``own`` on the calling
+        thread, all at once; False, having run nothing, when the lanes are taken, closed,
+        too few, or this process is a fork of the one that made them. Returns only once
+        every share has ended; then raises the caller's own exception if ``own`` raised,
+        else the first lane's."""
+        if len(shares) > len(self._lanes) or self._closed or os.getpid() != self._pid \
+                or not self._taken.acquire(blocking=False):
+            return False
+        started: list[_Lane] = []
+        try:
+            for lane, share in zip(self._lanes, shares):
+                if lane.agent.poisoned:
+                    lane.agent = self._renew(lane.agent)
+                    self.renewals += 1
+                lane.job = share
+                started.append(lane)
+                lane.wake.release()
+            own_error: BaseException | None = None
+            try:
+                own()
+            except BaseException as exc:
+                own_error = exc
+        finally:
+            interrupted = _wait_all(started)
+            self._taken.release()
+        self.shared += 1
+        if own_error is not None:
+            raise own_error
+        for lane in started:
+            if lane.error is not None:
+                raise lane.error
+        if interrupted is not None:
+            raise interrupted
+        return True
+
+    def close(self) -> None:
+        """Stop the threads (a share in flight ends first) and close the lanes' agents."""
+        with self._taken:
+            if self._closed:
+                return
+            self._closed = True
+        if os.getpid() != self._pid:
+            return
+        for lane in self._lanes:
+            lane.job = None
+            lane.wake.release()
+        for lane in self._lanes:
+            lane.thread.join()
+            lane.agent.close()
+
+
+def _wait_all(lanes: Sequence[_Lane]) -> BaseException | None:
+    """Wait until every lane of ``lanes`` has ended its share, through interruptions (the
+    first is returned, to be raised once the lanes are done)."""
+    pending: BaseException | None = None
+    for lane in lanes:
+        while True:
+            try:
+                lane.done.acquire()
+                break
+            except BaseException as exc:  # (KeyboardInterrupt): the lane still moves bytes
+                pending = pending or exc
+    return pending

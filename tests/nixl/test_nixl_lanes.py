@@ -1,0 +1,207 @@
+"""nixl file mode's read lanes (connectors/nixl/lanes.py): a get's bytes split between
+the caller's agent and lane agents on their own threads, with NIXL's real POSIX plugin.
+The split moves exactly the rows' bytes; a shared get is byte-exact; a lane's engine
+error falls back to one agent, a lane's timeout times the batch out and the lane gets a
+fresh agent; taken lanes, one agent, an interrupted get."""
+
+from __future__ import annotations
+
+import random
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hicache_l3 import open_connector
+from hicache_l3.common.errors import ConfigError, Reason
+from hicache_l3.common.keys import Namespace
+from hicache_l3.common.memory import HostBuffer
+from hicache_l3.conformance import ConnectorTests
+from hicache_l3.conformance.suite import Pages, _sigint_raises
+from hicache_l3.connectors.nixl.base import TransferError
+from hicache_l3.connectors.nixl.lanes import SHARE_MIN_BYTES, split_rows
+
+P = 64 << 10
+N = 128  # 8 MiB: two shares of SHARE_MIN_BYTES or more
+
+
+def _ns() -> Namespace:
+    return Namespace(model="lanes/m", kv_dtype="bf16", layout="page_first", page_size=16,
+                     tag=f"l{uuid.uuid4().hex[:10]}")
+
+
+def _stored(root: Path, backwards: bool = False,
+            **extra: Any) -> tuple[Any, list[str], HostBuffer, list[Any], bytes]:
+    """A connector with N pages stored (backwards: no two rows of a get join), its keys,
+    buffer, pages and the bytes set."""
+    conn = open_connector("nixl", _ns(), {"root": str(root), **extra})
+    buf = HostBuffer(N * P)
+    buf.view()[:] = random.Random(3).randbytes(N * P)
+    order = range(N - 1, -1, -1) if backwards else range(N)
+    pages = [((buf.address + i * P, P),) for i in order]
+    keys = [f"lane-{i}" for i in range(N)]
+    conn.register(buf)
+    assert conn.batch_set(keys, pages) == [True] * N
+    return conn, keys, buf, pages, bytes(buf.view())
+
+
+def _bytes_of(local: Any, remote: Any) -> list[tuple[int, int, int]]:
+    """Every byte a transfer moves: (local address, remote offset, device)."""
+    out = []
+    for (addr, n, _), (off, m, dev) in zip(local.tolist(), remote.tolist()):
+        assert n == m > 0
+        out += [(addr + k, off + k, dev) for k in range(n)]
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(1, 40), st.integers(0, 1 << 20),
+                          st.integers(3, 5)), min_size=1, max_size=12),
+       st.integers(1, 5), st.integers(1, 8))
+def test_split_rows_moves_exactly_the_rows_bytes(rows: list[tuple[int, int, int, int]], parts: int,
+                                                 align: int) -> None:
+    local = numpy.array([(a, n, 0) for a, n, _, _ in rows], dtype=numpy.uint64)
+    remote = numpy.array([(o, n, d) for _, n, o, d in rows], dtype=numpy.uint64)
+    pieces = split_rows(local, remote, parts, align)
+    assert 1 <= len(pieces) <= parts
+    moved = [b for lo, ro in pieces for b in _bytes_of(lo, ro)]
+    assert moved == _bytes_of(local, remote)  # the same bytes, in order, each once
+    total = sum(n for _, n, _, _ in rows)
+    for lo, _ in pieces[:-1]:  # each cut on the alignment
+        assert int(lo[:, 1].sum()) % align == 0 or total < align
+    assert local.tolist() == [[a, n, 0] for a, n, _, _ in rows]  # the input is left as it was
+
+
+@pytest.mark.parametrize("backwards", [False, True])
+def test_a_big_get_is_shared_by_the_lanes_byte_exact(tmp_path: Path, backwards: bool) -> None:
+    conn, keys, buf, pages, want = _stored(tmp_path, backwards)
+    with conn:
+        assert conn.stats()["engine"]["read_lanes"] == 1
+        for _ in range(3):
+            buf.view()[:] = bytes(N * P)
+            assert conn.batch_get(keys, pages) == [True] * N
+            assert bytes(buf.view()) == want
+        assert conn.stats()["engine"]["lane_shared_gets"] == 3
+
+
+def test_a_small_get_goes_alone(tmp_path: Path) -> None:
+    conn, keys, buf, pages, want = _stored(tmp_path)
+    with conn:
+        small = SHARE_MIN_BYTES // P  # half of what two shares need
+        buf.view()[:] = bytes(N * P)
+        assert conn.batch_get(keys[:small], pages[:small]) == [True] * small
+        assert bytes(buf.view())[:small * P] == want[:small * P]
+        assert conn.stats()["engine"]["lane_shared_gets"] == 0
+
+
+def _break_lane(conn: Any, reason: Reason) -> list[int]:
+    """Make the lane's agent fail its next transfers with ``reason`` (a timeout poisons it,
+    as a real one does); the list counts the failed calls."""
+    agent = conn._lanes.agents[0]
+    calls: list[int] = []
+
+    def transfer(*_: Any) -> None:
+        calls.append(1)
+        if reason is Reason.TIMEOUT:
+            agent.poisoned = True
+        raise TransferError("injected", reason)
+
+    agent.transfer = transfer
+    return calls
+
+
+def test_a_lane_engine_error_falls_back_to_one_agent(tmp_path: Path) -> None:
+    conn, keys, buf, pages, want = _stored(tmp_path)
+    with conn:
+        calls = _break_lane(conn, Reason.ENGINE_ERROR)
+        buf.view()[:] = bytes(N * P)
+        assert conn.batch_get(keys, pages) == [True] * N
+        assert bytes(buf.view()) == want
+        assert calls == [1]
+
+
+def test_a_lane_timeout_times_out_the_batch_and_renews_the_lane(tmp_path: Path) -> None:
+    conn, keys, buf, pages, want = _stored(tmp_path)
+    with conn:
+        old = conn._lanes.agents[0]
+        _break_lane(conn, Reason.TIMEOUT)
+        assert conn.batch_reasons("get", keys, pages) == [Reason.TIMEOUT] * N
+        buf.view()[:] = bytes(N * P)
+        assert conn.batch_get(keys, pages) == [True] * N
+        assert bytes(buf.view()) == want
+        engine = conn.stats()["engine"]
+        assert engine["lane_renewals"] == 1 and engine["agent_renewals"] == 0
+        assert conn._lanes.agents[0] is not old
+
+
+def test_taken_lanes_leave_the_get_to_its_caller(tmp_path: Path) -> None:
+    conn, keys, buf, pages, want = _stored(tmp_path)
+    with conn:
+        with conn._lanes._taken:  # another caller's get holds them
+            buf.view()[:] = bytes(N * P)
+            assert conn.batch_get(keys, pages) == [True] * N
+        assert bytes(buf.view()) == want
+        assert conn.stats()["engine"]["lane_shared_gets"] == 0
+
+
+def test_concurrent_gets_are_each_byte_exact(tmp_path: Path) -> None:
+    conn, keys, _, _, want = _stored(tmp_path)
+    with conn:
+        half = N // 2
+        dst = [HostBuffer(half * P) for _ in range(2)]
+        for d in dst:
+            conn.register(d)
+        errors: list[str] = []
+
+        def reader(k: int) -> None:
+            mine = [((dst[k].address + i * P, P),) for i in range(half)]
+            for _ in range(20):
+                dst[k].view()[:] = bytes(half * P)
+                if conn.batch_get(keys[k * half:(k + 1) * half], mine) != [True] * half \
+                        or bytes(dst[k].view()) != want[k * half * P:(k + 1) * half * P]:
+                    errors.append(f"reader {k}")
+
+        threads = [threading.Thread(target=reader, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+
+
+def test_one_read_agent_means_no_lanes_and_bad_counts_are_refused(tmp_path: Path) -> None:
+    conn, keys, buf, pages, want = _stored(tmp_path, read_agents=1)
+    with conn:
+        buf.view()[:] = bytes(N * P)
+        assert conn.batch_get(keys, pages) == [True] * N
+        assert bytes(buf.view()) == want
+        assert conn.stats()["engine"]["read_lanes"] == 0
+    with pytest.raises(ConfigError, match="read_agents"):
+        open_connector("nixl", _ns(), {"root": str(tmp_path / "x"), "read_agents": 0})
+
+
+# (the injected interrupt may land in a finalizer the garbage collector runs: see the suite's test)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_an_interrupted_shared_get_leaves_no_lane_writing(tmp_path: Path) -> None:
+    """The conformance suite's interrupted-get check on gets the lanes share: once the
+    interrupt reaches the caller, no lane still writes into its pages."""
+    import _thread
+
+    conn = open_connector("nixl", _ns(), {"root": str(tmp_path)})
+    with conn:
+        keys = [f"intr-{i}" for i in range(N)]
+        pages = Pages(conn, P, N)
+        pages.fill(keys)
+        assert conn.batch_set(keys, pages.pages) == [True] * N
+        with _sigint_raises():
+            interrupted = ConnectorTests._interrupt_gets(conn, keys, pages, _thread.interrupt_main)
+        assert interrupted > 0, "no interrupt landed: the test saw nothing"
+        assert conn.stats()["engine"]["lane_shared_gets"] > 0
+        pages.wipe()
+        assert conn.batch_get(keys, pages.pages) == [True] * N
+        assert all(pages.matches(i, k) for i, k in enumerate(keys))
