@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
-from hicache_l3.slab.clock import Clock, iota, is_run
+from hicache_l3.slab.clock import Clock, Clocks, iota, is_run
 from hicache_l3.slab.files import SlabFiles, is_real_dir, make_dir, open_file, parse_writer_name, writer_name
 from hicache_l3.slab.format import (
     DEL,
@@ -59,6 +59,7 @@ _new_slot = functools.partial(tuple.__new__, Slot)
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)  # of a (slab, slot) pair
 
 PREALLOCATE_CHUNK = 32 << 20  # slab space is reserved as slots are first used: doubling, this at most
+SPLIT_MIN_SLOTS = 1024  # slabs this big or bigger: two clocks, a batch's slots in two files (clock.py)
 COMPACT_MIN_BYTES = 4 << 20  # a writer's log is rewritten once larger than this and 3x its live part
 
 
@@ -85,7 +86,11 @@ class SlabStore:
     ``capacity_bytes`` bounds this writer's slabs (each writer process has its own),
     counted as :attr:`~hicache_l3.slab.format.Geometry.stride` (data area plus marker
     record) per slot: a slab file's last, partial group of slots spans up to one marker
-    table (64 KiB) more; when full, the least recently used own slot is reused. ``fsync`` is ``"none"``
+    table (64 KiB) more; when full, the least recently used own slot is reused. A capacity
+    of two slabs or less is cut into two slabs when each then holds SPLIT_MIN_SLOTS slots
+    or more, and with slabs that big a batch's victims come from two slab files
+    (:class:`~hicache_l3.slab.clock.Clocks`): the kernel serialises writes to one file,
+    not to two. ``fsync`` is ``"none"``
     (page cache only), ``"data"`` (slabs synced before index records are published) or
     ``"always"`` (the index log synced too).
     """
@@ -113,8 +118,10 @@ class SlabStore:
         stride = self.geometry.stride
         self.slots_per_slab = max(1, slab_bytes // stride)
         self.max_slots = None if capacity_bytes is None else max(1, capacity_bytes // stride)
-        if self.max_slots is not None:
-            self.slots_per_slab = min(self.slots_per_slab, self.max_slots)
+        if self.max_slots is not None:  # two slabs at least where that gives them SPLIT_MIN_SLOTS
+            half = -(-self.max_slots // 2)
+            self.slots_per_slab = min(self.slots_per_slab,
+                                      half if half >= SPLIT_MIN_SLOTS else self.max_slots)
         self.files = SlabFiles(self.writers_dir, self.geometry.packed)
         self.index = SlabIndex(self.writers_dir, self.files, self._index_capacity())
         self.index.on_free = self._release
@@ -126,7 +133,7 @@ class SlabStore:
         self._log_fd = -1
         # own pages' recency: CLOCK, one byte per slot (the page's key is not held, the
         # index has its digest)
-        self._clock = Clock(self.slots_per_slab)
+        self._clock = self._new_clock(self.slots_per_slab)
         self._free: list[tuple[int, int]] = []
         self._n_slabs = 0
         self._allocated: dict[int, int] = {}  # own slab -> bytes preallocated from its start
@@ -134,6 +141,15 @@ class SlabStore:
         self.evictions = 0
         self.compactions = 0
         make_dir(self.writers_dir, exist_ok=True)
+
+    def _new_clock(self, stride: int) -> Clock | Clocks:
+        """The recency of own slots: :class:`~hicache_l3.slab.clock.Clocks` (a batch's
+        victims in two slab files, written at once) when slabs hold SPLIT_MIN_SLOTS slots
+        or more and the capacity allows two; else one :class:`~hicache_l3.slab.clock.Clock`
+        (small stores keep one least-recently-used order)."""
+        if stride >= SPLIT_MIN_SLOTS and (self.max_slots is None or self.max_slots > stride):
+            return Clocks(stride)
+        return Clock(stride)
 
     def _index_capacity(self) -> int | None:
         """Pages the namespace's index table is expected to hold at most (its growth
@@ -608,11 +624,11 @@ class SlabStore:
         # one byte per slot of every slab: as wide as the widest slab found (an earlier
         # run may have used bigger slabs) and the highest own slot
         stride = max([self.slots_per_slab, *sizes, *(slot + 1 for _, slot in live)])
-        clock = self._clock = Clock(stride)
+        clock = self._clock = self._new_clock(stride)
         clock.grow(self._n_slabs)
         clock.add(live)
         if live:  # the hand starts past the newest page: the oldest pages go first
-            clock.hand = clock.index(*live[-1]) + 1
+            clock.start_past(live)
         for slab, slots in enumerate(sizes):
             self._free.extend((slab, s) for s in reversed(range(slots)) if (slab, s) not in clock)
         return True

@@ -24,7 +24,9 @@ from hicache_l3.common.memory import HostBuffer
 from hicache_l3.conformance import ConnectorTests
 from hicache_l3.conformance.suite import Pages, _sigint_raises
 from hicache_l3.connectors.nixl.base import TransferError
-from hicache_l3.connectors.nixl.lanes import SHARE_MIN_BYTES, split_rows
+from hicache_l3.connectors.nixl.lanes import SHARE_MIN_BYTES, by_file, split_rows
+from hicache_l3.slab.format import Geometry
+from hicache_l3.slab.store import SPLIT_MIN_SLOTS
 
 P = 64 << 10
 N = 128  # 8 MiB: two shares of SHARE_MIN_BYTES or more
@@ -77,6 +79,25 @@ def test_split_rows_moves_exactly_the_rows_bytes(rows: list[tuple[int, int, int,
     assert local.tolist() == [[a, n, 0] for a, n, _, _ in rows]  # the input is left as it was
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 1 << 20), st.integers(3, 6)), min_size=1, max_size=16),
+       st.integers(1, 4))
+def test_by_file_deals_each_file_whole_to_one_part(rows: list[tuple[int, int]], parts: int) -> None:
+    local = numpy.array([(0x1000 * k, n, 0) for k, (n, _) in enumerate(rows)], dtype=numpy.uint64)
+    remote = numpy.array([(0x2000 * k, n, fd) for k, (n, fd) in enumerate(rows)], dtype=numpy.uint64)
+    pieces = by_file(local, remote, parts)
+    files = {fd for _, fd in rows}
+    assert len(pieces) == min(parts, len(files))
+    seen: list[int] = []
+    for lo, ro in pieces:
+        assert len(lo) == len(ro) > 0 and (lo[:, 1] == ro[:, 1]).all()
+        here = {int(fd) for fd in ro[:, 2]}
+        assert not here & set(seen)  # a file in one part only
+        seen += here
+        assert ro[:, 0].tolist() == sorted(ro[:, 0].tolist())  # each file's rows in their order
+    assert sorted(int(r[0]) for _, ro in pieces for r in ro) == sorted(int(r[0]) for r in remote)
+
+
 @pytest.mark.parametrize("backwards", [False, True])
 def test_a_big_get_is_shared_by_the_lanes_byte_exact(tmp_path: Path, backwards: bool) -> None:
     conn, keys, buf, pages, want = _stored(tmp_path, backwards)
@@ -86,7 +107,7 @@ def test_a_big_get_is_shared_by_the_lanes_byte_exact(tmp_path: Path, backwards: 
             buf.view()[:] = bytes(N * P)
             assert conn.batch_get(keys, pages) == [True] * N
             assert bytes(buf.view()) == want
-        assert conn.stats()["engine"]["lane_shared_gets"] == 3
+        assert conn.stats()["engine"]["lane_shared_batches"] == 3
 
 
 def test_a_small_get_goes_alone(tmp_path: Path) -> None:
@@ -96,7 +117,7 @@ def test_a_small_get_goes_alone(tmp_path: Path) -> None:
         buf.view()[:] = bytes(N * P)
         assert conn.batch_get(keys[:small], pages[:small]) == [True] * small
         assert bytes(buf.view())[:small * P] == want[:small * P]
-        assert conn.stats()["engine"]["lane_shared_gets"] == 0
+        assert conn.stats()["engine"]["lane_shared_batches"] == 0
 
 
 def _break_lane(conn: Any, reason: Reason) -> list[int]:
@@ -146,7 +167,7 @@ def test_taken_lanes_leave_the_get_to_its_caller(tmp_path: Path) -> None:
             buf.view()[:] = bytes(N * P)
             assert conn.batch_get(keys, pages) == [True] * N
         assert bytes(buf.view()) == want
-        assert conn.stats()["engine"]["lane_shared_gets"] == 0
+        assert conn.stats()["engine"]["lane_shared_batches"] == 0
 
 
 def test_concurrent_gets_are_each_byte_exact(tmp_path: Path) -> None:
@@ -201,7 +222,64 @@ def test_an_interrupted_shared_get_leaves_no_lane_writing(tmp_path: Path) -> Non
         with _sigint_raises():
             interrupted = ConnectorTests._interrupt_gets(conn, keys, pages, _thread.interrupt_main)
         assert interrupted > 0, "no interrupt landed: the test saw nothing"
-        assert conn.stats()["engine"]["lane_shared_gets"] > 0
+        assert conn.stats()["engine"]["lane_shared_batches"] > 0
         pages.wipe()
         assert conn.batch_get(keys, pages.pages) == [True] * N
         assert all(pages.matches(i, k) for i, k in enumerate(keys))
+
+
+# ---- sets: a batch's slots in two slab files, written by two agents at once ----------------
+def _full(root: Path) -> tuple[Any, HostBuffer, list[Any]]:
+    """A connector whose store (two slabs) is at capacity: the next batch evicts from both."""
+    stride = Geometry(P).stride
+    conn = open_connector("nixl", _ns(), {"root": str(root), "capacity_bytes": 2 * SPLIT_MIN_SLOTS * stride})
+    buf = HostBuffer(N * P)
+    buf.view()[:] = random.Random(4).randbytes(N * P)
+    pages = [((buf.address + i * P, P),) for i in range(N)]
+    conn.register(buf)
+    for lo in range(0, 2 * SPLIT_MIN_SLOTS, N):
+        assert conn.batch_set([f"fill-{lo + i}" for i in range(N)], pages) == [True] * N
+    return conn, buf, pages
+
+
+def test_a_set_at_capacity_is_written_by_two_agents_byte_exact(tmp_path: Path) -> None:
+    conn, buf, pages = _full(tmp_path)
+    with conn:
+        want = bytes(buf.view())
+        shared = conn.stats()["engine"]["lane_shared_batches"]
+        keys = [f"new-{i}" for i in range(N)]
+        assert conn.batch_set(keys, pages) == [True] * N
+        assert conn.stats()["engine"]["lane_shared_batches"] == shared + 1
+        assert {e.slab for e in (conn._store.lookup(keys)[i].entry for i in (0, N - 1))} == {0, 1}
+        buf.view()[:] = bytes(N * P)
+        assert conn.batch_get(keys, pages) == [True] * N
+        assert bytes(buf.view()) == want
+
+
+def test_a_lane_write_timeout_holds_every_slot_of_the_batch(tmp_path: Path) -> None:
+    conn, buf, pages = _full(tmp_path)
+    with conn:
+        want = bytes(buf.view())
+        _break_lane(conn, Reason.TIMEOUT)
+        keys = [f"late-{i}" for i in range(N)]
+        assert conn.batch_reasons("set", keys, pages) == [Reason.TIMEOUT] * N
+        assert conn.batch_exists(keys) == [False] * N
+        assert conn.stats()["engine"]["quarantined_slots"] == N  # never reused: a write may land
+        assert conn.batch_set(keys, pages) == [True] * N  # a fresh lane agent
+        assert conn.stats()["engine"]["lane_renewals"] == 1
+        buf.view()[:] = bytes(N * P)
+        assert conn.batch_get(keys, pages) == [True] * N
+        assert bytes(buf.view()) == want
+
+
+def test_a_lane_write_error_falls_back_to_one_agent(tmp_path: Path) -> None:
+    conn, buf, pages = _full(tmp_path)
+    with conn:
+        want = bytes(buf.view())
+        calls = _break_lane(conn, Reason.ENGINE_ERROR)
+        keys = [f"retry-{i}" for i in range(N)]
+        assert conn.batch_set(keys, pages) == [True] * N
+        assert calls == [1]
+        buf.view()[:] = bytes(N * P)
+        assert conn.batch_get(keys, pages) == [True] * N
+        assert bytes(buf.view()) == want

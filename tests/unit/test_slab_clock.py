@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hicache_l3.common.keys import Namespace
-from hicache_l3.slab.clock import ABSENT, COLD, HOT, Clock
+from hicache_l3.slab.clock import ABSENT, COLD, HOT, Clock, Clocks
 from hicache_l3.slab.format import Geometry
-from hicache_l3.slab.store import SlabStore
+from hicache_l3.slab.store import SPLIT_MIN_SLOTS, SlabStore
 
 SLABS, STRIDE = 3, 7
 
@@ -192,3 +192,103 @@ def test_iota_and_is_run(first: int, n: int, other: list[int]) -> None:
     col = array.array("Q", other)
     assert is_run(col, first, len(other)) == (other == list(range(first, first + len(other))))
     assert is_run(other, first, len(other)) == (other == list(range(first, first + len(other))))
+
+
+# ---- Clocks: the even slabs' CLOCK and the odd slabs', victims from both ---------------------
+SPLIT_SLABS = 4
+
+split_ops = st.lists(st.one_of(
+    st.tuples(st.just("add"), st.lists(st.integers(0, SPLIT_SLABS * STRIDE - 1), max_size=12, unique=True)),
+    st.tuples(st.just("touch"), st.lists(st.integers(0, SPLIT_SLABS * STRIDE - 1), max_size=10)),
+    st.tuples(st.just("touch_cols"), st.lists(st.integers(0, SPLIT_SLABS * STRIDE - 1), max_size=12)),
+    st.tuples(st.just("discard"), st.integers(0, SPLIT_SLABS * STRIDE - 1)),
+    st.tuples(st.just("evict"), st.integers(0, 2 * SPLIT_SLABS * STRIDE)),
+), max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(split_ops)
+def test_clocks_are_one_reference_clock_per_slab_parity(program: list[tuple]) -> None:
+    """Each of the two clocks is exactly the slot-by-slot CLOCK of its slabs (slab k is
+    slab k // 2 of clock k % 2); an eviction takes ``n`` victims (fewer only when fewer
+    pages exist), the even clock's share within one page of its part of the pages."""
+    clocks = Clocks(STRIDE)
+    clocks.grow(SPLIT_SLABS)
+    refs = [ReferenceClock((SPLIT_SLABS // 2) * STRIDE) for _ in range(2)]
+
+    def ref_of(i: int) -> tuple[ReferenceClock, int]:
+        slab, slot = divmod(i, STRIDE)
+        return refs[slab % 2], (slab // 2) * STRIDE + slot
+
+    for op in program:
+        if op[0] == "add":
+            clocks.add([divmod(i, STRIDE) for i in op[1]])
+            for i in op[1]:
+                ref, j = ref_of(i)
+                ref.state[j] = COLD
+        elif op[0] in ("touch", "touch_cols"):
+            if op[0] == "touch":
+                clocks.touch([divmod(i, STRIDE) for i in op[1]])
+            else:
+                clocks.touch_slots(array.array("Q", [i // STRIDE for i in op[1]]),
+                                   array.array("Q", [i % STRIDE for i in op[1]]))
+            for i in op[1]:
+                ref, j = ref_of(i)
+                if ref.state[j]:
+                    ref.state[j] = HOT
+        elif op[0] == "discard":
+            ref, j = ref_of(op[1])
+            assert clocks.discard(*divmod(op[1], STRIDE)) == bool(ref.state[j])
+            ref.state[j] = ABSENT
+        else:
+            pages = [sum(1 for s in ref.state if s) for ref in refs]
+            got = clocks.evict(op[1])
+            n = min(op[1], sum(pages))
+            assert len(got) == n == len(set(got))
+            k = sum(1 for slab, _ in got if slab % 2 == 0)
+            if n:
+                assert n * pages[0] / sum(pages) - 1 < k < n * pages[0] / sum(pages) + 1 or n - k == pages[1]
+            want = [((slot // STRIDE) * 2 + p, slot % STRIDE)
+                    for p, m in ((0, k), (1, n - k)) for slot in refs[p].evict(m)]
+            assert got == want
+        assert len(clocks) == sum(1 for ref in refs for s in ref.state if s)
+        assert [list(c.state) for c in clocks.clocks] == [ref.state for ref in refs]
+
+
+def test_clocks_hands_start_past_each_parity_newest_page() -> None:
+    clocks = Clocks(4)
+    clocks.grow(2)
+    clocks.add([(0, 0), (0, 1), (1, 0), (1, 1)])
+    clocks.start_past([(1, 1), (0, 0), (1, 0), (0, 1)])  # written in this order
+    assert clocks.evict(2) == [(0, 0), (1, 1)]  # each clock's oldest: just past its newest
+
+
+def test_a_store_at_capacity_takes_a_batch_from_two_slab_files() -> None:
+    """A store of at least twice SPLIT_MIN_SLOTS slots has two slabs or more, and a batch
+    evicts the least recently written pages of each, in proportion: its slots lie in two
+    files (which the lanes or threads write at once); a small store keeps one clock."""
+    ns = Namespace(model="clock", kv_dtype="uint8", layout="page_first", page_size=64, tag="split")
+    stride = Geometry(64).stride
+    slots = 2 * SPLIT_MIN_SLOTS
+    with tempfile.TemporaryDirectory() as root:
+        store = SlabStore(root, ns, 64, capacity_bytes=slots * stride)
+        try:
+            assert store.slots_per_slab == SPLIT_MIN_SLOTS and isinstance(store._clock, Clocks)
+            keys = [f"a{i}" for i in range(slots)]
+            for lo in range(0, slots, 128):  # fresh: slab 0 fills first, then slab 1
+                put(store, keys[lo:lo + 128])
+            plan = store.reserve_new([f"b{i}" for i in range(128)])
+            assert sorted(set(plan.slots.slabs)) == [0, 1]
+            store.commit([f"b{i}" for i in plan.todo], plan.slots, [0] * 128, plan.digests)
+            gone = keys[:64] + keys[SPLIT_MIN_SLOTS:SPLIT_MIN_SLOTS + 64]  # each slab's oldest 64
+            assert store.contains(gone) == [False] * 128
+            assert all(store.contains([k for k in keys if k not in set(gone)]))
+            assert store.stats()["own_pages"] == slots
+        finally:
+            store.close()
+    with tempfile.TemporaryDirectory() as root:
+        small = SlabStore(root, ns, 64, capacity_bytes=(SPLIT_MIN_SLOTS + 5) * stride)
+        try:
+            assert small.slots_per_slab == SPLIT_MIN_SLOTS + 5 and isinstance(small._clock, Clock)
+        finally:
+            small.close()

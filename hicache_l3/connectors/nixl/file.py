@@ -75,7 +75,7 @@ from hicache_l3.connectors.nixl.base import (
     run_flat,
     run_on,
 )
-from hicache_l3.connectors.nixl.lanes import SHARE_MIN_BYTES, ReadLanes, split_rows
+from hicache_l3.connectors.nixl.lanes import SHARE_MIN_BYTES, Lanes, by_file, split_rows
 from hicache_l3.slab import native
 from hicache_l3.slab.engine import SlabConnector
 from hicache_l3.slab.format import RECORD_BYTES, Entry, encode_markers, expected_markers
@@ -130,9 +130,10 @@ class NixlTransport(SlotTransport):
     def __init__(self, transfer: Callable[[str], Callable[[list[Any], list[Any]], None]],
                  max_descs: int, checksum_threads: int, lib: native.BatchIO | None = None,
                  helpers: batch_lib.NixlBatchLib | None = None,
-                 share_read: Callable[[Any, Any], bool] | None = None) -> None:
+                 share_read: Callable[[Any, Any], bool] | None = None,
+                 share_write: Callable[[Any, Any], bool] | None = None) -> None:
         self._transfer, self.max_descs, self.lib, self.helpers = transfer, max_descs, lib, helpers
-        self._share_read = share_read
+        self._share_read, self._share_write = share_read, share_write
         self._pool = BatchPool(checksum_threads, "hicache-nixl-csum", min_share=4)
         if lib is not None:
             self.name = f"{self.name}, markers by the C batch library"
@@ -326,8 +327,8 @@ class NixlTransport(SlotTransport):
         local, remote = helpers.rows(segments, at, fds, offsets, MERGE_MAX_BYTES, arrays=True)
         if len(local) <= self.max_descs:
             try:
-                share = self._share_read if reread else None
-                if share is None or not share(local, remote):  # (the read lanes: lanes.py)
+                share = self._share_read if reread else self._share_write
+                if share is None or not share(local, remote):  # (the lanes: lanes.py)
                     transfer(local, remote)
                 return None
             except TransferError as exc:
@@ -379,7 +380,7 @@ class NixlTransport(SlotTransport):
 class NixlFileConnector(SlabConnector, NixlConnector):
     """Pages in slab files under ``root``, moved by NIXL's POSIX plugin (module docstring)."""
 
-    _lanes: ReadLanes | None = None
+    _lanes: Lanes | None = None
 
     def __init__(self, config: NixlConfig, namespace: Namespace) -> None:
         super().__init__(config, namespace)
@@ -396,13 +397,14 @@ class NixlFileConnector(SlabConnector, NixlConnector):
                               "(about 0.65x raw NIXL at 64 KiB against ~0.8x)",
                               batch_lib.unavailable_reason())
         # the read lanes share a get's bytes (lanes.py); they serve the rows the C helpers build
-        self._lanes: ReadLanes | None = None
+        self._lanes: Lanes | None = None
         if helpers is not None and config.read_agents > 1 and len(os.sched_getaffinity(0)) > 1:
-            self._lanes = ReadLanes([Agent("POSIX", self._agent_params, abandon_on_timeout=True)
+            self._lanes = Lanes([Agent("POSIX", self._agent_params, abandon_on_timeout=True)
                                      for _ in range(config.read_agents - 1)], self._renew_agent)
         self.transport = NixlTransport(lambda op: self._xfer(op, "FILE"), config.max_descs,
                                        config.checksum_threads, lib, helpers,
-                                       self._share_read if self._lanes is not None else None)
+                                       self._share_read if self._lanes is not None else None,
+                                       self._share_write if self._lanes is not None else None)
         try:
             self._init_slab_root(config.root, config.capacity_bytes)
         except BaseException:
@@ -424,14 +426,37 @@ class NixlFileConnector(SlabConnector, NixlConnector):
         pieces = split_rows(local, remote, parts)
         if len(pieces) < 2:
             return False
-        own, timeout = self._xfer("READ", "FILE"), self.config.timeout_s
+        return self._run_shared("READ", pieces)
+
+    def _share_write(self, local: Any, remote: Any) -> bool:
+        """Move the write rows ``local``/``remote`` (``m x 3`` arrays) split by slab file
+        between the caller's agent and the lanes: writes to one file serialise in the
+        kernel, to two files they run at once (the store puts a batch's slots in two
+        files: slab/clock.py ``Clocks``). False (nothing moved) when the rows name one file
+        or the lanes are taken. A TransferError as one transfer would raise it."""
+        lanes = self._lanes
+        if lanes is None or not hasattr(local, "shape") or len(local) < 2:
+            return False
+        fds = remote[:, 2]
+        if (fds == fds[0]).all() or int(local[:, 1].sum()) < 2 * SHARE_MIN_BYTES:
+            return False  # one file (nothing to gain), or too small to pay a lane's wake-up
+        pieces = by_file(local, remote, len(lanes) + 1)
+        if len(pieces) < 2:
+            return False
+        return self._run_shared("WRITE", pieces)
+
+    def _run_shared(self, op: str, pieces: list[tuple[Any, Any]]) -> bool:
+        """``pieces[0]`` moved by the caller's agent, the others by the lanes, at once."""
+        lanes = self._lanes
+        assert lanes is not None
+        own, timeout = self._xfer(op, "FILE"), self.config.timeout_s
         try:
             return lanes.run(lambda: own(*pieces[0]),
-                             [functools.partial(_lane_read, piece, timeout) for piece in pieces[1:]])
+                             [functools.partial(_lane_move, op, piece, timeout) for piece in pieces[1:]])
         except TransferError:
             raise
         except Exception as exc:  # a lane's agent could not be renewed
-            raise TransferError(f"NIXL read lanes failed: {type(exc).__name__}: {exc}") from None
+            raise TransferError(f"NIXL lanes failed: {type(exc).__name__}: {exc}") from None
 
     def _register(self, region: MemoryRegion) -> None:
         super()._register(region)
@@ -467,11 +492,11 @@ class NixlFileConnector(SlabConnector, NixlConnector):
                 "planned_get": self.transport.reads_plans,
                 "agent_renewals": self.agent_renewals,
                 "read_lanes": len(self._lanes) if self._lanes is not None else 0,
-                "lane_shared_gets": self._lanes.shared if self._lanes is not None else 0,
+                "lane_shared_batches": self._lanes.shared if self._lanes is not None else 0,
                 "lane_renewals": self._lanes.renewals if self._lanes is not None else 0,
                 **self._slab_stats()}
 
 
-def _lane_read(piece: tuple[Any, Any], timeout_s: float, agent: Agent) -> None:
-    """A read lane's share of a get: its rows read on the lane's agent."""
-    run_on(agent, "READ", "FILE", piece[0], piece[1], timeout_s)
+def _lane_move(op: str, piece: tuple[Any, Any], timeout_s: float, agent: Agent) -> None:
+    """A lane's share of a get or set: its rows moved on the lane's agent."""
+    run_on(agent, op, "FILE", piece[0], piece[1], timeout_s)

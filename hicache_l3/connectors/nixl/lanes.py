@@ -1,27 +1,30 @@
-"""Read lanes of nixl file mode: extra NIXL agents, each on a resident thread of its own,
-that move a share of one get's bytes while the caller's agent moves the rest.
+"""Lanes of nixl file mode: extra NIXL agents, each on a resident thread of its own,
+that move a share of one batch's bytes while the caller's agent moves the rest.
 
 Why. NIXL's POSIX plugin runs a transfer in the thread that posts it, and an agent in
 strict sync mode serialises its callers. Two agents reading one slab file at once do run
 in parallel (reads take the inode's lock shared). Measured here (Intel Xeon, 2 cores,
 64 KiB pages, 128 a batch, raw NIXL, one file): one transfer of the batch 1228-1232 us;
 the batch split in two transfers on one agent from two threads 1389-1411 us; on two
-agents 763-785 us. Writes to one file serialise in the kernel whatever the agents, so a
-set keeps one transfer.
+agents 763-785 us. Writes to one file serialise in the kernel whatever the agents; to two
+files they run at once (8 MiB from cold memory by two threads into two files 854-880 us,
+into one 1459-1504 us), and the slab store puts a set's slots in two files
+(:class:`~hicache_l3.slab.clock.Clocks`).
 
-How. :func:`split_rows` cuts a transfer's rows (``m x 3`` arrays: address or offset,
-length, device) into parts of about equal bytes; :meth:`ReadLanes.run` hands part ``i +
-1`` to lane ``i`` and runs part 0 on the caller, then waits for every lane. A lane's
-thread sleeps on a semaphore between gets (woken in tens of microseconds, against a
-transfer of a millisecond or more: shares below :data:`SHARE_MIN_BYTES` are not split).
+How. A get: :func:`split_rows` cuts its rows (``m x 3`` arrays: address or offset,
+length, device) into parts of about equal bytes. A set: :func:`by_file` deals its rows
+out by slab file. :meth:`Lanes.run` hands part ``i + 1`` to lane ``i`` and runs part 0 on
+the caller, then waits for every lane. A lane's thread sleeps on a semaphore between
+batches (woken in tens of microseconds, against a transfer of a millisecond or more:
+shares below :data:`SHARE_MIN_BYTES` are not split).
 
-Rules a get relies on:
+Rules a batch relies on:
 
 * ``run`` returns, or raises, only once no lane is still moving bytes of its call: an
   interruption of the caller waits for the lanes first, so nothing writes into the
   caller's pages after the get ends (the conformance suite's interrupted-get test);
-* one caller at a time: a get that finds the lanes taken (another thread's get) is told
-  so and moves its batch alone, as does a forked child (the threads are the parent's);
+* one caller at a time: a batch that finds the lanes taken (another thread's) is told so
+  and moves alone, as does a forked child (the threads are the parent's);
 * a lane whose agent timed out or was interrupted (poisoned: never called again, see
   :class:`~hicache_l3.connectors.nixl.base.Agent`) gets a fresh agent before its next
   share, from the connector's ``renew``.
@@ -69,6 +72,29 @@ def split_rows(local: Any, remote: Any, parts: int, align: int = ALIGN) -> list[
     return out
 
 
+def by_file(local: Any, remote: Any, parts: int) -> list[tuple[Any, Any]]:
+    """``local`` and ``remote`` (``m x 3`` uint64 numpy arrays, the remote device (a
+    slab file's descriptor) in column 2) grouped into at most ``parts`` transfers, each
+    file's rows in one of them (in their order), the files dealt out so that the parts'
+    bytes are as even as a greedy deal makes them: what writes, which serialise per
+    file, can run at once."""
+    import numpy
+
+    fds, lengths = remote[:, 2], local[:, 1]
+    files = sorted(((int(lengths[fds == fd].sum()), int(fd)) for fd in numpy.unique(fds)), reverse=True)
+    loads = [0] * min(parts, len(files))
+    groups: list[list[int]] = [[] for _ in loads]
+    for nbytes, fd in files:  # the biggest file to the lightest part
+        k = loads.index(min(loads))
+        loads[k] += nbytes
+        groups[k].append(fd)
+    out = []
+    for group in groups:
+        mask = numpy.isin(fds, group)
+        out.append((local[mask], remote[mask]))
+    return out
+
+
 class _Lane:
     """One resident thread with its own agent, running one share at a time."""
 
@@ -97,7 +123,7 @@ class _Lane:
                 self.done.release()
 
 
-class ReadLanes:
+class Lanes:
     """``len(agents)`` lanes (module docstring). ``renew(agent)`` gives a fresh agent for
     a poisoned one (the connector's, with every host region registered); ``renewals``
     counts them."""
@@ -109,7 +135,7 @@ class ReadLanes:
         self._pid = os.getpid()
         self._closed = False
         self.renewals = 0
-        self.shared = 0  # gets whose bytes the lanes shared
+        self.shared = 0  # batches whose bytes the lanes shared
 
     def __len__(self) -> int:
         return len(self._lanes)
