@@ -464,6 +464,10 @@ struct hl3_share {
 
 #define HL3_NO_MORE_CHUNKS (INT64_MAX / 2)
 
+/* Fixed chunks are handed out from the two halves of the batch in turn (0, h, 1, h + 1,
+ * ... for h the chunks of the first half): a set's slots lie in two slab files, one per
+ * half (slab/clock.py Clocks), and the kernel serialises writes to one file, so two
+ * threads that take chunks in batch order would wait for each other. */
 static int share_claim(struct hl3_share *s, int *lo, int *hi)
 {
     int64_t a = __atomic_load_n(&s->next, __ATOMIC_ACQUIRE);
@@ -471,7 +475,17 @@ static int share_claim(struct hl3_share *s, int *lo, int *hi)
     for (;;) {
         if (a < 0 || a >= s->n)
             return 0;
-        int64_t left = s->n - a, size = parts > 0 ? left / parts : least;
+        if (parts <= 0) {
+            if (!__atomic_compare_exchange_n(&s->next, &a, a + least, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+                continue;
+            int64_t chunks = (s->n + least - 1) / least, c = a / least, half = (chunks + 1) / 2;
+            int64_t b = c % 2 == 0 ? c / 2 : half + c / 2;
+            int64_t end = (b + 1) * least;
+            *lo = (int)(b * least);
+            *hi = (int)(end < s->n ? end : s->n);
+            return 1;
+        }
+        int64_t left = s->n - a, size = left / parts;
         if (size < least)
             size = least;
         if (size > left)
