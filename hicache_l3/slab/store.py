@@ -59,8 +59,16 @@ _new_slot = functools.partial(tuple.__new__, Slot)
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)  # of a (slab, slot) pair
 
 PREALLOCATE_CHUNK = 32 << 20  # slab space is reserved as slots are first used: doubling, this at most
-SPLIT_MIN_SLOTS = 1024  # slabs this big or bigger: two clocks, a batch's slots in two files (clock.py)
+SPLIT_MIN_BYTES = 32 << 20  # slabs this big or bigger: two clocks, a batch's slots in two files (clock.py)
+SPLIT_MIN_SLOTS = 64  # ... and holding this many slots at least
 COMPACT_MIN_BYTES = 4 << 20  # a writer's log is rewritten once larger than this and 3x its live part
+
+
+def split_min_slots(stride: int) -> int:
+    """The fewest slots of ``stride`` bytes a slab must hold for a store to take a batch's
+    victims from two slab files (:class:`~hicache_l3.slab.clock.Clocks`): SPLIT_MIN_BYTES
+    of them and SPLIT_MIN_SLOTS at least (small stores keep one least-recently-used order)."""
+    return max(SPLIT_MIN_SLOTS, -(-SPLIT_MIN_BYTES // stride))
 
 
 class WritePlan(NamedTuple):
@@ -87,8 +95,8 @@ class SlabStore:
     counted as :attr:`~hicache_l3.slab.format.Geometry.stride` (data area plus marker
     record) per slot: a slab file's last, partial group of slots spans up to one marker
     table (64 KiB) more; when full, the least recently used own slot is reused. A capacity
-    of two slabs or less is cut into two slabs when each then holds SPLIT_MIN_SLOTS slots
-    or more, and with slabs that big a batch's victims come from two slab files
+    of two slabs or less is cut into two slabs when each then holds :func:`split_min_slots`
+    slots or more, and with slabs that big a batch's victims come from two slab files
     (:class:`~hicache_l3.slab.clock.Clocks`): the kernel serialises writes to one file,
     not to two. ``fsync`` is ``"none"``
     (page cache only), ``"data"`` (slabs synced before index records are published) or
@@ -118,10 +126,11 @@ class SlabStore:
         stride = self.geometry.stride
         self.slots_per_slab = max(1, slab_bytes // stride)
         self.max_slots = None if capacity_bytes is None else max(1, capacity_bytes // stride)
-        if self.max_slots is not None:  # two slabs at least where that gives them SPLIT_MIN_SLOTS
+        self.split_min_slots = split_min_slots(stride)
+        if self.max_slots is not None:  # two slabs at least where each is big enough to split
             half = -(-self.max_slots // 2)
             self.slots_per_slab = min(self.slots_per_slab,
-                                      half if half >= SPLIT_MIN_SLOTS else self.max_slots)
+                                      half if half >= self.split_min_slots else self.max_slots)
         self.files = SlabFiles(self.writers_dir, self.geometry.packed)
         self.index = SlabIndex(self.writers_dir, self.files, self._index_capacity())
         self.index.on_free = self._release
@@ -144,10 +153,11 @@ class SlabStore:
 
     def _new_clock(self, stride: int) -> Clock | Clocks:
         """The recency of own slots: :class:`~hicache_l3.slab.clock.Clocks` (a batch's
-        victims in two slab files, written at once) when slabs hold SPLIT_MIN_SLOTS slots
-        or more and the capacity allows two; else one :class:`~hicache_l3.slab.clock.Clock`
-        (small stores keep one least-recently-used order)."""
-        if stride >= SPLIT_MIN_SLOTS and (self.max_slots is None or self.max_slots > stride):
+        victims in two slab files, written at once) when slabs hold
+        :attr:`split_min_slots` slots or more and the capacity allows two; else one
+        :class:`~hicache_l3.slab.clock.Clock` (small stores keep one least-recently-used
+        order)."""
+        if stride >= self.split_min_slots and (self.max_slots is None or self.max_slots > stride):
             return Clocks(stride)
         return Clock(stride)
 

@@ -1,8 +1,9 @@
-"""nixl file mode's read lanes (connectors/nixl/lanes.py): a get's bytes split between
-the caller's agent and lane agents on their own threads, with NIXL's real POSIX plugin.
-The split moves exactly the rows' bytes; a shared get is byte-exact; a lane's engine
-error falls back to one agent, a lane's timeout times the batch out and the lane gets a
-fresh agent; taken lanes, one agent, an interrupted get."""
+"""nixl file mode's lanes (connectors/nixl/lanes.py): a batch's bytes split between the
+caller's agent and lane agents on their own threads, with NIXL's real POSIX plugin. A
+get's split moves exactly the rows' bytes and a shared get is byte-exact; a set at
+capacity, its slots in two slab files, is written by two agents; a lane's engine error
+falls back to one agent, a lane's timeout times the batch out (a set's slots held) and
+the lane gets a fresh agent; taken lanes, one agent, an interrupted get."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from hicache_l3.conformance.suite import Pages, _sigint_raises
 from hicache_l3.connectors.nixl.base import TransferError
 from hicache_l3.connectors.nixl.lanes import SHARE_MIN_BYTES, by_file, split_rows
 from hicache_l3.slab.format import Geometry
-from hicache_l3.slab.store import SPLIT_MIN_SLOTS
+from hicache_l3.slab.store import split_min_slots
 
 P = 64 << 10
 N = 128  # 8 MiB: two shares of SHARE_MIN_BYTES or more
@@ -196,14 +197,14 @@ def test_concurrent_gets_are_each_byte_exact(tmp_path: Path) -> None:
 
 
 def test_one_read_agent_means_no_lanes_and_bad_counts_are_refused(tmp_path: Path) -> None:
-    conn, keys, buf, pages, want = _stored(tmp_path, read_agents=1)
+    conn, keys, buf, pages, want = _stored(tmp_path, transfer_agents=1)
     with conn:
         buf.view()[:] = bytes(N * P)
         assert conn.batch_get(keys, pages) == [True] * N
         assert bytes(buf.view()) == want
         assert conn.stats()["engine"]["read_lanes"] == 0
-    with pytest.raises(ConfigError, match="read_agents"):
-        open_connector("nixl", _ns(), {"root": str(tmp_path / "x"), "read_agents": 0})
+    with pytest.raises(ConfigError, match="transfer_agents"):
+        open_connector("nixl", _ns(), {"root": str(tmp_path / "x"), "transfer_agents": 0})
 
 
 # (the injected interrupt may land in a finalizer the garbage collector runs: see the suite's test)
@@ -232,12 +233,13 @@ def test_an_interrupted_shared_get_leaves_no_lane_writing(tmp_path: Path) -> Non
 def _full(root: Path) -> tuple[Any, HostBuffer, list[Any]]:
     """A connector whose store (two slabs) is at capacity: the next batch evicts from both."""
     stride = Geometry(P).stride
-    conn = open_connector("nixl", _ns(), {"root": str(root), "capacity_bytes": 2 * SPLIT_MIN_SLOTS * stride})
+    slots = 2 * split_min_slots(stride)
+    conn = open_connector("nixl", _ns(), {"root": str(root), "capacity_bytes": slots * stride})
     buf = HostBuffer(N * P)
     buf.view()[:] = random.Random(4).randbytes(N * P)
     pages = [((buf.address + i * P, P),) for i in range(N)]
     conn.register(buf)
-    for lo in range(0, 2 * SPLIT_MIN_SLOTS, N):
+    for lo in range(0, slots, N):
         assert conn.batch_set([f"fill-{lo + i}" for i in range(N)], pages) == [True] * N
     return conn, buf, pages
 

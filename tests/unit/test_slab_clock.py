@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hicache_l3.common.keys import Namespace
 from hicache_l3.slab.clock import ABSENT, COLD, HOT, Clock, Clocks
 from hicache_l3.slab.format import Geometry
-from hicache_l3.slab.store import SPLIT_MIN_SLOTS, SlabStore
+from hicache_l3.slab.store import SlabStore, split_min_slots
 
 SLABS, STRIDE = 3, 7
 
@@ -264,31 +264,32 @@ def test_clocks_hands_start_past_each_parity_newest_page() -> None:
 
 
 def test_a_store_at_capacity_takes_a_batch_from_two_slab_files() -> None:
-    """A store of at least twice SPLIT_MIN_SLOTS slots has two slabs or more, and a batch
-    evicts the least recently written pages of each, in proportion: its slots lie in two
-    files (which the lanes or threads write at once); a small store keeps one clock."""
+    """A store of at least twice ``split_min_slots`` slots has two slabs or more, and a
+    batch evicts the least recently written pages of each, in proportion: its slots lie in
+    two files (which the lanes or threads write at once); a small store keeps one clock."""
     ns = Namespace(model="clock", kv_dtype="uint8", layout="page_first", page_size=64, tag="split")
-    stride = Geometry(64).stride
-    slots = 2 * SPLIT_MIN_SLOTS
+    page = 64 << 10
+    stride = Geometry(page).stride
+    half = split_min_slots(stride)
     with tempfile.TemporaryDirectory() as root:
-        store = SlabStore(root, ns, 64, capacity_bytes=slots * stride)
+        store = SlabStore(root, ns, page, capacity_bytes=2 * half * stride)
         try:
-            assert store.slots_per_slab == SPLIT_MIN_SLOTS and isinstance(store._clock, Clocks)
-            keys = [f"a{i}" for i in range(slots)]
-            for lo in range(0, slots, 128):  # fresh: slab 0 fills first, then slab 1
+            assert store.slots_per_slab == half and isinstance(store._clock, Clocks)
+            keys = [f"a{i}" for i in range(2 * half)]
+            for lo in range(0, 2 * half, 128):  # fresh: slab 0 fills first, then slab 1
                 put(store, keys[lo:lo + 128])
             plan = store.reserve_new([f"b{i}" for i in range(128)])
             assert sorted(set(plan.slots.slabs)) == [0, 1]
             store.commit([f"b{i}" for i in plan.todo], plan.slots, [0] * 128, plan.digests)
-            gone = keys[:64] + keys[SPLIT_MIN_SLOTS:SPLIT_MIN_SLOTS + 64]  # each slab's oldest 64
+            gone = keys[:64] + keys[half:half + 64]  # each slab's oldest 64
             assert store.contains(gone) == [False] * 128
             assert all(store.contains([k for k in keys if k not in set(gone)]))
-            assert store.stats()["own_pages"] == slots
+            assert store.stats()["own_pages"] == 2 * half
         finally:
             store.close()
     with tempfile.TemporaryDirectory() as root:
-        small = SlabStore(root, ns, 64, capacity_bytes=(SPLIT_MIN_SLOTS + 5) * stride)
+        small = SlabStore(root, ns, page, capacity_bytes=(half + 5) * stride)
         try:
-            assert small.slots_per_slab == SPLIT_MIN_SLOTS + 5 and isinstance(small._clock, Clock)
+            assert small.slots_per_slab == half + 5 and isinstance(small._clock, Clock)
         finally:
             small.close()

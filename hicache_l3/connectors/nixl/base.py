@@ -119,10 +119,12 @@ class NixlConfig(ConnectorConfig):
     )
     fsync: Literal["none", "data", "always"] = setting("none", "file mode: durability policy")
     checksum_threads: int = setting(2, "file mode: threads computing page checksums of a batch")
-    read_agents: int = setting(
-        2, "file mode: NIXL agents sharing the bytes of one get, each on its own thread (two "
-        "agents read one slab file in parallel; sets always use one: writes to a file "
-        "serialise); 1 = the caller's agent alone; on one CPU there are no lanes")
+    transfer_agents: int = setting(
+        2, "file mode: NIXL agents moving one batch's bytes at once, each on its own thread: a "
+        "get of 4 MiB or more split in equal parts (two agents read one slab file in "
+        "parallel), a set split by slab file (the store puts a batch's slots in two files; "
+        "writes to one file serialise); 1 = the caller's agent alone; on one CPU there are "
+        "no lanes")
     native_io: bool = setting(
         True, "file mode: the slot marker records of a batch in one call of "
         "the C batch library (hicache_l3._batch_io) when it is built; false: an os.pwrite / "
@@ -159,8 +161,8 @@ class NixlConfig(ConnectorConfig):
                                   "(e.g. root=/mnt/nvme/hicache)")
             if self.checksum_threads < 1:
                 raise ConfigError(f"nixl: checksum_threads must be >= 1, got {self.checksum_threads}")
-            if not 1 <= self.read_agents <= 16:
-                raise ConfigError(f"nixl: read_agents must be 1..16, got {self.read_agents}")
+            if not 1 <= self.transfer_agents <= 16:
+                raise ConfigError(f"nixl: transfer_agents must be 1..16, got {self.transfer_agents}")
             if self.slab_bytes < ALIGN:
                 raise ConfigError(f"nixl: slab_bytes must be >= {ALIGN}, got {self.slab_bytes}")
         else:

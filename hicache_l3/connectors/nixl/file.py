@@ -33,10 +33,11 @@ fingerprints included, in one C call. Without them (``native_io=false``, or a li
 that predates the helpers) every step is the per-page Python path: the reference the
 tests compare with (tests/nixl/test_nixl_plan.py).
 
-A get of 4 MiB or more is shared by the read lanes (:mod:`~hicache_l3.connectors.nixl.lanes`,
-``read_agents``): its rows cut in two (or more) parts of equal bytes, one moved by the
-caller's agent, the others by agents on resident threads, at once (reads of one slab file
-run in parallel; writes serialise in the kernel, so a set stays one transfer).
+A batch of 4 MiB or more is shared by the lanes (:mod:`~hicache_l3.connectors.nixl.lanes`,
+``transfer_agents``): one part moved by the caller's agent, the others by agents on
+resident threads, at once. A get's rows are cut in parts of equal bytes (reads of one slab
+file run in parallel); a set's are dealt out by slab file (writes to one file serialise in
+the kernel, and the store puts a batch's slots in two files: slab/clock.py ``Clocks``).
 
 Checksums: ``checksum=auto`` means none here. Measured on this machine, XXH3 over a
 batch runs at ~10 GB/s on one core and does not overlap with the transfer, which
@@ -396,11 +397,11 @@ class NixlFileConnector(SlabConnector, NixlConnector):
             self._log.warning("nixl-helpers", "nixl: %s; file mode takes its per-page Python path "
                               "(about 0.65x raw NIXL at 64 KiB against ~0.8x)",
                               batch_lib.unavailable_reason())
-        # the read lanes share a get's bytes (lanes.py); they serve the rows the C helpers build
+        # the lanes share a batch's bytes (lanes.py); they serve the rows the C helpers build
         self._lanes: Lanes | None = None
-        if helpers is not None and config.read_agents > 1 and len(os.sched_getaffinity(0)) > 1:
+        if helpers is not None and config.transfer_agents > 1 and len(os.sched_getaffinity(0)) > 1:
             self._lanes = Lanes([Agent("POSIX", self._agent_params, abandon_on_timeout=True)
-                                     for _ in range(config.read_agents - 1)], self._renew_agent)
+                                     for _ in range(config.transfer_agents - 1)], self._renew_agent)
         self.transport = NixlTransport(lambda op: self._xfer(op, "FILE"), config.max_descs,
                                        config.checksum_threads, lib, helpers,
                                        self._share_read if self._lanes is not None else None,
