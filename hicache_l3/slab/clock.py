@@ -261,9 +261,13 @@ class Clocks:
 
     def touch(self, wheres: Iterable[tuple[int, int]]) -> None:
         """Own pages just read: HOT (slots without an own page are ignored)."""
+        parts: tuple[list[tuple[int, int]], list[tuple[int, int]]] = ([], [])
         for slab, slot in wheres:
             if slab >= 0:
-                self.clocks[slab % 2].touch(((slab // 2, slot),))
+                parts[slab % 2].append((slab // 2, slot))
+        for clock, part in zip(self.clocks, parts):
+            if part:  # one call a clock, not one a page
+                clock.touch(part)
 
     def touch_slots(self, slabs: Sequence[int], slots: Sequence[int]) -> None:
         """:meth:`Clock.touch_slots` of ``(slabs[j], slots[j])``, each slab's in one call."""

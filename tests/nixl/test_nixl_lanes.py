@@ -103,7 +103,7 @@ def test_by_file_deals_each_file_whole_to_one_part(rows: list[tuple[int, int]], 
 def test_a_big_get_is_shared_by_the_lanes_byte_exact(tmp_path: Path, backwards: bool) -> None:
     conn, keys, buf, pages, want = _stored(tmp_path, backwards)
     with conn:
-        assert conn.stats()["engine"]["read_lanes"] == 1
+        assert conn.stats()["engine"]["lanes"] == 1
         for _ in range(3):
             buf.view()[:] = bytes(N * P)
             assert conn.batch_get(keys, pages) == [True] * N
@@ -202,7 +202,7 @@ def test_one_read_agent_means_no_lanes_and_bad_counts_are_refused(tmp_path: Path
         buf.view()[:] = bytes(N * P)
         assert conn.batch_get(keys, pages) == [True] * N
         assert bytes(buf.view()) == want
-        assert conn.stats()["engine"]["read_lanes"] == 0
+        assert conn.stats()["engine"]["lanes"] == 0
     with pytest.raises(ConfigError, match="transfer_agents"):
         open_connector("nixl", _ns(), {"root": str(tmp_path / "x"), "transfer_agents": 0})
 

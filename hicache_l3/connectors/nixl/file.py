@@ -492,7 +492,7 @@ class NixlFileConnector(SlabConnector, NixlConnector):
                 "checksum": self.checksum_writes, "registered_files": self.agent.registered_files,
                 "planned_get": self.transport.reads_plans,
                 "agent_renewals": self.agent_renewals,
-                "read_lanes": len(self._lanes) if self._lanes is not None else 0,
+                "lanes": len(self._lanes) if self._lanes is not None else 0,
                 "lane_shared_batches": self._lanes.shared if self._lanes is not None else 0,
                 "lane_renewals": self._lanes.renewals if self._lanes is not None else 0,
                 **self._slab_stats()}
