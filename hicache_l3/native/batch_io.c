@@ -23,6 +23,8 @@
 #include <immintrin.h>
 #endif
 
+#include "mapped_read.h"
+
 typedef uint64_t (*xxh_one_fn)(const void *, size_t);
 typedef void *(*xxh_create_fn)(void);
 typedef int (*xxh_free_fn)(void *);
@@ -86,14 +88,6 @@ static ssize_t read_nowait(int fd, const struct iovec *iov, int n, off_t off)
     (void)fd, (void)iov, (void)n, (void)off;
     return -EOPNOTSUPP;
 #endif
-}
-
-static size_t total(const struct iovec *iov, int n)
-{
-    size_t t = 0;
-    for (int i = 0; i < n; i++)
-        t += iov[i].iov_len;
-    return t;
 }
 
 /* Internal page states within one call (never returned: every page ends HL3_* or -errno). */
@@ -217,7 +211,7 @@ static int32_t read_in_pieces(int fd, int64_t off, const struct iovec *segs, int
 static void move_pages(int writing, int lo, int hi, const int32_t *fds, const int64_t *offs,
                        const struct iovec *segs, const int32_t *at, int32_t *status, int32_t from,
                        int32_t to, int64_t max_bytes, const uint64_t *csums,
-                       const struct hl3_xxh3 *x, void **state, int nowait)
+                       const struct hl3_xxh3 *x, void **state, int nowait, struct hl3_mapped_spans *spans)
 {
     int j = lo;
     while (j < hi) {
@@ -225,8 +219,16 @@ static void move_pages(int writing, int lo, int hi, const int32_t *fds, const in
             j++;
             continue;
         }
+        if (spans != NULL) {
+            /* pages the page cache holds: copied and hashed in one pass from a mapping */
+            int n = hl3_mapped_run(j, hi, fds, offs, segs, at, status, from, to, HL3_CHECKSUM, csums, spans);
+            if (n > 0) {
+                j += n;
+                continue;
+            }
+        }
         int nv = at[j + 1] - at[j];
-        int64_t end = offs[j] + (int64_t)total(segs + at[j], nv);
+        int64_t end = offs[j] + (int64_t)hl3_iov_bytes(segs + at[j], nv);
         if (csums != NULL && csums[j] != 0 && max_bytes > 0 && end - offs[j] > max_bytes) {
             status[j] = read_in_pieces(fds[j], offs[j], segs + at[j], nv, (size_t)max_bytes, csums[j], x,
                                        state, nowait && !writing, to);
@@ -239,7 +241,7 @@ static void move_pages(int writing, int lo, int hi, const int32_t *fds, const in
             if (nv + m > HL3_MAX_IOV || (max_bytes > 0 && end - offs[j] >= max_bytes))
                 break;
             nv += m;
-            end += (int64_t)total(segs + at[k], m);
+            end += (int64_t)hl3_iov_bytes(segs + at[k], m);
             k++;
         }
         ssize_t r;
@@ -263,7 +265,7 @@ static void move_pages(int writing, int lo, int hi, const int32_t *fds, const in
         } else {
             for (int i = j; i < k; i++) {
                 int m = at[i + 1] - at[i];
-                size_t want = total(segs + at[i], m);
+                size_t want = hl3_iov_bytes(segs + at[i], m);
                 r = k - j == 1 ? r : transfer(writing, fds[i], segs + at[i], m, offs[i]);
                 status[i] = r < 0 ? (int32_t)r : (size_t)r == want ? to : HL3_SHORT;
             }
@@ -314,9 +316,11 @@ static int read_pages(int lo, int hi, const int32_t *fds, const int64_t *data_of
                       const uint64_t *csums, const struct hl3_xxh3 *x, int32_t *status, int nowait)
 {
     void *state = NULL;
+    struct hl3_mapped_spans spans = {0};
     check_segments(lo, hi, at, status);
     move_pages(0, lo, hi, fds, data_offs, segs, at, status, HL3_TODO, HL3_STEP, HL3_READ_RUN, csums, x,
-               &state, nowait);
+               &state, nowait, &spans);
+    hl3_mapped_done(&spans);
     /* a page that failed its checksum still has its marker read: a marker that differs
      * (the slot was rewritten meanwhile) makes it a miss of the torn kind, not corruption */
     for (int j = lo; j < hi; j++)
@@ -403,7 +407,7 @@ int hl3_write_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs
                     unsigned char *markers, int64_t mlen, int with_csum, uint64_t *csums,
                     const struct hl3_xxh3 *x, int32_t *status)
 {
-    if (with_csum && hi - lo > 1 && total(segs + at[lo], at[lo + 1] - at[lo]) > HL3_READ_RUN) {
+    if (with_csum && hi - lo > 1 && hl3_iov_bytes(segs + at[lo], at[lo + 1] - at[lo]) > HL3_READ_RUN) {
         /* pages bigger than one coalesced read: one at a time, each hashed, then its record
          * and its data written while it is still in cache (measured, 1 MiB pages: 4.6
          * against 4.0 GB/s for every page of a 16 MiB share hashed first) */
@@ -433,7 +437,7 @@ int hl3_write_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs
     if (state != NULL)
         x->free_state(state);
     move_markers(1, lo, hi, fds, marker_offs, markers, 0, mlen, status, HL3_TODO, HL3_STEP);
-    move_pages(1, lo, hi, fds, data_offs, segs, at, status, HL3_STEP, HL3_OK, 0, NULL, x, NULL, 0);
+    move_pages(1, lo, hi, fds, data_offs, segs, at, status, HL3_STEP, HL3_OK, 0, NULL, x, NULL, 0, NULL);
     return count_bad(lo, hi, status);
 }
 

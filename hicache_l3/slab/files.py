@@ -11,6 +11,7 @@ import contextlib
 import os
 import stat
 from pathlib import Path
+from typing import Protocol
 
 DIR_MODE, FILE_MODE = 0o700, 0o600
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
@@ -71,18 +72,31 @@ def slab_file_name(slab: int, packed: bool = False) -> str:
     return f"slab-{slab:06d}.packed.dat" if packed else f"slab-{slab:06d}.dat"
 
 
+class FileMapper(Protocol):
+    """What maps slab files for reads (the C batch library,
+    :class:`~hicache_l3.slab.native.BatchIO`): ``map_fd`` once a descriptor is open,
+    ``unmap_fd`` before it closes."""
+
+    def map_fd(self, fd: int) -> int: ...
+
+    def unmap_fd(self, fd: int) -> None: ...
+
+
 class SlabFiles:
     """Open descriptors on slab files, cached per ``(writer, slab, direct)``.
 
     Not thread-safe by itself: the store calls it under its lock. Descriptors that other
     threads may still use are *retired* (closed at :meth:`close`), never closed early: a
     closed number can be reused by another open, and a late read would hit that file.
+    With a ``mapper``, every buffered descriptor's file is also mapped for reads
+    (native/mapped_read.c), and unmapped before the descriptor closes, for the same reason.
     """
 
-    def __init__(self, writers_dir: Path, packed: bool = False) -> None:
+    def __init__(self, writers_dir: Path, packed: bool = False, mapper: FileMapper | None = None) -> None:
         self.writers_dir = writers_dir
         self.packed = packed  # the namespace's slots are packed: its slabs' names say so
         self.owner: int | None = None  # the writer whose slabs open read-write
+        self.mapper = mapper
         self._fds: dict[tuple[int, int, bool], int] = {}
         self._retired: list[int] = []
 
@@ -99,13 +113,24 @@ class SlabFiles:
                 flags |= os.O_DIRECT
             fd = open_file(self.path(writer, slab), flags)
             self._fds[(writer, slab, direct)] = fd
+            if self.mapper is not None and not direct:
+                self.mapper.map_fd(fd)  # refused (-errno): its pages are read with preadv
         return fd
 
     def create(self, writer: int, slab: int, size: int) -> int:
         """Create (or open) an own slab of ``size`` bytes, sparse; its read-write descriptor."""
         fd = open_file(self.path(writer, slab), os.O_RDWR | os.O_CREAT)
-        os.ftruncate(fd, size)
+        try:
+            os.ftruncate(fd, size)
+        except OSError:
+            os.close(fd)
+            raise
+        old = self._fds.get((writer, slab, False))
+        if old is not None:
+            self._retired.append(old)
         self._fds[(writer, slab, False)] = fd
+        if self.mapper is not None:
+            self.mapper.map_fd(fd)  # (after the size is set: a mapping covers what it was)
         return fd
 
     def retire_writer(self, writer: int) -> None:
@@ -120,5 +145,7 @@ class SlabFiles:
         self._fds.clear()
         self._retired.clear()
         for fd in fds:
+            if self.mapper is not None:
+                self.mapper.unmap_fd(fd)
             with contextlib.suppress(OSError):
                 os.close(fd)
