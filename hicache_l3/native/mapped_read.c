@@ -35,6 +35,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -537,12 +538,49 @@ size_t hl3_iov_bytes(const struct iovec *iov, int n)
     return t;
 }
 
-/* 1 when every page-cache page under [addr, addr + len) is resident. */
-static int resident(const char *addr, size_t len)
+/* cachestat(2) (Linux 6.5): how much of a file's byte range the page cache holds, from the
+ * cache itself; a kernel without it, or a seccomp filter that refuses it, leaves mincore. */
+#ifndef __NR_cachestat
+#define __NR_cachestat 451
+#endif
+struct hl3_cachestat_range {
+    uint64_t off, len;
+};
+struct hl3_cachestat {
+    uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+};
+static int cachestat_refused;
+
+/* How residency is checked: 1 cachestat, 0 mincore; want >= 0 sets it first (tests: 0
+ * checks the mincore path; 1 tries cachestat again, and a kernel that refuses it goes
+ * back to 0 at the next check). */
+int hl3_mapped_residency(int want)
+{
+    if (want >= 0)
+        __atomic_store_n(&cachestat_refused, want == 0, __ATOMIC_RELAXED);
+    return !__atomic_load_n(&cachestat_refused, __ATOMIC_RELAXED);
+}
+
+/* 1 when every page-cache page under bytes [off, off + len) of fd, mapped at addr, is
+ * resident. cachestat counts them in one walk of the cache (large folios at once): on the
+ * AMD EPYC VM, 0.1-0.5 Mcycles per 256 MiB, against 15 for mincore, which looks up every
+ * 4 KiB page whose page-table entry the last read dropped (hl3_mapped_done). */
+static int resident(int fd, int64_t off, const char *addr, size_t len)
 {
     static long page_size;
     if (page_size == 0)
         page_size = sysconf(_SC_PAGESIZE);
+    if (!__atomic_load_n(&cachestat_refused, __ATOMIC_RELAXED)) {
+        struct hl3_cachestat_range range = {(uint64_t)off, (uint64_t)len};
+        struct hl3_cachestat cs;
+        if (syscall(__NR_cachestat, fd, &range, &cs, 0) == 0) {
+            uint64_t first = (uint64_t)off / (uint64_t)page_size;
+            uint64_t last = ((uint64_t)off + len - 1) / (uint64_t)page_size;
+            return cs.nr_cache >= last - first + 1;
+        }
+        if (errno == ENOSYS || errno == EPERM)
+            __atomic_store_n(&cachestat_refused, 1, __ATOMIC_RELAXED);
+    }
     uintptr_t start = (uintptr_t)addr & ~((uintptr_t)page_size - 1);
     size_t span = (size_t)((uintptr_t)addr + len - start);
     unsigned char vec[1024];
@@ -651,7 +689,7 @@ int hl3_mapped_run(int lo, int hi, const int32_t *fds, const int64_t *offs, cons
     }
     int copied = 0;
     if (k > lo && offs[lo] >= 0 && (uint64_t)end <= m->len) {
-        if (resident(m->base + offs[lo], (size_t)(end - offs[lo])))
+        if (resident(fds[lo], offs[lo], m->base + offs[lo], (size_t)(end - offs[lo])))
             copied = copy_guarded(m, lo, k, offs, segs, at, status, to, bad_sum, csums, copy);
         else
             __atomic_add_fetch(&stat_not_resident, 1, __ATOMIC_RELAXED);

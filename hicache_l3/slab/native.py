@@ -279,12 +279,16 @@ class BatchIO:
             self._share_read_plan, self._share_write, self._share_stop = read, write, stop
         # reads from a shared mapping of the slab files (mapped_read.c; absent from an older build)
         self._map_fd = self._unmap_fd = self._variant = self._mapped_stats = self._copy = None
-        mapped = ("hl3_map_fd", "hl3_unmap_fd", "hl3_mapped_variant", "hl3_mapped_stats", "hl3_xxh3_copy")
+        self._residency = None
+        mapped = ("hl3_map_fd", "hl3_unmap_fd", "hl3_mapped_variant", "hl3_mapped_stats", "hl3_xxh3_copy",
+                  "hl3_mapped_residency")
         if all(hasattr(lib, name) for name in mapped):
-            map_fd, unmap_fd, variant, stats, copy = (getattr(lib, name) for name in mapped)
+            map_fd, unmap_fd, variant, stats, copy, residency = (getattr(lib, name) for name in mapped)
             map_fd.restype, map_fd.argtypes = ctypes.c_int, [ctypes.c_int]
             unmap_fd.restype, unmap_fd.argtypes = None, [ctypes.c_int]
             variant.restype, variant.argtypes = ctypes.c_int, [ctypes.c_int]
+            residency.restype, residency.argtypes = ctypes.c_int, [ctypes.c_int]
+            self._residency = residency
             stats.restype, stats.argtypes = None, [_vp]
             copy.restype = ctypes.c_uint64
             copy.argtypes = [_vp, ctypes.c_size_t, _vp, ctypes.c_int, ctypes.c_int, _vp]
@@ -306,6 +310,13 @@ class BatchIO:
         0, 2 or 3 sets it first (process-wide; never to one the CPU lacks): tests run
         AVX2 on an AVX-512 CPU, 0 turns mapped reads off."""
         return 0 if self._variant is None else int(self._variant(want))
+
+    def mapped_residency(self, want: int = -1) -> int:
+        """How a mapped read checks that its pages are in the page cache: 1 ``cachestat``
+        (Linux 6.5+), 0 ``mincore`` (older kernels, or a seccomp filter refusing
+        ``cachestat``). ``want`` 0 or 1 sets it first (process-wide; tests check both
+        paths; 1 on a kernel that refuses it falls back to 0 at the next read)."""
+        return 0 if self._residency is None else int(self._residency(want))
 
     def map_fd(self, fd: int) -> int:
         """Map ``fd``'s regular file for reads (read-only, shared): 0, 1 when there is
