@@ -307,20 +307,23 @@ static int count_bad(int lo, int hi, const int32_t *status)
  * (mlen bytes at marker_offs[j], into markers[j * mlen ..]; adjacent ones in one call). A
  * page is HL3_OK when its record equals expect[j * mlen ..] and, where csums[j] != 0, the
  * XXH3 of its segments equals csums[j]; HL3_HEADER when the record differs (whatever the
- * checksum: a slot rewritten meanwhile is a miss, not corruption), HL3_CHECKSUM when only
+ * the checksum: a slot rewritten meanwhile is a miss, not corruption), HL3_CHECKSUM when only
  * the checksum does. status[j]: HL3_* or -errno; returns the number not OK. The records
- * read land in markers[(j - base) * mlen ..]. */
+ * read land in markers[(j - base) * mlen ..]. Pages copied from a mapping (mapped_read.c)
+ * hold it in `spans`, for the caller's hl3_mapped_done once all its reads are over; NULL:
+ * this call's own, let go before it returns. */
 static int read_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
                       const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
                       unsigned char *markers, int base, const unsigned char *expect, int64_t mlen,
-                      const uint64_t *csums, const struct hl3_xxh3 *x, int32_t *status, int nowait)
+                      const uint64_t *csums, const struct hl3_xxh3 *x, int32_t *status, int nowait,
+                      struct hl3_mapped_spans *spans)
 {
     void *state = NULL;
-    struct hl3_mapped_spans spans = {0};
+    struct hl3_mapped_spans own = {0};
     check_segments(lo, hi, at, status);
     move_pages(0, lo, hi, fds, data_offs, segs, at, status, HL3_TODO, HL3_STEP, HL3_READ_RUN, csums, x,
-               &state, nowait, &spans);
-    hl3_mapped_done(&spans);
+               &state, nowait, spans != NULL ? spans : &own);
+    hl3_mapped_done(&own);
     /* a page that failed its checksum still has its marker read: a marker that differs
      * (the slot was rewritten meanwhile) makes it a miss of the torn kind, not corruption */
     for (int j = lo; j < hi; j++)
@@ -348,7 +351,7 @@ int hl3_read_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
                    const uint64_t *csums, const struct hl3_xxh3 *x, int32_t *status)
 {
     return read_pages(lo, hi, fds, data_offs, marker_offs, segs, at, markers, 0, expect, mlen, csums, x,
-                      status, 0);
+                      status, 0, NULL);
 }
 
 /* hl3_read_pages of a planned get (hicache_l3/slab/plan.py: the plan's arrays and the
@@ -359,7 +362,7 @@ int hl3_read_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
 static int read_plan(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
                      const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
                      const unsigned char *expect, int64_t mlen, const uint64_t *csums,
-                     const struct hl3_xxh3 *x, int32_t *status, int nowait)
+                     const struct hl3_xxh3 *x, int32_t *status, int nowait, struct hl3_mapped_spans *spans)
 {
     if (hi <= lo)
         return 0;
@@ -370,7 +373,7 @@ static int read_plan(int lo, int hi, const int32_t *fds, const int64_t *data_off
         return hi - lo;
     }
     int bad = read_pages(lo, hi, fds, data_offs, marker_offs, segs, at, markers, lo, expect, mlen, csums,
-                         x, status, nowait);
+                         x, status, nowait, spans);
     free(markers);
     return bad;
 }
@@ -380,7 +383,7 @@ int hl3_read_plan(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
                   const unsigned char *expect, int64_t mlen, const uint64_t *csums,
                   const struct hl3_xxh3 *x, int32_t *status)
 {
-    return read_plan(lo, hi, fds, data_offs, marker_offs, segs, at, expect, mlen, csums, x, status, 0);
+    return read_plan(lo, hi, fds, data_offs, marker_offs, segs, at, expect, mlen, csums, x, status, 0, NULL);
 }
 
 /* hl3_read_plan of what the page cache holds: a page whose data would wait for the disk
@@ -392,7 +395,7 @@ int hl3_read_plan_nowait(int lo, int hi, const int32_t *fds, const int64_t *data
                          const unsigned char *expect, int64_t mlen, const uint64_t *csums,
                          const struct hl3_xxh3 *x, int32_t *status)
 {
-    return read_plan(lo, hi, fds, data_offs, marker_offs, segs, at, expect, mlen, csums, x, status, 1);
+    return read_plan(lo, hi, fds, data_offs, marker_offs, segs, at, expect, mlen, csums, x, status, 1, NULL);
 }
 
 /* Pages lo..hi-1 of a write batch (slab format 2): where with_csum, the XXH3 of page j's
@@ -555,10 +558,14 @@ int hl3_share_read_plan(struct hl3_share *s, int64_t wait_ns, int nowait, const 
                         const struct hl3_xxh3 *x, int32_t *status)
 {
     int lo, hi;
+    /* the page-table entries of every chunk this thread copied from a mapping are dropped
+     * once, after its last chunk: each drop costs the other core a TLB flush */
+    struct hl3_mapped_spans spans = {0};
     while (share_claim(s, &lo, &hi)) {
-        read_plan(lo, hi, fds, data_offs, marker_offs, segs, at, expect, mlen, csums, x, status, nowait);
+        read_plan(lo, hi, fds, data_offs, marker_offs, segs, at, expect, mlen, csums, x, status, nowait, &spans);
         share_done(s, lo, hi);
     }
+    hl3_mapped_done(&spans);
     return share_wait(s, wait_ns);
 }
 

@@ -14,7 +14,7 @@ struct hl3_mapped_span {
     void *mapping;
     uintptr_t lo, hi;
 };
-#define HL3_MAPPED_SPANS 4
+#define HL3_MAPPED_SPANS 8
 struct hl3_mapped_spans {
     int n;
     struct hl3_mapped_span span[HL3_MAPPED_SPANS];
