@@ -1,6 +1,8 @@
 """nixl file mode's lanes (connectors/nixl/lanes.py): a batch's bytes split between the
 caller's agent and lane agents on their own threads, with NIXL's real POSIX plugin. A
-get's split moves exactly the rows' bytes and a shared get is byte-exact; a set at
+get's split moves exactly the rows' bytes (the caller's part of the share asked) and a
+shared get is byte-exact, at any share; the caller's share follows the parts' times
+until they end together; a set at
 capacity, its slots in two slab files, is written by two agents; a lane's engine error
 falls back to one agent, a lane's timeout times the batch out (a set's slots held) and
 the lane gets a fresh agent; taken lanes, one agent, an interrupted get."""
@@ -25,7 +27,7 @@ from hicache_l3.common.memory import HostBuffer
 from hicache_l3.conformance import ConnectorTests
 from hicache_l3.conformance.suite import Pages, _sigint_raises
 from hicache_l3.connectors.nixl.base import TransferError
-from hicache_l3.connectors.nixl.lanes import SHARE_MIN_BYTES, by_file, split_rows
+from hicache_l3.connectors.nixl.lanes import SHARE_MIN_BYTES, Balance, by_file, split_rows
 from hicache_l3.slab.format import Geometry
 from hicache_l3.slab.store import split_min_slots
 
@@ -65,19 +67,53 @@ def _bytes_of(local: Any, remote: Any) -> list[tuple[int, int, int]]:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(1, 40), st.integers(0, 1 << 20),
                           st.integers(3, 5)), min_size=1, max_size=12),
-       st.integers(1, 5), st.integers(1, 8))
+       st.integers(1, 5), st.integers(1, 8), st.one_of(st.none(), st.floats(0.05, 0.95)))
 def test_split_rows_moves_exactly_the_rows_bytes(rows: list[tuple[int, int, int, int]], parts: int,
-                                                 align: int) -> None:
+                                                 align: int, first: float | None) -> None:
     local = numpy.array([(a, n, 0) for a, n, _, _ in rows], dtype=numpy.uint64)
     remote = numpy.array([(o, n, d) for _, n, o, d in rows], dtype=numpy.uint64)
-    pieces = split_rows(local, remote, parts, align)
+    pieces = split_rows(local, remote, parts, align, first=first)
     assert 1 <= len(pieces) <= parts
     moved = [b for lo, ro in pieces for b in _bytes_of(lo, ro)]
     assert moved == _bytes_of(local, remote)  # the same bytes, in order, each once
     total = sum(n for _, n, _, _ in rows)
     for lo, _ in pieces[:-1]:  # each cut on the alignment
         assert int(lo[:, 1].sum()) % align == 0 or total < align
+    if first is not None and len(pieces) == parts >= 2:  # the first part: the share asked, cut down
+        head = int(total * first)
+        assert head - align < int(pieces[0][0][:, 1].sum()) <= head
     assert local.tolist() == [[a, n, 0] for a, n, _, _ in rows]  # the input is left as it was
+
+
+def _parts_times(share: float, own_rate: float, lane_rate: float, wake: float) -> tuple[float, float]:
+    """How long the caller's part and the lanes take for one byte split at ``share``."""
+    return share / own_rate, wake + (1 - share) / lane_rate
+
+
+@pytest.mark.parametrize(("own_rate", "lane_rate", "wake"), [(1.0, 1.0, 0.0), (1.0, 0.8, 0.05),
+                                                            (0.7, 1.0, 0.1), (1.0, 1.0, 0.3)])
+def test_the_callers_share_moves_until_both_parts_end_together(own_rate: float, lane_rate: float,
+                                                               wake: float) -> None:
+    balance = Balance(2)
+    assert balance.share == 0.5
+    for _ in range(60):
+        balance.observe(*_parts_times(balance.share, own_rate, lane_rate, wake))
+    own_s, lanes_s = _parts_times(balance.share, own_rate, lane_rate, wake)
+    assert abs(own_s - lanes_s) < 0.01 * max(own_s, lanes_s)  # they end together
+    assert balance.observed == 60
+
+
+def test_the_callers_share_stays_within_bounds_and_ignores_empty_times() -> None:
+    balance = Balance(2)
+    for _ in range(100):
+        balance.observe(*_parts_times(balance.share, 1.0, 0.01, 0.0))  # a lane 100x slower
+    assert balance.share == Balance.HIGH
+    for _ in range(100):
+        balance.observe(*_parts_times(balance.share, 0.01, 1.0, 0.0))  # the caller 100x slower
+    assert balance.share == Balance.LOW
+    balance.observe(0.0, 1.0)
+    balance.observe(1.0, -1.0)
+    assert balance.share == Balance.LOW and balance.observed == 200
 
 
 @settings(max_examples=200, deadline=None)
@@ -109,6 +145,20 @@ def test_a_big_get_is_shared_by_the_lanes_byte_exact(tmp_path: Path, backwards: 
             assert conn.batch_get(keys, pages) == [True] * N
             assert bytes(buf.view()) == want
         assert conn.stats()["engine"]["lane_shared_batches"] == 3
+        assert conn._read_balance.observed == 3  # each shared get's times taken
+
+
+@pytest.mark.parametrize("share", [Balance.LOW, 0.5, Balance.HIGH])
+def test_a_shared_get_is_byte_exact_at_any_share(tmp_path: Path, share: float) -> None:
+    conn, keys, buf, pages, want = _stored(tmp_path)
+    with conn:
+        balance = conn._read_balance
+        balance.observe = lambda own_s, lanes_s: None  # the share stays where the test put it
+        balance.share = share
+        buf.view()[:] = bytes(N * P)
+        assert conn.batch_get(keys, pages) == [True] * N
+        assert bytes(buf.view()) == want
+        assert conn.stats()["engine"]["lane_shared_batches"] == 1
 
 
 def test_a_small_get_goes_alone(tmp_path: Path) -> None:
@@ -145,6 +195,7 @@ def test_a_lane_engine_error_falls_back_to_one_agent(tmp_path: Path) -> None:
         assert conn.batch_get(keys, pages) == [True] * N
         assert bytes(buf.view()) == want
         assert calls == [1]
+        assert conn._read_balance.observed == 0  # a failed part's time teaches nothing
 
 
 def test_a_lane_timeout_times_out_the_batch_and_renews_the_lane(tmp_path: Path) -> None:

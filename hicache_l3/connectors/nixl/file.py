@@ -76,7 +76,7 @@ from hicache_l3.connectors.nixl.base import (
     run_flat,
     run_on,
 )
-from hicache_l3.connectors.nixl.lanes import SHARE_MIN_BYTES, Lanes, by_file, split_rows
+from hicache_l3.connectors.nixl.lanes import SHARE_MIN_BYTES, Balance, Lanes, by_file, split_rows
 from hicache_l3.slab import native
 from hicache_l3.slab.engine import SlabConnector
 from hicache_l3.slab.format import RECORD_BYTES, Entry, encode_markers, expected_markers
@@ -402,6 +402,7 @@ class NixlFileConnector(SlabConnector, NixlConnector):
         if helpers is not None and config.transfer_agents > 1 and len(os.sched_getaffinity(0)) > 1:
             self._lanes = Lanes([Agent("POSIX", self._agent_params, abandon_on_timeout=True)
                                      for _ in range(config.transfer_agents - 1)], self._renew_agent)
+        self._read_balance = Balance(config.transfer_agents)  # the caller's share of a shared get
         self.transport = NixlTransport(lambda op: self._xfer(op, "FILE"), config.max_descs,
                                        config.checksum_threads, lib, helpers,
                                        self._share_read if self._lanes is not None else None,
@@ -424,10 +425,11 @@ class NixlFileConnector(SlabConnector, NixlConnector):
         parts = min(len(lanes) + 1, int(local[:, 1].sum()) // SHARE_MIN_BYTES)
         if parts < 2:
             return False
-        pieces = split_rows(local, remote, parts)
+        balance = self._read_balance if parts == len(lanes) + 1 else None  # (learnt for all the lanes)
+        pieces = split_rows(local, remote, parts, first=balance.share if balance is not None else None)
         if len(pieces) < 2:
             return False
-        return self._run_shared("READ", pieces)
+        return self._run_shared("READ", pieces, balance)
 
     def _share_write(self, local: Any, remote: Any) -> bool:
         """Move the write rows ``local``/``remote`` (``m x 3`` arrays) split by slab file
@@ -446,14 +448,16 @@ class NixlFileConnector(SlabConnector, NixlConnector):
             return False
         return self._run_shared("WRITE", pieces)
 
-    def _run_shared(self, op: str, pieces: list[tuple[Any, Any]]) -> bool:
-        """``pieces[0]`` moved by the caller's agent, the others by the lanes, at once."""
+    def _run_shared(self, op: str, pieces: list[tuple[Any, Any]], balance: Balance | None = None) -> bool:
+        """``pieces[0]`` moved by the caller's agent, the others by the lanes, at once;
+        ``balance`` learns from their times (:meth:`Lanes.run`)."""
         lanes = self._lanes
         assert lanes is not None
         own, timeout = self._xfer(op, "FILE"), self.config.timeout_s
         try:
             return lanes.run(lambda: own(*pieces[0]),
-                             [functools.partial(_lane_move, op, piece, timeout) for piece in pieces[1:]])
+                             [functools.partial(_lane_move, op, piece, timeout) for piece in pieces[1:]],
+                             balance if len(pieces) == len(lanes) + 1 else None)
         except TransferError:
             raise
         except Exception as exc:  # a lane's agent could not be renewed
@@ -495,6 +499,7 @@ class NixlFileConnector(SlabConnector, NixlConnector):
                 "lanes": len(self._lanes) if self._lanes is not None else 0,
                 "lane_shared_batches": self._lanes.shared if self._lanes is not None else 0,
                 "lane_renewals": self._lanes.renewals if self._lanes is not None else 0,
+                "lane_read_share": round(self._read_balance.share, 3),
                 **self._slab_stats()}
 
 

@@ -12,8 +12,12 @@ into one 1459-1504 us), and the slab store puts a set's slots in two files
 (:class:`~hicache_l3.slab.clock.Clocks`).
 
 How. A get: :func:`split_rows` cuts its rows (``m x 3`` arrays: address or offset,
-length, device) into parts of about equal bytes. A set: :func:`by_file` deals its rows
-out by slab file. :meth:`Lanes.run` hands part ``i + 1`` to lane ``i`` and runs part 0 on
+length, device) into parts, the caller's of :attr:`Balance.share` of the bytes and the
+lanes' of equal bytes, where the share is learnt from how long the last gets' parts took
+(:class:`Balance`: a lane starts tens of microseconds after the caller, and on some
+machines moves bytes slower; with equal parts the caller waited for the lane 51-61 us of
+a ~420 us get on the AMD EPYC VM). A set: :func:`by_file` deals its rows out by slab
+file. :meth:`Lanes.run` hands part ``i + 1`` to lane ``i`` and runs part 0 on
 the caller, then waits for every lane. A lane's thread sleeps on a semaphore between
 batches (woken in tens of microseconds, against a transfer of a millisecond or more:
 shares below :data:`SHARE_MIN_BYTES` are not split).
@@ -35,6 +39,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,18 +49,25 @@ SHARE_MIN_BYTES = 2 << 20  # a get moving less than this per lane goes alone (th
 ALIGN = 4096  # parts are cut on this byte boundary of the transfer
 
 
-def split_rows(local: Any, remote: Any, parts: int, align: int = ALIGN) -> list[tuple[Any, Any]]:
+def split_rows(local: Any, remote: Any, parts: int, align: int = ALIGN,
+               first: float | None = None) -> list[tuple[Any, Any]]:
     """``local`` and ``remote`` (``m x 3`` uint64 numpy arrays of the same rows' two
-    sides, lengths in column 1) cut into at most ``parts`` transfers of about equal
-    bytes, cut on multiples of ``align`` bytes of the transfer (a row crossing a cut is
-    split in two rows): together the parts move exactly the bytes of the rows, to the
-    same places. Fewer parts when the rows hold fewer than ``parts`` aligned pieces."""
+    sides, lengths in column 1) cut into at most ``parts`` transfers, cut on multiples of
+    ``align`` bytes of the transfer (a row crossing a cut is split in two rows): the first
+    of about ``first`` of the bytes (0 < first < 1; None: 1 / parts), the others of about
+    equal bytes. Together the parts move exactly the bytes of the rows, to the same
+    places. Fewer parts when the rows hold fewer than ``parts`` aligned pieces."""
     import numpy
 
     lengths = local[:, 1]
     ends = numpy.cumsum(lengths, dtype=numpy.uint64)
     total = int(ends[-1]) if len(ends) else 0
-    cuts = sorted({total * i // parts // align * align for i in range(1, parts)} - {0, total})
+    if first is None or parts < 2:
+        points = [total * i // parts for i in range(1, parts)]
+    else:
+        head = int(total * min(max(first, 0.0), 1.0))
+        points = [head + (total - head) * i // (parts - 1) for i in range(parts - 1)]
+    cuts = sorted({p // align * align for p in points} - {0, total})
     bounds = [0, *cuts, total]
     out = []
     for a, b in itertools.pairwise(bounds):
@@ -104,6 +116,7 @@ class _Lane:
         self.done = threading.Semaphore(0)
         self.job: Callable[[Agent], None] | None = None
         self.error: BaseException | None = None
+        self.ended = 0.0  # perf_counter() when its last share ended
         self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self.thread.start()
 
@@ -120,7 +133,36 @@ class _Lane:
                 self.error = exc
             finally:
                 self.job = None
+                self.ended = time.perf_counter()
                 self.done.release()
+
+
+class Balance:
+    """The caller's share of a shared get's bytes (:attr:`share`), learnt so that its part
+    and the lanes' end together. After each shared get, :meth:`observe` takes how long
+    the caller's part took and how long after the start the last lane ended (its wake-up
+    included), computes the share at which both would have ended at once (each side's
+    bytes per second taken as they were) and moves :attr:`share` a quarter of the way
+    there, within [:attr:`LOW`, :attr:`HIGH`]: one slow get moves it little, a lasting
+    difference (a CPU whose second agent is slower, a lane's wake-up) is followed within a
+    few gets. Starts at ``1 / parts`` (equal parts)."""
+
+    LOW, HIGH, STEP = 0.1, 0.9, 0.25
+
+    def __init__(self, parts: int) -> None:
+        self.share = 1.0 / max(1, parts)
+        self.observed = 0
+
+    def observe(self, own_s: float, lanes_s: float) -> None:
+        """A shared get's times: the caller's part ``own_s``, the lanes' ``lanes_s``
+        (from the start to the last lane's end); ignored unless both are positive."""
+        if own_s <= 0 or lanes_s <= 0:
+            return
+        f = self.share
+        own_rate, lane_rate = f / own_s, (1.0 - f) / lanes_s  # shares of the bytes per second
+        even = own_rate / (own_rate + lane_rate)
+        self.share = min(self.HIGH, max(self.LOW, f + self.STEP * (even - f)))
+        self.observed += 1
 
 
 class Lanes:
@@ -145,16 +187,19 @@ class Lanes:
         """The lanes' agents now (to register or deregister host regions with)."""
         return [lane.agent for lane in self._lanes]
 
-    def run(self, own: Callable[[], None], shares: Sequence[Callable[[Agent], None]]) -> bool:
+    def run(self, own: Callable[[], None], shares: Sequence[Callable[[Agent], None]],
+            balance: Balance | None = None) -> bool:
         """Run ``shares[i]`` on lane ``i`` (with its agent) and ``own`` on the calling
         thread, all at once; False, having run nothing, when the lanes are taken, closed,
         too few, or this process is a fork of the one that made them. Returns only once
         every share has ended; then raises the caller's own exception if ``own`` raised,
-        else the first lane's."""
+        else the first lane's. When every part ended well, ``balance`` observes how long
+        the caller's part and the lanes took (:meth:`Balance.observe`)."""
         if len(shares) > len(self._lanes) or self._closed or os.getpid() != self._pid \
                 or not self._taken.acquire(blocking=False):
             return False
         started: list[_Lane] = []
+        own_s, start = 0.0, time.perf_counter()
         try:
             for lane, share in zip(self._lanes, shares):
                 if lane.agent.poisoned:
@@ -164,12 +209,17 @@ class Lanes:
                 started.append(lane)
                 lane.wake.release()
             own_error: BaseException | None = None
+            own_start = time.perf_counter()
             try:
                 own()
+                own_s = time.perf_counter() - own_start
             except BaseException as exc:
                 own_error = exc
         finally:
             interrupted = _wait_all(started)
+            if balance is not None and own_s and started and interrupted is None \
+                    and not any(lane.error is not None for lane in started):
+                balance.observe(own_s, max(lane.ended for lane in started) - start)
             self._taken.release()
         self.shared += 1
         if own_error is not None:
