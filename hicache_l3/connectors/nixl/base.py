@@ -121,10 +121,10 @@ class NixlConfig(ConnectorConfig):
     checksum_threads: int = setting(2, "file mode: threads computing page checksums of a batch")
     transfer_agents: int = setting(
         2, "file mode: NIXL agents moving one batch's bytes at once, each on its own thread: a "
-        "get of 4 MiB or more split in equal parts (two agents read one slab file in "
-        "parallel), a set split by slab file (the store puts a batch's slots in two files; "
-        "writes to one file serialise); 1 = the caller's agent alone; on one CPU there are "
-        "no lanes")
+        "get of 4 MiB or more split in parts that end together (the caller's share learnt from "
+        "the last gets' times; two agents read one slab file in parallel), a set split by "
+        "slab file (the store puts a batch's slots in two files; writes to one file "
+        "serialise); 1 = the caller's agent alone; on one CPU there are no lanes")
     native_io: bool = setting(
         True, "file mode: the slot marker records of a batch in one call of "
         "the C batch library (hicache_l3._batch_io) when it is built; false: an os.pwrite / "

@@ -35,9 +35,10 @@ tests compare with (tests/nixl/test_nixl_plan.py).
 
 A batch of 4 MiB or more is shared by the lanes (:mod:`~hicache_l3.connectors.nixl.lanes`,
 ``transfer_agents``): one part moved by the caller's agent, the others by agents on
-resident threads, at once. A get's rows are cut in parts of equal bytes (reads of one slab
-file run in parallel); a set's are dealt out by slab file (writes to one file serialise in
-the kernel, and the store puts a batch's slots in two files: slab/clock.py ``Clocks``).
+resident threads, at once. A get's rows are cut in parts that end together (reads of one
+slab file run in parallel; the caller's share is learnt: lanes.py ``Balance``); a set's are
+dealt out by slab file (writes to one file serialise in the kernel, and the store puts a
+batch's slots in two files: slab/clock.py ``Clocks``).
 
 Checksums: ``checksum=auto`` means none here. Measured on this machine, XXH3 over a
 batch runs at ~10 GB/s on one core and does not overlap with the transfer, which
