@@ -441,12 +441,11 @@ class NixlFileConnector(SlabConnector, NixlConnector):
         lanes = self._lanes
         if lanes is None or not hasattr(local, "shape") or len(local) < 2:
             return False
-        fds = remote[:, 2]
-        if (fds == fds[0]).all() or int(local[:, 1].sum()) < 2 * SHARE_MIN_BYTES:
-            return False  # one file (nothing to gain), or too small to pay a lane's wake-up
+        if int(local[:, 1].sum()) < 2 * SHARE_MIN_BYTES:
+            return False  # too small to pay a lane's wake-up
         pieces = by_file(local, remote, len(lanes) + 1)
         if len(pieces) < 2:
-            return False
+            return False  # one file: nothing to gain
         return self._run_shared("WRITE", pieces)
 
     def _run_shared(self, op: str, pieces: list[tuple[Any, Any]], balance: Balance | None = None) -> bool:

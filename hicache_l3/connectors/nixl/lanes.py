@@ -36,6 +36,7 @@ Rules a batch relies on:
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import os
 import threading
@@ -57,11 +58,11 @@ def split_rows(local: Any, remote: Any, parts: int, align: int = ALIGN,
     of about ``first`` of the bytes (0 < first < 1; None: 1 / parts), the others of about
     equal bytes. Together the parts move exactly the bytes of the rows, to the same
     places. Fewer parts when the rows hold fewer than ``parts`` aligned pieces."""
-    import numpy
-
-    lengths = local[:, 1]
-    ends = numpy.cumsum(lengths, dtype=numpy.uint64)
-    total = int(ends[-1]) if len(ends) else 0
+    # the row arithmetic on Python ints, numpy only to slice and adjust the parts: a batch
+    # coalesces to a row or a few, where each numpy call costs more than the sum
+    lengths = local[:, 1].tolist()
+    ends = list(itertools.accumulate(lengths))
+    total = ends[-1] if ends else 0
     if first is None or parts < 2:
         points = [total * i // parts for i in range(1, parts)]
     else:
@@ -71,12 +72,12 @@ def split_rows(local: Any, remote: Any, parts: int, align: int = ALIGN,
     bounds = [0, *cuts, total]
     out = []
     for a, b in itertools.pairwise(bounds):
-        first = int(numpy.searchsorted(ends, a, side="right"))  # the row holding byte a
-        last = int(numpy.searchsorted(ends, b, side="left"))  # the row holding byte b - 1
-        lo, ro = local[first:last + 1].copy(), remote[first:last + 1].copy()
-        skip = a - (int(ends[first]) - int(lengths[first]))
-        over = int(ends[last]) - b
-        for rows in (lo, ro):
+        first_row = bisect.bisect_right(ends, a)  # the row holding byte a
+        last_row = bisect.bisect_left(ends, b)  # the row holding byte b - 1
+        lo, ro = local[first_row:last_row + 1].copy(), remote[first_row:last_row + 1].copy()
+        skip = a - (ends[first_row] - lengths[first_row])
+        over = ends[last_row] - b
+        for rows in (lo, ro) if skip or over else ():
             rows[0, 0] += skip
             rows[0, 1] -= skip
             rows[-1, 1] -= over
@@ -90,20 +91,23 @@ def by_file(local: Any, remote: Any, parts: int) -> list[tuple[Any, Any]]:
     file's rows in one of them (in their order), the files dealt out so that the parts'
     bytes are as even as a greedy deal makes them: what writes, which serialise per
     file, can run at once."""
-    import numpy
-
-    fds, lengths = remote[:, 2], local[:, 1]
-    files = sorted(((int(lengths[fds == fd].sum()), int(fd)) for fd in numpy.unique(fds)), reverse=True)
+    # grouped on Python ints, numpy only to take each part's rows: a set batch has a row
+    # or a few per file, where numpy's unique and masks cost more than the deal itself
+    per_file: dict[int, list[int]] = {}  # fd -> its rows, in order
+    for row, fd in enumerate(remote[:, 2].tolist()):
+        per_file.setdefault(fd, []).append(row)
+    lengths = local[:, 1].tolist()
+    files = sorted(((sum(lengths[row] for row in rows), fd) for fd, rows in per_file.items()), reverse=True)
     loads = [0] * min(parts, len(files))
     groups: list[list[int]] = [[] for _ in loads]
     for nbytes, fd in files:  # the biggest file to the lightest part
         k = loads.index(min(loads))
         loads[k] += nbytes
-        groups[k].append(fd)
+        groups[k].extend(per_file[fd])
     out = []
     for group in groups:
-        mask = numpy.isin(fds, group)
-        out.append((local[mask], remote[mask]))
+        group.sort()
+        out.append((local[group], remote[group]))
     return out
 
 
