@@ -136,6 +136,7 @@ def test_controller_paths_bench_runs() -> None:
     assert result["verified"] is True
     assert result["set_ratio_median"] > 0 and result["get_ratio_median"] > 0
     assert result["cpu"]["model"] and "cpu: " in proc.stderr
+    assert result["first_touch_gbps"] > 0 and "guest memory, first touch: " in proc.stderr
     ratios = result["ratios"]  # ours / raw (same pointers), fresh store and at capacity, 1 and 2 threads
     for raw in ("raw-1t", "raw-2t", "raw-2t-batch"):
         for key in (f"set_vs_{raw}_fresh", f"get_vs_{raw}", f"steady_set_vs_{raw}_overwrite",
