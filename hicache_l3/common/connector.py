@@ -160,7 +160,7 @@ class Connector(abc.ABC, Generic[ConfigT]):
     def _leave(self) -> None:
         with self._state_lock:
             self._inflight -= 1
-            if self._inflight == 0:
+            if self._inflight == 0 and self._closed:  # only close() waits for the count
                 self._state.notify_all()
 
     @property

@@ -80,6 +80,12 @@ def _address(buf: array.array | bytearray) -> int:
     return ctypes.addressof(ctypes.c_char.from_buffer(buf)) if buf else 0
 
 
+def _bytes_address(data: bytes) -> int:
+    """The address of ``data``'s bytes (valid while ``data`` lives; the C calls only read
+    them)."""
+    return ctypes.cast(ctypes.c_char_p(data), _vp).value or 0
+
+
 class PageBatch:
     """The flat arrays one native call walks, built once per batch from per-page lists.
 
@@ -212,8 +218,9 @@ class PlanRead(NamedTuple):
     while the call may run)."""
 
     status: array.array[int]
-    args: tuple[int | bytes, ...]  # a bytes object passes as the address of its bytes
+    args: tuple[int, ...]  # addresses and lengths
     keep: tuple[object, ...]
+    packed: array.array[int]  # ``args`` as int64s: the resident readers' mailbox copies them
 
 
 class Share:
@@ -389,12 +396,11 @@ class BatchIO:
         if len(pages) != n or len(plan.fds) != n or len(plan.expect) != n * RECORD_BYTES:
             raise ValueError(f"read_plan: {len(pages)} pages for a plan of {n}")
         status = array.array("i", bytes(4 * n))
-        return PlanRead(status, (plan.fds.buffer_info()[0], plan.data_offs.buffer_info()[0],
-                                 plan.marker_offs.buffer_info()[0],
-                                 segments if isinstance(segments, bytes) else _address(segments),
-                                 at.buffer_info()[0], _address(plan.expect), RECORD_BYTES,
-                                 plan.csums.buffer_info()[0], self._xxh3_at, status.buffer_info()[0]),
-                        (segments, at, plan))
+        args = (plan.fds.buffer_info()[0], plan.data_offs.buffer_info()[0], plan.marker_offs.buffer_info()[0],
+                _bytes_address(segments) if isinstance(segments, bytes) else _address(segments),
+                at.buffer_info()[0], _address(plan.expect), RECORD_BYTES, plan.csums.buffer_info()[0],
+                self._xxh3_at, status.buffer_info()[0])
+        return PlanRead(status, args, (segments, at, plan), array.array("q", args))
 
     @property
     def reads_nowait(self) -> bool:

@@ -125,11 +125,11 @@ def plan_get(table: PageTable, keys: Sequence[str], geometry: Geometry, verified
     except UnicodeEncodeError:
         return None
     geo = _geometry_array(geometry)
-    values, csums, slabs = _zeros("Q", 6 * n), _zeros("Q", n), _zeros("Q", 2 * n)
-    code, where, slab_of = _zeros("i", n), _zeros("i", n), _zeros("i", n)
-    data_offs, marker_offs = _zeros("q", n), _zeros("q", n)
+    zq, zi, zs = _zeros("Q", 6 * n), _zeros("i", n), _zeros("q", n)  # slices of these are new arrays
+    values, csums, slabs, nslabs = zq, zq[:n], zq[:2 * n], zq[:1]  # nslabs: a size_t (64-bit only)
+    code, where, slab_of = zi, zi[:], zi[:]
+    data_offs, marker_offs = zs, zs[:]
     expect = bytearray(RECORD_BYTES * n)
-    nslabs = _zeros("Q", 1)  # a size_t (64-bit hosts only: checked above)
     # a key holding a newline splits into more than n: the C call then answers -1
     count, m = table.plan_get(n, blob, geo, verified_only,
                               (values, code, data_offs, marker_offs, expect, csums, where, slab_of,

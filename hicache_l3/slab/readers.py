@@ -80,13 +80,6 @@ def _self_test(lib: _Library) -> None:
 _native = LoadedOnce(_Library, _self_test, "hicache_l3._batch_io has no usable resident readers")
 
 
-def _pointer(arg: int | bytes) -> int:
-    """A C call argument as an integer: a bytes object as the address of its bytes."""
-    if isinstance(arg, bytes):
-        return ctypes.cast(ctypes.c_char_p(arg), _vp).value or 0
-    return arg
-
-
 class ResidentReaders:
     """``threads`` resident readers (module docstring) named ``name``-N; none when the
     library lacks them or ``threads`` < 1 (:attr:`running` is then False)."""
@@ -130,11 +123,10 @@ class ResidentReaders:
         if lib is None or not self.running:
             return False
         mailbox = self._mailbox
-        args = array.array("q", [_pointer(arg) for arg in call.args])
         owned = array.array("q", (0,))  # set by the publish itself: an interruption cannot lose it
         finished = False
         try:
-            lib.publish(mailbox, len(call.status), chunk, parts, int(nowait), args.buffer_info()[0],
+            lib.publish(mailbox, len(call.status), chunk, parts, int(nowait), call.packed.buffer_info()[0],
                         owned.buffer_info()[0])
             if not owned[0]:
                 return False

@@ -24,7 +24,6 @@ from hicache_l3.common.integrity import page_checksum
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.pages import FlatPages, Page
 from hicache_l3.slab import native as batch_io
-from hicache_l3.slab import readers as readers_module
 from hicache_l3.slab.format import RECORD_BYTES
 from hicache_l3.slab.native import CHECKSUM, HEADER, OK, SHORT, PageBatch
 from hicache_l3.slab.plan import GetPlan
@@ -266,7 +265,7 @@ def _publish_as_another_caller(readers: ResidentReaders, call: batch_io.PlanRead
     caller would: the mailbox is owned from here until ``done``."""
     lib = readers._lib
     assert lib is not None
-    args = array.array("q", [readers_module._pointer(a) for a in call.args])
+    args = call.packed
     owned = array.array("q", (0,))
     assert lib.publish(readers._mailbox, len(call.status), chunk, 0, 0, args.buffer_info()[0],
                        owned.buffer_info()[0])
