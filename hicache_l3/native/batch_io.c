@@ -47,6 +47,7 @@ enum { HL3_OK = 0, HL3_SHORT = 1, HL3_HEADER = 2, HL3_CHECKSUM = 3, HL3_NOMEM = 
 
 #define HL3_CSUM_AT 24 /* byte offset of the checksum in a marker record (slab/format.py START) */
 #define HL3_MAX_IOV 1024
+#define HL3_FOLIO_BYTES ((int64_t)2 << 20) /* a PMD: the biggest page-cache folio */
 
 static uint64_t checksum(const struct hl3_xxh3 *x, void **state, const struct iovec *seg, int n)
 {
@@ -475,7 +476,27 @@ struct hl3_share {
  * ... for h the chunks of the first half): a set's slots lie in two slab files, one per
  * half (slab/clock.py Clocks), and the kernel serialises writes to one file, so two
  * threads that take chunks in batch order would wait for each other. */
-static int share_claim(struct hl3_share *s, int *lo, int *hi)
+/* The first page index j in [x, x + window) (and below n) whose data offset offs[j] is a
+ * multiple of HL3_FOLIO_BYTES; x itself where there is none, or x is 0 or n. A write's
+ * chunks are cut there (share_claim): the kernel gives a write a 2 MiB page-cache folio
+ * only where one call covers the whole aligned 2 MiB, and a mapped read (mapped_read.c)
+ * then maps it with one entry. Monotonic in x (for a fixed window): the cuts of
+ * consecutive chunks never cross, so the chunks still partition the batch. */
+int64_t hl3_folio_cut(const int64_t *offs, int64_t n, int64_t x, int64_t window)
+{
+    if (offs == NULL || x <= 0 || x >= n)
+        return x;
+    int64_t end = window < n - x ? x + window : n;
+    for (int64_t j = x; j < end; j++)
+        if (offs[j] % HL3_FOLIO_BYTES == 0)
+            return j;
+    return x;
+}
+
+/* The next chunk [*lo, *hi) of s (0 when none is left; it may be empty where folio cuts
+ * meet). With `cuts` (a write's data offsets), the fixed chunks' bounds move to the
+ * folio boundaries hl3_folio_cut finds within a chunk after them. */
+static int share_claim(struct hl3_share *s, int *lo, int *hi, const int64_t *cuts)
 {
     int64_t a = __atomic_load_n(&s->next, __ATOMIC_ACQUIRE);
     int64_t least = s->chunk < 1 ? 1 : s->chunk, parts = s->parts;
@@ -488,8 +509,8 @@ static int share_claim(struct hl3_share *s, int *lo, int *hi)
             int64_t chunks = (s->n + least - 1) / least, c = a / least, half = (chunks + 1) / 2;
             int64_t b = c % 2 == 0 ? c / 2 : half + c / 2;
             int64_t end = (b + 1) * least;
-            *lo = (int)(b * least);
-            *hi = (int)(end < s->n ? end : s->n);
+            *lo = (int)hl3_folio_cut(cuts, s->n, b * least, least);
+            *hi = (int)hl3_folio_cut(cuts, s->n, end < s->n ? end : s->n, least);
             return 1;
         }
         int64_t left = s->n - a, size = left / parts;
@@ -561,7 +582,7 @@ int hl3_share_read_plan(struct hl3_share *s, int64_t wait_ns, int nowait, const 
     /* the page-table entries of every chunk this thread copied from a mapping are dropped
      * once, after its last chunk: each drop costs the other core a TLB flush */
     struct hl3_mapped_spans spans = {0};
-    while (share_claim(s, &lo, &hi)) {
+    while (share_claim(s, &lo, &hi, NULL)) {
         read_plan(lo, hi, fds, data_offs, marker_offs, segs, at, expect, mlen, csums, x, status, nowait, &spans);
         share_done(s, lo, hi);
     }
@@ -751,7 +772,7 @@ int hl3_share_write_pages(struct hl3_share *s, int64_t wait_ns, const int32_t *f
                           const struct hl3_xxh3 *x, int32_t *status)
 {
     int lo, hi;
-    while (share_claim(s, &lo, &hi)) {
+    while (share_claim(s, &lo, &hi, s->parts <= 0 ? data_offs : NULL)) {
         hl3_write_pages(lo, hi, fds, data_offs, marker_offs, segs, at, markers, mlen, with_csum, csums, x,
                         status);
         share_done(s, lo, hi);

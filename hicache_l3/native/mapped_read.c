@@ -9,8 +9,9 @@
  * the registers the copy loaded, and the streaming stores skip reading the destination's
  * lines into cache before writing them (which the kernel's copy does). Pages that are not
  * in the page cache are left to preadv (big requests to the disk), and so are pages under
- * 256 KiB (HL3_MAPPED_MIN_PAGE: slower this way on SGLang's path). The page-table entries
- * a read call made are dropped when it ends (unmap_span).
+ * 64 KiB (HL3_MAPPED_MIN_PAGE). A file is mapped at a 2 MiB-aligned address, so that the
+ * 2 MiB folios the set path makes (batch_io.c hl3_folio_cut) map with one entry each. The
+ * page-table entries a read call made are dropped when it ends (unmap_span).
  *
  * XXH3 here is written from its specification (xxHash's doc/xxhash_spec.md: the
  * accumulate, scramble and merge steps of the long-input path, inputs over 240 bytes,
@@ -49,9 +50,13 @@
 #define HL3_MAX_MAPPED_FD 65536
 #define HL3_SHORT_INPUT 240      /* XXH3 hashes inputs up to this long another way */
 /* Smaller pages are left to preadv. SGLang's controller path, 2 cores, get / raw preadv of 2
- * threads, with / without mapped reads: 64 KiB pages 0.79-0.80 / 0.89-0.91, 256 KiB
- * 0.89-0.91 / 0.85-0.89, 1 MiB 0.98-1.02 / 0.82-0.85 (docs/benchmarks.md, session 14). */
-#define HL3_MAPPED_MIN_PAGE ((size_t)256 << 10)
+ * threads, mapped reads / preadv: 64 KiB pages 0.79-0.80 / 0.89-0.91 (Intel VM, session 14),
+ * 1 MiB 0.98-1.02 / 0.82-0.85. Since the mappings are 2 MiB-aligned (map_aligned) and sets
+ * write 2 MiB-aligned chunks (batch_io.c hl3_folio_cut), a 64 KiB page lies in a 2 MiB
+ * folio mapped by one entry: 0.89-0.94 / 0.74-0.79 on the AMD EPYC VM (session 18). */
+#ifndef HL3_MAPPED_MIN_PAGE
+#define HL3_MAPPED_MIN_PAGE ((size_t)64 << 10)
+#endif
 
 /* ---- XXH3-64 of a page while it is copied ---------------------------------------------- */
 
@@ -467,6 +472,29 @@ static void retire(int fd)
  * vector variant, -EMFILE: a descriptor number beyond the table). A mapping the number
  * still holds for another file (its descriptor closed without hl3_unmap_fd) is removed
  * first: reads through fd never see another file's bytes. */
+/* A shared read-only mapping of len bytes of fd at a 2 MiB-aligned address (the file
+ * offset 0 aligned with it), so that a 2 MiB folio of the page cache maps with one PMD
+ * entry (one fault, one TLB entry) instead of 512 small ones. MAP_FAILED on failure. */
+static void *map_aligned(int fd, size_t len)
+{
+    size_t huge = (size_t)2 << 20;
+    char *res = mmap(NULL, len + huge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (res == MAP_FAILED)
+        return MAP_FAILED;
+    char *al = (char *)(((uintptr_t)res + huge - 1) & ~(uintptr_t)(huge - 1));
+    void *base = mmap(al, len, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0);
+    if (base == MAP_FAILED) {
+        munmap(res, len + huge);
+        return MAP_FAILED;
+    }
+    if (al > res)
+        munmap(res, (size_t)(al - res));
+    size_t whole = (len + (size_t)sysconf(_SC_PAGESIZE) - 1) & ~((size_t)sysconf(_SC_PAGESIZE) - 1);
+    if (res + len + huge > al + whole)
+        munmap(al + whole, (size_t)(res + len + huge - (al + whole)));
+    return base;
+}
+
 int hl3_map_fd(int fd)
 {
     if (copier() == NULL)
@@ -493,7 +521,7 @@ int hl3_map_fd(int fd)
     if (r == 0 && m == NULL)
         r = -ENOMEM;
     if (r == 0) {
-        void *base = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+        void *base = map_aligned(fd, (size_t)st.st_size);
         if (base == MAP_FAILED) {
             r = -errno;
             free(m);

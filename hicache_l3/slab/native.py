@@ -301,6 +301,9 @@ class BatchIO:
             copy.argtypes = [_vp, ctypes.c_size_t, _vp, ctypes.c_int, ctypes.c_int, _vp]
             self._map_fd, self._unmap_fd, self._variant, self._mapped_stats, self._copy = (
                 map_fd, unmap_fd, variant, stats, copy)
+        self._folio_cut = getattr(lib, "hl3_folio_cut", None)  # absent from an older build
+        if self._folio_cut is not None:
+            self._folio_cut.restype, self._folio_cut.argtypes = _i64, [_vp, _i64, _i64, _i64]
         self._markers = lib.hl3_markers
         self._markers.restype = ctypes.c_int
         self._markers.argtypes = [_i32, _i32, _i32, _vp, _vp, _vp, _vp, _i64, _vp]
@@ -363,6 +366,15 @@ class BatchIO:
         value = int(self._copy(src, length, flat.buffer_info()[0], len(segments), int(hashing),
                                ctypes.byref(faulted)))
         return None if faulted.value else value
+
+    def folio_cut(self, offsets: array.array[int], x: int, window: int) -> int | None:
+        """``hl3_folio_cut``: where a shared write's chunk bound ``x`` moves to, for a
+        batch of pages at data ``offsets`` (``array('q')``): the first page in ``[x, x +
+        window)`` whose offset is 2 MiB-aligned, else ``x``. None without the call. For
+        tests."""
+        if self._folio_cut is None:
+            return None
+        return int(self._folio_cut(offsets.buffer_info()[0] if offsets else None, len(offsets), x, window))
 
     def read(self, batch: PageBatch, lo: int, hi: int) -> int:
         """Read pages ``lo..hi-1`` of a read batch (data, then marker records, then the

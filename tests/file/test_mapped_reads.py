@@ -29,7 +29,7 @@ from hicache_l3.conformance.slab_backdoor import slab_location
 from hicache_l3.slab.native import BatchIO, library
 
 NS = Namespace(model="m", kv_dtype="bfloat16", layout="page_first", page_size=16)
-PAGE = 256 << 10  # the smallest page mapped reads take
+PAGE = 256 << 10  # a page mapped reads take (64 KiB or more)
 N = 8
 
 
@@ -159,8 +159,9 @@ def stored(conn: Any, prefix: str, page: int = PAGE) -> tuple[list[str], Pages]:
     return keys, pages
 
 
-def test_gets_read_through_the_mapping_return_the_stored_bytes(conn: Any, width: int) -> None:
-    keys, pages = stored(conn, "m")
+@pytest.mark.parametrize("page", [64 << 10, PAGE])
+def test_gets_read_through_the_mapping_return_the_stored_bytes(conn: Any, width: int, page: int) -> None:
+    keys, pages = stored(conn, "m", page)
     before = mapped_pages(conn)
     pages.wipe()
     assert conn.batch_get(keys, pages.pages) == [True] * N
@@ -169,7 +170,7 @@ def test_gets_read_through_the_mapping_return_the_stored_bytes(conn: Any, width:
 
 
 def test_small_pages_and_switched_off_reads_use_preadv(tmp_path: Path) -> None:
-    for page, settings_ in ((64 << 10, {}), (PAGE, {"mapped_reads": False})):
+    for page, settings_ in ((32 << 10, {}), (PAGE, {"mapped_reads": False})):
         ns = Namespace(model=f"m{page}", kv_dtype="bfloat16", layout="page_first", page_size=16)
         with open_connector("file", ns, root=str(tmp_path / str(page)), **settings_) as c:
             keys, pages = stored(c, "s", page)
