@@ -99,7 +99,8 @@ def test_a_file_shrunk_under_a_copy_is_reported_not_fatal(tmp_path: Path) -> Non
     assert out.split() == ["None", "None", "2"]
 
 
-def test_slab_files_shrunk_and_regrown_under_gets_cost_misses_only(tmp_path: Path) -> None:
+@pytest.mark.parametrize("page", [64 << 10, PAGE])
+def test_slab_files_shrunk_and_regrown_under_gets_cost_misses_only(tmp_path: Path, page: int) -> None:
     out = run_child(f"""
         import os, threading, time
         from hicache_l3 import Namespace, open_connector
@@ -118,7 +119,7 @@ def test_slab_files_shrunk_and_regrown_under_gets_cost_misses_only(tmp_path: Pat
         hits = misses = 0
         with open_connector("file", ns, root=root) as conn:
             keys = [f"r{{i}}" for i in range(8)]
-            pages = Pages(conn, {PAGE}, 8)
+            pages = Pages(conn, {page}, 8)
             pages.fill(keys)
             assert all(conn.batch_set(keys, pages.pages))
             slabs = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".dat")]
