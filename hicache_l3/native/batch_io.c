@@ -472,10 +472,6 @@ struct hl3_share {
 
 #define HL3_NO_MORE_CHUNKS (INT64_MAX / 2)
 
-/* Fixed chunks are handed out from the two halves of the batch in turn (0, h, 1, h + 1,
- * ... for h the chunks of the first half): a set's slots lie in two slab files, one per
- * half (slab/clock.py Clocks), and the kernel serialises writes to one file, so two
- * threads that take chunks in batch order would wait for each other. */
 /* The first page index j in [x, x + window) (and below n) whose data offset offs[j] is a
  * multiple of HL3_FOLIO_BYTES; x itself where there is none, or x is 0 or n. A write's
  * chunks are cut there (share_claim): the kernel gives a write a 2 MiB page-cache folio
@@ -494,8 +490,12 @@ int64_t hl3_folio_cut(const int64_t *offs, int64_t n, int64_t x, int64_t window)
 }
 
 /* The next chunk [*lo, *hi) of s (0 when none is left; it may be empty where folio cuts
- * meet). With `cuts` (a write's data offsets), the fixed chunks' bounds move to the
- * folio boundaries hl3_folio_cut finds within a chunk after them. */
+ * meet). Fixed chunks are handed out from the two halves of the batch in turn (0, h, 1,
+ * h + 1, ... for h the chunks of the first half): a set's slots lie in two slab files, one
+ * per half (slab/clock.py Clocks), and the kernel serialises writes to one file, so two
+ * threads that take chunks in batch order would wait for each other. With `cuts` (a
+ * write's data offsets), a fixed chunk's bounds move to the folio boundaries hl3_folio_cut
+ * finds within a chunk after them. */
 static int share_claim(struct hl3_share *s, int *lo, int *hi, const int64_t *cuts)
 {
     int64_t a = __atomic_load_n(&s->next, __ATOMIC_ACQUIRE);
@@ -772,7 +772,7 @@ int hl3_share_write_pages(struct hl3_share *s, int64_t wait_ns, const int32_t *f
                           const struct hl3_xxh3 *x, int32_t *status)
 {
     int lo, hi;
-    while (share_claim(s, &lo, &hi, s->parts <= 0 ? data_offs : NULL)) {
+    while (share_claim(s, &lo, &hi, data_offs)) {
         hl3_write_pages(lo, hi, fds, data_offs, marker_offs, segs, at, markers, mlen, with_csum, csums, x,
                         status);
         share_done(s, lo, hi);

@@ -54,9 +54,7 @@
  * 1 MiB 0.98-1.02 / 0.82-0.85. Since the mappings are 2 MiB-aligned (map_aligned) and sets
  * write 2 MiB-aligned chunks (batch_io.c hl3_folio_cut), a 64 KiB page lies in a 2 MiB
  * folio mapped by one entry: 0.89-0.94 / 0.74-0.79 on the AMD EPYC VM (session 18). */
-#ifndef HL3_MAPPED_MIN_PAGE
 #define HL3_MAPPED_MIN_PAGE ((size_t)64 << 10)
-#endif
 
 /* ---- XXH3-64 of a page while it is copied ---------------------------------------------- */
 
@@ -467,11 +465,6 @@ static void retire(int fd)
         __atomic_add_fetch(&stat_kept, 1, __ATOMIC_RELAXED);
 }
 
-/* Map fd's file (read-only, shared) for mapped reads: 0, or 1 when there is nothing to map
- * (an empty file, or the descriptor maps this file already), or -errno (-ENOTSUP: no
- * vector variant, -EMFILE: a descriptor number beyond the table). A mapping the number
- * still holds for another file (its descriptor closed without hl3_unmap_fd) is removed
- * first: reads through fd never see another file's bytes. */
 /* A shared read-only mapping of len bytes of fd at a 2 MiB-aligned address (the file
  * offset 0 aligned with it), so that a 2 MiB folio of the page cache maps with one PMD
  * entry (one fault, one TLB entry) instead of 512 small ones. MAP_FAILED on failure. */
@@ -489,12 +482,18 @@ static void *map_aligned(int fd, size_t len)
     }
     if (al > res)
         munmap(res, (size_t)(al - res));
-    size_t whole = (len + (size_t)sysconf(_SC_PAGESIZE) - 1) & ~((size_t)sysconf(_SC_PAGESIZE) - 1);
-    if (res + len + huge > al + whole)
-        munmap(al + whole, (size_t)(res + len + huge - (al + whole)));
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    char *end = al + ((len + page - 1) & ~(page - 1)); /* the reservation's tail, page-aligned */
+    if (res + len + huge > end)
+        munmap(end, (size_t)(res + len + huge - end));
     return base;
 }
 
+/* Map fd's file (read-only, shared) for mapped reads: 0, or 1 when there is nothing to map
+ * (an empty file, or the descriptor maps this file already), or -errno (-ENOTSUP: no
+ * vector variant, -EMFILE: a descriptor number beyond the table). A mapping the number
+ * still holds for another file (its descriptor closed without hl3_unmap_fd) is removed
+ * first: reads through fd never see another file's bytes. */
 int hl3_map_fd(int fd)
 {
     if (copier() == NULL)

@@ -439,7 +439,7 @@ def _run_batch(lib: native.BatchIO, pool: BatchPool, n: int, page_bytes: int,
     (``call(lo, hi)``: :meth:`BatchPool.run_chunks`)."""
     chunk = _pages_per_call(pool, n, n * page_bytes)
     if least_bytes and chunk < n and n * page_bytes >= 2 * least_bytes:  # still two chunks or more
-        chunk = max(chunk, -(-least_bytes // max(1, page_bytes)))
+        chunk = max(chunk, -(-least_bytes // page_bytes))
     if chunk < n and lib.shares:
         share, wait = _share(pool, n, page_bytes, 0 if guided else chunk)
         pool.run_shared(lambda ns: drain(share, ns), lambda: lib.share_stop(share),

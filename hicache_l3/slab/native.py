@@ -218,9 +218,8 @@ class PlanRead(NamedTuple):
     while the call may run)."""
 
     status: array.array[int]
-    args: tuple[int, ...]  # addresses and lengths
+    args: array.array[int]  # int64 addresses and lengths (the resident readers' mailbox copies them)
     keep: tuple[object, ...]
-    packed: array.array[int]  # ``args`` as int64s: the resident readers' mailbox copies them
 
 
 class Share:
@@ -412,7 +411,7 @@ class BatchIO:
                 _bytes_address(segments) if isinstance(segments, bytes) else _address(segments),
                 at.buffer_info()[0], _address(plan.expect), RECORD_BYTES, plan.csums.buffer_info()[0],
                 self._xxh3_at, status.buffer_info()[0])
-        return PlanRead(status, args, (segments, at, plan), array.array("q", args))
+        return PlanRead(status, array.array("q", args), (segments, at, plan))
 
     @property
     def reads_nowait(self) -> bool:

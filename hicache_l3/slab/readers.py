@@ -126,7 +126,7 @@ class ResidentReaders:
         owned = array.array("q", (0,))  # set by the publish itself: an interruption cannot lose it
         finished = False
         try:
-            lib.publish(mailbox, len(call.status), chunk, parts, int(nowait), call.packed.buffer_info()[0],
+            lib.publish(mailbox, len(call.status), chunk, parts, int(nowait), call.args.buffer_info()[0],
                         owned.buffer_info()[0])
             if not owned[0]:
                 return False

@@ -736,9 +736,7 @@ class NativePageTable:
         slabs), or (-1, 0) when ``keys`` is not ``n`` keys."""
         assert self._lib.plan_get is not None
         count = self._lib.plan_get(self._t, n, keys, len(keys), DIGEST_SEED, self._lib.seeded128,
-                                   geometry.buffer_info()[0], int(verified_only),
-                                   *[b.buffer_info()[0] if type(b) is array.array and b else _address(b)
-                                     for b in out])
+                                   _address(geometry), int(verified_only), *map(_address, out))
         return int(count), int(out[-1][0])
 
     def load(self, ds: bytes, values: array.array[int]) -> None:

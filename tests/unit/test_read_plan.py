@@ -265,7 +265,7 @@ def _publish_as_another_caller(readers: ResidentReaders, call: batch_io.PlanRead
     caller would: the mailbox is owned from here until ``done``."""
     lib = readers._lib
     assert lib is not None
-    args = call.packed
+    args = call.args
     owned = array.array("q", (0,))
     assert lib.publish(readers._mailbox, len(call.status), chunk, 0, 0, args.buffer_info()[0],
                        owned.buffer_info()[0])
