@@ -82,6 +82,38 @@ def _mapper() -> BatchIO | None:
     return lib if lib is not None and lib.maps() else None
 
 
+def _highest_slots(slabs: array.array[int], slots: array.array[int],
+                   ) -> tuple[dict[int, int], list[tuple[int, int]]]:
+    """Per slab of the columns ``(slabs[j], slots[j])``: its highest slot; and the columns
+    as consecutive spans ``(slab, length)`` in order. A reserve's slabs come in one or two
+    spans (an eviction's victims, one slab per clock: clock.py): those are found with a
+    C-level count per span, not a Python step per slot; any other order takes the loop."""
+    n, lo = len(slots), 0
+    highest: dict[int, int] = {}
+    spans: list[tuple[int, int]] = []
+    while lo < n and len(spans) < 4:
+        slab = slabs[lo]
+        k = slabs.count(slab)
+        if slabs[lo:lo + k].count(slab) != k:  # not one span: interleaved slabs
+            break
+        part = slots[lo:lo + k]
+        first = part[0]  # (one run of slots, as an eviction pass gives: its last)
+        highest[slab] = part[-1] if is_run(part, first, k) else max(part)
+        spans.append((slab, k))
+        lo += k
+    if lo == n:
+        return highest, spans
+    highest, spans = {}, []
+    for slab, slot in zip(slabs, slots):
+        if slot > highest.get(slab, -1):
+            highest[slab] = slot
+        if spans and spans[-1][0] == slab:
+            spans[-1] = (slab, spans[-1][1] + 1)
+        else:
+            spans.append((slab, 1))
+    return highest, spans
+
+
 class WritePlan(NamedTuple):
     """What a set must write: the indices of the keys to write, their reserved slots
     (same order), the indices of keys left without a slot because the store is full, and
@@ -249,14 +281,7 @@ class SlabStore:
             n = len(slot_nos)
             if not n:
                 return []
-            highest: dict[int, int] = {}
-            if slabs[0] == slabs[-1] and slabs.count(slabs[0]) == n:  # one slab: the common batch
-                first = slot_nos[0]  # (one run of slots, as an eviction pass gives: its last)
-                highest[slabs[0]] = slot_nos[-1] if is_run(slot_nos, first, n) else max(slot_nos)
-            else:
-                for slab, slot in zip(slabs, slot_nos):
-                    if slot > highest.get(slab, -1):
-                        highest[slab] = slot
+            highest, spans = _highest_slots(slabs, slot_nos)
             fds, usable = {}, {}  # per slab: its fd, and the slots below this bound have space
             for slab, slot in highest.items():
                 fds[slab] = fd = self.files.get(me, slab)
@@ -272,8 +297,9 @@ class SlabStore:
                 self._next_gen = gen + n
                 # columns (C-level passes), not a Slot per page: the native write and the
                 # commit take them as they are (hicache_l3/slab/slots.py)
-                fd_col = array.array("i", (fds[slabs[0]],)) * n if len(fds) == 1 else array.array(
-                    "i", map(fds.__getitem__, slabs))
+                fd_col = array.array("i")
+                for slab, k in spans:
+                    fd_col.extend(array.array("i", (fds[slab],)) * k)
                 return SlotColumns(fd_col, slabs, slot_nos, array.array("Q", range(gen, gen + n)))
             out, make = [], _new_slot
             for i, (slab, slot) in enumerate(zip(slabs, slot_nos)):
@@ -499,8 +525,9 @@ class SlabStore:
             tail = self.index.tails[me]
             records = [encode_record(GEN, "", Entry(me, 0, 0, self._next_gen - 1, 0, 0))]
             old_log = os.pread(tail.fd, tail.offset, 0)
-            spans = live_put_spans(table, old_log)  # in C, for a log with no damage
-            if spans is not None and len(spans) == table.count(me):
+            own = table.count(me)
+            spans = live_put_spans(table, old_log, own)  # in C, for a log with no damage
+            if spans is not None and len(spans) == own:
                 records += [old_log[start:end] for start, end in spans]
             else:
                 records += self._live_puts(me, old_log)

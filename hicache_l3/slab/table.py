@@ -711,16 +711,20 @@ class NativePageTable:
     def export(self) -> tuple[bytes, array.array[int]]:
         return self._select(None, None)
 
-    def _live_puts(self, data: bytes) -> list[tuple[int, int]] | None:
+    def _live_puts(self, data: bytes, expect: int = -1) -> list[tuple[int, int]] | None:
         """See :func:`live_put_spans`."""
-        cap = len(data) // 48 + 1
-        starts = array.array("Q", bytes(8 * cap))
-        ends = array.array("Q", bytes(8 * cap))
-        n = self._lib.live_puts(self._t, data, len(data), DIGEST_SEED, self._lib.seeded128,
-                                starts.buffer_info()[0], ends.buffer_info()[0], cap)
-        if n < 0:
-            return None
-        return list(zip(starts[:n], ends[:n]))
+        whole = len(data) // 48 + 1  # (the shortest record is 48 bytes: always enough)
+        # sized for the live pages expected, not for every record the log could hold (a
+        # 4 MiB log to compact took 1.4 MB of span arrays); the whole bound on a second
+        # walk where more are live than expected
+        for cap in ((expect + 1, whole) if 0 <= expect < whole else (whole,)):
+            starts = array.array("Q", bytes(8 * cap))
+            ends = array.array("Q", bytes(8 * cap))
+            n = self._lib.live_puts(self._t, data, len(data), DIGEST_SEED, self._lib.seeded128,
+                                    starts.buffer_info()[0], ends.buffer_info()[0], cap)
+            if n >= 0:
+                return list(zip(starts[:n], ends[:n]))
+        return None
 
     @property
     def plans(self) -> bool:
@@ -871,15 +875,17 @@ def _take_at(table: PageTable, wheres: Sequence[Where]) -> tuple[bytes, array.ar
     return b"".join(out_d), values
 
 
-def live_put_spans(table: PageTable, data: bytes) -> list[tuple[int, int]] | None:
+def live_put_spans(table: PageTable, data: bytes, expect: int = -1) -> list[tuple[int, int]] | None:
     """The ``(start, end)`` byte spans of the PUT records in index log bytes ``data`` whose
     key's digest ``table`` maps to exactly that record's (writer, slab, slot, generation),
     found in C; None where C cannot say (no C table, a big-endian host, or bytes that are
     not all whole records with good CRCs and ASCII keys): the caller decodes the records
-    in Python then (:func:`hicache_l3.slab.format.decode_records`, the reference)."""
+    in Python then (:func:`hicache_l3.slab.format.decode_records`, the reference).
+    ``expect``: how many the caller expects (the writer's pages), to size the result
+    arrays; any number is still found."""
     if not isinstance(table, NativePageTable) or sys.byteorder != "little" or not data:
         return None if data else []
-    return table._live_puts(data)
+    return table._live_puts(data, expect)
 
 
 def _values(entries: Sequence[Entry]) -> array.array[int]:

@@ -9,6 +9,8 @@ import array
 import tempfile
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hicache_l3.common.keys import Namespace
 from hicache_l3.slab.format import Geometry, Slot
@@ -64,3 +66,34 @@ def test_commit_of_columns_equals_commit_of_slots() -> None:
     assert entries[0] == entries[1] and logs[0] == logs[1] == 6
     assert sum(e is not None for e in entries[0]) == 6
     assert [e.checksum for e in entries[0] if e is not None] == [3, 4, 1, 2, 3, 4]
+
+
+def _highest_reference(slabs: list[int], slots: list[int]) -> tuple[dict[int, int], list[tuple[int, int]]]:
+    highest: dict[int, int] = {}
+    spans: list[tuple[int, int]] = []
+    for slab, slot in zip(slabs, slots):
+        highest[slab] = max(highest.get(slab, -1), slot)
+        if spans and spans[-1][0] == slab:
+            spans[-1] = (slab, spans[-1][1] + 1)
+        else:
+            spans.append((slab, 1))
+    return highest, spans
+
+
+@settings(max_examples=300, deadline=None)
+@given(runs=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 40), st.integers(1, 9),
+                               st.booleans()), min_size=1, max_size=7))
+def test_a_reserves_slabs_and_highest_slots_are_the_loops(runs: list[tuple[int, int, int, bool]]) -> None:
+    """The reserve's per-slab highest slot and its spans of one slab (found with a count
+    per span where the slabs come in few spans, as an eviction's do) are the per-slot
+    loop's: for runs of slots in order or not, one or more spans of a slab, interleaved."""
+    from hicache_l3.slab.store import _highest_slots
+
+    slabs: list[int] = []
+    slots: list[int] = []
+    for slab, first, count, ordered in runs:
+        part = list(range(first, first + count))
+        slabs += [slab] * count
+        slots += part if ordered else part[::-1]
+    got = _highest_slots(array.array("Q", slabs), array.array("Q", slots))
+    assert got == _highest_reference(slabs, slots)

@@ -330,14 +330,16 @@ def _on_image(pages: list[tuple[bytes, Entry]]) -> NativePageTable:
 
 
 @settings(max_examples=300, deadline=None)
-@given(parts=RECORDS, damage=DAMAGE, utf8=st.booleans(), based=st.integers(0, 12))
+@given(parts=RECORDS, damage=DAMAGE, utf8=st.booleans(), based=st.integers(0, 12),
+       hint=st.integers(-1, 12))
 def test_live_put_spans_agree_with_decoding_the_log(parts: list, damage: tuple[int, bytes] | None,
-                                                     utf8: bool, based: int) -> None:
+                                                     utf8: bool, based: int, hint: int) -> None:
     """The C scan of a log gives the live PUT records that decode_records + the table
     give, or None (never a different answer) where the log is not all clean records;
     also where the table's pages lie in both layers (the first ``based`` pages put are
     in a checkpoint image's base layer, later ones in the delta, superseding some of them
-    by key or by slot)."""
+    by key or by slot); and whatever the caller expected (``hint`` live records, the
+    result arrays' size: too few takes a second walk, never a shorter answer)."""
     from hicache_l3.slab.format import PUT, RECORD, decode_records, encode_record
     from hicache_l3.slab.table import live_put_spans
 
@@ -358,7 +360,7 @@ def test_live_put_spans_agree_with_decoding_the_log(parts: list, damage: tuple[i
     records, used, skipped = decode_records(data)
     expect = [k for kind, k, e in records if kind == PUT and table.get(digest(k)) is not None
               and table.get(digest(k))[:4] == e[:4]]  # type: ignore[index]
-    spans = live_put_spans(table, data)
+    spans = live_put_spans(table, data, hint)
     clean = used == len(data) and not skipped and all(k.isascii() for _, k, _ in records)
     if spans is None:
         assert not clean
