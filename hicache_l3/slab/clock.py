@@ -51,6 +51,23 @@ def is_run(slots: Sequence[int], first: int, n: int) -> bool:
     return list(slots) == list(range(first, first + n))
 
 
+def slab_spans(slabs: Sequence[int], most: int) -> list[tuple[int, int, int]] | None:
+    """The column ``slabs`` as consecutive spans ``(slab, lo, count)`` (``slabs[lo : lo +
+    count]`` all ``slab``), in order, where every slab's entries are together and there are
+    at most ``most`` spans, as a reserve's are (one slab per clock); None otherwise. A
+    C-level count per span, no Python step per entry."""
+    n, lo = len(slabs), 0
+    out: list[tuple[int, int, int]] = []
+    while lo < n:
+        slab = slabs[lo]
+        k = slabs.count(slab)
+        if len(out) == most or slabs[lo:lo + k].count(slab) != k:  # too many, or interleaved
+            return None
+        out.append((slab, lo, k))
+        lo += k
+    return out
+
+
 class Clock:
     """One byte per own slot of ``slabs`` slabs of ``stride`` slots each (module docstring).
 
@@ -281,9 +298,10 @@ class Clocks:
         n = len(slots)
         if not n:
             return []
-        first = slabs[0]
-        if slabs.count(first) == n:  # one slab: the columns as they are
-            return [(self.clocks[first % 2], array.array("Q", (first // 2,)) * n, slots)]
+        spans = slab_spans(slabs, 4)
+        if spans is not None:  # each slab's slots together (as reserved: the common batch)
+            return [(self.clocks[slab % 2], array.array("Q", (slab // 2,)) * k,
+                     slots if k == n else slots[lo:lo + k]) for slab, lo, k in spans]
         out = []
         for slab in set(slabs):
             lo, k = slabs.index(slab), slabs.count(slab)

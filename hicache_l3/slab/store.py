@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
-from hicache_l3.slab.clock import Clock, Clocks, iota, is_run
+from hicache_l3.slab.clock import Clock, Clocks, iota, is_run, slab_spans
 from hicache_l3.slab.files import SlabFiles, is_real_dir, make_dir, open_file, parse_writer_name, writer_name
 from hicache_l3.slab.format import (
     DEL,
@@ -86,32 +86,25 @@ def _highest_slots(slabs: array.array[int], slots: array.array[int],
                    ) -> tuple[dict[int, int], list[tuple[int, int]]]:
     """Per slab of the columns ``(slabs[j], slots[j])``: its highest slot; and the columns
     as consecutive spans ``(slab, length)`` in order. A reserve's slabs come in one or two
-    spans (an eviction's victims, one slab per clock: clock.py): those are found with a
-    C-level count per span, not a Python step per slot; any other order takes the loop."""
-    n, lo = len(slots), 0
+    spans (an eviction's victims, one slab per clock: clock.py): found by
+    :func:`~hicache_l3.slab.clock.slab_spans`, a count per span, with a run of slots (as an
+    eviction pass gives) read off its last; any other order takes a loop per slot."""
+    spans = slab_spans(slabs, 4)
     highest: dict[int, int] = {}
-    spans: list[tuple[int, int]] = []
-    while lo < n and len(spans) < 4:
-        slab = slabs[lo]
-        k = slabs.count(slab)
-        if slabs[lo:lo + k].count(slab) != k:  # not one span: interleaved slabs
-            break
-        part = slots[lo:lo + k]
-        first = part[0]  # (one run of slots, as an eviction pass gives: its last)
-        highest[slab] = part[-1] if is_run(part, first, k) else max(part)
-        spans.append((slab, k))
-        lo += k
-    if lo == n:
-        return highest, spans
-    highest, spans = {}, []
+    if spans is not None:
+        for slab, lo, k in spans:
+            part = slots[lo:lo + k]
+            highest[slab] = part[-1] if is_run(part, part[0], k) else max(part)
+        return highest, [(slab, k) for slab, _, k in spans]
+    out: list[tuple[int, int]] = []
     for slab, slot in zip(slabs, slots):
         if slot > highest.get(slab, -1):
             highest[slab] = slot
-        if spans and spans[-1][0] == slab:
-            spans[-1] = (slab, spans[-1][1] + 1)
+        if out and out[-1][0] == slab:
+            out[-1] = (slab, out[-1][1] + 1)
         else:
-            spans.append((slab, 1))
-    return highest, spans
+            out.append((slab, 1))
+    return highest, out
 
 
 class WritePlan(NamedTuple):

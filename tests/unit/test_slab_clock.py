@@ -293,3 +293,22 @@ def test_a_store_at_capacity_takes_a_batch_from_two_slab_files() -> None:
             assert small.slots_per_slab == half + 5 and isinstance(small._clock, Clock)
         finally:
             small.close()
+
+
+@settings(max_examples=300, deadline=None)
+@given(slabs=st.lists(st.integers(0, 4), max_size=30), most=st.integers(1, 5))
+def test_slab_spans_are_the_runs_of_a_column_or_none(slabs: list[int], most: int) -> None:
+    """slab_spans gives the column's runs of equal slabs in order, exactly when every slab's
+    entries are together and there are at most ``most`` runs; None otherwise."""
+    from hicache_l3.slab.clock import slab_spans
+
+    runs: list[tuple[int, int, int]] = []
+    for j, slab in enumerate(slabs):
+        if runs and runs[-1][0] == slab:
+            runs[-1] = (slab, runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((slab, j, 1))
+    together = len({slab for slab, _, _ in runs}) == len(runs)
+    want = runs if together and len(runs) <= most else None
+    assert slab_spans(array.array("Q", slabs), most) == want
+    assert slab_spans(slabs, most) == want
