@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #define HL3_PT_NOMEM (-1)
@@ -1042,6 +1043,47 @@ long hl3_pt_live_puts(const hl3_table *t, const uint8_t *data, size_t n, uint64_
         pos += HL3_RECORD + keylen;
     }
     return (long)live;
+}
+
+/* Write the ``n`` byte spans [starts[k], ends[k]) of ``data`` (hl3_pt_live_puts' answer:
+ * in order, inside data) one after another to ``fd`` at its file offset, adjacent spans
+ * as one iovec, HL3_SPAN_IOVS iovecs a call, short writes resumed: what a compaction
+ * writes, without an object per record or a buffer of them all. The bytes written, or
+ * -errno (-EIO: a write that moved nothing). */
+#define HL3_SPAN_IOVS 1024 /* Linux's IOV_MAX */
+long hl3_write_spans(int fd, const uint8_t *data, const uint64_t *starts, const uint64_t *ends, size_t n)
+{
+    struct iovec iov[HL3_SPAN_IOVS];
+    long total = 0;
+    size_t k = 0;
+    while (k < n) {
+        int m = 0;
+        while (k < n && m < HL3_SPAN_IOVS) {
+            uint64_t lo = starts[k], hi = ends[k++];
+            while (k < n && starts[k] == hi) /* the next record follows: one iovec */
+                hi = ends[k++];
+            iov[m++] = (struct iovec){(void *)(data + lo), (size_t)(hi - lo)};
+        }
+        int first = 0;
+        while (first < m) {
+            ssize_t w = writev(fd, iov + first, m - first);
+            if (w < 0) {
+                if (errno == EINTR)
+                    continue;
+                return -errno;
+            }
+            if (w == 0)
+                return -EIO;
+            total += (long)w;
+            while (first < m && (size_t)w >= iov[first].iov_len)
+                w -= (ssize_t)iov[first++].iov_len;
+            if (first < m) {
+                iov[first].iov_base = (char *)iov[first].iov_base + w;
+                iov[first].iov_len -= (size_t)w;
+            }
+        }
+    }
+    return total;
 }
 
 /* ---- the plan of a get batch ---------------------------------------------------------- */

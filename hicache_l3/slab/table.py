@@ -440,6 +440,16 @@ class _Library:
         # base of 10^7 pages takes tens of ms, which need not hold the GIL
         self.free = nogil("hl3_pt_free", None, _vp)
         self.build_attach = nogil("hl3_pt_attach", ctypes.c_int, _vp, ctypes.c_int, _u64, _u64)
+        # a compaction off the lock (slab/store.py): the live PUTs of a log judged against
+        # a fork of the table, and written out; optional (a library built before them:
+        # compactions stay on the caller's thread)
+        self.build_live_puts = nogil("hl3_pt_live_puts", ctypes.c_long, _vp, ctypes.c_char_p, _sz, _u64,
+                                     _vp, _vp, _vp, _sz)
+        write_spans = getattr(free, "hl3_write_spans", None)
+        if write_spans is not None:
+            write_spans.restype = ctypes.c_long
+            write_spans.argtypes = [ctypes.c_int, ctypes.c_char_p, _vp, _vp, _sz]
+        self.write_spans = write_spans
         from hicache_l3.common.integrity import xxh3_function
 
         self.seeded128 = ctypes.cast(xxh3_function("seeded128"), ctypes.c_void_p).value
@@ -713,18 +723,11 @@ class NativePageTable:
 
     def _live_puts(self, data: bytes, expect: int = -1) -> list[tuple[int, int]] | None:
         """See :func:`live_put_spans`."""
-        whole = len(data) // 48 + 1  # (the shortest record is 48 bytes: always enough)
-        # sized for the live pages expected, not for every record the log could hold (a
-        # 4 MiB log to compact took 1.4 MB of span arrays); the whole bound on a second
-        # walk where more are live than expected
-        for cap in ((expect + 1, whole) if 0 <= expect < whole else (whole,)):
-            starts = array.array("Q", bytes(8 * cap))
-            ends = array.array("Q", bytes(8 * cap))
-            n = self._lib.live_puts(self._t, data, len(data), DIGEST_SEED, self._lib.seeded128,
-                                    starts.buffer_info()[0], ends.buffer_info()[0], cap)
-            if n >= 0:
-                return list(zip(starts[:n], ends[:n]))
-        return None
+        found = _find_live_puts(self._lib.live_puts, self._lib, self._t, data, expect)
+        if found is None:
+            return None
+        starts, ends, n = found
+        return list(zip(starts[:n], ends[:n]))
 
     @property
     def plans(self) -> bool:
@@ -824,6 +827,29 @@ class TableImage:
             self._put = None
         _raise(self._lib.build_rebase(self._table._t, fd, offset, length))
 
+    def write_live_puts(self, data: bytes, expect: int, fd: int) -> tuple[int, int] | None:
+        """Write to ``fd`` (at its offset), in log order, the PUT records of index log bytes
+        ``data`` that this table holds, as :func:`live_put_spans` judges them: ``(records,
+        bytes written)``. None where C cannot say (a library without the calls, a
+        big-endian host, a snapshot with pages put, bytes that are not all whole good
+        records: the caller compacts the reference way). Runs without the GIL on the
+        fork as it is (both layers; no standalone copy): what lets a compaction judge a
+        log's records off the lock, against the table as it was when its offset was
+        taken. :class:`OSError` from the write."""
+        lib = self._lib
+        if lib.write_spans is None or self._put is not None or sys.byteorder != "little":
+            return None
+        if not data:
+            return 0, 0
+        found = _find_live_puts(lib.build_live_puts, lib, self._table._t, data, expect)
+        if found is None:
+            return None
+        starts, ends, n = found
+        written = lib.write_spans(fd, data, starts.buffer_info()[0], ends.buffer_info()[0], n)
+        if written < 0:
+            raise OSError(-written, os.strerror(-written))
+        return n, int(written)
+
     @property
     def table(self) -> NativePageTable:
         """The table itself (a snapshot's pages put)."""
@@ -873,6 +899,24 @@ def _take_at(table: PageTable, wheres: Sequence[Where]) -> tuple[bytes, array.ar
             out_d.append(d)
             values.extend(entry)
     return b"".join(out_d), values
+
+
+def _find_live_puts(fn: ctypes._NamedFuncPointer, lib: _Library, handle: int, data: bytes,
+                    expect: int) -> tuple[array.array[int], array.array[int], int] | None:
+    """``hl3_pt_live_puts`` through ``fn`` (with or without the GIL) on table ``handle``:
+    the span arrays and how many spans they hold, or None (see :func:`live_put_spans`)."""
+    whole = len(data) // 48 + 1  # (the shortest record is 48 bytes: always enough)
+    # sized for the live pages expected, not for every record the log could hold (a 4 MiB
+    # log to compact took 1.4 MB of span arrays); the whole bound on a second walk where
+    # more are live than expected
+    for cap in ((expect + 1, whole) if 0 <= expect < whole else (whole,)):
+        starts = array.array("Q", bytes(8 * cap))
+        ends = array.array("Q", bytes(8 * cap))
+        n = fn(handle, data, len(data), DIGEST_SEED, lib.seeded128, starts.buffer_info()[0],
+               ends.buffer_info()[0], cap)
+        if n >= 0:
+            return starts, ends, int(n)
+    return None
 
 
 def live_put_spans(table: PageTable, data: bytes, expect: int = -1) -> list[tuple[int, int]] | None:

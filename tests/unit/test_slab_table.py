@@ -366,3 +366,16 @@ def test_live_put_spans_agree_with_decoding_the_log(parts: list, damage: tuple[i
         assert not clean
     else:
         assert clean and [data[s + RECORD.size : e].decode() for s, e in spans] == expect
+    # a compaction off the lock (slab/compaction.py): the same answer from a fork of the
+    # table, without the GIL, written to a file as the spans' bytes one after another
+    fd = os.memfd_create("compacted")
+    try:
+        written = table.snapshot().write_live_puts(data, hint, fd)
+        if spans is None:
+            assert written is None
+        else:
+            body = b"".join(data[s:e] for s, e in spans)
+            assert written == (len(spans), len(body))
+            assert os.pread(fd, len(body) + 1, 0) == body
+    finally:
+        os.close(fd)
