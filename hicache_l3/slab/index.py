@@ -314,6 +314,20 @@ class SlabIndex:
                 del self.unlogged[d]
                 self.unlogged_at.pop((entry.writer, entry.slab, entry.slot), None)
 
+    def unlogged_of(self, writer: int) -> dict[bytes, Entry]:
+        """A copy of the :attr:`unlogged` pages of ``writer``. Caller holds ``lock``."""
+        return {d: e for d, e in self.unlogged.items() if e.writer == writer}
+
+    def forget_unlogged_entries(self, entries: dict[bytes, Entry]) -> None:
+        """Drop each of ``entries`` from :attr:`unlogged` where it is still there as it was
+        (a log compacted from a table without them no longer holds them; pages taken out
+        since stay). Caller holds ``lock``."""
+        unlogged = self.unlogged
+        for d, entry in entries.items():
+            if unlogged.get(d) == entry:
+                del unlogged[d]
+                self.unlogged_at.pop((entry.writer, entry.slab, entry.slot), None)
+
     def read_tail(self, writer: int, tail: LogTail, size: int) -> None:
         """Apply ``writer``'s records from ``tail.offset`` up to ``size``; DELs it issued
         for other writers' slots are also kept in ``tail.foreign_dels``. Read

@@ -377,6 +377,12 @@ class SharedSlabStore(SlabStore):
                 f"lease on writer directory {writer_name(self.me or 0)} is lost or stale: not publishing"
             )
 
+    def _may_rewrite_log(self) -> bool:
+        """A compaction that ran off the lock renames its log over this writer's only while
+        the lease holds: another node may own the directory, and append to the log, once
+        it lapsed."""
+        return self.lease is None or self.lease.valid
+
     # ---- writing ------------------------------------------------------------------------
     def _writer_ready(self) -> bool:
         try:

@@ -25,6 +25,7 @@ import functools
 import logging
 import os
 import stat
+import threading
 from collections.abc import Iterable, Sequence
 from itertools import repeat
 from operator import itemgetter
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
 from hicache_l3.slab.clock import Clock, Clocks, iota, is_run, slab_spans
+from hicache_l3.slab.compaction import LogCompaction
 from hicache_l3.slab.files import SlabFiles, is_real_dir, make_dir, open_file, parse_writer_name, writer_name
 from hicache_l3.slab.format import (
     DEL,
@@ -48,7 +50,7 @@ from hicache_l3.slab.format import (
     namespace_dir,
     write_namespace_file,
 )
-from hicache_l3.slab.index import SlabIndex
+from hicache_l3.slab.index import LogTail, SlabIndex
 from hicache_l3.slab.plan import GetPlan
 from hicache_l3.slab.records import encode_put_values, key_digests
 from hicache_l3.slab.slots import SlotColumns
@@ -189,6 +191,7 @@ class SlabStore:
         self._next_gen = 1
         self.evictions = 0
         self.compactions = 0
+        self._compactor: threading.Thread | None = None  # a background compaction (_compact_later)
         make_dir(self.writers_dir, exist_ok=True)
 
     def _new_clock(self, stride: int) -> Clock | Clocks:
@@ -499,57 +502,157 @@ class SlabStore:
         tail = self.index.tails[me]
         live = (len(self._clock) + len(tail.foreign_dels)) * (RECORD.size + 80)
         if tail.offset > COMPACT_MIN_BYTES and tail.offset > 3 * live:
-            self.compact()
+            if not self.compacting() and not self._compact_later(me, tail):
+                self._compact_locked()
         elif self.index.checkpoint_due():
             self.index.save_checkpoint_later()
 
+    def compacting(self) -> bool:
+        """A background compaction of this writer's log is running (:meth:`_compact_later`)."""
+        thread = self._compactor
+        return thread is not None and thread.is_alive()
+
+    def wait_compaction(self, timeout: float | None = None) -> None:
+        """Wait for a background compaction to end (at most ``timeout`` s). Not while
+        holding the store's lock: the compaction ends under it."""
+        thread = self._compactor
+        if thread is not None:
+            thread.join(timeout)
+
     def compact(self) -> None:
-        """Rewrite this writer's log with only what is live: a GEN record, a PUT per own
-        page, and the DELs of other writers' slots that no newer PUT superseded. The index
-        holds digests, not keys: the live PUTs are those of the old log whose key's digest
-        the index maps to exactly that page. Readers notice the new file (inode) and
-        re-read it; the rename is atomic. Then starts an index checkpoint (the old one
-        names the replaced log: openers would re-read it)."""
+        """Rewrite this writer's log with only what is live, now, on this thread (after a
+        background compaction still running): a GEN record, a PUT per own page, and the
+        DELs of other writers' slots that no newer PUT superseded. The index holds
+        digests, not keys: the live PUTs are those of the old log whose key's digest the
+        index maps to exactly that page. Readers notice the new file (inode) and re-read
+        it; the rename is atomic. Then starts an index checkpoint (the old one names the
+        replaced log: openers would re-read it). The reference of the compaction a commit
+        starts (:meth:`_compact_later`, hicache_l3/slab/compaction.py)."""
+        self.wait_compaction()
         with self._lock:
-            me = self.me
-            if me is None:
-                return
-            table = self.index.table
-            tail = self.index.tails[me]
-            records = [encode_record(GEN, "", Entry(me, 0, 0, self._next_gen - 1, 0, 0))]
-            old_log = os.pread(tail.fd, tail.offset, 0)
-            own = table.count(me)
-            spans = live_put_spans(table, old_log, own)  # in C, for a log with no damage
-            if spans is not None and len(spans) == own:
-                records += [old_log[start:end] for start, end in spans]
-            else:
-                records += self._live_puts(me, old_log)
-            kept = []
-            for key, gone in tail.foreign_dels:
-                holder = table.at((gone.writer, gone.slab, gone.slot))
-                now = table.get(holder) if holder is not None else None
-                if now is None or now.gen <= gone.gen:  # no newer PUT superseded it
-                    kept.append((key, gone))
-                    records.append(encode_record(DEL, key, gone))
-            data = b"".join(records)
-            tmp = tail.path.with_name(f"index.log.compact-{os.getpid()}")
-            fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-            try:
-                os.write(fd, data)
-                if self.fsync != "none":
-                    os.fdatasync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, tail.path)
-            os.close(self._log_fd)
-            self._log_fd = open_file(tail.path, os.O_RDWR | os.O_APPEND)
-            tail.reopen()
-            tail.offset = len(data)
-            tail.foreign_dels = kept
-            tail.max_gen = max(tail.max_gen, self._next_gen - 1)  # its GEN record
-            self.index.forget_unlogged(me)  # pages the new log no longer holds
-            self.compactions += 1
-            self.index.save_checkpoint_later()
+            self._compact_locked()
+
+    def _compact_locked(self) -> None:
+        """:meth:`compact`; caller holds the lock."""
+        me = self.me
+        if me is None or self._closed:
+            return
+        table = self.index.table
+        tail = self.index.tails[me]
+        records = [encode_record(GEN, "", Entry(me, 0, 0, self._next_gen - 1, 0, 0))]
+        old_log = os.pread(tail.fd, tail.offset, 0)
+        own = table.count(me)
+        spans = live_put_spans(table, old_log, own)  # in C, for a log with no damage
+        if spans is not None and len(spans) == own:
+            records += [old_log[start:end] for start, end in spans]
+        else:
+            records += self._live_puts(me, old_log)
+        kept = self._kept_dels(tail.foreign_dels)
+        records += [encode_record(DEL, key, gone) for key, gone in kept]
+        data = b"".join(records)
+        tmp = tail.path.with_name(f"index.log.compact-{os.getpid()}")
+        fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            os.write(fd, data)
+            if self.fsync != "none":
+                os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, tail.path)
+        self._compacted(me, len(data), kept, None)
+
+    def _kept_dels(self, dels: Sequence[tuple[str, Entry]]) -> list[tuple[str, Entry]]:
+        """The DELs of other writers' slots in ``dels`` that a compacted log keeps: those no
+        newer PUT superseded. Caller holds the lock."""
+        table, kept = self.index.table, []
+        for key, gone in dels:
+            holder = table.at((gone.writer, gone.slab, gone.slot))
+            now = table.get(holder) if holder is not None else None
+            if now is None or now.gen <= gone.gen:
+                kept.append((key, gone))
+        return kept
+
+    def _compacted(self, me: int, size: int, dels: list[tuple[str, Entry]],
+                   forget: dict[bytes, Entry] | None) -> None:
+        """Go on with the log just renamed into place (``size`` bytes, holding the foreign
+        DELs ``dels``): reopen it, drop the unlogged own pages it no longer holds
+        (``forget``; None: all of them), start a checkpoint. Caller holds the lock."""
+        tail = self.index.tails[me]
+        os.close(self._log_fd)
+        self._log_fd = open_file(tail.path, os.O_RDWR | os.O_APPEND)
+        tail.reopen()
+        tail.offset = size
+        tail.foreign_dels = dels
+        tail.max_gen = max(tail.max_gen, self._next_gen - 1)  # its GEN record
+        if forget is None:
+            self.index.forget_unlogged(me)
+        else:
+            self.index.forget_unlogged_entries(forget)
+        self.compactions += 1
+        self.index.save_checkpoint_later()
+
+    def _compact_later(self, me: int, tail: LogTail) -> bool:
+        """Start a compaction of the own log on a background thread (step 1 of
+        hicache_l3/slab/compaction.py here, under the lock); False where it cannot be
+        done so (no C table, no memory for the fork). Caller holds the lock."""
+        job = self._compaction_start(me, tail)
+        if job is None:
+            return False
+        self._compactor = threading.Thread(target=self._compact_off_lock, args=(job,),
+                                           name="hicache-log-compact", daemon=True)
+        self._compactor.start()
+        return True
+
+    def _compaction_start(self, me: int, tail: LogTail) -> LogCompaction | None:
+        """Step 1 of a compaction off the lock (:class:`LogCompaction.start`). Caller holds
+        the lock."""
+        table = self.index.table
+        return LogCompaction.start(table, me, tail.path, tail.ino, tail.offset, len(tail.foreign_dels),
+                                   table.count(me), self._log_fd, self.index.unlogged_of(me))
+
+    def _compact_off_lock(self, job: LogCompaction) -> None:
+        """The background thread of :meth:`_compact_later`: steps 2 and 3."""
+        try:
+            built = job.build()
+            tail = self.index.tails.get(job.writer)
+            if built and tail is not None and tail.ino == job.ino:
+                job.catch_up(tail.offset)  # what was logged meanwhile, still off the lock
+        except Exception as exc:  # (the thread's end: nothing else would see it)
+            job.abandon()
+            log.warning("%s: log compaction failed (%s): the log stays as it is", job.path, exc)
+            return
+        with self._lock:
+            self._compaction_finish(job, built)
+
+    def _may_rewrite_log(self) -> bool:
+        """This process may still replace its log (the shared store: while its lease
+        holds, hicache_l3/slab/shared.py). Caller holds the lock."""
+        return True
+
+    def _compaction_finish(self, job: LogCompaction, built: bool) -> None:
+        """Step 3: the new log in place, or nothing where the store closed, changed writer
+        or compacted meanwhile; where step 2 could not judge the log (``built`` False),
+        the compaction under the lock. Caller holds the lock."""
+        me = job.writer
+        tail = self.index.tails.get(me)
+        if self._closed or self.me != me or tail is None or tail.ino != job.ino \
+                or not self._may_rewrite_log():
+            job.abandon()
+            return
+        if not built or job.tmp_fd < 0:  # (< 0: its catch-up failed)
+            job.abandon()
+            if not built:
+                self._compact_locked()
+            return
+        kept = self._kept_dels(tail.foreign_dels[: job.dels])
+        dels = b"".join([encode_record(DEL, key, gone) for key, gone in kept])
+        gen = encode_record(GEN, "", Entry(me, 0, 0, self._next_gen - 1, 0, 0))
+        try:
+            size = job.finish(tail.ino, tail.offset, dels, gen, self.fsync != "none")
+        except OSError as exc:
+            log.warning("%s: log compaction not finished (%s): the log stays as it is", job.path, exc)
+            return
+        self._compacted(me, size, tail.foreign_dels[job.dels :] + kept, job.forget)  # in the log's order
 
     def _live_puts(self, me: int, old_log: bytes) -> list[bytes]:
         """The live PUT records of ``old_log`` (this writer's), decoded in Python (the
@@ -738,7 +841,8 @@ class SlabStore:
     def close(self) -> None:
         """Write an index checkpoint (a writer whose index changed since its last one, or
         any process that read many records), close every file descriptor (each once) and
-        release the writer directory."""
+        release the writer directory (a background compaction ends first)."""
+        self.wait_compaction()
         with self._lock:
             if self._closed:
                 return

@@ -124,6 +124,7 @@ def test_index_log_compaction_keeps_pages_and_bounds_the_log(tmp_path: Path,
         pages.fill(keys)
         assert conn.batch_set(keys, pages.pages) == [True] * 16
         assert reader.batch_exists(keys) == [True] * 16
+    conn._store_for_io().wait_compaction(30)  # (compactions run on a background thread)
     assert conn.stats()["engine"]["log_compactions"] >= 1
     log = next(tmp_path.glob(f"ns-{NS.digest()}/writers/w*/index.log"))
     last = [f"c39-{i}" for i in range(16)]

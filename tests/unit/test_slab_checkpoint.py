@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 
 from hicache_l3.common.keys import Namespace
 from hicache_l3.slab import checkpoint
+from hicache_l3.slab.compaction import LogCompaction
 from hicache_l3.slab.files import SlabFiles
-from hicache_l3.slab.format import RECORD, Entry
+from hicache_l3.slab.format import RECORD, Entry, Geometry
 from hicache_l3.slab.index import SlabIndex
 from hicache_l3.slab.store import SlabStore
 from hicache_l3.slab.table import digest
@@ -36,7 +37,7 @@ KEYS = 12  # per writer: keys of different writers never overlap (see fresh_inde
 
 def open_store(root: Path, slots: int = 6) -> SlabStore:
     """A store whose writer holds ``slots`` pages (evicting beyond)."""
-    stride = 4096 + 4096
+    stride = Geometry(SLOT).stride
     return SlabStore(root, NS, SLOT, capacity_bytes=slots * stride, slab_bytes=3 * stride)
 
 
@@ -103,6 +104,10 @@ OPS = st.one_of(
     st.tuples(st.just("drop"), st.integers(0, WRITERS - 1),
               st.tuples(st.integers(0, WRITERS - 1), st.integers(0, KEYS - 1))),
     st.tuples(st.just("compact"), st.integers(0, WRITERS - 1), st.none()),
+    # a compaction off the lock (slab/compaction.py): steps 1 and 2 now, step 3 at its
+    # "bg_end", with whatever ops come between (the history's end finishes it)
+    st.tuples(st.just("bg"), st.integers(0, WRITERS - 1), st.none()),
+    st.tuples(st.just("bg_end"), st.integers(0, WRITERS - 1), st.none()),
     st.tuples(st.just("checkpoint"), st.integers(0, WRITERS - 1), st.none()),
     st.tuples(st.just("later"), st.integers(0, WRITERS - 1), st.none()),
     st.tuples(st.just("rebase"), st.integers(0, WRITERS - 1), st.none()),
@@ -121,6 +126,13 @@ def run_history(root: Path, ops: list[tuple[str, int, Any]]) -> list[SlabStore]:
     stores = [open_store(root) for _ in range(WRITERS)]
     for store in stores:
         store._become_writer()
+    jobs: dict[int, tuple[SlabStore, LogCompaction, bool]] = {}  # background compactions begun
+
+    def finish(who: int) -> None:
+        owner, job, built = jobs.pop(who)
+        with owner._lock:
+            owner._compaction_finish(job, built)
+
     for op, who, arg in ops:
         store = stores[who]
         if op == "set":
@@ -140,6 +152,13 @@ def run_history(root: Path, ops: list[tuple[str, int, Any]]) -> list[SlabStore]:
                 store.invalidate(k, entry)
         elif op == "compact":
             store.compact()
+        elif op == "bg" and who not in jobs and store.me is not None:
+            with store._lock:
+                job = store._compaction_start(store.me, store.index.tails[store.me])
+            if job is not None:  # (None: the dict table, which compacts under the lock)
+                jobs[who] = (store, job, job.build())
+        elif op == "bg_end" and who in jobs:
+            finish(who)
         elif op == "checkpoint":
             store.refresh()
             with store._lock:
@@ -159,6 +178,8 @@ def run_history(root: Path, ops: list[tuple[str, int, Any]]) -> list[SlabStore]:
             crash(store, os.urandom(arg))
             stores[who] = open_store(root)
             stores[who]._become_writer()  # adopts the crashed directory: sets its tail aside
+    for who in list(jobs):
+        finish(who)
     return stores
 
 
@@ -645,3 +666,110 @@ def test_a_log_read_in_chunks_equals_one_read(tmp_path: Path, monkeypatch: pytes
             close_index(chunked)
     finally:
         store.close()
+
+
+def _set(store: SlabStore, keys: list[str]) -> None:
+    plan = store.reserve_new(keys)
+    store.commit([keys[i] for i in plan.todo], plan.slots, [5] * len(plan.slots))
+
+
+def test_background_compaction_keeps_what_changed_meanwhile(tmp_path: Path) -> None:
+    """A compaction off the lock (slab/compaction.py) judges the log against the table as
+    it was at its start and copies what was logged since: the log it leaves replays to
+    this writer's view, with the pages evicted meanwhile (still in the log: unlogged), and
+    the DELs for another writer's pages from before and after its start."""
+    a, b = open_store(tmp_path), open_store(tmp_path, slots=64)
+    try:
+        _set(b, [key(1, 0), key(1, 1)])
+        a.refresh()
+        assert a.delete([key(1, 0)]) == [True]  # a foreign DEL before the start
+        _set(a, [key(0, i) for i in range(6)])  # a is full: 6 slots
+        with a._lock:
+            me = a.me
+            assert me is not None
+            tail = a.index.tails[me]
+            before = tail.ino, tail.offset
+            job = a._compaction_start(me, tail)
+        assert job is not None
+        built = job.build()
+        assert built
+        # meanwhile: evictions left unlogged (an aborted set), evictions rewritten, a delete
+        # of an own page and of another writer's
+        a.abort(a.reserve_new([key(0, 6), key(0, 7)]).slots)
+        _set(a, [key(0, 8)])
+        assert a.delete([key(0, 5), key(1, 1)]) == [True, True]
+        assert a.index.unlogged_of(me), "the aborted set left evicted pages unlogged"
+        with a._lock:
+            a._compaction_finish(job, built)
+            tail = a.index.tails[me]
+            assert tail.ino != before[0] and a.compactions == 1
+            assert os.fstat(a._log_fd).st_size == tail.offset
+        assert not job.tmp.exists()
+        _set(a, [key(0, 9)])  # appends after the compacted log's end
+        with indexes(a) as (oracle, _):
+            for store in (a, b):
+                store.refresh()
+                live = dict(store.index.table.select())
+                live.update(store.index.unlogged)
+                assert live == dict(oracle.table.select())
+            assert oracle.tails[me].foreign_dels == a.index.tails[me].foreign_dels
+            assert {k for k, _ in oracle.tails[me].foreign_dels} == {key(1, 0), key(1, 1)}
+    finally:
+        a.close()
+        b.close()
+
+
+def test_background_compaction_gives_up_after_a_compaction_or_close(tmp_path: Path) -> None:
+    """A compaction off the lock whose log was compacted since, or whose store closed,
+    changes nothing and leaves no temporary file."""
+    for interrupt in ("compact", "close"):
+        root = tmp_path / interrupt
+        root.mkdir()
+        store = open_store(root)
+        try:
+            _set(store, [key(0, i) for i in range(6)])
+            _set(store, [key(0, i) for i in range(6, 12)])
+            with store._lock:
+                assert store.me is not None
+                job = store._compaction_start(store.me, store.index.tails[store.me])
+            assert job is not None and job.build() and job.tmp.exists()
+            if interrupt == "compact":
+                store.compact()
+            else:
+                store.close()
+            compactions = store.compactions
+            with store._lock:
+                store._compaction_finish(job, True)
+            assert store.compactions == compactions
+            assert not job.tmp.exists()
+        finally:
+            store.close()
+
+
+def test_background_compaction_renames_only_under_a_valid_lease(tmp_path: Path) -> None:
+    """hf3fs mode: a compaction that began while the lease held does not rename its log
+    over the writer's once the lease lapsed (another node may own the directory and
+    append to that log by then): the log, and the index, stay as they were."""
+    from hicache_l3.slab.shared import SharedSlabStore
+
+    a = SharedSlabStore(tmp_path, NS, SLOT, node="A", lease_s=0.4, max_writers=1,
+                        capacity_bytes=6 * Geometry(SLOT).stride, slab_bytes=3 * Geometry(SLOT).stride)
+    try:
+        for i in range(0, 12, 3):
+            _set(a, [key(0, j) for j in range(i, i + 3)])
+        with a._lock:
+            assert a.me is not None
+            tail = a.index.tails[a.me]
+            before = tail.ino, tail.offset, os.fstat(a._log_fd).st_ino
+            job = a._compaction_start(a.me, tail)
+        assert job is not None and job.build()
+        assert a.lease is not None
+        a.lease.lost = True  # the heartbeat failed meanwhile
+        with a._lock:
+            a._compaction_finish(job, True)
+            assert (tail.ino, tail.offset, os.fstat(a._log_fd).st_ino) == before
+            assert a.compactions == 0
+        assert not job.tmp.exists()
+        a.lease.lost = False
+    finally:
+        a.close()
