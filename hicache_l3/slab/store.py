@@ -578,8 +578,9 @@ class SlabStore:
         DELs ``dels``): reopen it, drop the unlogged own pages it no longer holds
         (``forget``; None: all of them), start a checkpoint. Caller holds the lock."""
         tail = self.index.tails[me]
-        os.close(self._log_fd)
-        self._log_fd = open_file(tail.path, os.O_RDWR | os.O_APPEND)
+        fd = open_file(tail.path, os.O_RDWR | os.O_APPEND)  # (before the old one closes: a
+        os.close(self._log_fd)  # failed open leaves a descriptor, never a number reused)
+        self._log_fd = fd
         tail.reopen()
         tail.offset = size
         tail.foreign_dels = dels
