@@ -50,6 +50,12 @@ from hicache_l3.slab.table import NativePageTable, TableImage
 log = logging.getLogger(__name__)
 
 
+def temporary_log(path: Path) -> Path:
+    """Where this process writes a compacted copy of the log at ``path`` before renaming
+    it over the log (a compaction under the lock or off it: one at a time)."""
+    return path.with_name(f"index.log.compact-{os.getpid()}")
+
+
 @dataclass
 class LogCompaction:
     """One compaction of writer ``writer``'s log (module docstring): what step 1 noted,
@@ -70,7 +76,7 @@ class LogCompaction:
     copied: int = 0  # the log's bytes up to here are in it (judged, or copied as they are)
 
     def __post_init__(self) -> None:
-        self.tmp = self.path.with_name(f"index.log.compact-{os.getpid()}")
+        self.tmp = temporary_log(self.path)
 
     @classmethod
     def start(cls, table: object, writer: int, path: Path, ino: int, upto: int, dels: int,

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
 from hicache_l3.slab.clock import Clock, Clocks, iota, is_run, slab_spans
-from hicache_l3.slab.compaction import LogCompaction
+from hicache_l3.slab.compaction import LogCompaction, temporary_log
 from hicache_l3.slab.files import SlabFiles, is_real_dir, make_dir, open_file, parse_writer_name, writer_name
 from hicache_l3.slab.format import (
     DEL,
@@ -539,7 +539,7 @@ class SlabStore:
             return
         table = self.index.table
         tail = self.index.tails[me]
-        records = [encode_record(GEN, "", Entry(me, 0, 0, self._next_gen - 1, 0, 0))]
+        records = [self._gen_record(me)]
         old_log = os.pread(tail.fd, tail.offset, 0)
         own = table.count(me)
         spans = live_put_spans(table, old_log, own)  # in C, for a log with no damage
@@ -550,7 +550,7 @@ class SlabStore:
         kept = self._kept_dels(tail.foreign_dels)
         records += [encode_record(DEL, key, gone) for key, gone in kept]
         data = b"".join(records)
-        tmp = tail.path.with_name(f"index.log.compact-{os.getpid()}")
+        tmp = temporary_log(tail.path)
         fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
             os.write(fd, data)
@@ -560,6 +560,11 @@ class SlabStore:
             os.close(fd)
         os.replace(tmp, tail.path)
         self._compacted(me, len(data), kept, None)
+
+    def _gen_record(self, me: int) -> bytes:
+        """A compacted log's GEN record: the highest generation used so far (pages that
+        are gone may have used it), which the log's PUTs alone no longer show."""
+        return encode_record(GEN, "", Entry(me, 0, 0, self._next_gen - 1, 0, 0))
 
     def _kept_dels(self, dels: Sequence[tuple[str, Entry]]) -> list[tuple[str, Entry]]:
         """The DELs of other writers' slots in ``dels`` that a compacted log keeps: those no
@@ -647,9 +652,8 @@ class SlabStore:
             return
         kept = self._kept_dels(tail.foreign_dels[: job.dels])
         dels = b"".join([encode_record(DEL, key, gone) for key, gone in kept])
-        gen = encode_record(GEN, "", Entry(me, 0, 0, self._next_gen - 1, 0, 0))
         try:
-            size = job.finish(tail.ino, tail.offset, dels, gen, self.fsync != "none")
+            size = job.finish(tail.ino, tail.offset, dels, self._gen_record(me), self.fsync != "none")
         except OSError as exc:
             log.warning("%s: log compaction not finished (%s): the log stays as it is", job.path, exc)
             return
