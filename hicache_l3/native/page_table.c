@@ -1226,6 +1226,16 @@ done:
     return out;
 }
 
+/* The descriptor of every page of a get plan: fds[j] = by_slab[slab_of[where[j]]] for j <
+ * count (hl3_pt_plan_get's where and slab_of, by_slab the descriptor Python opened for each
+ * distinct slab); what a batch over several slabs would otherwise map page by page. */
+void hl3_plan_fds(size_t count, const int32_t *where, const int32_t *slab_of, const int32_t *by_slab,
+                  int32_t *fds)
+{
+    for (size_t j = 0; j < count; j++)
+        fds[j] = by_slab[slab_of[where[j]]];
+}
+
 /* ---- images: a table's file form, and the base layer ---------------------------------- */
 
 /* An image (little-endian hosts only: the Python side checks sys.byteorder): this header,

@@ -156,6 +156,6 @@ def plan_get(table: PageTable, keys: Sequence[str], geometry: Geometry, verified
     if m == 1:  # the common batch: one slab, one C-level repeat
         fds = by_slab * count
     else:
-        fds = array.array("i", map(by_slab.__getitem__, map(slab_of.__getitem__, where)))
+        fds = table.plan_fds(where, slab_of, by_slab)
     return GetPlan(n, count, values, code, data_offs, marker_offs, expect, csums, where, fds,
                    geometry.slot_bytes)

@@ -407,6 +407,11 @@ class _Library:
             plan.argtypes = [_vp, _sz, ctypes.c_char_p, _sz, _u64, _vp, _vp, ctypes.c_int,
                              *([_vp] * 10)]
         self.plan_get = plan
+        plan_fds = getattr(lib, "hl3_plan_fds", None)  # (optional likewise: a map in Python without it)
+        if plan_fds is not None:
+            plan_fds.restype = None
+            plan_fds.argtypes = [_sz, _vp, _vp, _vp, _vp]
+        self.plan_fds = plan_fds
         # the two layers (a checkpoint's image as a shared read-only base)
         self.delta_len = fn("hl3_pt_delta_len", _sz, _vp)
         self.shared_nbytes = fn("hl3_pt_shared_nbytes", _sz, _vp)
@@ -745,6 +750,19 @@ class NativePageTable:
         count = self._lib.plan_get(self._t, n, keys, len(keys), DIGEST_SEED, self._lib.seeded128,
                                    _address(geometry), int(verified_only), *map(_address, out))
         return int(count), int(out[-1][0])
+
+    def plan_fds(self, where: array.array[int], slab_of: array.array[int],
+                 by_slab: array.array[int]) -> array.array[int]:
+        """The descriptor of each page of a plan: ``by_slab[slab_of[where[j]]]`` for every
+        ``j`` of ``where`` (int32 arrays of :meth:`plan_get`; ``by_slab`` one descriptor per
+        distinct slab, every index in range), one C loop when the library has
+        ``hl3_plan_fds``."""
+        count = len(where)
+        if self._lib.plan_fds is None or not count:
+            return array.array("i", map(by_slab.__getitem__, map(slab_of.__getitem__, where)))
+        fds = array.array("i", bytes(4 * count))
+        self._lib.plan_fds(count, _address(where), _address(slab_of), _address(by_slab), _address(fds))
+        return fds
 
     def load(self, ds: bytes, values: array.array[int]) -> None:
         if len(ds) % DIGEST_BYTES or len(values) != 6 * (len(ds) // DIGEST_BYTES):

@@ -379,3 +379,17 @@ def test_live_put_spans_agree_with_decoding_the_log(parts: list, damage: tuple[i
             assert os.pread(fd, len(body) + 1, 0) == body
     finally:
         os.close(fd)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=6).flatmap(
+    lambda by_slab: st.tuples(st.just(by_slab), st.lists(st.integers(0, len(by_slab) - 1), max_size=40))))
+def test_plan_fds_gathers_each_pages_descriptor(case: tuple[list[int], list[int]]) -> None:
+    """A plan's per-page descriptors from the C gather are by_slab[slab_of[where[j]]], as
+    the page-by-page map spells them (a batch over several slabs)."""
+    by_slab, slab_of = case
+    table = _native()
+    where = array.array("i", [i for i in range(len(slab_of)) if i % 3 != 1])  # some keys not read
+    got = table.plan_fds(where, array.array("i", slab_of), array.array("i", by_slab))
+    assert got.typecode == "i"
+    assert list(got) == [by_slab[slab_of[i]] for i in where]
