@@ -55,10 +55,25 @@ def _stored(root: Path, backwards: bool = False,
     return conn, keys, buf, pages, bytes(buf.view())
 
 
+def _listed(rows: Any) -> list[Any]:
+    """Rows as a list (of lists from a numpy array, of tuples as given)."""
+    return rows.tolist() if hasattr(rows, "shape") else list(rows)
+
+
+def _as_kind(rows: list[tuple[int, int, int]], kind: str) -> Any:
+    """Rows as the C helpers may hand them: an m x 3 uint64 array, or a list of tuples."""
+    return numpy.array(rows, dtype=numpy.uint64) if kind == "array" else rows
+
+
+def _kind_of(rows: Any) -> str:
+    return "array" if isinstance(rows, numpy.ndarray) else "list" if all(
+        isinstance(r, tuple) for r in rows) else "?"
+
+
 def _bytes_of(local: Any, remote: Any) -> list[tuple[int, int, int]]:
     """Every byte a transfer moves: (local address, remote offset, device)."""
     out = []
-    for (addr, n, _), (off, m, dev) in zip(local.tolist(), remote.tolist()):
+    for (addr, n, _), (off, m, dev) in zip(_listed(local), _listed(remote)):
         assert n == m > 0
         out += [(addr + k, off + k, dev) for k in range(n)]
     return out
@@ -67,22 +82,24 @@ def _bytes_of(local: Any, remote: Any) -> list[tuple[int, int, int]]:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(1, 40), st.integers(0, 1 << 20),
                           st.integers(3, 5)), min_size=1, max_size=12),
-       st.integers(1, 5), st.integers(1, 8), st.one_of(st.none(), st.floats(0.05, 0.95)))
+       st.integers(1, 5), st.integers(1, 8), st.one_of(st.none(), st.floats(0.05, 0.95)),
+       st.sampled_from(["array", "list"]))
 def test_split_rows_moves_exactly_the_rows_bytes(rows: list[tuple[int, int, int, int]], parts: int,
-                                                 align: int, first: float | None) -> None:
-    local = numpy.array([(a, n, 0) for a, n, _, _ in rows], dtype=numpy.uint64)
-    remote = numpy.array([(o, n, d) for _, n, o, d in rows], dtype=numpy.uint64)
+                                                 align: int, first: float | None, kind: str) -> None:
+    local = _as_kind([(a, n, 0) for a, n, _, _ in rows], kind)
+    remote = _as_kind([(o, n, d) for _, n, o, d in rows], kind)
     pieces = split_rows(local, remote, parts, align, first=first)
     assert 1 <= len(pieces) <= parts
+    assert all(_kind_of(lo) == _kind_of(ro) == kind for lo, ro in pieces)  # NIXL takes either
     moved = [b for lo, ro in pieces for b in _bytes_of(lo, ro)]
     assert moved == _bytes_of(local, remote)  # the same bytes, in order, each once
     total = sum(n for _, n, _, _ in rows)
     for lo, _ in pieces[:-1]:  # each cut on the alignment
-        assert int(lo[:, 1].sum()) % align == 0 or total < align
+        assert sum(r[1] for r in _listed(lo)) % align == 0 or total < align
     if first is not None and len(pieces) == parts >= 2:  # the first part: the share asked, cut down
         head = int(total * first)
-        assert head - align < int(pieces[0][0][:, 1].sum()) <= head
-    assert local.tolist() == [[a, n, 0] for a, n, _, _ in rows]  # the input is left as it was
+        assert head - align < sum(r[1] for r in _listed(pieces[0][0])) <= head
+    assert [list(r) for r in _listed(local)] == [[a, n, 0] for a, n, _, _ in rows]  # input left as it was
 
 
 def _parts_times(share: float, own_rate: float, lane_rate: float, wake: float) -> tuple[float, float]:
@@ -118,21 +135,26 @@ def test_the_callers_share_stays_within_bounds_and_ignores_empty_times() -> None
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 1 << 20), st.integers(3, 6)), min_size=1, max_size=16),
-       st.integers(1, 4))
-def test_by_file_deals_each_file_whole_to_one_part(rows: list[tuple[int, int]], parts: int) -> None:
-    local = numpy.array([(0x1000 * k, n, 0) for k, (n, _) in enumerate(rows)], dtype=numpy.uint64)
-    remote = numpy.array([(0x2000 * k, n, fd) for k, (n, fd) in enumerate(rows)], dtype=numpy.uint64)
+       st.integers(1, 4), st.sampled_from(["array", "list"]))
+def test_by_file_deals_each_file_whole_to_one_part(rows: list[tuple[int, int]], parts: int,
+                                                   kind: str) -> None:
+    local = _as_kind([(0x1000 * k, n, 0) for k, (n, _) in enumerate(rows)], kind)
+    remote = _as_kind([(0x2000 * k, n, fd) for k, (n, fd) in enumerate(rows)], kind)
     pieces = by_file(local, remote, parts)
     files = {fd for _, fd in rows}
     assert len(pieces) == min(parts, len(files))
     seen: list[int] = []
     for lo, ro in pieces:
-        assert len(lo) == len(ro) > 0 and (lo[:, 1] == ro[:, 1]).all()
-        here = {int(fd) for fd in ro[:, 2]}
+        assert _kind_of(lo) == _kind_of(ro) == kind
+        lo, ro = _listed(lo), _listed(ro)
+        assert len(lo) == len(ro) > 0 and [r[1] for r in lo] == [r[1] for r in ro]
+        assert [r[0] // 0x1000 for r in lo] == [r[0] // 0x2000 for r in ro]  # rows kept in pairs
+        here = {int(r[2]) for r in ro}
         assert not here & set(seen)  # a file in one part only
         seen += here
-        assert ro[:, 0].tolist() == sorted(ro[:, 0].tolist())  # each file's rows in their order
-    assert sorted(int(r[0]) for _, ro in pieces for r in ro) == sorted(int(r[0]) for r in remote)
+        assert [r[0] for r in ro] == sorted(r[0] for r in ro)  # each file's rows in their order
+    dealt = sorted(int(r[0]) for _, ro in pieces for r in _listed(ro))
+    assert dealt == [0x2000 * k for k in range(len(rows))]
 
 
 @pytest.mark.parametrize("backwards", [False, True])

@@ -33,6 +33,7 @@ from hicache_l3.slab.native import LoadedOnce, PageBatch, flat_segments, xxh3_en
 
 _vp, _i32, _i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
 _GROUP_SHIFT = GROUP_SLOTS.bit_length() - 1  # GROUP_SLOTS is a power of two (format.py)
+TUPLE_ROWS = 16  # rows(arrays=True) of at most this many rows are lists of tuples
 
 
 def _at(buf: array.array[int] | bytearray) -> int:
@@ -84,8 +85,11 @@ class NixlBatchLib:
         to ``max_bytes`` (0: one row per segment):
         :func:`~hicache_l3.connectors.nixl.base.coalesce` of the per-segment rows, in one C
         call. Lists of ``(a, b, c)`` tuples; with ``arrays`` (and numpy importable, as it
-        is wherever NIXL is), two ``m x 3`` uint64 numpy arrays over the C call's output
-        instead, which ``get_xfer_descs`` takes without a Python object per row."""
+        is wherever NIXL is), when there are more than :data:`TUPLE_ROWS` rows, two ``m x
+        3`` uint64 numpy arrays over the C call's output instead, which ``get_xfer_descs``
+        takes without a Python object per row. (A few rows stay tuples: NIXL takes them as
+        cheaply, and a batch's get then calls no numpy, whose calls cost ~10-20 us each
+        once the batch's copy has pushed them out of the CPU caches.)"""
         n = len(fds)
         if not n:
             return [], []
@@ -98,7 +102,7 @@ class NixlBatchLib:
         local, remote = array.array("Q", bytes(24 * room)), array.array("Q", bytes(24 * room))
         m = int(self._join(n, segments if isinstance(segments, bytes) else _at(segments), _at(at), _at(fds),
                            _at(offsets), _at(local), _at(remote), max_bytes))
-        numpy = _numpy() if arrays else None
+        numpy = _numpy() if arrays and m > TUPLE_ROWS else None
         if numpy is not None:
             return (numpy.frombuffer(local, numpy.uint64, 3 * m).reshape(m, 3),
                     numpy.frombuffer(remote, numpy.uint64, 3 * m).reshape(m, 3))

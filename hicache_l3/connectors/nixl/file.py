@@ -77,7 +77,7 @@ from hicache_l3.connectors.nixl.base import (
     run_flat,
     run_on,
 )
-from hicache_l3.connectors.nixl.lanes import SHARE_MIN_BYTES, Balance, Lanes, by_file, split_rows
+from hicache_l3.connectors.nixl.lanes import SHARE_MIN_BYTES, Balance, Lanes, by_file, row_lengths, split_rows
 from hicache_l3.slab import native
 from hicache_l3.slab.engine import SlabConnector
 from hicache_l3.slab.format import RECORD_BYTES, Entry, encode_markers, expected_markers
@@ -416,14 +416,15 @@ class NixlFileConnector(SlabConnector, NixlConnector):
             raise
 
     def _share_read(self, local: Any, remote: Any) -> bool:
-        """Move the read rows ``local``/``remote`` (``m x 3`` arrays) split between the
+        """Move the read rows ``local``/``remote`` (``m x 3`` arrays or lists of tuples:
+        :meth:`~hicache_l3.connectors.nixl.batch_lib.NixlBatchLib.rows`) split between the
         caller's agent and the read lanes (:mod:`~hicache_l3.connectors.nixl.lanes`); False
         (nothing moved) when the read is too small to share or the lanes are taken. A
         TransferError as one transfer would raise it: a timeout of any part first."""
         lanes = self._lanes
-        if lanes is None or not hasattr(local, "shape") or not len(local):
+        if lanes is None or not len(local):
             return False
-        parts = min(len(lanes) + 1, int(local[:, 1].sum()) // SHARE_MIN_BYTES)
+        parts = min(len(lanes) + 1, sum(row_lengths(local)) // SHARE_MIN_BYTES)
         if parts < 2:
             return False
         balance = self._read_balance if parts == len(lanes) + 1 else None  # (learnt for all the lanes)
@@ -433,15 +434,16 @@ class NixlFileConnector(SlabConnector, NixlConnector):
         return self._run_shared("READ", pieces, balance)
 
     def _share_write(self, local: Any, remote: Any) -> bool:
-        """Move the write rows ``local``/``remote`` (``m x 3`` arrays) split by slab file
-        between the caller's agent and the lanes: writes to one file serialise in the
-        kernel, to two files they run at once (the store puts a batch's slots in two
-        files: slab/clock.py ``Clocks``). False (nothing moved) when the rows name one file
-        or the lanes are taken. A TransferError as one transfer would raise it."""
+        """Move the write rows ``local``/``remote`` (as :meth:`_share_read` takes them)
+        split by slab file between the caller's agent and the lanes: writes to one file
+        serialise in the kernel, to two files they run at once (the store puts a batch's
+        slots in two files: slab/clock.py ``Clocks``). False (nothing moved) when the rows
+        name one file or the lanes are taken. A TransferError as one transfer would raise
+        it."""
         lanes = self._lanes
-        if lanes is None or not hasattr(local, "shape") or len(local) < 2:
+        if lanes is None or len(local) < 2:
             return False
-        if int(local[:, 1].sum()) < 2 * SHARE_MIN_BYTES:
+        if sum(row_lengths(local)) < 2 * SHARE_MIN_BYTES:
             return False  # too small to pay a lane's wake-up
         pieces = by_file(local, remote, len(lanes) + 1)
         if len(pieces) < 2:

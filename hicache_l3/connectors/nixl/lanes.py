@@ -11,16 +11,16 @@ files they run at once (8 MiB from cold memory by two threads into two files 854
 into one 1459-1504 us), and the slab store puts a set's slots in two files
 (:class:`~hicache_l3.slab.clock.Clocks`).
 
-How. A get: :func:`split_rows` cuts its rows (``m x 3`` arrays: address or offset,
-length, device) into parts, the caller's of :attr:`Balance.share` of the bytes and the
-lanes' of equal bytes, where the share is learnt from how long the last gets' parts took
-(:class:`Balance`: a lane starts tens of microseconds after the caller, and on some
-machines moves bytes slower; with equal parts the caller waited for the lane 51-61 us of
-a ~420 us get on the AMD EPYC VM). A set: :func:`by_file` deals its rows out by slab
-file. :meth:`Lanes.run` hands part ``i + 1`` to lane ``i`` and runs part 0 on
-the caller, then waits for every lane. A lane's thread sleeps on a semaphore between
-batches (woken in tens of microseconds, against a transfer of a millisecond or more:
-shares below :data:`SHARE_MIN_BYTES` are not split).
+How. A get: :func:`split_rows` cuts its rows (address or offset, length, device: ``m x
+3`` arrays, or lists of tuples for a few rows) into parts, the caller's of
+:attr:`Balance.share` of the bytes and the lanes' of equal bytes, where the share is
+learnt from how long the last gets' parts took (:class:`Balance`: a lane starts tens of
+microseconds after the caller, and on some machines moves bytes slower; with equal parts
+the caller waited for the lane 51-61 us of a ~420 us get on the AMD EPYC VM). A set:
+:func:`by_file` deals its rows out by slab file. :meth:`Lanes.run` hands part ``i + 1``
+to lane ``i`` and runs part 0 on the caller, then waits for every lane. A lane's thread
+sleeps on a semaphore between batches (woken in tens of microseconds, against a transfer
+of a millisecond or more: shares below :data:`SHARE_MIN_BYTES` are not split).
 
 Rules a batch relies on:
 
@@ -50,17 +50,44 @@ SHARE_MIN_BYTES = 2 << 20  # a get moving less than this per lane goes alone (th
 ALIGN = 4096  # parts are cut on this byte boundary of the transfer
 
 
+def row_lengths(rows: Any) -> list[int]:
+    """The lengths (column 1) of transfer rows: an ``m x 3`` numpy array or a list of
+    ``(address or offset, length, device)`` tuples, as the C helpers give them
+    (:meth:`~hicache_l3.connectors.nixl.batch_lib.NixlBatchLib.rows`)."""
+    return rows[:, 1].tolist() if hasattr(rows, "shape") else [row[1] for row in rows]
+
+
+def _trimmed(rows: Any, skip: int, over: int) -> Any:
+    """A copy of ``rows`` (a slice of a part's rows) whose first row starts ``skip`` bytes
+    later and whose last ends ``over`` bytes earlier (the same row when there is one)."""
+    if hasattr(rows, "shape"):
+        rows = rows.copy()
+        if skip or over:
+            rows[0, 0] += skip
+            rows[0, 1] -= skip
+            rows[-1, 1] -= over
+        return rows
+    rows = list(rows)
+    if skip or over:
+        start, length, device = rows[0]
+        rows[0] = (start + skip, length - skip, device)
+        start, length, device = rows[-1]
+        rows[-1] = (start, length - over, device)
+    return rows
+
+
 def split_rows(local: Any, remote: Any, parts: int, align: int = ALIGN,
                first: float | None = None) -> list[tuple[Any, Any]]:
-    """``local`` and ``remote`` (``m x 3`` uint64 numpy arrays of the same rows' two
-    sides, lengths in column 1) cut into at most ``parts`` transfers, cut on multiples of
-    ``align`` bytes of the transfer (a row crossing a cut is split in two rows): the first
-    of about ``first`` of the bytes (0 < first < 1; None: 1 / parts), the others of about
-    equal bytes. Together the parts move exactly the bytes of the rows, to the same
-    places. Fewer parts when the rows hold fewer than ``parts`` aligned pieces."""
+    """``local`` and ``remote`` (the same rows' two sides, lengths in column 1: ``m x 3``
+    uint64 numpy arrays, or lists of 3-tuples) cut into at most ``parts`` transfers of the
+    same kind, cut on multiples of ``align`` bytes of the transfer (a row crossing a cut is
+    split in two rows): the first of about ``first`` of the bytes (0 < first < 1; None:
+    1 / parts), the others of about equal bytes. Together the parts move exactly the
+    bytes of the rows, to the same places. Fewer parts when the rows hold fewer than
+    ``parts`` aligned pieces. The inputs are left as they were."""
     # the row arithmetic on Python ints, numpy only to slice and adjust the parts: a batch
     # coalesces to a row or a few, where each numpy call costs more than the sum
-    lengths = local[:, 1].tolist()
+    lengths = row_lengths(local)
     ends = list(itertools.accumulate(lengths))
     total = ends[-1] if ends else 0
     if first is None or parts < 2:
@@ -74,29 +101,26 @@ def split_rows(local: Any, remote: Any, parts: int, align: int = ALIGN,
     for a, b in itertools.pairwise(bounds):
         first_row = bisect.bisect_right(ends, a)  # the row holding byte a
         last_row = bisect.bisect_left(ends, b)  # the row holding byte b - 1
-        lo, ro = local[first_row:last_row + 1].copy(), remote[first_row:last_row + 1].copy()
         skip = a - (ends[first_row] - lengths[first_row])
         over = ends[last_row] - b
-        for rows in (lo, ro) if skip or over else ():
-            rows[0, 0] += skip
-            rows[0, 1] -= skip
-            rows[-1, 1] -= over
-        out.append((lo, ro))
+        out.append((_trimmed(local[first_row:last_row + 1], skip, over),
+                    _trimmed(remote[first_row:last_row + 1], skip, over)))
     return out
 
 
 def by_file(local: Any, remote: Any, parts: int) -> list[tuple[Any, Any]]:
-    """``local`` and ``remote`` (``m x 3`` uint64 numpy arrays, the remote device (a
-    slab file's descriptor) in column 2) grouped into at most ``parts`` transfers, each
-    file's rows in one of them (in their order), the files dealt out so that the parts'
-    bytes are as even as a greedy deal makes them: what writes, which serialise per
-    file, can run at once."""
+    """``local`` and ``remote`` (the same rows' two sides, the remote device (a slab
+    file's descriptor) in column 2: ``m x 3`` uint64 numpy arrays, or lists of 3-tuples)
+    grouped into at most ``parts`` transfers of the same kind, each file's rows in one of
+    them (in their order), the files dealt out so that the parts' bytes are as even as a
+    greedy deal makes them: what writes, which serialise per file, can run at once."""
     # grouped on Python ints, numpy only to take each part's rows: a set batch has a row
     # or a few per file, where numpy's unique and masks cost more than the deal itself
     per_file: dict[int, list[int]] = {}  # fd -> its rows, in order
-    for row, fd in enumerate(remote[:, 2].tolist()):
+    arrays = hasattr(remote, "shape")
+    for row, fd in enumerate(remote[:, 2].tolist() if arrays else [r[2] for r in remote]):
         per_file.setdefault(fd, []).append(row)
-    lengths = local[:, 1].tolist()
+    lengths = row_lengths(local)
     files = sorted(((sum(lengths[row] for row in rows), fd) for fd, rows in per_file.items()), reverse=True)
     loads = [0] * min(parts, len(files))
     groups: list[list[int]] = [[] for _ in loads]
@@ -107,7 +131,8 @@ def by_file(local: Any, remote: Any, parts: int) -> list[tuple[Any, Any]]:
     out = []
     for group in groups:
         group.sort()
-        out.append((local[group], remote[group]))
+        out.append((local[group], remote[group]) if arrays
+                   else ([local[row] for row in group], [remote[row] for row in group]))
     return out
 
 
