@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy
@@ -27,7 +29,7 @@ from hicache_l3.common.memory import HostBuffer
 from hicache_l3.conformance import ConnectorTests
 from hicache_l3.conformance.suite import Pages, _sigint_raises
 from hicache_l3.connectors.nixl.base import TransferError
-from hicache_l3.connectors.nixl.lanes import SHARE_MIN_BYTES, Balance, by_file, split_rows
+from hicache_l3.connectors.nixl.lanes import SHARE_MIN_BYTES, Balance, Lanes, by_file, split_rows
 from hicache_l3.slab.format import Geometry
 from hicache_l3.slab.store import split_min_slots
 
@@ -118,6 +120,42 @@ def test_the_callers_share_moves_until_both_parts_end_together(own_rate: float, 
     own_s, lanes_s = _parts_times(balance.share, own_rate, lane_rate, wake)
     assert abs(own_s - lanes_s) < 0.01 * max(own_s, lanes_s)  # they end together
     assert balance.observed == 60
+
+
+def test_the_lanes_learn_to_end_before_the_caller_by_its_hand_back() -> None:
+    """A caller that waits for a lane gets on a hand-back after the lane's end (a futex
+    wake, then the GIL): the balance learns it from the waits and shifts bytes to the
+    caller until the lanes end before the caller's part, by at most that hand-back."""
+    balance, handoff = Balance(2), 40e-6
+    for _ in range(80):
+        own_s, lanes_s = _parts_times(balance.share, 2000.0, 2000.0, 20e-6)  # ~250 us, a lane woken late
+        if lanes_s > own_s:  # the caller waits: it gets on `handoff` after the lane ends
+            balance.waited(handoff)
+        balance.observe(own_s, lanes_s)
+    own_s, lanes_s = _parts_times(balance.share, 2000.0, 2000.0, 20e-6)
+    assert 0 < balance.handoff <= handoff
+    assert 0 < own_s - lanes_s <= 1.05 * handoff  # the lanes done first: no wait, no hand-back
+    balance.waited(1.0)  # a preempted caller is not a hand-back: capped
+    assert balance.handoff <= Balance.HANDOFF_MAX
+    balance.waited(-1.0)
+    assert balance.handoff <= Balance.HANDOFF_MAX
+
+
+def test_a_caller_that_waited_for_a_lane_teaches_the_balance_its_hand_back() -> None:
+    """Lanes.run, on real threads (stand-in agents: the shares here move no bytes): a
+    caller that waited for its lane feeds the balance the time it took to get on after
+    the lane's end; one whose lane had long ended does not."""
+    agent: Any = SimpleNamespace(poisoned=False, close=lambda: None)
+    lanes = Lanes([agent], renew=lambda a: a)
+    balance = Balance(2)
+    try:
+        assert lanes.run(lambda: None, [lambda _agent: time.sleep(0.02)], balance)  # the caller waits
+        assert 0 < balance.handoff <= Balance.STEP * Balance.HANDOFF_MAX and balance.observed == 1
+        learnt = balance.handoff
+        assert lanes.run(lambda: time.sleep(0.02), [lambda _agent: None], balance)  # the lane long done
+        assert balance.handoff == learnt and balance.observed == 2
+    finally:
+        lanes.close()
 
 
 def test_the_callers_share_stays_within_bounds_and_ignores_empty_times() -> None:
