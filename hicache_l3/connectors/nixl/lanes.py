@@ -180,21 +180,29 @@ class Balance:
     tens of microseconds after the lane's end (a futex wake, then the GIL; 38 us median on
     the AMD EPYC VM, 64 KiB pages, against a ~450 us part). :meth:`waited` learns that
     delay (:attr:`handoff`) and :meth:`observe` counts it in the lanes' time, so the
-    lanes end that much before the caller's part and the caller finds them done."""
+    lanes end about that much before the caller's part and the caller finds them done.
+    A get whose caller found the lanes done shrinks the estimate a little
+    (:attr:`DECAY`): one grown too big (a caller preempted while it waited) would
+    otherwise never be corrected, since a caller that never waits never measures it."""
 
     LOW, HIGH, STEP = 0.1, 0.9, 0.25
     HANDOFF_MAX = 200e-6  # a longer hand-back is a preempted caller, not the wake-up: capped
+    DECAY = 0.05  # the share of :attr:`handoff` a get without a wait takes off
 
     def __init__(self, parts: int) -> None:
         self.share = 1.0 / max(1, parts)
         self.observed = 0
         self.handoff = 0.0  # seconds
 
-    def waited(self, handoff_s: float) -> None:
-        """The caller, waiting for the lanes, got on ``handoff_s`` after the last lane
-        ended: :attr:`handoff` moves a quarter of the way there (at most
-        :data:`HANDOFF_MAX`); ignored unless positive."""
-        if handoff_s > 0:
+    def waited(self, handoff_s: float | None) -> None:
+        """After a shared get: ``handoff_s``, how long after the last lane's end the
+        caller, waiting for it, got on; None when the caller found every lane done.
+        :attr:`handoff` moves a quarter of the way to a hand-back seen (at most
+        :data:`HANDOFF_MAX`; a negative one is ignored), and loses :data:`DECAY` of
+        itself when there was none."""
+        if handoff_s is None:
+            self.handoff *= 1.0 - self.DECAY
+        elif handoff_s > 0:
             self.handoff += self.STEP * (min(handoff_s, self.HANDOFF_MAX) - self.handoff)
 
     def observe(self, own_s: float, lanes_s: float) -> None:
@@ -269,8 +277,8 @@ class Lanes:
             if balance is not None and own_s and started and interrupted is None \
                     and not any(lane.error is not None for lane in started):
                 last = max(lane.ended for lane in started)
-                if last > waiting:  # the caller waited for a lane: how long it took to get on
-                    balance.waited(back - last)
+                # the caller waited for a lane: how long it took to get on after its end
+                balance.waited(back - last if last > waiting else None)
                 balance.observe(own_s, last - start)
             self._taken.release()
         self.shared += 1
