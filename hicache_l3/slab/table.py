@@ -364,6 +364,7 @@ class DictPageTable:
 _vp, _sz, _i64, _u64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64, ctypes.c_uint64
 _NOMEM, _BADVALUE, _BADIMAGE, _NOJOURNAL = -1, -2, -3, -4
 _ZERO6 = bytes(48)
+_ZERO_I32 = array.array("i", (0,))
 
 
 def _address(buf: array.array[int] | bytearray) -> int:
@@ -760,7 +761,7 @@ class NativePageTable:
         count = len(where)
         if self._lib.plan_fds is None or not count:
             return array.array("i", map(by_slab.__getitem__, map(slab_of.__getitem__, where)))
-        fds = array.array("i", bytes(4 * count))
+        fds = _ZERO_I32 * count  # (one allocation, filled at C level: no zero bytes copied in)
         self._lib.plan_fds(count, _address(where), _address(slab_of), _address(by_slab), _address(fds))
         return fds
 

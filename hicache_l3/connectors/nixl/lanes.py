@@ -50,11 +50,16 @@ SHARE_MIN_BYTES = 2 << 20  # a get moving less than this per lane goes alone (th
 ALIGN = 4096  # parts are cut on this byte boundary of the transfer
 
 
+def _column(rows: Any, k: int) -> list[int]:
+    """Column ``k`` of transfer rows -- an ``m x 3`` numpy array or a list of ``(address
+    or offset, length, device)`` tuples, as the C helpers give them
+    (:meth:`~hicache_l3.connectors.nixl.batch_lib.NixlBatchLib.rows`) -- as Python ints."""
+    return rows[:, k].tolist() if hasattr(rows, "shape") else [row[k] for row in rows]
+
+
 def row_lengths(rows: Any) -> list[int]:
-    """The lengths (column 1) of transfer rows: an ``m x 3`` numpy array or a list of
-    ``(address or offset, length, device)`` tuples, as the C helpers give them
-    (:meth:`~hicache_l3.connectors.nixl.batch_lib.NixlBatchLib.rows`)."""
-    return rows[:, 1].tolist() if hasattr(rows, "shape") else [row[1] for row in rows]
+    """The lengths (column 1) of transfer rows (:func:`_column`)."""
+    return _column(rows, 1)
 
 
 def _trimmed(rows: Any, skip: int, over: int) -> Any:
@@ -117,8 +122,7 @@ def by_file(local: Any, remote: Any, parts: int) -> list[tuple[Any, Any]]:
     # grouped on Python ints, numpy only to take each part's rows: a set batch has a row
     # or a few per file, where numpy's unique and masks cost more than the deal itself
     per_file: dict[int, list[int]] = {}  # fd -> its rows, in order
-    arrays = hasattr(remote, "shape")
-    for row, fd in enumerate(remote[:, 2].tolist() if arrays else [r[2] for r in remote]):
+    for row, fd in enumerate(_column(remote, 2)):
         per_file.setdefault(fd, []).append(row)
     lengths = row_lengths(local)
     files = sorted(((sum(lengths[row] for row in rows), fd) for fd, rows in per_file.items()), reverse=True)
@@ -131,7 +135,7 @@ def by_file(local: Any, remote: Any, parts: int) -> list[tuple[Any, Any]]:
     out = []
     for group in groups:
         group.sort()
-        out.append((local[group], remote[group]) if arrays
+        out.append((local[group], remote[group]) if hasattr(remote, "shape")
                    else ([local[row] for row in group], [remote[row] for row in group]))
     return out
 
