@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -79,7 +81,11 @@ class SGLangServer:
         argv = [str(SGLANG_PY), "-m", "sglang.launch_server", "--model-path", str(model),
                 "--host", "127.0.0.1", "--port", str(self.port), *CPU_FLAGS, *flags]
         self.argv = argv
+        # SGLang leaves its ZMQ sockets and Prometheus files in TMPDIR: a short one of the
+        # server's own (a socket path has 108 bytes at most), removed when it stops
+        self.tmpdir = tempfile.mkdtemp(prefix=f"hl3-{name}-")
         self.proc = ManagedProcess(argv, workdir, name, env={
+            "TMPDIR": self.tmpdir,
             "SGLANG_USE_CPU_ENGINE": "1",
             "PYTHONPATH": _pythonpath(str(STANDINS)),
             "HICACHE_L3_E2E_STATS": str(self.stats_path),
@@ -101,6 +107,7 @@ class SGLangServer:
     def stop(self) -> None:
         """Stop the server's process group (SIGTERM, then SIGKILL)."""
         self.proc.stop(grace=10.0)
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     def log(self) -> str:
         """The server's whole output so far."""
