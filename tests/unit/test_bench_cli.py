@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import csv
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from hicache_l3.bench.runner import balanced_ratio
 from hicache_l3.cli import main
 
 FIELDS = {"backend", "op", "page_size", "batch", "pages", "gib_per_s", "pages_per_s", "p50_ms", "p99_ms"}
@@ -93,3 +97,17 @@ def test_bench_memory_backend(tmp_path: Path) -> None:
     assert {(r["backend"], r["op"]) for r in rows} == {
         (b, op) for b in ("memory", "raw-dict") for op in ("set", "get", "exists")}
     assert all(r["raw_backend"] == "raw-dict" for r in rows if r["backend"] == "memory")
+
+
+def test_ratio_balances_the_order_of_the_targets() -> None:
+    """Repetitions alternate who goes first; a first-runner penalty of 30% (connector first:
+    0.7, raw first: 1/0.7) cancels in the reported ratio, where a plain median of the seven
+    would land on 0.7."""
+    first, second = 0.7, 1 / 0.7
+    ratios = [first, second] * 3 + [first]
+    assert statistics.median(ratios) == first
+    assert balanced_ratio(ratios) == pytest.approx(1.0)
+    assert balanced_ratio([0.9, 1.6, 0.8, 1.25]) == pytest.approx((1.2 + 1.0) / 2)
+    assert balanced_ratio([0.8]) == 0.8
+    with pytest.raises(ValueError):
+        balanced_ratio([])
