@@ -122,6 +122,7 @@ def by_file(local: Any, remote: Any, parts: int) -> list[tuple[Any, Any]]:
     # grouped on Python ints, numpy only to take each part's rows: a set batch has a row
     # or a few per file, where numpy's unique and masks cost more than the deal itself
     per_file: dict[int, list[int]] = {}  # fd -> its rows, in order
+    arrays = hasattr(remote, "shape")
     for row, fd in enumerate(_column(remote, 2)):
         per_file.setdefault(fd, []).append(row)
     lengths = row_lengths(local)
@@ -135,7 +136,7 @@ def by_file(local: Any, remote: Any, parts: int) -> list[tuple[Any, Any]]:
     out = []
     for group in groups:
         group.sort()
-        out.append((local[group], remote[group]) if hasattr(remote, "shape")
+        out.append((local[group], remote[group]) if arrays
                    else ([local[row] for row in group], [remote[row] for row in group]))
     return out
 
