@@ -4,6 +4,8 @@ slot, index log records, and ``namespace.json``.
 Layout under ``<root>/ns-<namespace digest>/``::
 
     namespace.json            the namespace and the slot size, written once
+    changes                   8 bytes a writer, rewritten after each change it publishes
+                              (slab/changes.py: readers skip the log look while it is still)
     writers/wNNNN/lock        flock-ed by the process that owns this writer directory
     writers/wNNNN/index.log   append-only index records of this writer
     writers/wNNNN/slab-NNNNNN.dat   preallocated data files cut into slots

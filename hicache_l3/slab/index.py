@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Literal, NamedTuple
 
 from hicache_l3.slab import checkpoint
+from hicache_l3.slab.changes import ChangeFile
 from hicache_l3.slab.evict import take_run
 from hicache_l3.slab.files import SlabFiles, is_real_dir, open_file, parse_writer_name, writer_name
 from hicache_l3.slab.format import DEL, GEN, PUT, RECORD, Entry, Geometry, Located, decode_records
@@ -136,6 +137,7 @@ class SlabIndex:
         self.deleted: dict[tuple[int, int, int], int] = {}  # slot -> newest generation deleted
         self.tails: dict[int, LogTail] = {}
         self.dir_mtime = -1
+        self.changes: ChangeFile | None = None  # the namespace's change file (slab/changes.py), when used
         self.pending: set[int] = set()  # writer directories seen without an index.log yet
         self.ignored: set[str] = set()  # entries of writers/ that are not writer directories
         self.own: int | None = None
@@ -234,10 +236,27 @@ class SlabIndex:
         if not self.loaded:
             self.loaded = True
             self.load_checkpoint()
+        changes = self.changes
+        if (changes is None or not changes.unchanged() or self.pending) and not self._look_at_logs():
+            return
+        if self._pending_base is not None:
+            self._adopt_base(defer=True)
+        if self._rebase_due:
+            self.rebase_on_newer(force=True)
+        elif self.delta_big():
+            if self.own is not None and self.checkpoint_due():
+                self.save_checkpoint_later()  # (a writer that stopped writing, with a big delta)
+            else:
+                self.rebase_later()
+
+    def _look_at_logs(self) -> bool:
+        """The look :meth:`refresh` takes at ``writers/`` and every other writer's log
+        (what the change file, :mod:`~hicache_l3.slab.changes`, spares while it says
+        nothing was published); False when ``writers/`` is gone."""
         try:
             mtime = os.stat(self.writers_dir).st_mtime_ns
         except FileNotFoundError:
-            return
+            return False
         if mtime != self.dir_mtime:
             self.dir_mtime = mtime
             self._scan_writers()
@@ -257,15 +276,7 @@ class SlabIndex:
                 st = os.fstat(tail.fd)
             if st.st_size > tail.offset:
                 self.read_tail(writer, tail, st.st_size)
-        if self._pending_base is not None:
-            self._adopt_base(defer=True)
-        if self._rebase_due:
-            self.rebase_on_newer(force=True)
-        elif self.delta_big():
-            if self.own is not None and self.checkpoint_due():
-                self.save_checkpoint_later()  # (a writer that stopped writing, with a big delta)
-            else:
-                self.rebase_later()
+        return True
 
     def _scan_writers(self) -> None:
         for name in os.listdir(self.writers_dir):

@@ -264,6 +264,8 @@ class SharedSlabStore(SlabStore):
     and relies on claims alone.
     """
 
+    uses_change_file = False  # one node's page cache says nothing of another node's writes
+
     def __init__(
         self,
         root: str | os.PathLike[str],

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
+from hicache_l3.slab.changes import ChangeFile
 from hicache_l3.slab.clock import Clock, Clocks, iota, is_run, slab_spans
 from hicache_l3.slab.compaction import LogCompaction, temporary_log
 from hicache_l3.slab.files import SlabFiles, is_real_dir, make_dir, open_file, parse_writer_name, writer_name
@@ -143,6 +144,10 @@ class SlabStore:
     library can (native/mapped_read.c), else with preadv.
     """
 
+    # other processes' changes learnt through the namespace's change file (slab/changes.py):
+    # a look at the logs only when it says one was published
+    uses_change_file = True
+
     def __init__(
         self,
         root: str | os.PathLike[str],
@@ -193,6 +198,8 @@ class SlabStore:
         self.compactions = 0
         self._compactor: threading.Thread | None = None  # a background compaction (_compact_later)
         make_dir(self.writers_dir, exist_ok=True)
+        if self.uses_change_file:
+            self.index.changes = ChangeFile.open(self.writers_dir.parent)
 
     def _new_clock(self, stride: int) -> Clock | Clocks:
         """The recency of own slots: :class:`~hicache_l3.slab.clock.Clocks` (a batch's
@@ -209,6 +216,13 @@ class SlabStore:
         lands on that size): this writer's slots (other writers' pages make the table
         grow past it); None without a capacity."""
         return self.max_slots
+
+    def _published(self, writer: int) -> None:
+        """Tell the other processes, through the change file, that ``writer`` (this
+        process's) made a change they must see. Caller holds the lock."""
+        changes = self.index.changes
+        if changes is not None:
+            changes.published(writer)
 
     # ---- reading ------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -436,6 +450,7 @@ class SlabStore:
             if self.index.dropped:
                 records = self._supersede(keys, ds) + records
             os.write(self._log_fd, records)
+            self._published(me)
             tail = self.index.tails[me]
             tail.offset += len(records)
             tail.max_gen = max(tail.max_gen, max(gens))
@@ -490,6 +505,7 @@ class SlabStore:
             if records:
                 data = b"".join(records)
                 os.write(self._log_fd, data)
+                self._published(me)
                 self.index.tails[me].offset += len(data)
                 self.index.applied += len(records)
                 self._maybe_compact(me)
@@ -595,6 +611,7 @@ class SlabStore:
         else:
             self.index.forget_unlogged_entries(forget)
         self.compactions += 1
+        self._published(me)
         self.index.save_checkpoint_later()
 
     def _compact_later(self, me: int, tail: LogTail) -> bool:
@@ -751,6 +768,7 @@ class SlabStore:
         if os.fstat(self._log_fd).st_size > tail.offset:
             self._set_aside_tail(tail.path, tail.offset)
         self.me = index.own = self.files.owner = writer
+        self._published(writer)  # its log opened (created), a torn tail set aside
         # descriptors opened while we only read this writer's slabs are read-only; threads
         # may still be reading through them, so retire them (closed at close) rather than close
         self.files.retire_writer(writer)
@@ -861,6 +879,8 @@ class SlabStore:
             fds += [fd for fd in (self._log_fd, self._lock_fd) if fd >= 0]
             self.index.tails.clear()
             self.files.close()
+            if index.changes is not None:
+                index.changes.close()
             for fd in fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)

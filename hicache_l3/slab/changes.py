@@ -1,0 +1,114 @@
+"""The namespace's change file: how a process learns, with one ``pread`` of a few bytes,
+that no other writer published anything since it last looked at the logs, instead of a
+``stat`` of ``writers/`` and of every other writer's log on every call.
+
+``<namespace>/changes`` holds an 8-byte slot per writer, slot ``w`` at offset ``8 w``.
+A writer writes a new random value into its own slot after each change another process
+must see: a log append (a commit, a delete), its log replaced by a compaction, a writer
+directory adopted or created (its log opened, a torn tail set aside). Only the slot's
+owner writes it, so no two processes race on a slot, and a random 64-bit value means a
+slot does not come back to a value a reader remembers, whoever owned the directory before.
+
+A reader reads the file (its first :data:`READ_BYTES`: writers below 512) *before* it
+looks at the logs, and remembers what it read; when the next read gives the same bytes,
+nothing was published in between and the logs need no look. What a writer writes into its
+own slot it remembers as it writes it, so its own commits do not make it look.
+
+What the file does not replace. A writer that does not write it (an older hicache-l3, a
+process that could not open it), a writer numbered 512 or more, or a file deleted and
+made anew is seen by the full look every :data:`FULL_LOOK_S` at the latest. Every failure
+to open, read or write the file means a full look every time: the behaviour before it
+existed. Stores shared by several machines (:mod:`hicache_l3.slab.shared`) do not use it:
+the page cache of one node tells nothing of another's writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import stat
+from pathlib import Path
+from time import monotonic
+
+from hicache_l3.slab.files import open_file
+
+log = logging.getLogger("hicache_l3.slab")
+
+CHANGES_FILE = "changes"
+READ_BYTES = 4096  # slots of writers 0..511
+FULL_LOOK_S = 1.0  # a full look at the logs at least this often, whatever the file says
+
+
+class ChangeFile:
+    """This process's handle on ``<namespace>/changes`` (module docstring). Not
+    thread-safe: callers hold the index lock."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._seen: bytearray | None = None  # the file's bytes when the logs were last looked at
+        self._full_at = 0.0  # (monotonic) the next full look, whatever the file says
+        self._random = random.Random(os.urandom(16))
+        self._warned = False
+
+    @classmethod
+    def open(cls, directory: Path) -> ChangeFile | None:
+        """The change file of the namespace in ``directory``, created if missing (0600, no
+        symlink followed); None (and a debug line) when it cannot be opened or is not a
+        regular file: the caller then looks at the logs every time."""
+        try:
+            fd = open_file(directory / CHANGES_FILE, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK)
+        except OSError as exc:
+            log.debug("%s: no change file (%s): every call looks at the logs", directory, exc)
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(f"{directory / CHANGES_FILE} is not a regular file")
+        except OSError as exc:
+            os.close(fd)
+            log.debug("%s: no change file (%s): every call looks at the logs", directory, exc)
+            return None
+        return cls(fd)
+
+    def unchanged(self) -> bool:
+        """True when no writer published anything since the last call that returned False
+        (the logs need no look now); False otherwise, and then what the file holds now is
+        remembered: call this *before* looking at the logs."""
+        try:
+            now = os.pread(self._fd, READ_BYTES, 0)
+        except OSError:
+            self._seen = None
+            return False
+        seen = self._seen
+        if seen is not None and now == seen and monotonic() < self._full_at:
+            return True
+        self._seen = bytearray(now)
+        self._full_at = monotonic() + FULL_LOOK_S
+        return False
+
+    def published(self, writer: int) -> None:
+        """Writer ``writer`` (this process's own) made a change other processes must see:
+        a new value in its slot. What this process remembers of the file takes the same
+        value there, so its own change does not make it look at the logs again."""
+        value = self._random.getrandbits(64).to_bytes(8, "little")
+        at = 8 * writer
+        try:
+            written = os.pwrite(self._fd, value, at)
+        except OSError as exc:
+            written = -1
+            if not self._warned:
+                self._warned = True
+                log.warning("change file not written (%s): other processes see this writer's "
+                            "changes within %.0f s only", exc, FULL_LOOK_S)
+        seen = self._seen
+        if written != 8 or seen is None or at >= READ_BYTES:
+            return
+        if len(seen) < at:
+            seen.extend(bytes(at - len(seen)))  # slots never written read as zeros (a hole)
+        seen[at:at + 8] = value
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
