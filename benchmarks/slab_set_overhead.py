@@ -13,6 +13,7 @@ timers (the totals alone, as the engine pays them).
 
     PYTHONPATH=$PWD python benchmarks/slab_set_overhead.py
     PYTHONPATH=$PWD python benchmarks/slab_set_overhead.py --plain --batches 3000
+    PYTHONPATH=$PWD python benchmarks/slab_set_overhead.py --write-between 8   # cold, as on SGLang's path
 """
 
 from __future__ import annotations
@@ -60,12 +61,16 @@ def instrument() -> None:
     timed(os, "write", "os.write")
 
 
-def run(store: SlabStore, batches: int, b: int, start: int, per_batch: Callable[[float], None]) -> int:
+def run(store: SlabStore, batches: int, b: int, start: int, per_batch: Callable[[float], None],
+        between: Callable[[], None] | None = None) -> int:
     """``batches`` set batches of ``b`` new keys from key number ``start``, each followed
-    by ``per_batch(seconds of its reserve_new + commit)``; the next key number."""
+    by ``per_batch(seconds of its reserve_new + commit)`` and preceded by ``between()``
+    (off the clock); the next key number."""
     zeros = array.array("Q", bytes(8 * b))
     clock = time.perf_counter
     for _ in range(batches):
+        if between is not None:
+            between()
         keys = [f"{i:032x}" for i in range(start, start + b)]
         start += b
         t0 = clock()
@@ -85,6 +90,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--batches", type=int, default=2000)
     ap.add_argument("--plain", action="store_true", help="no stage timers: totals only")
+    ap.add_argument("--write-between", type=int, default=0, metavar="MIB",
+                    help="before each batch, off the clock, pwrite this many MiB into a scratch file "
+                         "(what a set's data write does to the caches: the store's bookkeeping then "
+                         "runs cold, as on SGLang's path; 0: hot, batches back to back)")
     args = ap.parse_args()
     print(describe_cpu(cpu_info()), "load %.2f %.2f %.2f" % os.getloadavg())
     root = tempfile.mkdtemp(prefix="slab-set-overhead-")
@@ -92,6 +101,13 @@ def main() -> None:
                    page_size=args.slot_bytes, tag="s")
     stride = Geometry(args.slot_bytes).stride
     store = SlabStore(root, ns, args.slot_bytes, capacity_bytes=args.capacity * stride)
+    between = None
+    if args.write_between > 0:
+        scratch = os.open(os.path.join(root, "scratch"), os.O_RDWR | os.O_CREAT, 0o600)
+        data = os.urandom(1 << 20) * args.write_between
+
+        def between() -> None:
+            os.pwrite(scratch, data, 0)
     try:
         b = args.batch
         # fill to capacity, and a few passes more so that compaction and checkpoints
@@ -108,9 +124,10 @@ def main() -> None:
                 per[label].append(stage)
             spent.clear()
 
-        run(store, args.batches, b, nxt, per_batch)
+        run(store, args.batches, b, nxt, per_batch, between)
         stats = store.stats()
-        print(f"== {args.batches} batches of {b} keys, {args.capacity} slots of {args.slot_bytes} B "
+        print(f"== {args.batches} batches of {b} keys, {args.capacity} slots of {args.slot_bytes} B, "
+              f"{args.write_between} MiB written between batches "
               f"(evictions {stats['evictions']}, compactions {stats['log_compactions']}); "
               f"load {'%.2f %.2f %.2f' % os.getloadavg()}")
         print(f"   {'stage (us per batch)':44s} {'median':>8s} {'mean':>8s}")
