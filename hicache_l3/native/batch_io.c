@@ -590,7 +590,7 @@ int hl3_share_read_plan(struct hl3_share *s, int64_t wait_ns, int nowait, const 
     return share_wait(s, wait_ns);
 }
 
-/* ---- I/O threads resident in C, for shared reads (hicache_l3/slab/readers.py) -------------
+/* ---- I/O threads resident in C, for shared reads and writes (hicache_l3/slab/readers.py) ---
  *
  * A pool thread woken through Python for each batch joins it 60-90 us late on the 2-core
  * VM (a futex wake, then the GIL, which the caller holds while it plans the batch): ~7 % of
@@ -619,21 +619,39 @@ int hl3_share_read_plan(struct hl3_share *s, int64_t wait_ns, int nowait, const 
 #define HL3_GATE_ACTIVE_MASK (0xFFFFULL << 8)
 #define HL3_GATE_SEQ (1ULL << 32)
 
+enum { HL3_READERS_READ = 0, HL3_READERS_WRITE = 1 }; /* what a published batch is */
+#define HL3_READERS_ARGS 11
+
 struct hl3_readers {
     uint64_t gate;
     uint32_t wake;     /* futex word: bumped to wake sleeping readers */
     uint32_t sleepers; /* readers asleep, or about to be */
     int64_t nowait;
+    int64_t op;        /* HL3_READERS_READ or HL3_READERS_WRITE */
     struct hl3_share share;
-    int64_t args[10];  /* hl3_share_read_plan's, from fds to status */
+    int64_t args[HL3_READERS_ARGS]; /* a read: hl3_share_read_plan's from fds to status (10);
+                                     * a write: hl3_share_write_pages's from fds to status (11) */
 };
 
 /* Bytes Python allocates for the mailbox (zeroed: an empty mailbox). */
 size_t hl3_readers_size(void) { return sizeof(struct hl3_readers); }
 
+int hl3_share_write_pages(struct hl3_share *s, int64_t wait_ns, const int32_t *fds, const int64_t *data_offs,
+                          const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
+                          unsigned char *markers, int64_t mlen, int with_csum, uint64_t *csums,
+                          const struct hl3_xxh3 *x, int32_t *status);
+
+/* The published batch drained by this thread (hl3_share_read_plan or hl3_share_write_pages
+ * of its arguments), then the wait of hl3_share_read_plan; same return. */
 static int readers_read(struct hl3_readers *r, int64_t wait_ns)
 {
     const int64_t *v = r->args;
+    if (r->op == HL3_READERS_WRITE)
+        return hl3_share_write_pages(&r->share, wait_ns, (const int32_t *)(intptr_t)v[0],
+                                     (const int64_t *)(intptr_t)v[1], (const int64_t *)(intptr_t)v[2],
+                                     (const struct iovec *)(intptr_t)v[3], (const int32_t *)(intptr_t)v[4],
+                                     (unsigned char *)(intptr_t)v[5], v[6], (int)v[7], (uint64_t *)(intptr_t)v[8],
+                                     (const struct hl3_xxh3 *)(intptr_t)v[9], (int32_t *)(intptr_t)v[10]);
     return hl3_share_read_plan(&r->share, wait_ns, (int)r->nowait, (const int32_t *)(intptr_t)v[0],
                                (const int64_t *)(intptr_t)v[1], (const int64_t *)(intptr_t)v[2],
                                (const struct iovec *)(intptr_t)v[3], (const int32_t *)(intptr_t)v[4],
@@ -701,8 +719,25 @@ int hl3_readers_run(struct hl3_readers *r, int64_t linger_ns)
  * must call hl3_readers_read, and hl3_readers_done last), 0 when it is taken or stopped.
  * *owned says the same, written before the batch is published: the caller reads it
  * there even when an interruption lands before it sees the return value. */
+static int readers_publish(struct hl3_readers *r, int64_t op, int64_t n, int64_t chunk, int64_t parts,
+                           int nowait, const int64_t *args, size_t nargs, int64_t *owned);
+
 int hl3_readers_publish(struct hl3_readers *r, int64_t n, int64_t chunk, int64_t parts, int nowait,
                         const int64_t *args, int64_t *owned)
+{
+    return readers_publish(r, HL3_READERS_READ, n, chunk, parts, nowait, args, 10, owned);
+}
+
+/* hl3_readers_publish of a write batch: args as hl3_share_write_pages's from fds on (11);
+ * the readers write its chunks with the caller. */
+int hl3_readers_publish_write(struct hl3_readers *r, int64_t n, int64_t chunk, int64_t parts,
+                              const int64_t *args, int64_t *owned)
+{
+    return readers_publish(r, HL3_READERS_WRITE, n, chunk, parts, 0, args, HL3_READERS_ARGS, owned);
+}
+
+static int readers_publish(struct hl3_readers *r, int64_t op, int64_t n, int64_t chunk, int64_t parts,
+                           int nowait, const int64_t *args, size_t nargs, int64_t *owned)
 {
     *owned = 0;
     uint64_t g = __atomic_load_n(&r->gate, __ATOMIC_ACQUIRE);
@@ -729,7 +764,9 @@ int hl3_readers_publish(struct hl3_readers *r, int64_t n, int64_t chunk, int64_t
     s->parts = parts;
     s->spins = 0;
     r->nowait = nowait;
-    memcpy(r->args, args, sizeof(r->args));
+    r->op = op;
+    memset(r->args, 0, sizeof(r->args));
+    memcpy(r->args, args, nargs * sizeof(int64_t));
     *owned = 1;
     __atomic_fetch_add(&r->gate, HL3_GATE_SEQ - HL3_GATE_WRITING, __ATOMIC_RELEASE);
     hl3_readers_wake(r);

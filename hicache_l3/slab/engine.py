@@ -128,6 +128,7 @@ class SlabConnector:
     # ---- the page hooks -----------------------------------------------------------------
     def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
         store = self._store_for_io()
+        self.transport.write_soon(len(keys) * store.geometry.slot_bytes)  # its I/O threads up by the write
         reasons = [Reason.OK] * len(keys)
         todo, slots, full, ds = store.reserve_new(keys)
         for i in full:

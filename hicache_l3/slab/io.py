@@ -163,6 +163,10 @@ class SlotTransport(abc.ABC):
     def read_soon(self) -> None:  # noqa: B027 (a hint: most transports have nothing to wake)
         """A read is being planned (:meth:`read_plan` follows): wake what it will need."""
 
+    def write_soon(self, nbytes: int) -> None:  # noqa: B027 (a hint, as read_soon)
+        """A write of ``nbytes`` is being reserved (:meth:`write` follows): wake what it
+        will need."""
+
 
 class PythonTransport(SlotTransport):
     """``os.pwritev``/``os.preadv`` straight between registered memory and the slab
@@ -295,11 +299,15 @@ class NativeTransport(SlotTransport):
         made = write_markers(batch.keys, cols.gens, cols.slots, batch.geometry)
         pb = native.PageBatch.for_write(RECORD_BYTES, cols.fds, made.data_offsets, made.marker_offsets,
                                         batch.pages, made.records)
-        checksum = batch.checksum
-        _run_batch(lib, self._write_pool, len(pb), batch.geometry.slot_bytes,
-                   lambda share, ns: lib.share_write(share, pb, ns, checksum),
-                   lambda lo, hi: lib.write(pb, lo, hi, checksum), guided=False,
-                   least_bytes=WRITE_CHUNK_BYTES)
+        checksum, n, page_bytes = batch.checksum, len(pb), batch.geometry.slot_bytes
+        chunk = _batch_chunk(self._write_pool, n, page_bytes, WRITE_CHUNK_BYTES)
+        if not (chunk < n and lib.shares and self._readers.running
+                and self._readers.write(lib.write_args(pb, checksum), n, chunk,
+                                        _share_shape(self._write_pool, n, page_bytes, chunk)[2])):
+            _run_batch(lib, self._write_pool, n, page_bytes,
+                       lambda share, ns: lib.share_write(share, pb, ns, checksum),
+                       lambda lo, hi: lib.write(pb, lo, hi, checksum), guided=False,
+                       least_bytes=WRITE_CHUNK_BYTES)
         batch.status, batch.checksums = pb.status, pb.checksums
 
     def read(self, store: SlabStore, batch: ReadBatch) -> None:
@@ -351,6 +359,11 @@ class NativeTransport(SlotTransport):
     def read_soon(self) -> None:
         """Wake the resident readers if they sleep."""
         self._readers.wake()
+
+    def write_soon(self, nbytes: int) -> None:
+        """Wake the resident readers if they sleep and the write will be shared with them."""
+        if self._write_pool.threads > 1 and nbytes >= 2 * WRITE_CHUNK_BYTES:
+            self._readers.wake()
 
     def _read_cold(self, call: native.PlanRead) -> None:
         """The pages a nowait read left :data:`~hicache_l3.slab.native.AGAIN` (not in the
@@ -437,15 +450,22 @@ def _run_batch(lib: native.BatchIO, pool: BatchPool, n: int, page_bytes: int,
     chunks ``guided`` or of ~1/8 of the batch and, in a batch of two such or more, at least
     ``least_bytes``), or, with a library without those calls, chunks claimed in Python
     (``call(lo, hi)``: :meth:`BatchPool.run_chunks`)."""
-    chunk = _pages_per_call(pool, n, n * page_bytes)
-    if least_bytes and chunk < n and n * page_bytes >= 2 * least_bytes:  # still two chunks or more
-        chunk = max(chunk, -(-least_bytes // page_bytes))
+    chunk = _batch_chunk(pool, n, page_bytes, least_bytes)
     if chunk < n and lib.shares:
         share, wait = _share(pool, n, page_bytes, 0 if guided else chunk)
         pool.run_shared(lambda ns: drain(share, ns), lambda: lib.share_stop(share),
                         -(-n // share.chunk), wait)
     else:
         pool.run_chunks(call, n, chunk)
+
+
+def _batch_chunk(pool: BatchPool, n: int, page_bytes: int, least_bytes: int = 0) -> int:
+    """Pages per chunk of an ``n``-page batch on ``pool`` (:func:`_pages_per_call`), and
+    in a batch of two chunks of ``least_bytes`` or more, at least ``least_bytes`` a chunk."""
+    chunk = _pages_per_call(pool, n, n * page_bytes)
+    if least_bytes and chunk < n and n * page_bytes >= 2 * least_bytes:  # still two chunks or more
+        chunk = max(chunk, -(-least_bytes // page_bytes))
+    return chunk
 
 
 def _share(pool: BatchPool, n: int, page_bytes: int, chunk: int = 0) -> tuple[native.Share, int]:

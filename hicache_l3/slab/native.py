@@ -459,6 +459,16 @@ class BatchIO:
         return bool(self._share_write(share.address, wait_ns, *batch.addresses, batch.marker_len,
                                       int(checksum), batch.checksums_at, self._xxh3_at, batch.status_at))
 
+    def write_args(self, batch: PageBatch, checksum: bool) -> array.array[int]:
+        """:meth:`share_write`'s arguments after the wait, from the batch's descriptors to
+        its status (``hl3_share_write_pages``'s), as int64 values: what the resident
+        threads' mailbox takes for a write (:meth:`~hicache_l3.slab.readers.ResidentReaders.write`).
+        Valid while ``batch`` lives."""
+        if not batch.writing:
+            raise ValueError("write_args: a read batch")
+        return array.array("q", (*batch.addresses, batch.marker_len, int(checksum), batch.checksums_at,
+                                 self._xxh3_at, batch.status_at))
+
     def share_stop(self, share: Share) -> None:
         """No chunk of ``share`` is claimed after this (``hl3_share_stop``)."""
         assert self._share_stop is not None

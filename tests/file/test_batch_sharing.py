@@ -1,8 +1,8 @@
 """How the native transport shares a batch among its I/O threads: a batch moving less than
 ``PARALLEL_MIN_BYTES`` runs as one call on the caller's thread (a second thread cost more
 than it saved on small pages), a bigger one is cut into chunks the threads claim (claimed
-and joined in C: ``BatchPool.run_shared`` for writes, the resident readers for reads);
-the bytes read back are exact either way."""
+and joined in C, by the threads resident in C where the read pool has some, else by
+``BatchPool.run_shared``'s pool threads); the bytes read back are exact either way."""
 
 from __future__ import annotations
 
@@ -20,13 +20,16 @@ from hicache_l3.slab.readers import ResidentReaders
 NS = Namespace(model="m", kv_dtype="bfloat16", layout="page_first", page_size=16)
 
 
+@pytest.mark.parametrize("io_threads", [2, 1])
 @pytest.mark.parametrize(("page", "n"), [(256, 128), (4096, 128), (32 << 10, 64), (64 << 10, 128)])
-def test_small_batches_run_whole_and_big_ones_are_shared(tmp_path: Path, page: int, n: int,
+def test_small_batches_run_whole_and_big_ones_are_shared(tmp_path: Path, page: int, n: int, io_threads: int,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[int, int]] = []
     shared: list[int] = []
     resident: list[bool] = []
+    resident_writes: list[bool] = []
     run_chunks, run_shared, read = BatchPool.run_chunks, BatchPool.run_shared, ResidentReaders.read
+    write = ResidentReaders.write
 
     def spy(self: BatchPool, fn: Any, count: int, chunk: int) -> None:
         calls.append((count, chunk))
@@ -42,9 +45,14 @@ def test_small_batches_run_whole_and_big_ones_are_shared(tmp_path: Path, page: i
 
     monkeypatch.setattr(BatchPool, "run_chunks", spy)
     monkeypatch.setattr(BatchPool, "run_shared", spy_shared)
+    def spy_resident_write(self: ResidentReaders, *args: Any) -> bool:
+        resident_writes.append(write(self, *args))
+        return resident_writes[-1]
+
     monkeypatch.setattr(ResidentReaders, "read", spy_resident)
+    monkeypatch.setattr(ResidentReaders, "write", spy_resident_write)
     big = n * page >= PARALLEL_MIN_BYTES
-    with open_connector("file", NS, root=str(tmp_path), io_threads=2, write_threads=2) as conn:
+    with open_connector("file", NS, root=str(tmp_path), io_threads=io_threads, write_threads=2) as conn:
         keys = [f"k{i}" for i in range(n)]
         pages = Pages(conn, page, n)
         pages.fill(keys)
@@ -54,10 +62,14 @@ def test_small_batches_run_whole_and_big_ones_are_shared(tmp_path: Path, page: i
         assert all(pages.matches(i, k) for i, k in enumerate(keys))
     # the write, then the read (all in the page cache: the cold pool has nothing to read):
     # a small batch as one call, a big one shared by the threads, claimed and joined in C
-    # (the read by the resident reader, which took it)
+    # (by the resident reader, which took both, where the read pool has two threads; with
+    # one, the write by a pool thread and the read as one call)
     if not big:
         assert len(calls) == 2 and all(count == chunk == n for count, chunk in calls), calls
-        assert not shared and not resident, (shared, resident)
+        assert not shared and not resident and not resident_writes, (shared, resident, resident_writes)
+    elif io_threads > 1:
+        assert not calls and not shared, (calls, shared)
+        assert resident_writes == [True] and resident == [True], (resident_writes, resident)
     else:
-        assert not calls and len(shared) == 1 and shared[0] > 1, (calls, shared)
-        assert resident == [True], resident
+        assert calls == [(n, n)] and len(shared) == 1 and shared[0] > 1, (calls, shared)
+        assert not resident and not resident_writes, (resident, resident_writes)

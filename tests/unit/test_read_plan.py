@@ -405,3 +405,89 @@ def test_readers_closed_under_an_owner_keep_its_mailbox(native: batch_io.BatchIO
         _expect_read(call, dst, ["ok"] * n, data)
     finally:
         os.close(fd)
+
+
+# ---- resident writes: a set's batch taken by the same threads (ResidentReaders.write) --------
+
+def _write_batch(path: Path, n: int, src: HostBuffer, records: bytes) -> tuple[int, PageBatch]:
+    """A write batch of ``n`` two-segment pages from ``src`` into slots of a new file at
+    ``path`` (marker table first, data after it): (fd, batch)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    pages = [((src.address + j * PAGE + SEG, SEG), (src.address + j * PAGE, SEG)) for j in range(n)]
+    return fd, PageBatch(RECORD_BYTES, [fd] * n, [DATA0 + j * PAGE for j in range(n)],
+                         [j * RECORD_BYTES for j in range(n)], pages,
+                         [records[j * RECORD_BYTES:(j + 1) * RECORD_BYTES] for j in range(n)], writing=True)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, MAX_PAGES), threads=st.integers(1, 2), chunk=st.integers(1, 6),
+       checksum=st.booleans(), linger=st.sampled_from([0, 200_000]), seed=st.integers(0, 2**32))
+def test_resident_writes_write_what_one_call_writes(native: batch_io.BatchIO, tmp_path: Path, n: int,
+                                                    threads: int, chunk: int, checksum: bool, linger: int,
+                                                    seed: int) -> None:
+    """A write batch published to the resident threads (awake or asleep) leaves the file,
+    the statuses and the checksums one whole write leaves, and the call returns only once
+    every page is written; a planned read through the same threads then reads it back."""
+    rng = random.Random(seed)
+    src = HostBuffer(n * PAGE)
+    src.view()[:] = rng.randbytes(n * PAGE)
+    records = rng.randbytes(n * RECORD_BYTES)
+    fd, batch = _write_batch(tmp_path / "resident", n, src, records)
+    ref_fd, ref = _write_batch(tmp_path / "reference", n, src, records)
+    readers = ResidentReaders(threads, "test-w", linger)
+    try:
+        assert native.write(ref, 0, n, checksum) == 0
+        if linger == 0:
+            time.sleep(0.002)  # asleep on the futex by now
+        readers.wake()
+        assert readers.write(native.write_args(batch, checksum), n, chunk, 5_000_000_000)
+        assert list(batch.status) == [OK] * n == list(ref.status)
+        assert list(batch.checksums) == list(ref.checksums)
+        assert bool(batch.checksums[0]) == checksum
+        assert (tmp_path / "resident").read_bytes() == (tmp_path / "reference").read_bytes()
+        written = (tmp_path / "resident").read_bytes()
+        csums = array.array("Q", batch.checksums)
+        expect = bytearray(written[:n * RECORD_BYTES])
+        plan = GetPlan(n, n, array.array("Q", bytes(48 * n)), array.array("i", bytes(4 * n)),
+                       array.array("q", [DATA0 + j * PAGE for j in range(n)]),
+                       array.array("q", [j * RECORD_BYTES for j in range(n)]), expect, csums,
+                       array.array("i", range(n)), array.array("i", [fd] * n), PAGE)
+        dst = HostBuffer(n * PAGE)
+        call = native.plan_read(plan, _pages(dst, n, True))
+        assert readers.read(call, chunk, 0, False, 5_000_000_000)  # a read after a write: its op
+        assert list(call.status) == [OK] * n
+        assert bytes(dst.view()) == bytes(src.view())
+    finally:
+        readers.close()
+        os.close(fd)
+        os.close(ref_fd)
+
+
+def test_a_write_finds_the_readers_taken_and_writes_nothing(native: batch_io.BatchIO, tmp_path: Path) -> None:
+    """While another caller owns the mailbox, a write says False and writes nothing (the
+    transport then shares it through its pool); once the owner is done it goes through."""
+    n = 8
+    fd, plan, _ = _slot_file(tmp_path / "slab", ["ok"] * n, random.Random(8), False)
+    src = HostBuffer(n * PAGE)
+    src.view()[:] = random.Random(9).randbytes(n * PAGE)
+    wfd, batch = _write_batch(tmp_path / "written", n, src, bytes(n * RECORD_BYTES))
+    readers = ResidentReaders(1, "test-w")
+    try:
+        lib, mailbox = readers._lib, readers._mailbox
+        assert lib is not None
+        first = native.plan_read(plan, _pages(HostBuffer(n * PAGE), n, True))
+        _publish_as_another_caller(readers, first, 2)
+        args = native.write_args(batch, False)
+        assert not readers.write(args, n, 2, 1_000_000_000)
+        assert list(batch.status) == [0] * n and os.fstat(wfd).st_size == 0
+        assert lib.read(mailbox, 1_000_000_000)
+        lib.done(mailbox)
+        assert readers.write(args, n, 2, 1_000_000_000)
+        assert list(batch.status) == [OK] * n
+        data = bytes(src.view())
+        assert (tmp_path / "written").read_bytes()[DATA0:] == b"".join(  # (each page's segments swapped)
+            data[j * PAGE + SEG:(j + 1) * PAGE] + data[j * PAGE:j * PAGE + SEG] for j in range(n))
+    finally:
+        readers.close()
+        os.close(fd)
+        os.close(wfd)
