@@ -82,21 +82,16 @@ def test_a_store_looks_at_the_logs_only_after_another_published(
     assert looks.of(b) == seen + 3
 
 
-def test_a_new_writer_is_published(tmp_path: Path) -> None:
-    a = SlabStore(tmp_path, NS, SLOT)
-    b = SlabStore(tmp_path, NS, SLOT)
+def test_a_new_writer_is_published(two: tuple[SlabStore, SlabStore], tmp_path: Path) -> None:
+    a, b = two
+    _set(a, ["a0"])
+    assert b.contains(["a0"]) == [True]
+    c = SlabStore(tmp_path, NS, SLOT)  # a third writer directory, created now
     try:
-        _set(a, ["a0"])
-        assert b.contains(["a0"]) == [True]
-        c = SlabStore(tmp_path, NS, SLOT)  # a third writer directory, created now
-        try:
-            _set(c, ["c0"])
-            assert b.contains(["c0"]) == [True]
-        finally:
-            c.close()
+        _set(c, ["c0"])
+        assert b.contains(["c0"]) == [True]
     finally:
-        a.close()
-        b.close()
+        c.close()
 
 
 def test_a_writer_that_does_not_publish_is_seen_within_the_full_look_period(
