@@ -389,8 +389,7 @@ class BatchIO:
         share)."""
         if not _share(batch, lo, hi, "write", batch.writing):
             return 0
-        return int(self._write(lo, hi, *batch.addresses, batch.marker_len, int(checksum),
-                               batch.checksums_at, self._xxh3_at, batch.status_at))
+        return int(self._write(lo, hi, *self._write_tail(batch, checksum)))
 
     @property
     def reads_plans(self) -> bool:
@@ -456,18 +455,21 @@ class BatchIO:
             raise ValueError(f"a write share of {share.pages} pages for a {len(batch)}-page "
                              f"{'write' if batch.writing else 'read'} batch")
         assert self._share_write is not None
-        return bool(self._share_write(share.address, wait_ns, *batch.addresses, batch.marker_len,
-                                      int(checksum), batch.checksums_at, self._xxh3_at, batch.status_at))
+        return bool(self._share_write(share.address, wait_ns, *self._write_tail(batch, checksum)))
+
+    def _write_tail(self, batch: PageBatch, checksum: bool) -> tuple[int, ...]:
+        """The arguments every write call takes after its own (``lo, hi`` or the share's):
+        the batch's descriptors to its status."""
+        return (*batch.addresses, batch.marker_len, int(checksum), batch.checksums_at, self._xxh3_at,
+                batch.status_at)
 
     def write_args(self, batch: PageBatch, checksum: bool) -> array.array[int]:
-        """:meth:`share_write`'s arguments after the wait, from the batch's descriptors to
-        its status (``hl3_share_write_pages``'s), as int64 values: what the resident
-        threads' mailbox takes for a write (:meth:`~hicache_l3.slab.readers.ResidentReaders.write`).
-        Valid while ``batch`` lives."""
+        """:meth:`share_write`'s arguments after the wait (``hl3_share_write_pages``'s), as
+        int64 values: what the resident threads' mailbox takes for a write
+        (:meth:`~hicache_l3.slab.readers.ResidentReaders.write`). Valid while ``batch`` lives."""
         if not batch.writing:
             raise ValueError("write_args: a read batch")
-        return array.array("q", (*batch.addresses, batch.marker_len, int(checksum), batch.checksums_at,
-                                 self._xxh3_at, batch.status_at))
+        return array.array("q", self._write_tail(batch, checksum))
 
     def share_stop(self, share: Share) -> None:
         """No chunk of ``share`` is claimed after this (``hl3_share_stop``)."""
