@@ -37,6 +37,7 @@ from typing import Any
 warnings.filterwarnings("ignore")
 
 import sglang_controller as sc  # noqa: E402  (benchmarks/: the script's own directory)
+import stage_timers  # noqa: E402
 import torch  # noqa: E402
 from sglang.srt.managers.cache_controller import HiCacheController  # noqa: E402
 
@@ -45,26 +46,6 @@ from hicache_l3.sglang.config import extra_config_for  # noqa: E402
 from hicache_l3.slab.format import Geometry  # noqa: E402
 
 PAGES, BATCH = 1024, 128
-
-
-class Stages:
-    """Per-call wall times of wrapped methods (inclusive), by label."""
-
-    def __init__(self) -> None:
-        self.ns: dict[str, list[int]] = defaultdict(list)
-
-    def wrap(self, owner: Any, name: str, label: str) -> None:
-        """Replace ``owner.name`` (on the instance) by a timed wrapper."""
-        inner = getattr(owner, name)
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter_ns()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                self.ns[label].append(time.perf_counter_ns() - t0)
-
-        setattr(owner, name, wrapper)
 
 
 def main() -> int:
@@ -95,7 +76,6 @@ def main() -> int:
                 if not HiCacheController._page_set_zero_copy(standin, ks, idx):
                     raise RuntimeError("a fill batch failed")
         os.sync()
-        stages = Stages()
         if args.stages:
             connector = backend.connector
             store = connector._store_for_io()
@@ -105,7 +85,7 @@ def main() -> int:
                      (store, "reserve_new", "reserve"), (connector.transport, "write", "write"),
                      (store, "commit", "commit")]
             for owner, name, label in wraps:
-                stages.wrap(owner, name, label)
+                stage_timers.timed(owner, name, label)
         batches = sc.batches(keys, indices)
         fn, op = (_libc_fn("preadv"), sc.Operation()) if args.op == "get" else (_libc_fn("pwritev"), None)
         times: dict[str, list[int]] = defaultdict(list)
@@ -151,7 +131,7 @@ def main() -> int:
           f"(us a batch, medians): " + ", ".join(f"{n} {m:.0f}" for n, m in med.items()))
     print(f"  ratio raw-1t/ours {med['raw-1t'] / med['ours']:.3f}, "
           f"raw-2t-halves/ours {med['raw-2t-halves'] / med['ours']:.3f}")
-    for label, ns in stages.ns.items():
+    for label, ns in stage_timers.calls.items():
         print(f"  stage {label:<10} {statistics.median(ns) / 1e3:7.0f} us (median of {len(ns)} calls)")
     return 0
 
