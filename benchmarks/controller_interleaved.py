@@ -12,6 +12,7 @@ medians of microseconds per batch and the ratios raw/ours (> 1: ours faster); wi
 
     PYTHONPATH=$PWD .venv-sglang/bin/python benchmarks/controller_interleaved.py get [--batches 600]
     PYTHONPATH=$PWD .venv-sglang/bin/python benchmarks/controller_interleaved.py set --stages
+    PYTHONPATH=$PWD .venv-sglang/bin/python benchmarks/controller_interleaved.py set --set checksum=none
 
 ``get``: our connector in a fresh (unbounded) store holding the 1024 pages, every batch a
 hit. ``set``: our connector at capacity (exactly 1024 slots, filled twice first), every
@@ -54,6 +55,8 @@ def main() -> int:
     ap.add_argument("op", choices=("get", "set"))
     ap.add_argument("--batches", type=int, default=400, help="batches of ours timed (each with raw's)")
     ap.add_argument("--stages", action="store_true", help="time our stages too (median us per call)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a file connector setting for ours (repeatable), e.g. --set checksum=none")
     args = ap.parse_args()
     print(describe_cpu(cpu_info()), file=sys.stderr)
     work = tempfile.mkdtemp(prefix="hicache-l3-interleaved-")
@@ -61,6 +64,11 @@ def main() -> int:
     page_bytes = host.get_size_per_token() * sc.PAGE_TOKENS
     indices = torch.arange(sc.PAGE_TOKENS, (PAGES + 1) * sc.PAGE_TOKENS, dtype=torch.int64)
     settings: dict[str, Any] = {"root": os.path.join(work, "ours")}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            ap.error(f"--set {item!r}: expected KEY=VALUE")
+        settings[key] = value
     if args.op == "set":
         settings["capacity_bytes"] = PAGES * Geometry(page_bytes).stride
     backend = sc.StorageBackendFactory.create_backend(
