@@ -43,6 +43,7 @@ import torch  # noqa: E402
 from sglang.srt.managers.cache_controller import HiCacheController  # noqa: E402
 
 from hicache_l3.bench.runner import cpu_info, describe_cpu  # noqa: E402
+from hicache_l3.common.config import parse_sets  # noqa: E402
 from hicache_l3.sglang.config import extra_config_for  # noqa: E402
 from hicache_l3.slab.format import Geometry  # noqa: E402
 
@@ -63,12 +64,7 @@ def main() -> int:
     host = sc.host_pool(PAGES)
     page_bytes = host.get_size_per_token() * sc.PAGE_TOKENS
     indices = torch.arange(sc.PAGE_TOKENS, (PAGES + 1) * sc.PAGE_TOKENS, dtype=torch.int64)
-    settings: dict[str, Any] = {"root": os.path.join(work, "ours")}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            ap.error(f"--set {item!r}: expected KEY=VALUE")
-        settings[key] = value
+    settings: dict[str, Any] = {"root": os.path.join(work, "ours"), **parse_sets(args.set)}
     if args.op == "set":
         settings["capacity_bytes"] = PAGES * Geometry(page_bytes).stride
     backend = sc.StorageBackendFactory.create_backend(

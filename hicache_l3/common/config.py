@@ -53,6 +53,18 @@ def parse_size(value: int | str, name: str = "size") -> int:
     raise ConfigError(f"{name}: {value!r} is not a size (try 65536, '64KiB' or '1GB')")
 
 
+def parse_sets(items: list[str]) -> dict[str, str]:
+    """Command-line ``--set KEY=VALUE`` items as settings (values as given: the connector's
+    config coerces them); ConfigError naming an item without ``=`` or a key."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+        out[key.strip()] = value.strip()
+    return out
+
+
 def setting(default: Any, help: str, *, size: bool = False, secret: bool = False) -> Any:
     """Declare a config field with its help text (``size=True`` parses sizes,
     ``secret=True`` hides the value from ``repr`` and logs)."""

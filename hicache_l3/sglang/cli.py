@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hicache_l3.common.config import parse_sets
 from hicache_l3.common.errors import ConfigError, HiCacheL3Error
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.registry import available_connectors, resolve_name
@@ -35,16 +36,6 @@ from hicache_l3.sglang.config import (
 )
 
 log = logging.getLogger("hicache_l3.sglang.cli")
-
-
-def _parse_sets(items: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
-        out[key.strip()] = value.strip()
-    return out
 
 
 # ---- hicache-l3 sglang-args ---------------------------------------------------------------
@@ -64,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         connector = resolve_name(args.backend)
         settings = dict(LOCAL_DEFAULTS.get(connector, {}))
-        settings.update(_parse_sets(args.sets))
+        settings.update(parse_sets(args.sets))
         adapter = AdapterConfig.from_extra_config(extra_config_for(connector, settings, args.tag))
         adapter.validate_settings()
         path = Path(os.path.abspath(args.config or f"hicache-l3-{connector}.toml"))  # links not followed

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hicache_l3.common.config import parse_size
+from hicache_l3.common.config import parse_sets, parse_size
 from hicache_l3.common.errors import ConfigError
 from hicache_l3.connectors.file import FileConfig
 
@@ -102,3 +102,11 @@ def test_fsspec_root_names_the_slab_settings_it_ignores(tmp_path: Path, caplog: 
         assert isinstance(conn, FsspecConnector) and conn.batch_exists(["k"]) == [False]
         assert isinstance(conn.config, FsspecConfig) and conn.config.io_threads == 1
     assert "['capacity_bytes', 'o_direct'] mean nothing for an fsspec root" in caplog.text
+
+
+def test_parse_sets_keeps_values_as_given_and_names_a_bad_item() -> None:
+    assert parse_sets([" checksum = none", "write_threads=1", "root=/a=b"]) == {
+        "checksum": "none", "write_threads": "1", "root": "/a=b"}
+    for bad in ("oops", "=1"):
+        with pytest.raises(ConfigError, match=f"--set '{bad}': expected KEY=VALUE"):
+            parse_sets(["checksum=none", bad])
