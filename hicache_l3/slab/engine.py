@@ -315,7 +315,7 @@ class SlabConnector:
     def _slab_stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {"root": str(self.root), "capacity_bytes": self.capacity_bytes,
                                "io_path": self.transport.name,
-                               "quarantined_slots": self.quarantined_slots}
+                               "quarantined_slots": self.quarantined_slots, **self.transport.stats()}
         if self._store is not None:
             out.update(self._store.stats())
         return out

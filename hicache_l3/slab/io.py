@@ -135,6 +135,10 @@ class SlotTransport(abc.ABC):
 
     name: str = "transport"
 
+    def stats(self) -> dict[str, Any]:
+        """Counters of this transport for the connector's stats (none by default)."""
+        return {}
+
     @abc.abstractmethod
     def write(self, store: SlabStore, batch: WriteBatch) -> None:
         """Write every page of ``batch`` into its slot (marker record first, then the data);
@@ -359,6 +363,11 @@ class NativeTransport(SlotTransport):
     def read_soon(self) -> None:
         """Wake the resident readers if they sleep."""
         self._readers.wake()
+
+    def stats(self) -> dict[str, Any]:
+        """``reader_moves``: the resident readers' moves off the caller's CPU
+        (:attr:`~hicache_l3.slab.readers.ResidentReaders.moves`)."""
+        return {"reader_moves": self._readers.moves}
 
     def write_soon(self, nbytes: int) -> None:
         """Wake the resident readers if they sleep and the write will be shared with them."""

@@ -11,6 +11,10 @@ asleep on a futex), and drains each batch the caller publishes there, with the c
 :meth:`ResidentReaders.wake`, called when a get starts planning, wakes a sleeping reader,
 which then spins up to 300 us for the batch, so that it is up when the batch is published.
 
+A reader that finds itself on the CPU of the caller it is to share a batch with (woken
+there by the caller while another CPU idled) moves off it (``readers_step_aside``): the two
+would otherwise take turns on one CPU until the kernel balanced them out, a few ms.
+
 A set's write batch takes the same way (:meth:`ResidentReaders.write`): its Python pool
 thread joined it 58 us late at the median (85 at p90) on SGLang's controller path, where a
 128-page write of 64 KiB pages takes ~800 us; :meth:`ResidentReaders.wake` is called when
@@ -46,7 +50,7 @@ host pool was filled by torch and a set), 64 KiB gets with readers over gets wit
 run: 500 us 0.90x, 100 us 1.06x, 0 1.04x and 1.04x; back-to-back gets alone gain from a
 longer spin (500 us 1.05x, 100 us 1.045x, 0 1.02x)."""
 
-_MAILBOX_BYTES = 168  # sizeof(struct hl3_readers)
+_MAILBOX_BYTES = 176  # sizeof(struct hl3_readers)
 _GATE_BUSY = 1  # its first word's bit: a caller owns the mailbox (HL3_GATE_BUSY)
 
 
@@ -76,6 +80,8 @@ class _Library:
             fn.restype, fn.argtypes = None, [_vp]
         self.idle = short.hl3_readers_idle
         self.idle.restype, self.idle.argtypes = ctypes.c_int, [_vp]
+        self.moves = short.hl3_readers_moves
+        self.moves.restype, self.moves.argtypes = _i64, [_vp]
         libc = ctypes.CDLL(None)
         self.calloc = libc.calloc
         self.calloc.restype, self.calloc.argtypes = _vp, [ctypes.c_size_t, ctypes.c_size_t]
@@ -109,6 +115,13 @@ class ResidentReaders:
                                  daemon=True)
             t.start()
             self._threads.append(t)
+
+    @property
+    def moves(self) -> int:
+        """How many times a reader moved off the CPU of the caller it was to share a batch
+        with (``readers_step_aside``, batch_io.c: woken onto the caller's CPU while another
+        idled, the two took turns on one CPU)."""
+        return int(self._lib.moves(self._mailbox)) if self._lib is not None and self._mailbox else 0
 
     @property
     def running(self) -> bool:

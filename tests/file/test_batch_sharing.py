@@ -6,6 +6,9 @@ and joined in C, by the threads resident in C where the read pool has some, else
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +76,47 @@ def test_small_batches_run_whole_and_big_ones_are_shared(tmp_path: Path, page: i
     else:
         assert calls == [(n, n)] and len(shared) == 1 and shared[0] > 1, (calls, shared)
         assert not resident and not resident_writes, (resident, resident_writes)
+
+
+def _reader_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("hicache-file-r")]
+
+
+@pytest.mark.parametrize("same_cpu", [True, False])
+def test_a_reader_on_the_callers_cpu_moves_off_it(tmp_path: Path, same_cpu: bool) -> None:
+    """A resident reader that finds itself on the CPU of the caller whose batch it is to
+    share moves to the other CPUs it may use; one on another CPU stays where it is."""
+    allowed = sorted(os.sched_getaffinity(0))
+    assert len(allowed) >= 2, f"this test needs two CPUs, the process may use {allowed}"
+    mine, other = allowed[0], allowed[1]
+    n, page = 128, 64 << 10
+    with open_connector("file", NS, root=str(tmp_path), io_threads=2) as conn:
+        readers = _reader_threads()
+        assert readers, "no resident reader started"
+        try:
+            os.sched_setaffinity(0, {mine})  # this thread: the caller
+            for t in readers:
+                assert t.native_id is not None
+                os.sched_setaffinity(t.native_id, {mine if same_cpu else other})
+            keys = [f"k{i}" for i in range(n)]
+            pages = Pages(conn, page, n)
+            pages.fill(keys)
+            assert conn.batch_set(keys, pages.pages) == [True] * n
+            for _ in range(20):  # gets the reader shares, each after it fell asleep
+                pages.wipe()
+                assert conn.batch_get(keys, pages.pages) == [True] * n
+                assert all(pages.matches(i, k) for i, k in enumerate(keys))
+                if conn.stats()["engine"]["reader_moves"]:
+                    break
+                time.sleep(0.01)
+            deadline = time.monotonic() + 2
+            while same_cpu and not conn.stats()["engine"]["reader_moves"] and time.monotonic() < deadline:
+                time.sleep(0.01)  # (this CPU free: a reader woken onto it runs, and moves)
+            moves = conn.stats()["engine"]["reader_moves"]
+            cpus = [os.sched_getaffinity(t.native_id) for t in readers if t.native_id is not None]
+        finally:
+            os.sched_setaffinity(0, set(allowed))
+    if same_cpu:
+        assert moves >= 1 and all(mine not in c and c for c in cpus), (moves, cpus)
+    else:
+        assert moves == 0 and all(c == {other} for c in cpus), (moves, cpus)
