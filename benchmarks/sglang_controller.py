@@ -3,7 +3,8 @@ of the same pages, driven the way SGLang's HiCacheController drives them. Run wi
 venv::
 
     .venv-sglang/bin/python benchmarks/sglang_controller.py [--pages 1024] [--reps 5]
-        [--layers 4] [--steady-state] [--no-checksum] [--no-stages] [--sglang-pointers] [--json]
+        [--layers 4] [--steady-state] [--no-checksum] [--no-stages] [--sglang-pointers] [--idle-ms 0]
+        [--json]
 
 One real MHA host pool (CPU, ``page_first``; 16 KiB of K and V per layer and page, so 64 KiB
 pages with the default ``--layers 4`` and 1 MiB pages with ``--layers 64``). SGLang's ``file``
@@ -24,6 +25,10 @@ where ``raw-2t`` keeps two batches in flight. Sets are timed twice: ``overwrite`
 one preallocated, fully written file (what a store at capacity reusing its slots does),
 and ``fresh`` into a new file fallocated before the clock (what a store growing into new
 space does); gets read the overwrite file.
+
+``--idle-ms N`` sleeps N ms between each contender's set and its get, off the clock: a
+server's get comes after idle time, when I/O threads have gone to sleep (where the
+scheduler wakes them matters: batch_io.c ``readers_step_aside``) and caches have cooled.
 
 ``--no-checksum`` adds ``hicache-l3-file-nocsum``: our connector in a fresh store with
 ``checksum=none`` (no XXH3 written or verified; the slot markers still checked), for the
@@ -186,8 +191,9 @@ def as_bytes(view: torch.Tensor) -> torch.Tensor:
 
 
 def run_one(name: str, standin: StandIn, zero_copy: bool, keys: list[str], indices: torch.Tensor,
-            expected: torch.Tensor) -> dict[str, float]:
-    """Time set then get of every page through the controller method of this backend kind."""
+            expected: torch.Tensor, idle_s: float = 0.0) -> dict[str, float]:
+    """Time set then get of every page through the controller method of this backend kind
+    (``idle_s`` of sleep between them, off the clock)."""
     host = standin.storage_host_pool
     pages = page_view(host, len(keys))
     work = batches(keys, indices)
@@ -200,6 +206,7 @@ def run_one(name: str, standin: StandIn, zero_copy: bool, keys: list[str], indic
             raise RuntimeError(f"{name}: set of a batch failed")
     t_set = time.perf_counter() - t0
     pages.zero_()
+    time.sleep(idle_s)
     t0 = time.perf_counter()
     for ks, idx in work:
         got = get_fn(standin, op, ks, idx)
@@ -290,10 +297,12 @@ class RawPosix:
         for future in [self.pool.submit(self._share, fn, fd, sh) for sh in shares]:
             future.result()
 
-    def run(self, pages: torch.Tensor, expected: torch.Tensor, rep: int) -> dict[str, float]:
-        """Time set into a fresh fallocated file, set over the overwrite file, then get.
-        The fresh file is kept until :meth:`close`, as a growing store keeps its slabs
-        (module docstring: the next repetition's fresh writes need new memory too)."""
+    def run(self, pages: torch.Tensor, expected: torch.Tensor, rep: int,
+            idle_s: float = 0.0) -> dict[str, float]:
+        """Time set into a fresh fallocated file, set over the overwrite file, then get
+        (``idle_s`` of sleep before it, off the clock). The fresh file is kept until
+        :meth:`close`, as a growing store keeps its slabs (module docstring: the next
+        repetition's fresh writes need new memory too)."""
         fresh = os.path.join(self.dir, f"{self.name}-fresh-{rep}")
         fd = os.open(fresh, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         self.fresh.append(fresh)
@@ -308,6 +317,7 @@ class RawPosix:
         self._all(_LIBC.pwritev, self.fd)
         t_set = time.perf_counter() - t0
         pages.zero_()
+        time.sleep(idle_s)
         t0 = time.perf_counter()
         self._all(_LIBC.preadv, self.fd)
         t_get = time.perf_counter() - t0
@@ -462,6 +472,9 @@ def main() -> int:
     ap.add_argument("--sglang-pointers", action="store_true",
                     help="our backend asks SGLang's get_page_buffer_meta for every batch's pointer "
                          "lists (the reference path) instead of its learned pointer model")
+    ap.add_argument("--idle-ms", type=float, default=0.0,
+                    help="sleep this long between each contender's set and its get, off the clock "
+                         "(a server's get comes after idle time: threads asleep, caches cold)")
     ap.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     args = ap.parse_args()
     if args.pages < 1 or args.reps < 1 or args.warmup < 0 or args.layers < 1:
@@ -524,11 +537,11 @@ def main() -> int:
                 host.kv_buffer.view(-1).view(torch.uint8).random_(0, 256)
                 expected = as_bytes(page_view(host, args.pages))
                 if isinstance(what, RawPosix):
-                    times = what.run(page_view(host, args.pages), expected, rep)
+                    times = what.run(page_view(host, args.pages), expected, rep, args.idle_ms / 1e3)
                 else:
                     standin, zero_copy = what
                     times = run_one(name, standin, zero_copy, fresh_keys(f"{name}-{rep}", args.pages),
-                                    indices, expected)
+                                    indices, expected, args.idle_ms / 1e3)
                 for k, v in times.items():
                     row[f"{name}:{k}"] = v
             if rep < 0:
@@ -595,7 +608,7 @@ def main() -> int:
     summary = {
         "pages": args.pages, "page_bytes": page_bytes, "reps": args.reps, "layout": "page_first",
         "warmup": args.warmup, "batch_pages": STORAGE_BATCH_SIZE, "verified": True, "cpu": cpu,
-        "steady_state": args.steady_state, "first_touch_gbps": first_touch,
+        "steady_state": args.steady_state, "idle_ms": args.idle_ms, "first_touch_gbps": first_touch,
         "set_ratio_median": ratios["set_vs_sglang"], "get_ratio_median": ratios["get_vs_sglang"],
         "ratios": ratios, "ratio_spreads": spreads, "median_s": medians, "evictions": evictions,
         "pointer_models": pointer_models,
