@@ -691,7 +691,7 @@ void hl3_readers_wake(struct hl3_readers *r)
  * the CPU of the caller that woke it while another CPU idles; it then spins there for the
  * batch the caller is planning, and the two take turns on one CPU for a scheduler slice,
  * a few ms, until the kernel balances them out. On the 2-core Xeon VM, 64 KiB gets after
- * half a second of idling, from a store at capacity: 12.3-13.0 ms for 1024 pages against
+ * half a second of idling, from a store at capacity: 12.3-13.2 ms for 1024 pages against
  * 8.1-8.2 with the reader held on the other CPU. At most once per HL3_READERS_MOVE_NS;
  * a caller that moves later finds the reader following it off. */
 static void readers_step_aside(struct hl3_readers *r, const cpu_set_t *allowed, int64_t *moved_at)
@@ -808,10 +808,9 @@ static int readers_publish(struct hl3_readers *r, int64_t op, int64_t n, int64_t
     r->op = op;
     memset(r->args, 0, sizeof(r->args));
     memcpy(r->args, args, nargs * sizeof(int64_t));
-    readers_note_caller(r);
     *owned = 1;
     __atomic_fetch_add(&r->gate, HL3_GATE_SEQ - HL3_GATE_WRITING, __ATOMIC_RELEASE);
-    hl3_readers_wake(r);
+    hl3_readers_wake(r); /* (which notes the caller's CPU) */
     return 1;
 }
 
