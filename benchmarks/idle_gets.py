@@ -29,6 +29,7 @@ import time
 from hicache_l3.bench.runner import cpu_info, describe_cpu
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer
+from hicache_l3.common.pages import Page, strided_pages
 from hicache_l3.common.registry import open_connector
 from hicache_l3.slab.format import Geometry
 
@@ -55,10 +56,9 @@ def main() -> int:
         with open_connector("file", ns, root=work, **settings) as conn:
             buf = HostBuffer(args.pages * PAGE)
             conn.register(buf)
-            v_base = buf.address + args.pages * half
 
-            def pages(lo: int, hi: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
-                return [((buf.address + j * half, half), (v_base + j * half, half)) for j in range(lo, hi)]
+            def pages(lo: int, hi: int) -> list[Page]:  # K at the buffer's first half, V at its second
+                return strided_pages(buf.address, half, 2, args.pages * half, range(lo, hi))
 
             for rep in range(-1, 2 * args.reps):  # -1: the fill, untimed
                 keys = [f"{rep + 1:04d}{i:060x}" for i in range(args.pages)]
