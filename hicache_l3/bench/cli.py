@@ -72,6 +72,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "mixed = batches of gets and sets, --read-fraction of them gets")
     parser.add_argument("--read-fraction", type=float, default=0.8,
                         help="share of get batches in the mixed op (default 0.8)")
+    parser.add_argument("--idle-ms", type=float, default=0.0, metavar="MS",
+                        help="sleep MS milliseconds before every timed op of every target, off the "
+                             "clock: the op then meets what a server's first get after a pause "
+                             "meets (I/O threads asleep, caches cooled) instead of the previous "
+                             "op's warm state (default 0: back to back)")
     parser.add_argument("--cache", choices=["warm", "cold", "both"], default="warm",
                         help="warm: reads may hit the page cache; cold: the page cache of the "
                              "store's files is dropped before every timed read (file-based "
@@ -122,6 +127,9 @@ def run(args: argparse.Namespace) -> int:
     if not 0.0 <= args.read_fraction <= 1.0:
         print("bench: --read-fraction must lie in [0, 1]", file=sys.stderr)
         return 2
+    if not 0.0 <= args.idle_ms <= 60_000:
+        print(f"bench: --idle-ms must lie in [0, 60000], got {args.idle_ms:g}", file=sys.stderr)
+        return 2
     ops = tuple(o.strip() for o in args.ops.split(",") if o.strip())
     bad = [o for o in ops if o not in OPS]
     if bad:
@@ -142,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
                 for page_bytes, batch, threads, cache in combos:
                     opts = BenchOptions(page_bytes, args.pages, batch, threads, args.reps,
                                         workdir / f"{backend}-{page_bytes}-{batch}-{threads}-{cache}",
-                                        settings, cache, args.read_fraction)
+                                        settings, cache, args.read_fraction, args.idle_ms / 1e3)
                     opts.workdir.mkdir(parents=True, exist_ok=True)
                     with contextlib.ExitStack() as stack:
                         pairs = make_pairs(opts, stack)

@@ -221,6 +221,8 @@ def run_pairs(pairs: list[Pair], opts: BenchOptions, ops: tuple[str, ...],
                                              opts.read_fraction)
                     if opts.cache == "cold" and op in ("get", "mixed"):
                         drop_page_cache(opts.workdir)
+                    if opts.idle_s:
+                        time.sleep(opts.idle_s)
                     _time_op(t, op, keys, pages, opts.batch, opts.threads,
                              measures[(id(t), op)], plans)
                     if progress:
@@ -279,5 +281,7 @@ def _row(t: BenchTarget, op: str, m: Measure, opts: BenchOptions) -> dict[str, A
     }
     if op == "mixed":
         row["read_fraction"] = opts.read_fraction
+    if opts.idle_s:
+        row["idle_ms"] = opts.idle_s * 1e3
     row.update(t.extra)
     return row

@@ -37,6 +37,7 @@ class BenchOptions:
     settings: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # per backend
     cache: str = "warm"  # "cold": drop the page cache of the workdir's files before reads
     read_fraction: float = 0.8  # share of get batches in the "mixed" op
+    idle_s: float = 0.0  # sleep before every timed op, off the clock (a server's op after a pause)
 
 
 class BenchTarget(abc.ABC):

@@ -111,3 +111,32 @@ def test_ratio_balances_the_order_of_the_targets() -> None:
     assert balanced_ratio([0.8]) == 0.8
     with pytest.raises(ValueError):
         balanced_ratio([])
+
+
+def test_bench_idle_sleeps_before_every_timed_op_off_the_clock(tmp_path: Path) -> None:
+    """--idle-ms: a sleep before each timed op of each target (2 reps x 2 targets = 4 here),
+    none of it inside the timed op, and the rows say so."""
+    import time
+
+    def bench(idle_ms: int) -> tuple[float, list[dict]]:
+        out = tmp_path / f"idle-{idle_ms}.json"
+        start = time.monotonic()
+        code = main(["bench", "--page-size", "16KiB", "--pages", "32", "--batch", "16", "--reps", "2",
+                     "--ops", "get", "--idle-ms", str(idle_ms), "--quiet", "--json", str(out)])
+        assert code == 0
+        return time.monotonic() - start, json.loads(out.read_text())["results"]
+
+    bench(0)  # the process's first bench pays one-time costs (imports, engines): not compared
+    back_to_back, plain = bench(0)
+    idle, rows = bench(400)
+    assert idle - back_to_back >= 3 * 0.4  # four sleeps of 0.4 s, with a margin for noise
+    assert all("idle_ms" not in r for r in plain)
+    assert {r["backend"] for r in rows} == {"file", "raw-posix"}
+    assert all(r["idle_ms"] == 400 for r in rows)
+    assert all(r["p99_ms"] < 400 for r in rows)  # the sleep is off the clock
+
+
+def test_bench_rejects_a_negative_idle() -> None:
+    bad = subprocess.run([sys.executable, "-m", "hicache_l3.cli", "bench", "--idle-ms", "-5"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--idle-ms must lie in [0, 60000], got -5" in bad.stderr
