@@ -111,6 +111,7 @@ def main() -> int:
         def raw_2t(k: int, i: int) -> None:
             first, second = raw.parts[k]
             assert raw.pool is not None
+            raw._keep_helpers_off()
             other = raw.pool.submit(raw._share, fn, raw.fd, [second])
             raw._share(fn, raw.fd, [first])
             other.result()

@@ -21,7 +21,10 @@ ctypes, GIL released; iovecs built before the clock), batches dealt round-robin 
 threads. ``raw-2t-batch``: each batch cut in two halves of whole pages, read or written
 by two threads at once and joined before the next batch, as a synchronous batch call
 (SGLang's, ours) must: the limit of two threads on SGLang's one-batch-at-a-time path,
-where ``raw-2t`` keeps two batches in flight. Sets are timed twice: ``overwrite`` into
+where ``raw-2t`` keeps two batches in flight. Its helper thread is kept off the caller's
+CPU before each batch (its affinity set to every other CPU, as our NIXL lanes are; without
+it, after ``--idle-ms 500``, the scheduler woke the helper onto the caller's CPU and
+raw-2t-batch read 6.9 GB/s instead of 8.5 on the Intel Xeon VM). Sets are timed twice: ``overwrite`` into
 one preallocated, fully written file (what a store at capacity reusing its slots does),
 and ``fresh`` into a new file fallocated before the clock (what a store growing into new
 space does); gets read the overwrite file.
@@ -85,6 +88,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections import defaultdict
@@ -229,6 +233,7 @@ _LIBC = ctypes.CDLL(None, use_errno=True)  # ctypes releases the GIL around ever
 for _name in ("pwritev", "preadv"):
     getattr(_LIBC, _name).argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
     getattr(_LIBC, _name).restype = ctypes.c_ssize_t
+_LIBC.sched_getcpu.restype, _LIBC.sched_getcpu.argtypes = ctypes.c_int, []
 
 
 class RawPosix:
@@ -267,7 +272,16 @@ class RawPosix:
                 arr = (Iovec * len(segs))(*(Iovec(p, n) for p, n in segs))
                 parts.append((arr, len(segs), a * page_bytes, sum(n for _, n in segs)))
             self.parts.append(parts)
-        self.pool = ThreadPoolExecutor(threads) if threads > 1 else None
+        # per_batch: the caller moves one part itself, so threads - 1 helpers (no more can start)
+        self.pool = ThreadPoolExecutor(threads - 1 if per_batch else threads) if threads > 1 else None
+        self.allowed = set(os.sched_getaffinity(0))
+        self.kept_off = -1  # the CPU the pool's threads are kept off now (per_batch)
+        self.helpers: list[int] = []
+        if self.pool is not None and per_batch:  # its threads, started now (thread ids)
+            barrier = threading.Barrier(threads - 1)
+            self.helpers = sorted({f.result() for f in [
+                self.pool.submit(lambda: (barrier.wait(), threading.get_native_id())[1])
+                for _ in range(threads - 1)]})
         self.path = os.path.join(work, f"{self.name}-overwrite")
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         os.posix_fallocate(self.fd, 0, self.total)
@@ -282,12 +296,23 @@ class RawPosix:
                 raise OSError(err, f"{self.name}: {fn.__name__} moved {done} of {nbytes} bytes: "
                                    f"{os.strerror(err) if done < 0 else 'short transfer'}")
 
+    def _keep_helpers_off(self) -> None:
+        """The pool's threads allowed every CPU but the caller's (a syscall each only when
+        the caller's CPU changed)."""
+        cpu = _LIBC.sched_getcpu()
+        if cpu < 0 or cpu == self.kept_off or len(self.allowed) < 2:
+            return
+        for tid in self.helpers:
+            os.sched_setaffinity(tid, self.allowed - {cpu})
+        self.kept_off = cpu
+
     def _all(self, fn: Any, fd: int) -> None:
         if self.pool is None:
             self._share(fn, fd, self.calls)
             return
         if self.per_batch:
             for first, *rest in self.parts:
+                self._keep_helpers_off()
                 futures = [self.pool.submit(self._share, fn, fd, [part]) for part in rest]
                 self._share(fn, fd, [first])
                 for future in futures:
