@@ -190,10 +190,11 @@ class _Lane:
         unless it is kept off that one already or no other is allowed; call it while the
         lane is asleep (between its shares). An affinity the system refuses leaves the
         lane where it is."""
-        if cpu < 0 or cpu == self.kept_off or cpu not in self.allowed or len(self.allowed) < 2:
+        tid = self.thread.native_id  # (never 0 here: that would be the caller's own affinity)
+        if cpu < 0 or cpu == self.kept_off or cpu not in self.allowed or len(self.allowed) < 2 or not tid:
             return
         try:
-            os.sched_setaffinity(self.thread.native_id or 0, self.allowed - {cpu})
+            os.sched_setaffinity(tid, self.allowed - {cpu})
         except OSError:
             return
         self.kept_off = cpu
