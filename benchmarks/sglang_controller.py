@@ -24,10 +24,10 @@ by two threads at once and joined before the next batch, as a synchronous batch 
 where ``raw-2t`` keeps two batches in flight. Its helper thread is kept off the caller's
 CPU before each batch (its affinity set to every other CPU, as our NIXL lanes are; without
 it, after ``--idle-ms 500``, the scheduler woke the helper onto the caller's CPU and
-raw-2t-batch read 6.9 GB/s instead of 8.5 on the Intel Xeon VM). Sets are timed twice: ``overwrite`` into
-one preallocated, fully written file (what a store at capacity reusing its slots does),
-and ``fresh`` into a new file fallocated before the clock (what a store growing into new
-space does); gets read the overwrite file.
+raw-2t-batch read 6.9 GB/s instead of 8.5-9.6 on the Intel Xeon VM). Sets are timed
+twice: ``overwrite`` into one preallocated, fully written file (what a store at capacity
+reusing its slots does), and ``fresh`` into a new file fallocated before the clock (what a
+store growing into new space does); gets read the overwrite file.
 
 ``--idle-ms N`` sleeps N ms between each contender's set and its get, off the clock: a
 server's get comes after idle time, when I/O threads have gone to sleep (where the

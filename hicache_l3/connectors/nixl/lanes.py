@@ -28,9 +28,9 @@ caller's, one ``sched_setaffinity`` when the caller's CPU changed). Why: after a
 spell the scheduler woke the lane onto the caller's CPU and left it there while the other
 CPU idled, batch after batch (the same as the file connector's resident readers,
 batch_io.c ``readers_step_aside``). Measured (Intel Xeon VM, 2 cores, 64 KiB pages, 4096
-a repetition, a 0.3 s sleep before it): caller and lane on one CPU in 26-30 of 32
-batches, the caller's part 1.24-1.35 ms against 0.73-0.79 back to back, the repetition
-48-54 ms against 30-35; kept off, on one CPU in none, 33-46 ms. A lane moved off its CPU
+a repetition, a 0.3 s sleep before it): caller and lane on one CPU in 23-30 of 32
+batches, the caller's part 1.21-1.37 ms against 0.73-0.79 back to back, the repetition
+48-54 ms against 30-37; kept off, on one CPU in none, 33-46 ms. A lane moved off its CPU
 from its own thread after waking (tried in session 25) gained nothing.
 
 Rules a batch relies on:
