@@ -106,6 +106,7 @@ from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E40
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
 
 from hicache_l3.bench.runner import cpu_info, describe_cpu  # noqa: E402
+from hicache_l3.common import cpus  # noqa: E402
 from hicache_l3.sglang.config import extra_config_for  # noqa: E402
 from hicache_l3.slab.format import Geometry  # noqa: E402
 
@@ -233,7 +234,6 @@ _LIBC = ctypes.CDLL(None, use_errno=True)  # ctypes releases the GIL around ever
 for _name in ("pwritev", "preadv"):
     getattr(_LIBC, _name).argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
     getattr(_LIBC, _name).restype = ctypes.c_ssize_t
-_LIBC.sched_getcpu.restype, _LIBC.sched_getcpu.argtypes = ctypes.c_int, []
 
 
 class RawPosix:
@@ -299,12 +299,9 @@ class RawPosix:
     def _keep_helpers_off(self) -> None:
         """The pool's threads allowed every CPU but the caller's (a syscall each only when
         the caller's CPU changed)."""
-        cpu = _LIBC.sched_getcpu()
-        if cpu < 0 or cpu == self.kept_off or len(self.allowed) < 2:
-            return
-        for tid in self.helpers:
-            os.sched_setaffinity(tid, self.allowed - {cpu})
-        self.kept_off = cpu
+        cpu = cpus.current_cpu()
+        if cpu != self.kept_off and all([cpus.keep_off(tid, self.allowed, cpu) for tid in self.helpers]):
+            self.kept_off = cpu
 
     def _all(self, fn: Any, fd: int) -> None:
         if self.pool is None:

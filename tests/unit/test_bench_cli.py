@@ -7,6 +7,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -116,7 +117,6 @@ def test_ratio_balances_the_order_of_the_targets() -> None:
 def test_bench_idle_sleeps_before_every_timed_op_off_the_clock(tmp_path: Path) -> None:
     """--idle-ms: a sleep before each timed op of each target (2 reps x 2 targets = 4 here),
     none of it inside the timed op, and the rows say so."""
-    import time
 
     def bench(idle_ms: int) -> tuple[float, list[dict]]:
         out = tmp_path / f"idle-{idle_ms}.json"

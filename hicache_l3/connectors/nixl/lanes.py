@@ -23,8 +23,9 @@ sleeps on a semaphore between batches (woken in tens of microseconds, against a 
 of a millisecond or more: shares below :data:`SHARE_MIN_BYTES` are not split).
 
 Where a lane runs. Before it wakes the lanes, the caller keeps them off its own CPU
-(:meth:`_Lane.keep_off`: the lane's affinity becomes the CPUs it started with but the
-caller's, one ``sched_setaffinity`` when the caller's CPU changed). Why: after an idle
+(:meth:`_Lane.keep_off`, :func:`hicache_l3.common.cpus.keep_off`: the lane's affinity
+becomes the CPUs it started with but the caller's, one ``sched_setaffinity`` when the
+caller's CPU changed). Why: after an idle
 spell the scheduler woke the lane onto the caller's CPU and left it there while the other
 CPU idled, batch after batch (the same as the file connector's resident readers,
 batch_io.c ``readers_step_aside``). Measured (Intel Xeon VM, 2 cores, 64 KiB pages, 4096
@@ -49,7 +50,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import ctypes
 import itertools
 import os
 import threading
@@ -57,24 +57,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from hicache_l3.common import cpus
 from hicache_l3.connectors.nixl.base import Agent
 
 SHARE_MIN_BYTES = 2 << 20  # a get moving less than this per lane goes alone (the wake-up is ~40 us)
 ALIGN = 4096  # parts are cut on this byte boundary of the transfer
-
-
-def _cpu_reader() -> Callable[[], int]:
-    """``sched_getcpu`` of libc (the calling thread's CPU), or a stand-in answering -1
-    where there is none."""
-    try:
-        fn = ctypes.CDLL(None).sched_getcpu
-    except (AttributeError, OSError):
-        return lambda: -1
-    fn.restype, fn.argtypes = ctypes.c_int, []
-    return fn
-
-
-current_cpu = _cpu_reader()
 
 
 def _column(rows: Any, k: int) -> list[int]:
@@ -178,31 +165,22 @@ class _Lane:
         self.job: Callable[[Agent], None] | None = None
         self.error: BaseException | None = None
         self.ended = 0.0  # perf_counter() when its last share ended
-        self.allowed: frozenset[int] = frozenset()  # the CPUs it started with (its thread sets it)
+        self.allowed: frozenset[int] = frozenset()  # the CPUs it starts with: its creator's
+        with contextlib.suppress(OSError):
+            self.allowed = frozenset(os.sched_getaffinity(0))  # (a new thread inherits them)
         self.kept_off = -1  # the CPU it is kept off now (-1: none)
-        started = threading.Event()
-        self.thread = threading.Thread(target=self._serve, args=(started,), name=name, daemon=True)
+        self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self.thread.start()
-        started.wait()
 
     def keep_off(self, cpu: int) -> None:
         """Let the lane run anywhere it started allowed to but on ``cpu`` (the caller's),
-        unless it is kept off that one already or no other is allowed; call it while the
-        lane is asleep (between its shares). An affinity the system refuses leaves the
-        lane where it is."""
-        tid = self.thread.native_id  # (never 0 here: that would be the caller's own affinity)
-        if cpu < 0 or cpu == self.kept_off or cpu not in self.allowed or len(self.allowed) < 2 or not tid:
-            return
-        try:
-            os.sched_setaffinity(tid, self.allowed - {cpu})
-        except OSError:
-            return
-        self.kept_off = cpu
+        unless it is kept off that one already (:func:`~hicache_l3.common.cpus.keep_off`
+        says when nothing changes); call it while the lane is asleep (between its
+        shares)."""
+        if cpu != self.kept_off and cpus.keep_off(self.thread.native_id or 0, self.allowed, cpu):
+            self.kept_off = cpu
 
-    def _serve(self, started: threading.Event) -> None:
-        with contextlib.suppress(OSError):
-            self.allowed = frozenset(os.sched_getaffinity(0))  # inherited: the process's binding
-        started.set()
+    def _serve(self) -> None:
         while True:
             self.wake.acquire()
             job = self.job
@@ -308,7 +286,7 @@ class Lanes:
             return False
         started: list[_Lane] = []
         own_s, start = 0.0, time.perf_counter()
-        cpu = current_cpu()
+        cpu = cpus.current_cpu()
         try:
             for lane, share in zip(self._lanes, shares):
                 lane.keep_off(cpu)
