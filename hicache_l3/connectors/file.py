@@ -68,8 +68,14 @@ class FileConfig(ConnectorConfig):
         "Python path measured slower with more than one, and uses one)")
     checksum: Literal["xxh3", "none"] = setting(
         "xxh3", "page checksum written on set, verified on every get; with xxh3 a page another "
-        "writer stored without one (checksum=none, nixl file mode's default) is a miss "
-        "(unverified) and is stored again, checksummed")
+        "writer stored without one (checksum=none) is a miss (unverified) and is stored again, "
+        "checksummed. none gives up detecting bytes altered at rest, and is refused on a root "
+        "other nodes may mount (multi_node)")
+    multi_node: Literal["auto", "true", "false"] = setting(
+        "auto", "whether other nodes, each with its own page cache, may mount root: auto = by the "
+        "filesystem type (NFS, FUSE, CephFS, Lustre... yes; ext4, xfs, btrfs, tmpfs... no). There, "
+        "pages must carry checksums and a page failing its checks is read again past the page "
+        "cache before it is a miss (docs/reliability.md, 'Several nodes')")
     fsync: Literal["none", "data", "always"] = setting("none", "durability policy (see docs)")
     o_direct: bool = setting(False, "move aligned pages with O_DIRECT, bypassing the page cache")
     mapped_reads: bool = setting(
@@ -130,7 +136,7 @@ class FileConnector(SlabConnector, Connector[FileConfig]):
         try:
             if config.o_direct:
                 _probe_o_direct(private_root(config.root, f"{self.name} connector: root"))
-            self._init_slab_root(config.root, config.capacity_bytes)
+            self._init_slab_root(config.root, config.capacity_bytes, config.multi_node)
         except BaseException:
             self.transport.close()
             raise
@@ -150,7 +156,8 @@ class FileConnector(SlabConnector, Connector[FileConfig]):
             self.root, self.namespace, slot_bytes,
             capacity_bytes=self.capacity_bytes, slab_bytes=self.config.slab_bytes,
             fsync=self.config.fsync, direct=self.config.o_direct,
-            mapped_reads=self.config.mapped_reads and self.config.native_io and not self.config.o_direct,
+            mapped_reads=(self.config.mapped_reads and self.config.native_io and not self.config.o_direct
+                          and not self.multi_node),  # a mapped page cannot be dropped from the cache
         )
 
     def _engine_stats(self) -> dict[str, Any]:

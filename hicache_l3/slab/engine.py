@@ -21,6 +21,16 @@ that crashed before logging it) is a miss counted ``corrupt`` and dropped likewi
 ``exists`` may over-report after a crash only until the next get of that key. A slab
 file that cannot be read (missing, unopenable) makes only its own keys miss.
 * exists / delete / clear answered by the index.
+
+Across nodes. On a root that other nodes may mount (``multi_node``: by default, any
+filesystem but a local one, :mod:`hicache_l3.common.filesystems`), this node's page cache
+may pair another node's new marker record with old data. Every page there carries a
+checksum (``checksum=none`` is refused unless ``multi_node=false``), a page that fails
+its checks is read once more past the page cache (:mod:`hicache_l3.slab.fresh`) before it
+counts as a miss, and a page that still fails stays in the index for
+:data:`SUSPECT_S` seconds of failing (another node's write may not have reached this
+node yet: a later get hits) before it is dropped. Mapped reads are off there (a mapped
+page cannot be dropped from the cache).
 """
 
 from __future__ import annotations
@@ -29,15 +39,18 @@ import errno
 import os
 import shutil
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from hicache_l3.common.errors import ConfigError, Reason
+from hicache_l3.common.filesystems import Mount, mount_of
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.pages import Page
 from hicache_l3.common.safe_fs import private_root
 from hicache_l3.slab.format import Entry, Located, namespace_dir, read_namespace_file
+from hicache_l3.slab.fresh import reread
 from hicache_l3.slab.io import (
     CHECKSUM,
     FAILED,
@@ -55,6 +68,14 @@ from hicache_l3.slab.store import SlabStore
 
 _CORRUPT = (SHORT, HEADER, CHECKSUM)
 
+SUSPECT_S = 60.0
+"""On a store shared across nodes, how long a page keeps failing its checks (each time
+read again past the page cache) before it leaves this process's index: longer than
+another node's write takes to reach this one (NFS writes back within 30 s; GlusterFS and
+3FS within milliseconds), so a page stored correctly is never lost here, and a page
+damaged at rest or torn by a crashed writer is dropped after it."""
+_SUSPECTS_MAX = 1 << 16  # pages tracked at once (beyond: the tracking starts again)
+
 
 class SlabConnector:
     """Mixin placed before :class:`~hicache_l3.common.connector.Connector` in the bases:
@@ -69,20 +90,29 @@ class SlabConnector:
     name: ClassVar[str]
     transport: SlotTransport
     checksum_writes: bool = False  # write an XXH3 of each page into its marker record
+    multi_node = False  # other nodes may mount the root (module docstring, "Across nodes")
     quarantined_slots = 0  # slots an abandoned transfer may still write: never reused
     metrics: Any
+    regions: Any
+    mount: Mount
     _log: Any
 
     if TYPE_CHECKING:
         def _learn_page_bytes(self, nbytes: int) -> int: ...  # Connector's
 
-    def _init_slab_root(self, root: str, capacity_bytes: int) -> None:
+    def _init_slab_root(self, root: str, capacity_bytes: int, multi_node: str = "auto") -> None:
         """Create ``root`` private (0700) or check an existing one (ours, not a symlink, closed
         to other users: :func:`~hicache_l3.common.safe_fs.private_root`); capacity 0 means
-        half the filesystem's free space."""
+        half the filesystem's free space. ``multi_node`` (``auto``, ``true``, ``false``)
+        says whether other nodes may mount it (module docstring, "Across nodes")."""
         self.root = private_root(root, f"{self.name} connector: root")
         if not os.access(self.root, os.W_OK | os.X_OK):
             raise ConfigError(f"{self.name} connector: root {self.root} is not writable")
+        self.mount = mount_of(self.root)
+        self.multi_node = self.mount.shared_across_nodes if multi_node == "auto" else multi_node == "true"
+        self._check_multi_node(multi_node)
+        self._suspects: dict[tuple[str, Entry], float] = {}
+        self._suspects_lock = threading.Lock()
         self.capacity_bytes = capacity_bytes or shutil.disk_usage(self.root).free // 2
         self._store: SlabStore | None = None
         self._store_lock = threading.Lock()
@@ -90,6 +120,26 @@ class SlabConnector:
             self.page_bytes = read_namespace_file(self._ns_dir()).get("slot_bytes")
         if self.page_bytes is not None:
             self._open_store(self.page_bytes)
+
+    def _check_multi_node(self, setting: str) -> None:
+        """Refuse unchecked pages on a store other nodes share; warn when the user says no
+        other node mounts a filesystem that others could."""
+        if self.checksum_writes:
+            return
+        where = f"{self.root} ({self.mount.fstype}, mounted at {self.mount.point})"
+        if self.multi_node:
+            raise ConfigError(
+                f"{self.name} connector: checksum=none on a root other nodes may mount: {where}, "
+                f"multi_node={setting}. Each node caches the slab files on its own, so a page "
+                "another node rewrote can read back as this node's cached old bytes under the new "
+                "marker; only a checksum tells them apart. Keep checksum=xxh3 (the default), or "
+                "set multi_node=false if no other node ever mounts this root")
+        if self.mount.shared_across_nodes:
+            self._log.warning(
+                "unchecked", "%s: checksum=none and multi_node=false on %s: pages are not checked "
+                "end to end (a bit flipped at rest reads back as the page), and if another node "
+                "ever writes this store, this node's page cache can return old bytes as a new page",
+                self.name, where)
 
     def _ns_dir(self) -> Path:
         return namespace_dir(self.root, self.namespace)
@@ -219,7 +269,8 @@ class SlabConnector:
             return reasons
         if reasons is None:
             reasons = [Reason.MISS] * n
-        self._settle_reads(store, keys, reasons, ((i, plan.entry(i)) for i in plan.where), status, failed)
+        self._settle_reads(store, keys, pages, reasons, ((i, plan.entry(i)) for i in plan.where), status,
+                           failed)
         return reasons
 
     def _get_located(self, store: SlabStore, keys: list[str], pages: list[Page]) -> list[Reason]:
@@ -261,27 +312,37 @@ class SlabConnector:
         if everything and status.count(OK) == len(keys):  # the common batch: all read and verified
             store.touch([(e[1], e[2]) for _, e in located if e[0] == me])
             return [Reason.OK] * len(keys)
-        self._settle_reads(store, keys, reasons, ((i, loc.entry) for i, loc in zip(work, located)), status,
-                           batch.reasons)
+        self._settle_reads(store, keys, pages, reasons, ((i, loc.entry) for i, loc in zip(work, located)),
+                           status, batch.reasons)
         return reasons
 
-    def _settle_reads(self, store: SlabStore, keys: list[str], reasons: list[Reason],
+    def _settle_reads(self, store: SlabStore, keys: list[str], pages: list[Page], reasons: list[Reason],
                       read: Iterable[tuple[int, Entry]], status: Sequence[int],
                       failed: dict[int, Reason]) -> None:
         """The Reason of each page read (``read``: the key's index ``i`` and its entry, in
         the order of ``status``): OK (own pages touched in the LRU), corrupt (the key
-        dropped from the index), unregistered, or the transport's Reason of a page left
-        FAILED (``failed``, by position), engine_error otherwise (logged)."""
+        dropped from the index; on a store shared across nodes, read again past the page
+        cache first, and dropped only once it has failed for :data:`SUSPECT_S`),
+        unregistered, or the transport's Reason of a page left FAILED (``failed``, by
+        position), engine_error otherwise (logged)."""
+        read = list(read)
+        again: dict[int, int] = {}
+        if self.multi_node:
+            again = self._read_fresh(store, keys, pages, read, status)
         hits, me = [], store.me
         for j, (i, entry) in enumerate(read):
-            code = status[j]
+            code = again.get(j, status[j])
             if code == OK:
                 reasons[i] = Reason.OK
                 if entry.writer == me:
                     hits.append((entry.slab, entry.slot))
+                if self._suspects:
+                    with self._suspects_lock:
+                        self._suspects.pop((keys[i], entry), None)
             elif code in _CORRUPT:
                 reasons[i] = Reason.CORRUPT
-                store.invalidate(keys[i], entry)
+                if not self._still_suspect(keys[i], entry):
+                    store.invalidate(keys[i], entry)
             elif code == UNREGISTERED:
                 reasons[i] = Reason.UNREGISTERED
             else:
@@ -289,6 +350,36 @@ class SlabConnector:
                 self._log.warning("get-io", "%s: read of %s failed: %s", self.name, keys[i],
                                   reasons[i].value if code == FAILED else explain(code))
         store.touch(hits)
+
+    def _read_fresh(self, store: SlabStore, keys: list[str], pages: list[Page],
+                    read: list[tuple[int, Entry]], status: Sequence[int]) -> dict[int, int]:
+        """The pages of ``read`` whose checks failed, read again past this node's page cache
+        (:func:`~hicache_l3.slab.fresh.reread`): their new status by position."""
+        failed = [j for j, code in enumerate(status) if code in _CORRUPT]
+        if not failed:
+            return {}
+        entries = [read[j][1] for j in failed]
+        codes = reread(store.geometry, store.fd, self.regions.views, [keys[read[j][0]] for j in failed],
+                       [pages[read[j][0]] for j in failed], entries)
+        self.metrics.count("fresh_rereads", len(failed))
+        self.metrics.count("fresh_reread_hits", codes.count(OK))
+        return dict(zip(failed, codes))
+
+    def _still_suspect(self, key: str, entry: Entry) -> bool:
+        """On a store shared across nodes, whether a page that failed its checks (read again
+        past the page cache) stays in the index: until it has failed for :data:`SUSPECT_S`
+        seconds (module docstring, "Across nodes"). Always False on a store of one node."""
+        if not self.multi_node:
+            return False
+        now = time.monotonic()
+        with self._suspects_lock:
+            if len(self._suspects) >= _SUSPECTS_MAX:
+                self._suspects.clear()
+            first = self._suspects.setdefault((key, entry), now)
+            if now - first < SUSPECT_S:
+                return True
+            del self._suspects[(key, entry)]
+            return False
 
     def _exists(self, keys: list[str]) -> list[Reason]:
         store = self._existing_store()

@@ -60,6 +60,22 @@ generation and another key's fingerprint: a stale entry misses. A reader of a
 checksummed entry also verifies the checksum, which adds detection of bytes altered
 at rest.
 
+What the argument assumes: every reader's view of the file is one coherent view, in
+which a write that landed is seen by every later read. One kernel's page cache gives that
+to every process of the machine. Across nodes. Several nodes mounting one distributed
+filesystem (NFS, GlusterFS, 3FS's FUSE client) each cache the file on their own, and a
+node's cache can hold one part of a slot (its data) from before another node's rewrite
+while it fetches another part (the new marker) from the filesystem: a reader then checks
+the new marker against old data, and the marker alone cannot tell. The checksum in the
+marker can: on a store that other nodes may mount every page is checksummed, and a page
+whose marker or checksum does not match is read once more with each part fetched after
+dropping this node's cached copy of it, data first and marker after
+(:mod:`hicache_l3.slab.fresh`), which restores the order the argument needs whatever the
+cache held. Writes of one node may also reach the filesystem out of order (a FUSE client's
+write-behind); a reader that sees the new marker before the new data then fails the
+checksum, and the page is a miss until the data arrive (:mod:`hicache_l3.slab.engine`,
+"Across nodes").
+
 Format 1 (a 4 KiB header block, data, end marker per slot) is not read: the start
 header carries the format version, so format-1 bytes never match a format-2 marker,
 and :func:`write_namespace_file` refuses a namespace directory whose
