@@ -2,8 +2,8 @@
 moving pages into the shared slab store on local disk.
 
 The backdoor reads the slabs directly (:mod:`hicache_l3.conformance.slab_backdoor`).
-``checksum=xxh3`` here so that the suite's corruption test runs (the mode's default,
-``auto``, means no checksum; the slot markers are tested either way).
+The settings leave ``checksum`` at its default (``auto``: xxh3), so the suite's corruption
+tests check what a user gets; ``checksum=none`` is tested for its slot markers.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ class TestNixlFile(SlabIntegrityTests, ConnectorTests):
 
     @pytest.fixture
     def settings(self, tmp_path: Path) -> dict[str, Any]:
-        return {"mode": "file", "root": str(tmp_path / "store"), "capacity_bytes": "1GiB",
-                "checksum": "xxh3"}
+        return {"mode": "file", "root": str(tmp_path / "store"), "capacity_bytes": "1GiB"}
 
     # ---- nixl file mode specifics -------------------------------------------------------
     @pytest.mark.parametrize("engine", ["aio", "uring", "posix_aio"])
@@ -55,10 +54,22 @@ class TestNixlFile(SlabIntegrityTests, ConnectorTests):
         engine = conn.stats()["engine"]
         assert engine["registered_files"] == engine["slabs"] == 1
 
-    def test_default_checksum_is_off_but_markers_still_guard(self, open_conn: Any,
-                                                            settings: dict[str, Any],
+    def test_default_checksum_catches_a_bit_flipped_at_rest(self, open_conn: Any, settings: dict[str, Any],
                                                             namespace: Namespace) -> None:
-        conn = open_conn(checksum="auto")
+        conn = open_conn()
+        assert conn.config.checksum == "auto" and conn.capabilities.detects_corruption
+        keys = ["bf-0", "bf-1", "bf-2"]
+        pages = Pages(conn, self.page_bytes, 3)
+        pages.fill(keys)
+        assert conn.batch_set(keys, pages.pages) == [True] * 3
+        self.backdoor_corrupt(settings, namespace, keys[1], "flip")
+        pages.wipe()
+        assert conn.batch_get(keys, pages.pages) == [True, False, True]
+        assert conn.stats()["ops"]["get"]["failed"] == {"corrupt": 1}
+
+    def test_checksum_none_markers_still_guard(self, open_conn: Any, settings: dict[str, Any],
+                                               namespace: Namespace) -> None:
+        conn = open_conn(checksum="none")
         assert not conn.capabilities.detects_corruption
         keys = ["mk-0", "mk-1", "mk-2"]
         pages = Pages(conn, self.page_bytes, 3)
@@ -91,4 +102,4 @@ class TestNixlFilePythonMarkers(TestNixlFile):
     @pytest.fixture
     def settings(self, tmp_path: Path) -> dict[str, Any]:
         return {"mode": "file", "root": str(tmp_path / "store"), "capacity_bytes": "1GiB",
-                "checksum": "xxh3", "native_io": False}
+                "native_io": False}

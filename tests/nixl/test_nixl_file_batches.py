@@ -213,7 +213,7 @@ def test_mixed_segment_batch_over_several_transfers_round_trips(opened: list[Any
 
 def test_checksummed_pages_verified_in_a_batch_with_unchecksummed_ones(
         opened: list[Any], namespace: Namespace, tmp_path: Path) -> None:
-    """``checksum=auto`` writes no checksum, but a page stored with one (by the file
+    """``checksum=none`` writes no checksum, but a page stored with one (by the file
     connector) is verified: a flipped byte in one of those, placed where its position in
     the batch differs from its position among the checksummed pages, is the one miss."""
     root = str(tmp_path / "s")
@@ -222,7 +222,7 @@ def test_checksummed_pages_verified_in_a_batch_with_unchecksummed_ones(
         wpages = Pages(writer, PAGE, 3)
         wpages.fill(a)
         assert writer.batch_set(a, wpages.pages) == [True] * 3
-    conn = open_connector("nixl", namespace, {"root": root, "checksum": "auto"})
+    conn = open_connector("nixl", namespace, {"root": root, "checksum": "none"})
     opened.append(conn)
     b = [f"b{i}" for i in range(3)]
     bpages = Pages(conn, PAGE, 3)

@@ -46,11 +46,11 @@ def _helpers_built() -> None:
 
 HIT, MISS, CORRUPT = Reason.OK, Reason.MISS, Reason.CORRUPT
 # the damaged batch of _damaged_store, read by a reader that verifies checksums (xxh3)
-# and by one that does not (auto: none in file mode; checksummed pages are verified)
+# and by one that does not (none; checksummed pages are verified all the same)
 EXPECTED = {
     "xxh3": [HIT, HIT, MISS, CORRUPT, CORRUPT, Reason.UNVERIFIED, Reason.SIZE_MISMATCH,
              HIT, MISS, CORRUPT, HIT, HIT, HIT, HIT],
-    "auto": [HIT, HIT, MISS, CORRUPT, CORRUPT, HIT, Reason.SIZE_MISMATCH,
+    "none": [HIT, HIT, MISS, CORRUPT, CORRUPT, HIT, Reason.SIZE_MISMATCH,
              HIT, MISS, CORRUPT, HIT, HIT, HIT, HIT],
 }
 
@@ -80,7 +80,7 @@ def _damaged_store(root: Path, ns: Namespace) -> tuple[list[str], bytes]:
     with _open(root, ns, checksum="xxh3") as w:
         w.register(src)
         assert all(w.batch_set([keys[i] for i in plain], [pages[i] for i in plain]))
-    with _open(root, ns) as w:
+    with _open(root, ns, checksum="none") as w:
         w.register(src)
         assert w.batch_set([keys[5]], [pages[5]]) == [True]
     door = _Backdoor()
@@ -137,7 +137,7 @@ def _get(root: Path, ns: Namespace, keys: list[str], path: str, checksum: str,
         return reasons, bytes(dst.view()), r.batch_exists(keys), made, len(reads)
 
 
-@pytest.mark.parametrize("checksum", ["xxh3", "auto"])
+@pytest.mark.parametrize("checksum", ["xxh3", "none"])
 @pytest.mark.parametrize("segments", [1, 4])
 def test_planned_get_agrees_with_the_reference(tmp_path: Path, checksum: str, segments: int) -> None:
     ns = _ns()
@@ -307,7 +307,7 @@ def test_write_markers_puts_each_record_at_its_offset(tmp_path: Path) -> None:
         os.close(fd)
 
 
-@pytest.mark.parametrize("checksum", ["xxh3", "auto"])
+@pytest.mark.parametrize("checksum", ["xxh3", "none"])
 def test_a_set_writes_the_reference_records_and_bytes(tmp_path: Path, checksum: str) -> None:
     """The same batch set through the C helpers and through native_io=false (every step
     in Python) leaves byte-identical slots: records (fingerprints, checksums) and data."""

@@ -103,8 +103,9 @@ class NixlConfig(ConnectorConfig):
                                "that takes longer fail with reason 'timeout'")
     max_descs: int = setting(1024, "most descriptors in one NIXL transfer (larger batches are split)")
     checksum: Literal["auto", "xxh3", "none"] = setting(
-        "auto", "page checksum verified on get; auto = none in file mode (slot headers still "
-        "catch torn, stale and recycled slots), xxh3 in obj mode",
+        "auto", "page checksum written on set and verified on get; auto = xxh3 (both modes). none "
+        "gives up detecting bytes altered at rest, and in file mode is refused on a root other "
+        "nodes may mount (multi_node)",
     )
     capacity_bytes: int = setting(
         0, "file: slab bytes this process may fill before evicting its LRU pages (0 = half the "
@@ -118,6 +119,8 @@ class NixlConfig(ConnectorConfig):
         DEFAULT_POSIX_ENGINE, "file mode: kernel I/O engine of the POSIX plugin",
     )
     fsync: Literal["none", "data", "always"] = setting("none", "file mode: durability policy")
+    multi_node: Literal["auto", "true", "false"] = setting(
+        "auto", "file mode: whether other nodes may mount root (as the file connector's multi_node)")
     checksum_threads: int = setting(2, "file mode: threads computing page checksums of a batch")
     transfer_agents: int = setting(
         2, "file mode: NIXL agents moving one batch's bytes at once, each on its own thread: a "
@@ -175,10 +178,8 @@ class NixlConfig(ConnectorConfig):
                 raise ConfigError(f"nixl: obj_threads must be >= 1, got {self.obj_threads}")
 
     def use_checksum(self) -> bool:
-        """Whether pages carry a checksum (``auto`` resolved by mode)."""
-        if self.checksum == "auto":
-            return self.mode == "obj"
-        return self.checksum == "xxh3"
+        """Whether pages carry a checksum (``auto``: yes, in both modes)."""
+        return self.checksum != "none"
 
 
 class TransferError(Exception):

@@ -40,12 +40,12 @@ slab file run in parallel; the caller's share is learnt: lanes.py ``Balance``); 
 dealt out by slab file (writes to one file serialise in the kernel, and the store puts a
 batch's slots in two files: slab/clock.py ``Clocks``).
 
-Checksums: ``checksum=auto`` means none here. Measured on this machine, XXH3 over a
-batch runs at ~10 GB/s on one core and does not overlap with the transfer, which
-would cost 35-45% of get throughput against raw NIXL; the slot markers already catch
-torn, stale and recycled slots. ``checksum=xxh3`` adds detection of bytes altered at
-rest (and pages written with a checksum, e.g. by the file connector, are always
-verified).
+Checksums: ``checksum=auto`` means xxh3, as in every slab connector: the slot markers
+catch torn, stale and recycled slots on one node, but not bytes altered at rest, nor,
+on a root other nodes mount, this node's cached old data under another node's new marker
+(:mod:`hicache_l3.slab.engine`, "Across nodes"). A set hashes its pages on
+``checksum_threads`` threads while the markers are encoded; a get checks them in one C
+call after the transfer (docs/benchmarks.md has the cost against raw NIXL).
 """
 
 from __future__ import annotations
@@ -409,7 +409,7 @@ class NixlFileConnector(SlabConnector, NixlConnector):
                                        self._share_read if self._lanes is not None else None,
                                        self._share_write if self._lanes is not None else None)
         try:
-            self._init_slab_root(config.root, config.capacity_bytes)
+            self._init_slab_root(config.root, config.capacity_bytes, config.multi_node)
         except BaseException:
             if self._lanes is not None:
                 self._lanes.close()
