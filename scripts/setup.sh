@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 apt_packages=(libibverbs1 librdmacm1 libnuma1 iproute2)  # Mooncake's shared libraries; ss
+apt_packages+=(glusterfs-server glusterfs-client fio)  # the glusterfs engine (two FUSE mounts); fio
 command -v cc >/dev/null || apt_packages+=(gcc libc6-dev)  # builds hicache_l3._batch_io (C batch I/O), _keys
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   missing=()
