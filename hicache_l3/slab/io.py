@@ -52,7 +52,6 @@ from hicache_l3.slab.format import (
     expected_markers,
 )
 from hicache_l3.slab.native import CHECKSUM, HEADER, NOMEM, OK, SHORT
-from hicache_l3.slab.readers import ResidentReaders
 from hicache_l3.slab.records import write_markers
 from hicache_l3.slab.slots import SlotColumns
 
@@ -290,9 +289,6 @@ class NativeTransport(SlotTransport):
         # pages not in the page cache wait on the disk: read many at once (its queue
         # depth), by threads started only when a batch has some
         self._cold_pool = BatchPool(cold_threads, "hicache-file-cold") if cold_threads > 1 else None
-        # the read pool's threads but the caller's, resident in C (hicache_l3/slab/readers.py)
-        self._readers = ResidentReaders(self._pool.threads - 1 if lib.reads_plans and lib.shares else 0,
-                                        "hicache-file-r")
 
     def write(self, store: SlabStore, batch: WriteBatch) -> None:
         """One :class:`~hicache_l3.slab.native.PageBatch` (its marker records and offsets
@@ -303,15 +299,11 @@ class NativeTransport(SlotTransport):
         made = write_markers(batch.keys, cols.gens, cols.slots, batch.geometry)
         pb = native.PageBatch.for_write(RECORD_BYTES, cols.fds, made.data_offsets, made.marker_offsets,
                                         batch.pages, made.records)
-        checksum, n, page_bytes = batch.checksum, len(pb), batch.geometry.slot_bytes
-        chunk = _batch_chunk(self._write_pool, n, page_bytes, WRITE_CHUNK_BYTES)
-        if not (chunk < n and lib.shares and self._readers.running
-                and self._readers.write(lib.write_args(pb, checksum), n, chunk,
-                                        _share_shape(self._write_pool, n, page_bytes, chunk)[2])):
-            _run_batch(lib, self._write_pool, n, page_bytes,
-                       lambda share, ns: lib.share_write(share, pb, ns, checksum),
-                       lambda lo, hi: lib.write(pb, lo, hi, checksum), guided=False,
-                       least_bytes=WRITE_CHUNK_BYTES)
+        checksum = batch.checksum
+        _run_batch(lib, self._write_pool, len(pb), batch.geometry.slot_bytes,
+                   lambda share, ns: lib.share_write(share, pb, ns, checksum),
+                   lambda lo, hi: lib.write(pb, lo, hi, checksum), guided=False,
+                   least_bytes=WRITE_CHUNK_BYTES)
         batch.status, batch.checksums = pb.status, pb.checksums
 
     def read(self, store: SlabStore, batch: ReadBatch) -> None:
@@ -346,33 +338,12 @@ class NativeTransport(SlotTransport):
             return pb.status
         call = lib.plan_read(plan, pages)
         nowait = self._cold_pool is not None and lib.reads_nowait
-        chunk = _pages_per_call(self._pool, n, n * plan.slot_bytes)
-        if chunk < n and self._readers.running:
-            least, parts, wait = _share_shape(self._pool, n, plan.slot_bytes)
-            if self._readers.read(call, least, parts, nowait, wait):
-                if nowait and native.AGAIN in call.status:
-                    self._read_cold(call)
-                return call.status
         _run_batch(lib, self._pool, n, plan.slot_bytes,
                    lambda share, ns: lib.share_read_plan(share, call, ns, nowait),
                    lambda lo, hi: lib.read_plan(call, lo, hi, nowait), guided=True)
         if nowait and native.AGAIN in call.status:
             self._read_cold(call)
         return call.status
-
-    def read_soon(self) -> None:
-        """Wake the resident readers if they sleep."""
-        self._readers.wake()
-
-    def stats(self) -> dict[str, Any]:
-        """``reader_moves``: the resident readers' moves off the caller's CPU
-        (:attr:`~hicache_l3.slab.readers.ResidentReaders.moves`)."""
-        return {"reader_moves": self._readers.moves}
-
-    def write_soon(self, nbytes: int) -> None:
-        """Wake the resident readers if they sleep and the write will be shared with them."""
-        if self._write_pool.threads > 1 and nbytes >= 2 * WRITE_CHUNK_BYTES:
-            self._readers.wake()
 
     def _read_cold(self, call: native.PlanRead) -> None:
         """The pages a nowait read left :data:`~hicache_l3.slab.native.AGAIN` (not in the
@@ -400,7 +371,6 @@ class NativeTransport(SlotTransport):
 
     def close(self) -> None:
         """Stop the I/O threads (and the Python path's)."""
-        self._readers.close()
         self._write_pool.shutdown()
         if self._cold_pool is not None:
             self._cold_pool.shutdown()
@@ -459,22 +429,15 @@ def _run_batch(lib: native.BatchIO, pool: BatchPool, n: int, page_bytes: int,
     chunks ``guided`` or of ~1/8 of the batch and, in a batch of two such or more, at least
     ``least_bytes``), or, with a library without those calls, chunks claimed in Python
     (``call(lo, hi)``: :meth:`BatchPool.run_chunks`)."""
-    chunk = _batch_chunk(pool, n, page_bytes, least_bytes)
+    chunk = _pages_per_call(pool, n, n * page_bytes)
+    if least_bytes and chunk < n and n * page_bytes >= 2 * least_bytes:  # still two chunks or more
+        chunk = max(chunk, -(-least_bytes // page_bytes))
     if chunk < n and lib.shares:
         share, wait = _share(pool, n, page_bytes, 0 if guided else chunk)
         pool.run_shared(lambda ns: drain(share, ns), lambda: lib.share_stop(share),
                         -(-n // share.chunk), wait)
     else:
         pool.run_chunks(call, n, chunk)
-
-
-def _batch_chunk(pool: BatchPool, n: int, page_bytes: int, least_bytes: int = 0) -> int:
-    """Pages per chunk of an ``n``-page batch on ``pool`` (:func:`_pages_per_call`), and
-    in a batch of two chunks of ``least_bytes`` or more, at least ``least_bytes`` a chunk."""
-    chunk = _pages_per_call(pool, n, n * page_bytes)
-    if least_bytes and chunk < n and n * page_bytes >= 2 * least_bytes:  # still two chunks or more
-        chunk = max(chunk, -(-least_bytes // page_bytes))
-    return chunk
 
 
 def _share(pool: BatchPool, n: int, page_bytes: int, chunk: int = 0) -> tuple[native.Share, int]:
@@ -485,17 +448,11 @@ def _share(pool: BatchPool, n: int, page_bytes: int, chunk: int = 0) -> tuple[na
     waits for them as a sleeper: the biggest chunk's time at 2 GB/s (the longest a chunk
     left runs when the page cache holds its pages), from 50 us to 2 ms (a chunk waiting for
     the disk: the sleep then, not a core spent spinning)."""
-    least, parts, wait = _share_shape(pool, n, page_bytes, chunk)
-    return native.Share(n, least, parts), wait
-
-
-def _share_shape(pool: BatchPool, n: int, page_bytes: int, chunk: int = 0) -> tuple[int, int, int]:
-    """:func:`_share`'s numbers: the fewest pages of a chunk, the parts (0: fixed chunks),
-    the calling thread's wait in ns."""
     least, parts = (chunk, 0) if chunk else (max(1, SHARE_MIN_CHUNK_BYTES // max(1, page_bytes)),
                                              2 * pool.threads)
     biggest = min(n, max(least, n // parts if parts else 0))  # the first chunk claimed
-    return least, parts, min(SHARE_WAIT_MAX_NS, max(SHARE_WAIT_MIN_NS, biggest * page_bytes // 2))
+    wait = min(SHARE_WAIT_MAX_NS, max(SHARE_WAIT_MIN_NS, biggest * page_bytes // 2))
+    return native.Share(n, least, parts), wait
 
 
 def _chunk(n: int) -> int:

@@ -218,7 +218,7 @@ class PlanRead(NamedTuple):
     while the call may run)."""
 
     status: array.array[int]
-    args: array.array[int]  # int64 addresses and lengths (the resident readers' mailbox copies them)
+    args: array.array[int]  # int64 addresses and lengths
     keep: tuple[object, ...]
 
 
@@ -462,14 +462,6 @@ class BatchIO:
         the batch's descriptors to its status."""
         return (*batch.addresses, batch.marker_len, int(checksum), batch.checksums_at, self._xxh3_at,
                 batch.status_at)
-
-    def write_args(self, batch: PageBatch, checksum: bool) -> array.array[int]:
-        """:meth:`share_write`'s arguments after the wait (``hl3_share_write_pages``'s), as
-        int64 values: what the resident threads' mailbox takes for a write
-        (:meth:`~hicache_l3.slab.readers.ResidentReaders.write`). Valid while ``batch`` lives."""
-        if not batch.writing:
-            raise ValueError("write_args: a read batch")
-        return array.array("q", self._write_tail(batch, checksum))
 
     def share_stop(self, share: Share) -> None:
         """No chunk of ``share`` is claimed after this (``hl3_share_stop``)."""
