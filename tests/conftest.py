@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,3 +18,10 @@ def gluster() -> Iterator[GlusterEngine]:
     /dev/fuse), the tests using it error with the reason (scripts/setup.sh installs it)."""
     with GlusterEngine() as engine:
         yield engine
+
+
+@pytest.fixture(scope="session")
+def node_roots(gluster: GlusterEngine) -> tuple[Path, Path]:
+    """Two nodes' views of one directory (``hicache_l3.conformance.cross_node``): the
+    GlusterFS volume's two mounts."""
+    return gluster.mounts
