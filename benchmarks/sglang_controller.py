@@ -1,10 +1,10 @@
 """SGLang's in-tree ``file`` backend, hicache-l3's file connector and raw ``pwritev``/``preadv``
 of the same pages, driven the way SGLang's HiCacheController drives them. Run with the SGLang
-venv::
+venv (``make setup-sglang``; ``--help`` alone runs in ``.venv``); benchmarks/README.md::
 
     .venv-sglang/bin/python benchmarks/sglang_controller.py [--pages 1024] [--reps 5]
-        [--layers 4] [--steady-state] [--no-checksum] [--no-stages] [--sglang-pointers] [--idle-ms 0]
-        [--json]
+        [--layers 4] [--steady-state] [--no-checksum] [--no-raw] [--no-stages]
+        [--sglang-pointers] [--idle-ms 0] [--warmup 1] [--workdir DIR] [--json]
 
 One real MHA host pool (CPU, ``page_first``; 16 KiB of K and V per layer and page, so 64 KiB
 pages with the default ``--layers 4`` and 1 MiB pages with ``--layers 64``). SGLang's ``file``
@@ -15,19 +15,18 @@ the controller's own methods, called on a stand-in object holding the real host 
 backend, in batches of SGLang's STORAGE_BATCH_SIZE (128) pages as its backup and prefetch
 threads send them.
 
-Raw contenders (``raw-1t``, ``raw-2t``): the exact page pointers SGLang's host pool gives
+Raw contenders (``raw-1t``, ``raw-2t``; the bench's ``RawPosixBatch``,
+hicache_l3/bench/backend_file.py): the exact page pointers SGLang's host pool gives
 (``get_page_buffer_meta``), one ``pwritev``/``preadv`` per 128-page batch (libc through
 ctypes, GIL released; iovecs built before the clock), batches dealt round-robin to 1 or 2
 threads. ``raw-2t-batch``: each batch cut in two halves of whole pages, read or written
 by two threads at once and joined before the next batch, as a synchronous batch call
 (SGLang's, ours) must: the limit of two threads on SGLang's one-batch-at-a-time path,
-where ``raw-2t`` keeps two batches in flight. Its helper thread is kept off the caller's
-CPU before each batch (its affinity set to every other CPU, as our NIXL lanes are; without
-it, after ``--idle-ms 500``, the scheduler woke the helper onto the caller's CPU and
-raw-2t-batch read 6.9 GB/s instead of 8.5-9.6 on the Intel Xeon VM). Sets are timed
-twice: ``overwrite`` into one preallocated, fully written file (what a store at capacity
-reusing its slots does), and ``fresh`` into a new file fallocated before the clock (what a
-store growing into new space does); gets read the overwrite file.
+where ``raw-2t`` keeps two batches in flight. No contender sets a thread's CPU affinity:
+the scheduler places its threads. Sets are timed twice: ``overwrite`` into one fully
+written file (what a store at capacity reusing its slots does), and ``fresh`` into a new
+file fallocated before the clock (what a store growing into new space does); gets read
+the overwrite file.
 
 ``--idle-ms N`` sleeps N ms between each contender's set and its get, off the clock: a
 server's get comes after idle time, when I/O threads have gone to sleep (where the
@@ -78,9 +77,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import hashlib
-import itertools
 import json
 import mmap
 import os
@@ -88,28 +85,27 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
-from sglang.srt.managers.cache_controller import HiCacheController  # noqa: E402
-from sglang.srt.mem_cache.hicache_storage import STORAGE_BATCH_SIZE, HiCacheStorageConfig  # noqa: E402
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: E402
-from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
-from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
 
+from hicache_l3.bench.backend_file import RawPosixBatch  # noqa: E402
 from hicache_l3.bench.runner import cpu_info, describe_cpu  # noqa: E402
-from hicache_l3.common import cpus  # noqa: E402
+from hicache_l3.common.memory import MemoryRegion  # noqa: E402
+from hicache_l3.common.pages import PointerPages  # noqa: E402
 from hicache_l3.sglang.config import extra_config_for  # noqa: E402
 from hicache_l3.slab.format import Geometry  # noqa: E402
 
+# SGLang itself is imported where it is used, so that --help runs without it (in .venv).
+BATCH = 128  # SGLang's STORAGE_BATCH_SIZE: the pages of one controller call (checked in main)
 PAGE_TOKENS = 16
 HEADS, HEAD_DIM = 4, 64  # bf16: 2 * layers * 16 * 4 * 64 * 2 B per page (64 KiB for 4 layers)
 
@@ -154,6 +150,9 @@ class Operation:
 def host_pool(pages: int, layers: int = 4) -> Any:
     """A real SGLang MHA host pool on CPU with room for ``pages`` pages (plus padding) of a
     model with ``layers`` layers (16 KiB per layer and page)."""
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+
     tokens = pages * PAGE_TOKENS
     dev = MHATokenToKVPool(size=tokens, page_size=PAGE_TOKENS, dtype=torch.bfloat16, head_num=HEADS,
                            head_dim=HEAD_DIM, layer_num=layers, device="cpu", enable_memory_saver=False,
@@ -166,8 +165,10 @@ def host_pool(pages: int, layers: int = 4) -> Any:
     return host
 
 
-def storage_config(extra: dict[str, Any]) -> HiCacheStorageConfig:
+def storage_config(extra: dict[str, Any]) -> Any:
     """The storage config SGLang's controller builds for a single-rank MHA model."""
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+
     return HiCacheStorageConfig(
         tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=False,
         enable_storage_metrics=False, is_page_first_layout=True, model_name="bench/model",
@@ -178,8 +179,8 @@ def storage_config(extra: dict[str, Any]) -> HiCacheStorageConfig:
 def batches(keys: list[str], indices: torch.Tensor) -> list[tuple[list[str], torch.Tensor]]:
     """The 128-page batches the controller sends."""
     out = []
-    for lo in range(0, len(keys), STORAGE_BATCH_SIZE):
-        ks = keys[lo : lo + STORAGE_BATCH_SIZE]
+    for lo in range(0, len(keys), BATCH):
+        ks = keys[lo : lo + BATCH]
         out.append((ks, indices[lo * PAGE_TOKENS : (lo + len(ks)) * PAGE_TOKENS]))
     return out
 
@@ -199,6 +200,8 @@ def run_one(name: str, standin: StandIn, zero_copy: bool, keys: list[str], indic
             expected: torch.Tensor, idle_s: float = 0.0) -> dict[str, float]:
     """Time set then get of every page through the controller method of this backend kind
     (``idle_s`` of sleep between them, off the clock)."""
+    from sglang.srt.managers.cache_controller import HiCacheController
+
     host = standin.storage_host_pool
     pages = page_view(host, len(keys))
     work = batches(keys, indices)
@@ -223,100 +226,41 @@ def run_one(name: str, standin: StandIn, zero_copy: bool, keys: list[str], indic
     return {"set_s": t_set, "get_s": t_get}
 
 
-# ---- raw pwritev / preadv of SGLang's own page pointers --------------------------------------
-class Iovec(ctypes.Structure):
-    """``struct iovec``."""
-
-    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
-
-
-_LIBC = ctypes.CDLL(None, use_errno=True)  # ctypes releases the GIL around every call
-for _name in ("pwritev", "preadv"):
-    getattr(_LIBC, _name).argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
-    getattr(_LIBC, _name).restype = ctypes.c_ssize_t
-
-
-class RawPosix:
-    """Raw vectored I/O of the pool pages SGLang's host pool describes, ``threads`` threads.
-
-    Before any clock: the pointer lists (``get_page_buffer_meta``), one iovec array per
-    128-page batch (split at IOV_MAX), the thread pool, and the overwrite file, fallocated and
-    fully written once. Page ``i`` lives at offset ``i * page_bytes`` of a file."""
+# ---- raw pwritev / preadv of SGLang's own page pointers ------------------------------------
+class RawContender:
+    """``raw-1t``, ``raw-2t`` or ``raw-2t-batch`` (module docstring): the bench's
+    :class:`~hicache_l3.bench.backend_file.RawPosixBatch` over the page pointers SGLang's
+    host pool gives (``get_page_buffer_meta``), one call per 128-page batch planned before
+    any clock (``raw-2t-batch``: two halves, two threads), its overwrite file written in
+    full once. Page ``i`` lives at offset ``i * page_bytes`` of a file. ``raw-2t`` deals the
+    batches round-robin to two threads of its own."""
 
     def __init__(self, work: str, host: Any, indices: torch.Tensor, pages: int, page_bytes: int,
                  threads: int, per_batch: bool = False) -> None:
         self.name = f"raw-{threads}t" + ("-batch" if per_batch else "")
-        self.threads, self.per_batch = threads, per_batch
         self.total = pages * page_bytes
         self.dir = work
         self.fresh: list[str] = []  # the fresh files written so far (kept until close)
+        self.target = RawPosixBatch(Path(work, f"{self.name}-overwrite"), self.total,
+                                    parts=threads if per_batch else 1)
+        self.target.prepare([MemoryRegion.from_tensor(host.kv_buffer)], page_bytes)
         ptrs, sizes = host.get_page_buffer_meta(indices)
-        per = len(ptrs) // pages
-        iov_max = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
-        step = max(1, min(STORAGE_BATCH_SIZE, iov_max // per))
-        self.calls: list[tuple[Any, int, int, int]] = []  # (iovec array, count, offset, bytes)
-        for lo in range(0, pages, step):
-            hi = min(pages, lo + step)
-            segs = list(zip(ptrs[lo * per : hi * per], sizes[lo * per : hi * per]))
-            arr = (Iovec * len(segs))(*(Iovec(p, n) for p, n in segs))
-            self.calls.append((arr, len(segs), lo * page_bytes, sum(n for _, n in segs)))
-        # per_batch: each batch's call cut into `threads` parts of whole pages, run at once
-        # and joined before the next batch (as a synchronous batch call must)
-        self.parts: list[list[tuple[Any, int, int, int]]] = []
-        for lo in range(0, pages, STORAGE_BATCH_SIZE):
-            hi = min(pages, lo + STORAGE_BATCH_SIZE)
-            cuts = [lo + (hi - lo) * t // threads for t in range(threads + 1)]
-            parts = []
-            for a, b in itertools.pairwise(cuts):
-                segs = list(zip(ptrs[a * per : b * per], sizes[a * per : b * per]))
-                arr = (Iovec * len(segs))(*(Iovec(p, n) for p, n in segs))
-                parts.append((arr, len(segs), a * page_bytes, sum(n for _, n in segs)))
-            self.parts.append(parts)
-        # per_batch: the caller moves one part itself, so threads - 1 helpers (no more can start)
-        self.pool = ThreadPoolExecutor(threads - 1 if per_batch else threads) if threads > 1 else None
-        self.allowed = set(os.sched_getaffinity(0))
-        self.kept_off = -1  # the CPU the pool's threads are kept off now (per_batch)
-        self.helpers: list[int] = []
-        if self.pool is not None and per_batch:  # its threads, started now (thread ids)
-            barrier = threading.Barrier(threads - 1)
-            self.helpers = sorted({f.result() for f in [
-                self.pool.submit(lambda: (barrier.wait(), threading.get_native_id())[1])
-                for _ in range(threads - 1)]})
-        self.path = os.path.join(work, f"{self.name}-overwrite")
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.posix_fallocate(self.fd, 0, self.total)
-        self._all(_LIBC.pwritev, self.fd)  # fully written: later sets overwrite, never allocate
-        os.fsync(self.fd)
+        meta = PointerPages(ptrs, sizes, len(ptrs) // pages)
+        self.plans = [self.target.plan_at(meta[lo : lo + BATCH], lo * page_bytes)
+                      for lo in range(0, pages, BATCH)]
+        self.shares = 1 if per_batch else threads  # batches in flight at once
+        self.pool = ThreadPoolExecutor(threads) if self.shares > 1 else None
 
-    def _share(self, fn: Any, fd: int, share: list[tuple[Any, int, int, int]]) -> None:
-        for arr, count, offset, nbytes in share:
-            done = fn(fd, ctypes.addressof(arr), count, offset)
-            if done != nbytes:
-                err = ctypes.get_errno()
-                raise OSError(err, f"{self.name}: {fn.__name__} moved {done} of {nbytes} bytes: "
-                                   f"{os.strerror(err) if done < 0 else 'short transfer'}")
+    def _all(self, op: str, fd: int) -> None:
+        """Every batch into or from ``fd``, in order on the caller or dealt round-robin."""
+        def share(plans: list[Any]) -> None:
+            for plan in plans:
+                self.target.move(op, fd, plan)
 
-    def _keep_helpers_off(self) -> None:
-        """The pool's threads allowed every CPU but the caller's (a syscall each only when
-        the caller's CPU changed)."""
-        cpu = cpus.current_cpu()
-        if cpu != self.kept_off and all([cpus.keep_off(tid, self.allowed, cpu) for tid in self.helpers]):
-            self.kept_off = cpu
-
-    def _all(self, fn: Any, fd: int) -> None:
         if self.pool is None:
-            self._share(fn, fd, self.calls)
+            share(self.plans)
             return
-        if self.per_batch:
-            for first, *rest in self.parts:
-                self._keep_helpers_off()
-                futures = [self.pool.submit(self._share, fn, fd, [part]) for part in rest]
-                self._share(fn, fd, [first])
-                for future in futures:
-                    future.result()
-            return
-        shares = [self.calls[t :: self.threads] for t in range(self.threads)]
-        for future in [self.pool.submit(self._share, fn, fd, sh) for sh in shares]:
+        for future in [self.pool.submit(share, self.plans[t :: self.shares]) for t in range(self.shares)]:
             future.result()
 
     def run(self, pages: torch.Tensor, expected: torch.Tensor, rep: int,
@@ -331,25 +275,25 @@ class RawPosix:
         try:
             os.posix_fallocate(fd, 0, self.total)
             t0 = time.perf_counter()
-            self._all(_LIBC.pwritev, fd)
+            self._all("set", fd)
             t_fresh = time.perf_counter() - t0
         finally:
             os.close(fd)
         t0 = time.perf_counter()
-        self._all(_LIBC.pwritev, self.fd)
+        self._all("set", self.target.fd)
         t_set = time.perf_counter() - t0
         pages.zero_()
         time.sleep(idle_s)
         t0 = time.perf_counter()
-        self._all(_LIBC.preadv, self.fd)
+        self._all("get", self.target.fd)
         t_get = time.perf_counter() - t0
         if not torch.equal(as_bytes(pages), expected):
             raise RuntimeError(f"{self.name}: bytes read back differ from the bytes written")
         return {"set_s": t_set, "set_fresh_s": t_fresh, "get_s": t_get}
 
     def close(self) -> None:
-        """Close the file and the threads, remove the fresh files."""
-        os.close(self.fd)
+        """Close the files and the threads, remove the fresh files."""
+        self.target.close()
         for path in self.fresh:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
@@ -403,6 +347,8 @@ class StageTimer:
 
 def stage_breakdown(standin: StandIn, keys: list[str], indices: torch.Tensor) -> dict[str, dict[str, float]]:
     """One set and one get pass of our path with stage timers: ms per 1024 pages per stage."""
+    from sglang.srt.managers.cache_controller import HiCacheController
+
     backend = standin.storage_backend
     connector = backend.connector
     store = connector._store_for_io()
@@ -476,8 +422,8 @@ def median_ratio(rows: list[dict[str, Any]], num: str, den: str) -> float | None
 def main() -> int:
     """Run the comparison; print tables (and a JSON line with --json)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pages", type=int, default=1024)
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--pages", type=int, default=1024, help="pages each contender sets and gets a repetition")
+    ap.add_argument("--reps", type=int, default=5, help="timed repetitions (fresh keys and bytes each)")
     ap.add_argument("--layers", type=int, default=4,
                     help="model layers: page bytes = layers x 16 KiB (4: 64 KiB, 64: 1 MiB)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed repetitions first (every contender)")
@@ -504,6 +450,11 @@ def main() -> int:
     if args.steady_state and args.warmup < 1:
         ap.error("--steady-state needs --warmup >= 1 (the warm-up fills the store to capacity)")
 
+    from sglang.srt.mem_cache.hicache_storage import STORAGE_BATCH_SIZE
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+    if STORAGE_BATCH_SIZE != BATCH:
+        raise SystemExit(f"SGLang's STORAGE_BATCH_SIZE is {STORAGE_BATCH_SIZE}, this script's BATCH {BATCH}")
     cpu = cpu_info()
     print(describe_cpu(cpu), file=sys.stderr)
     first_touch = FIRST_TOUCH_PROBE / max(touch_new_memory(FIRST_TOUCH_PROBE), 1e-9) / 1e9
@@ -539,7 +490,7 @@ def main() -> int:
     if args.no_checksum:
         nocsum = open_ours("hicache-l3-file-nocsum", checksum="none")
         contenders.append(("hicache-l3-file-nocsum", (nocsum, True)))
-    raws: list[RawPosix] = []
+    raws: list[RawContender] = []
     rows: list[dict[str, Any]] = []
     stages: dict[str, Any] = {}
     evictions: dict[str, int] = {}
@@ -547,7 +498,7 @@ def main() -> int:
     try:
         if not args.no_raw:
             for threads, per_batch in ((1, False), (2, False), (2, True)):
-                raw = RawPosix(work, host, indices, args.pages, page_bytes, threads, per_batch)
+                raw = RawContender(work, host, indices, args.pages, page_bytes, threads, per_batch)
                 raws.append(raw)
                 contenders.append((raw.name, raw))
         gb = args.pages * page_bytes / 1e9
@@ -558,7 +509,7 @@ def main() -> int:
                 os.sync()  # the previous contender's dirty pages written back off the clock
                 host.kv_buffer.view(-1).view(torch.uint8).random_(0, 256)
                 expected = as_bytes(page_view(host, args.pages))
-                if isinstance(what, RawPosix):
+                if isinstance(what, RawContender):
                     times = what.run(page_view(host, args.pages), expected, rep, args.idle_ms / 1e3)
                 else:
                     standin, zero_copy = what
@@ -594,22 +545,22 @@ def main() -> int:
         "set_vs_sglang": ("sglang-file:set_s", "hicache-l3-file:set_s"),
         "get_vs_sglang": ("sglang-file:get_s", "hicache-l3-file:get_s"),
     }
-    for raw in (r.name for r in raws):
-        pairs[f"set_vs_{raw}_fresh"] = (f"{raw}:set_fresh_s", "hicache-l3-file:set_s")
-        pairs[f"get_vs_{raw}"] = (f"{raw}:get_s", "hicache-l3-file:get_s")
+    for rn in (r.name for r in raws):
+        pairs[f"set_vs_{rn}_fresh"] = (f"{rn}:set_fresh_s", "hicache-l3-file:set_s")
+        pairs[f"get_vs_{rn}"] = (f"{rn}:get_s", "hicache-l3-file:get_s")
         if args.no_checksum:
-            pairs[f"nocsum_set_vs_{raw}_fresh"] = (f"{raw}:set_fresh_s", "hicache-l3-file-nocsum:set_s")
-            pairs[f"nocsum_get_vs_{raw}"] = (f"{raw}:get_s", "hicache-l3-file-nocsum:get_s")
+            pairs[f"nocsum_set_vs_{rn}_fresh"] = (f"{rn}:set_fresh_s", "hicache-l3-file-nocsum:set_s")
+            pairs[f"nocsum_get_vs_{rn}"] = (f"{rn}:get_s", "hicache-l3-file-nocsum:get_s")
         if args.steady_state:
-            pairs[f"steady_set_vs_{raw}_overwrite"] = (f"{raw}:set_s", "hicache-l3-file-steady:set_s")
-            pairs[f"steady_get_vs_{raw}"] = (f"{raw}:get_s", "hicache-l3-file-steady:get_s")
+            pairs[f"steady_set_vs_{rn}_overwrite"] = (f"{rn}:set_s", "hicache-l3-file-steady:set_s")
+            pairs[f"steady_get_vs_{rn}"] = (f"{rn}:get_s", "hicache-l3-file-steady:get_s")
     ratios = {key: median_ratio(rows, *pair) for key, pair in pairs.items()}
     # the spread of each ratio over the repetitions: a median near a target says little alone
     spreads = {key: [min(values), max(values)] if (values := ratio_values(rows, *pair)) else None
                for key, pair in pairs.items()}
 
     print(f"\nmedians over {args.reps} reps of {args.pages} x {page_bytes // 1024} KiB pages, "
-          f"batches of {STORAGE_BATCH_SIZE}, {describe_cpu(cpu)}", file=sys.stderr)
+          f"batches of {BATCH}, {describe_cpu(cpu)}", file=sys.stderr)
     print(f"  {'contender':<24}{'set GB/s':>10}{'fresh set':>11}{'get GB/s':>10}", file=sys.stderr)
     for name, _ in contenders:
         fresh = medians.get(f"{name}:set_fresh_s")
@@ -629,7 +580,7 @@ def main() -> int:
         print_stages(name, st)
     summary = {
         "pages": args.pages, "page_bytes": page_bytes, "reps": args.reps, "layout": "page_first",
-        "warmup": args.warmup, "batch_pages": STORAGE_BATCH_SIZE, "verified": True, "cpu": cpu,
+        "warmup": args.warmup, "batch_pages": BATCH, "verified": True, "cpu": cpu,
         "steady_state": args.steady_state, "idle_ms": args.idle_ms, "first_touch_gbps": first_touch,
         "set_ratio_median": ratios["set_vs_sglang"], "get_ratio_median": ratios["get_vs_sglang"],
         "ratios": ratios, "ratio_spreads": spreads, "median_s": medians, "evictions": evictions,
