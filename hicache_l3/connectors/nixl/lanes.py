@@ -22,18 +22,6 @@ to lane ``i`` and runs part 0 on the caller, then waits for every lane. A lane's
 sleeps on a semaphore between batches (woken in tens of microseconds, against a transfer
 of a millisecond or more: shares below :data:`SHARE_MIN_BYTES` are not split).
 
-Where a lane runs. Before it wakes the lanes, the caller keeps them off its own CPU
-(:meth:`_Lane.keep_off`, :func:`hicache_l3.common.cpus.keep_off`: the lane's affinity
-becomes the CPUs it started with but the caller's, one ``sched_setaffinity`` when the
-caller's CPU changed). Why: after an idle
-spell the scheduler woke the lane onto the caller's CPU and left it there while the other
-CPU idled, batch after batch (the same as the file connector's resident readers,
-batch_io.c ``readers_step_aside``). Measured (Intel Xeon VM, 2 cores, 64 KiB pages, 4096
-a repetition, a 0.3 s sleep before it): caller and lane on one CPU in 23-30 of 32
-batches, the caller's part 1.21-1.37 ms against 0.73-0.79 back to back, the repetition
-48-54 ms against 30-37; kept off, on one CPU in none, 33-46 ms. A lane moved off its CPU
-from its own thread after waking (tried in session 25) gained nothing.
-
 Rules a batch relies on:
 
 * ``run`` returns, or raises, only once no lane is still moving bytes of its call: an
@@ -49,7 +37,6 @@ Rules a batch relies on:
 from __future__ import annotations
 
 import bisect
-import contextlib
 import itertools
 import os
 import threading
@@ -57,7 +44,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hicache_l3.common import cpus
 from hicache_l3.connectors.nixl.base import Agent
 
 SHARE_MIN_BYTES = 2 << 20  # a get moving less than this per lane goes alone (the wake-up is ~40 us)
@@ -165,20 +151,8 @@ class _Lane:
         self.job: Callable[[Agent], None] | None = None
         self.error: BaseException | None = None
         self.ended = 0.0  # perf_counter() when its last share ended
-        self.allowed: frozenset[int] = frozenset()  # the CPUs it starts with: its creator's
-        with contextlib.suppress(OSError):
-            self.allowed = frozenset(os.sched_getaffinity(0))  # (a new thread inherits them)
-        self.kept_off = -1  # the CPU it is kept off now (-1: none)
         self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self.thread.start()
-
-    def keep_off(self, cpu: int) -> None:
-        """Let the lane run anywhere it started allowed to but on ``cpu`` (the caller's),
-        unless it is kept off that one already (:func:`~hicache_l3.common.cpus.keep_off`
-        says when nothing changes); call it while the lane is asleep (between its
-        shares)."""
-        if cpu != self.kept_off and cpus.keep_off(self.thread.native_id or 0, self.allowed, cpu):
-            self.kept_off = cpu
 
     def _serve(self) -> None:
         while True:
@@ -286,10 +260,8 @@ class Lanes:
             return False
         started: list[_Lane] = []
         own_s, start = 0.0, time.perf_counter()
-        cpu = cpus.current_cpu()
         try:
             for lane, share in zip(self._lanes, shares):
-                lane.keep_off(cpu)
                 if lane.agent.poisoned:
                     lane.agent = self._renew(lane.agent)
                     self.renewals += 1
