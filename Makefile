@@ -20,8 +20,8 @@ bench: setup
 	$(PY) -m hicache_l3.cli bench $(BENCH_ARGS)
 
 lint: setup
-	$(PY) -m ruff check hicache_l3 tests
-	$(PY) -m mypy hicache_l3
+	$(PY) -m ruff check hicache_l3 tests benchmarks
+	$(PY) -m mypy hicache_l3 benchmarks
 
 # The loopback shim (README "Security") preloaded into the test run: Mooncake's transfer
 # engine in the test process then listens on loopback too (empty when it was not built).
