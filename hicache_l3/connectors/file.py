@@ -78,12 +78,6 @@ class FileConfig(ConnectorConfig):
         "cache before it is a miss (docs/reliability.md, 'Several nodes')")
     fsync: Literal["none", "data", "always"] = setting("none", "durability policy (see docs)")
     o_direct: bool = setting(False, "move aligned pages with O_DIRECT, bypassing the page cache")
-    mapped_reads: bool = setting(
-        True, "with native_io, copy the pages of 64 KiB or more of a get that the page cache holds "
-        "straight from a shared, read-only mapping of the slab file (2 MiB-aligned: the 2 MiB "
-        "page-cache folios the sets make map whole), hashing them in the same pass, with streaming "
-        "stores (AVX2 or AVX-512F; on SGLang's path 1.2x preadv plus XXH3 for 64 KiB and 1 MiB "
-        "pages); false, smaller pages, or pages that must come from the disk: preadv")
     native_io: bool = setting(
         True, "move each share of a batch in one call of the C batch library (hicache_l3._batch_io) "
         "when it is built; false: the pure-Python path (the reference; ~2x slower on 64 KiB pages). "
@@ -156,8 +150,6 @@ class FileConnector(SlabConnector, Connector[FileConfig]):
             self.root, self.namespace, slot_bytes,
             capacity_bytes=self.capacity_bytes, slab_bytes=self.config.slab_bytes,
             fsync=self.config.fsync, direct=self.config.o_direct,
-            mapped_reads=(self.config.mapped_reads and self.config.native_io and not self.config.o_direct
-                          and not self.multi_node),  # a mapped page cannot be dropped from the cache
         )
 
     def _engine_stats(self) -> dict[str, Any]:

@@ -20,8 +20,6 @@
 #include <immintrin.h>
 #endif
 
-#include "mapped_read.h"
-
 typedef uint64_t (*xxh_one_fn)(const void *, size_t);
 typedef void *(*xxh_create_fn)(void);
 typedef int (*xxh_free_fn)(void *);
@@ -44,7 +42,15 @@ enum { HL3_OK = 0, HL3_SHORT = 1, HL3_HEADER = 2, HL3_CHECKSUM = 3, HL3_NOMEM = 
 
 #define HL3_CSUM_AT 24 /* byte offset of the checksum in a marker record (slab/format.py START) */
 #define HL3_MAX_IOV 1024
-#define HL3_FOLIO_BYTES ((int64_t)2 << 20) /* a PMD: the biggest page-cache folio */
+
+/* The bytes of n iovecs. */
+static size_t iov_bytes(const struct iovec *iov, int n)
+{
+    size_t t = 0;
+    for (int i = 0; i < n; i++)
+        t += iov[i].iov_len;
+    return t;
+}
 
 static uint64_t checksum(const struct hl3_xxh3 *x, void **state, const struct iovec *seg, int n)
 {
@@ -209,7 +215,7 @@ static int32_t read_in_pieces(int fd, int64_t off, const struct iovec *segs, int
 static void move_pages(int writing, int lo, int hi, const int32_t *fds, const int64_t *offs,
                        const struct iovec *segs, const int32_t *at, int32_t *status, int32_t from,
                        int32_t to, int64_t max_bytes, const uint64_t *csums,
-                       const struct hl3_xxh3 *x, void **state, int nowait, struct hl3_mapped_spans *spans)
+                       const struct hl3_xxh3 *x, void **state, int nowait)
 {
     int j = lo;
     while (j < hi) {
@@ -217,16 +223,8 @@ static void move_pages(int writing, int lo, int hi, const int32_t *fds, const in
             j++;
             continue;
         }
-        if (spans != NULL) {
-            /* pages the page cache holds: copied and hashed in one pass from a mapping */
-            int n = hl3_mapped_run(j, hi, fds, offs, segs, at, status, from, to, HL3_CHECKSUM, csums, spans);
-            if (n > 0) {
-                j += n;
-                continue;
-            }
-        }
         int nv = at[j + 1] - at[j];
-        int64_t end = offs[j] + (int64_t)hl3_iov_bytes(segs + at[j], nv);
+        int64_t end = offs[j] + (int64_t)iov_bytes(segs + at[j], nv);
         if (csums != NULL && csums[j] != 0 && max_bytes > 0 && end - offs[j] > max_bytes) {
             status[j] = read_in_pieces(fds[j], offs[j], segs + at[j], nv, (size_t)max_bytes, csums[j], x,
                                        state, nowait && !writing, to);
@@ -239,7 +237,7 @@ static void move_pages(int writing, int lo, int hi, const int32_t *fds, const in
             if (nv + m > HL3_MAX_IOV || (max_bytes > 0 && end - offs[j] >= max_bytes))
                 break;
             nv += m;
-            end += (int64_t)hl3_iov_bytes(segs + at[k], m);
+            end += (int64_t)iov_bytes(segs + at[k], m);
             k++;
         }
         ssize_t r;
@@ -263,7 +261,7 @@ static void move_pages(int writing, int lo, int hi, const int32_t *fds, const in
         } else {
             for (int i = j; i < k; i++) {
                 int m = at[i + 1] - at[i];
-                size_t want = hl3_iov_bytes(segs + at[i], m);
+                size_t want = iov_bytes(segs + at[i], m);
                 r = k - j == 1 ? r : transfer(writing, fds[i], segs + at[i], m, offs[i]);
                 status[i] = r < 0 ? (int32_t)r : (size_t)r == want ? to : HL3_SHORT;
             }
@@ -307,21 +305,16 @@ static int count_bad(int lo, int hi, const int32_t *status)
  * XXH3 of its segments equals csums[j]; HL3_HEADER when the record differs (whatever the
  * the checksum: a slot rewritten meanwhile is a miss, not corruption), HL3_CHECKSUM when only
  * the checksum does. status[j]: HL3_* or -errno; returns the number not OK. The records
- * read land in markers[(j - base) * mlen ..]. Pages copied from a mapping (mapped_read.c)
- * hold it in `spans`, for the caller's hl3_mapped_done once all its reads are over; NULL:
- * this call's own, let go before it returns. */
+ * read land in markers[(j - base) * mlen ..]. */
 static int read_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
                       const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
                       unsigned char *markers, int base, const unsigned char *expect, int64_t mlen,
-                      const uint64_t *csums, const struct hl3_xxh3 *x, int32_t *status, int nowait,
-                      struct hl3_mapped_spans *spans)
+                      const uint64_t *csums, const struct hl3_xxh3 *x, int32_t *status, int nowait)
 {
     void *state = NULL;
-    struct hl3_mapped_spans own = {0};
     check_segments(lo, hi, at, status);
     move_pages(0, lo, hi, fds, data_offs, segs, at, status, HL3_TODO, HL3_STEP, HL3_READ_RUN, csums, x,
-               &state, nowait, spans != NULL ? spans : &own);
-    hl3_mapped_done(&own);
+               &state, nowait);
     /* a page that failed its checksum still has its marker read: a marker that differs
      * (the slot was rewritten meanwhile) makes it a miss of the torn kind, not corruption */
     for (int j = lo; j < hi; j++)
@@ -349,7 +342,7 @@ int hl3_read_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
                    const uint64_t *csums, const struct hl3_xxh3 *x, int32_t *status)
 {
     return read_pages(lo, hi, fds, data_offs, marker_offs, segs, at, markers, 0, expect, mlen, csums, x,
-                      status, 0, NULL);
+                      status, 0);
 }
 
 /* hl3_read_pages of a planned get (hicache_l3/slab/plan.py: the plan's arrays and the
@@ -360,7 +353,7 @@ int hl3_read_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
 static int read_plan(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
                      const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
                      const unsigned char *expect, int64_t mlen, const uint64_t *csums,
-                     const struct hl3_xxh3 *x, int32_t *status, int nowait, struct hl3_mapped_spans *spans)
+                     const struct hl3_xxh3 *x, int32_t *status, int nowait)
 {
     if (hi <= lo)
         return 0;
@@ -371,7 +364,7 @@ static int read_plan(int lo, int hi, const int32_t *fds, const int64_t *data_off
         return hi - lo;
     }
     int bad = read_pages(lo, hi, fds, data_offs, marker_offs, segs, at, markers, lo, expect, mlen, csums,
-                         x, status, nowait, spans);
+                         x, status, nowait);
     free(markers);
     return bad;
 }
@@ -381,7 +374,7 @@ int hl3_read_plan(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
                   const unsigned char *expect, int64_t mlen, const uint64_t *csums,
                   const struct hl3_xxh3 *x, int32_t *status)
 {
-    return read_plan(lo, hi, fds, data_offs, marker_offs, segs, at, expect, mlen, csums, x, status, 0, NULL);
+    return read_plan(lo, hi, fds, data_offs, marker_offs, segs, at, expect, mlen, csums, x, status, 0);
 }
 
 /* hl3_read_plan of what the page cache holds: a page whose data would wait for the disk
@@ -393,7 +386,7 @@ int hl3_read_plan_nowait(int lo, int hi, const int32_t *fds, const int64_t *data
                          const unsigned char *expect, int64_t mlen, const uint64_t *csums,
                          const struct hl3_xxh3 *x, int32_t *status)
 {
-    return read_plan(lo, hi, fds, data_offs, marker_offs, segs, at, expect, mlen, csums, x, status, 1, NULL);
+    return read_plan(lo, hi, fds, data_offs, marker_offs, segs, at, expect, mlen, csums, x, status, 1);
 }
 
 /* Pages lo..hi-1 of a write batch (slab format 2): where with_csum, the XXH3 of page j's
@@ -408,7 +401,7 @@ int hl3_write_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs
                     unsigned char *markers, int64_t mlen, int with_csum, uint64_t *csums,
                     const struct hl3_xxh3 *x, int32_t *status)
 {
-    if (with_csum && hi - lo > 1 && hl3_iov_bytes(segs + at[lo], at[lo + 1] - at[lo]) > HL3_READ_RUN) {
+    if (with_csum && hi - lo > 1 && iov_bytes(segs + at[lo], at[lo + 1] - at[lo]) > HL3_READ_RUN) {
         /* pages bigger than one coalesced read: one at a time, each hashed, then its record
          * and its data written while it is still in cache (measured, 1 MiB pages: 4.6
          * against 4.0 GB/s for every page of a 16 MiB share hashed first) */
@@ -438,7 +431,7 @@ int hl3_write_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs
     if (state != NULL)
         x->free_state(state);
     move_markers(1, lo, hi, fds, marker_offs, markers, 0, mlen, status, HL3_TODO, HL3_STEP);
-    move_pages(1, lo, hi, fds, data_offs, segs, at, status, HL3_STEP, HL3_OK, 0, NULL, x, NULL, 0, NULL);
+    move_pages(1, lo, hi, fds, data_offs, segs, at, status, HL3_STEP, HL3_OK, 0, NULL, x, NULL, 0);
     return count_bad(lo, hi, status);
 }
 
@@ -469,31 +462,12 @@ struct hl3_share {
 
 #define HL3_NO_MORE_CHUNKS (INT64_MAX / 2)
 
-/* The first page index j in [x, x + window) (and below n) whose data offset offs[j] is a
- * multiple of HL3_FOLIO_BYTES; x itself where there is none, or x is 0 or n. A write's
- * chunks are cut there (share_claim): the kernel gives a write a 2 MiB page-cache folio
- * only where one call covers the whole aligned 2 MiB, and a mapped read (mapped_read.c)
- * then maps it with one entry. Monotonic in x (for a fixed window): the cuts of
- * consecutive chunks never cross, so the chunks still partition the batch. */
-int64_t hl3_folio_cut(const int64_t *offs, int64_t n, int64_t x, int64_t window)
-{
-    if (offs == NULL || x <= 0 || x >= n)
-        return x;
-    int64_t end = window < n - x ? x + window : n;
-    for (int64_t j = x; j < end; j++)
-        if (offs[j] % HL3_FOLIO_BYTES == 0)
-            return j;
-    return x;
-}
-
-/* The next chunk [*lo, *hi) of s (0 when none is left; it may be empty where folio cuts
- * meet). Fixed chunks are handed out from the two halves of the batch in turn (0, h, 1,
- * h + 1, ... for h the chunks of the first half): a set's slots lie in two slab files, one
- * per half (slab/clock.py Clocks), and the kernel serialises writes to one file, so two
- * threads that take chunks in batch order would wait for each other. With `cuts` (a
- * write's data offsets), a fixed chunk's bounds move to the folio boundaries hl3_folio_cut
- * finds within a chunk after them. */
-static int share_claim(struct hl3_share *s, int *lo, int *hi, const int64_t *cuts)
+/* The next chunk [*lo, *hi) of s (0 when none is left). Fixed chunks are handed out from
+ * the two halves of the batch in turn (0, h, 1, h + 1, ... for h the chunks of the first
+ * half): a set's slots lie in two slab files, one per half (slab/clock.py Clocks), and the
+ * kernel serialises writes to one file, so two threads that take chunks in batch order
+ * would wait for each other. */
+static int share_claim(struct hl3_share *s, int *lo, int *hi)
 {
     int64_t a = __atomic_load_n(&s->next, __ATOMIC_ACQUIRE);
     int64_t least = s->chunk < 1 ? 1 : s->chunk, parts = s->parts;
@@ -506,8 +480,8 @@ static int share_claim(struct hl3_share *s, int *lo, int *hi, const int64_t *cut
             int64_t chunks = (s->n + least - 1) / least, c = a / least, half = (chunks + 1) / 2;
             int64_t b = c % 2 == 0 ? c / 2 : half + c / 2;
             int64_t end = (b + 1) * least;
-            *lo = (int)hl3_folio_cut(cuts, s->n, b * least, least);
-            *hi = (int)hl3_folio_cut(cuts, s->n, end < s->n ? end : s->n, least);
+            *lo = (int)(b * least);
+            *hi = (int)(end < s->n ? end : s->n);
             return 1;
         }
         int64_t left = s->n - a, size = left / parts;
@@ -576,14 +550,10 @@ int hl3_share_read_plan(struct hl3_share *s, int64_t wait_ns, int nowait, const 
                         const struct hl3_xxh3 *x, int32_t *status)
 {
     int lo, hi;
-    /* the page-table entries of every chunk this thread copied from a mapping are dropped
-     * once, after its last chunk: each drop costs the other core a TLB flush */
-    struct hl3_mapped_spans spans = {0};
-    while (share_claim(s, &lo, &hi, NULL)) {
-        read_plan(lo, hi, fds, data_offs, marker_offs, segs, at, expect, mlen, csums, x, status, nowait, &spans);
+    while (share_claim(s, &lo, &hi)) {
+        read_plan(lo, hi, fds, data_offs, marker_offs, segs, at, expect, mlen, csums, x, status, nowait);
         share_done(s, lo, hi);
     }
-    hl3_mapped_done(&spans);
     return share_wait(s, wait_ns);
 }
 
@@ -595,7 +565,7 @@ int hl3_share_write_pages(struct hl3_share *s, int64_t wait_ns, const int32_t *f
                           const struct hl3_xxh3 *x, int32_t *status)
 {
     int lo, hi;
-    while (share_claim(s, &lo, &hi, data_offs)) {
+    while (share_claim(s, &lo, &hi)) {
         hl3_write_pages(lo, hi, fds, data_offs, marker_offs, segs, at, markers, mlen, with_csum, csums, x,
                         status);
         share_done(s, lo, hi);

@@ -11,7 +11,6 @@ import contextlib
 import os
 import stat
 from pathlib import Path
-from typing import Protocol
 
 DIR_MODE, FILE_MODE = 0o700, 0o600
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
@@ -72,31 +71,18 @@ def slab_file_name(slab: int, packed: bool = False) -> str:
     return f"slab-{slab:06d}.packed.dat" if packed else f"slab-{slab:06d}.dat"
 
 
-class FileMapper(Protocol):
-    """What maps slab files for reads (the C batch library,
-    :class:`~hicache_l3.slab.native.BatchIO`): ``map_fd`` once a descriptor is open,
-    ``unmap_fd`` before it closes."""
-
-    def map_fd(self, fd: int) -> int: ...
-
-    def unmap_fd(self, fd: int) -> None: ...
-
-
 class SlabFiles:
     """Open descriptors on slab files, cached per ``(writer, slab, direct)``.
 
     Not thread-safe by itself: the store calls it under its lock. Descriptors that other
     threads may still use are *retired* (closed at :meth:`close`), never closed early: a
     closed number can be reused by another open, and a late read would hit that file.
-    With a ``mapper``, every buffered descriptor's file is also mapped for reads
-    (native/mapped_read.c), and unmapped before the descriptor closes, for the same reason.
     """
 
-    def __init__(self, writers_dir: Path, packed: bool = False, mapper: FileMapper | None = None) -> None:
+    def __init__(self, writers_dir: Path, packed: bool = False) -> None:
         self.writers_dir = writers_dir
         self.packed = packed  # the namespace's slots are packed: its slabs' names say so
         self.owner: int | None = None  # the writer whose slabs open read-write
-        self.mapper = mapper
         self._fds: dict[tuple[int, int, bool], int] = {}
         self._retired: list[int] = []
 
@@ -113,8 +99,6 @@ class SlabFiles:
                 flags |= os.O_DIRECT
             fd = open_file(self.path(writer, slab), flags)
             self._fds[(writer, slab, direct)] = fd
-            if self.mapper is not None and not direct:
-                self.mapper.map_fd(fd)  # refused (-errno): its pages are read with preadv
         return fd
 
     def create(self, writer: int, slab: int, size: int) -> int:
@@ -129,8 +113,6 @@ class SlabFiles:
         if old is not None:
             self._retired.append(old)
         self._fds[(writer, slab, False)] = fd
-        if self.mapper is not None:
-            self.mapper.map_fd(fd)  # (after the size is set: a mapping covers what it was)
         return fd
 
     def retire_writer(self, writer: int) -> None:
@@ -145,7 +127,5 @@ class SlabFiles:
         self._fds.clear()
         self._retired.clear()
         for fd in fds:
-            if self.mapper is not None:
-                self.mapper.unmap_fd(fd)
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -302,8 +302,7 @@ class NativeTransport(SlotTransport):
         checksum = batch.checksum
         _run_batch(lib, self._write_pool, len(pb), batch.geometry.slot_bytes,
                    lambda share, ns: lib.share_write(share, pb, ns, checksum),
-                   lambda lo, hi: lib.write(pb, lo, hi, checksum), guided=False,
-                   least_bytes=WRITE_CHUNK_BYTES)
+                   lambda lo, hi: lib.write(pb, lo, hi, checksum), guided=False)
         batch.status, batch.checksums = pb.status, pb.checksums
 
     def read(self, store: SlabStore, batch: ReadBatch) -> None:
@@ -411,27 +410,18 @@ def _pages_per_call(pool: BatchPool, n: int, nbytes: int) -> int:
 
 
 SHARE_MIN_CHUNK_BYTES = 256 << 10  # (native/batch_io.c HL3_READ_RUN: one coalesced read)
-# A shared write's chunks hold 2 MiB or more, cut by the C share at 2 MiB-aligned file
-# offsets (hl3_folio_cut): a call that covers an aligned 2 MiB of a slab gets the page cache
-# a 2 MiB folio there, which a mapped read maps with one page-table entry (mapped_read.c).
-# With 1 MiB chunks no call covered one: 64 KiB gets on SGLang's path were 0.82 of raw-2t
-# with mapped reads, 0.89-0.92 with the folios (docs/benchmarks.md, session 18).
-WRITE_CHUNK_BYTES = 2 << 20
 SHARE_WAIT_MIN_NS, SHARE_WAIT_MAX_NS = 50_000, 2_000_000
 
 
 def _run_batch(lib: native.BatchIO, pool: BatchPool, n: int, page_bytes: int,
                drain: Callable[[native.Share, int], bool], call: Callable[[int, int], object],
-               guided: bool, least_bytes: int = 0) -> None:
+               guided: bool) -> None:
     """An ``n``-page native batch of ``page_bytes`` pages on ``pool``: one call on the
     caller's thread where :func:`_pages_per_call` says so; else shared by the threads,
     claimed and joined in C (``drain(share, wait_ns)``: :meth:`BatchPool.run_shared`;
-    chunks ``guided`` or of ~1/8 of the batch and, in a batch of two such or more, at least
-    ``least_bytes``), or, with a library without those calls, chunks claimed in Python
-    (``call(lo, hi)``: :meth:`BatchPool.run_chunks`)."""
+    chunks ``guided`` or of ~1/8 of the batch), or, with a library without those calls,
+    chunks claimed in Python (``call(lo, hi)``: :meth:`BatchPool.run_chunks`)."""
     chunk = _pages_per_call(pool, n, n * page_bytes)
-    if least_bytes and chunk < n and n * page_bytes >= 2 * least_bytes:  # still two chunks or more
-        chunk = max(chunk, -(-least_bytes // page_bytes))
     if chunk < n and lib.shares:
         share, wait = _share(pool, n, page_bytes, 0 if guided else chunk)
         pool.run_shared(lambda ns: drain(share, ns), lambda: lib.share_stop(share),

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import array
 import ctypes
-import errno
 import functools
 import importlib.util
 import os
@@ -283,97 +282,11 @@ class BatchIO:
             write.argtypes = [_vp, _i64, *[_vp] * 6, _i64, _i32, _vp, _vp, _vp]
             stop.restype, stop.argtypes = None, [_vp]
             self._share_read_plan, self._share_write, self._share_stop = read, write, stop
-        # reads from a shared mapping of the slab files (mapped_read.c; absent from an older build)
-        self._map_fd = self._unmap_fd = self._variant = self._mapped_stats = self._copy = None
-        self._residency = None
-        mapped = ("hl3_map_fd", "hl3_unmap_fd", "hl3_mapped_variant", "hl3_mapped_stats", "hl3_xxh3_copy",
-                  "hl3_mapped_residency")
-        if all(hasattr(lib, name) for name in mapped):
-            map_fd, unmap_fd, variant, stats, copy, residency = (getattr(lib, name) for name in mapped)
-            map_fd.restype, map_fd.argtypes = ctypes.c_int, [ctypes.c_int]
-            unmap_fd.restype, unmap_fd.argtypes = None, [ctypes.c_int]
-            variant.restype, variant.argtypes = ctypes.c_int, [ctypes.c_int]
-            residency.restype, residency.argtypes = ctypes.c_int, [ctypes.c_int]
-            self._residency = residency
-            stats.restype, stats.argtypes = None, [_vp]
-            copy.restype = ctypes.c_uint64
-            copy.argtypes = [_vp, ctypes.c_size_t, _vp, ctypes.c_int, ctypes.c_int, _vp]
-            self._map_fd, self._unmap_fd, self._variant, self._mapped_stats, self._copy = (
-                map_fd, unmap_fd, variant, stats, copy)
-        self._folio_cut = getattr(lib, "hl3_folio_cut", None)  # absent from an older build
-        if self._folio_cut is not None:
-            self._folio_cut.restype, self._folio_cut.argtypes = _i64, [_vp, _i64, _i64, _i64]
         self._markers = lib.hl3_markers
         self._markers.restype = ctypes.c_int
         self._markers.argtypes = [_i32, _i32, _i32, _vp, _vp, _vp, _vp, _i64, _vp]
         self._xxh3 = xxh3_entry_points()
         self._xxh3_at = ctypes.addressof(self._xxh3)
-
-    def maps(self) -> bool:
-        """True when reads can be served from mapped slab files (:meth:`map_fd`): the build
-        has the calls and the CPU AVX2 or AVX-512F."""
-        return self._variant is not None and self._variant(-1) != 0
-
-    def mapped_variant(self, want: int = -1) -> int:
-        """The vector width of mapped reads: 3 AVX-512F, 2 AVX2, 0 none (off). ``want``
-        0, 2 or 3 sets it first (process-wide; never to one the CPU lacks): tests run
-        AVX2 on an AVX-512 CPU, 0 turns mapped reads off."""
-        return 0 if self._variant is None else int(self._variant(want))
-
-    def mapped_residency(self, want: int = -1) -> int:
-        """How a mapped read checks that its pages are in the page cache: 1 ``cachestat``
-        (Linux 6.5+), 0 ``mincore`` (older kernels, or a seccomp filter refusing
-        ``cachestat``). ``want`` 0 or 1 sets it first (process-wide; tests check both
-        paths; 1 on a kernel that refuses it falls back to 0 at the next read)."""
-        return 0 if self._residency is None else int(self._residency(want))
-
-    def map_fd(self, fd: int) -> int:
-        """Map ``fd``'s regular file for reads (read-only, shared): 0, 1 when there is
-        nothing to map (empty, or already mapped), or ``-errno``. Reads of pages the page
-        cache holds are then copied and hashed from the mapping in one pass; unmap it with
-        :meth:`unmap_fd` **before** ``fd`` closes (its number may be reused)."""
-        if self._map_fd is None:
-            return -errno.ENOTSUP
-        return int(self._map_fd(fd))
-
-    def unmap_fd(self, fd: int) -> None:
-        """Remove ``fd``'s mapping, waiting (up to a second) for copies in flight; no-op
-        without one."""
-        if self._unmap_fd is not None:
-            self._unmap_fd(fd)
-
-    def mapped_stats(self) -> dict[str, int]:
-        """Process-wide counters of mapped reads: pages copied, runs left to preadv (not in
-        the page cache), SIGBUS recoveries (a file shrunk under a copy), mappings kept at
-        unmap (a copy still running)."""
-        out = (ctypes.c_int64 * 4)()
-        if self._mapped_stats is not None:
-            self._mapped_stats(out)
-        return dict(zip(("mapped_pages", "mapped_not_resident", "mapped_sigbus", "mapped_kept"), out))
-
-    def copy_and_hash(self, src: int, length: int, segments: Sequence[tuple[int, int]],
-                      hashing: bool) -> int | None:
-        """Copy ``length`` bytes at address ``src`` into ``segments`` (``(address, length)``
-        pairs adding up to ``length``) the way mapped reads do, under their SIGBUS guard;
-        their XXH3-64 when ``hashing`` (never 0), else 0; None when ``src`` could not be
-        read (SIGBUS: a mapped file shrunk under it). Copies nothing and returns 0 for 240
-        bytes or less, or without a vector variant. For tests."""
-        if self._copy is None:
-            return 0
-        flat = array.array("Q", chain.from_iterable(segments))
-        faulted = ctypes.c_int(0)
-        value = int(self._copy(src, length, flat.buffer_info()[0], len(segments), int(hashing),
-                               ctypes.byref(faulted)))
-        return None if faulted.value else value
-
-    def folio_cut(self, offsets: array.array[int], x: int, window: int) -> int | None:
-        """``hl3_folio_cut``: where a shared write's chunk bound ``x`` moves to, for a
-        batch of pages at data ``offsets`` (``array('q')``): the first page in ``[x, x +
-        window)`` whose offset is 2 MiB-aligned, else ``x``. None without the call. For
-        tests."""
-        if self._folio_cut is None:
-            return None
-        return int(self._folio_cut(offsets.buffer_info()[0] if offsets else None, len(offsets), x, window))
 
     def read(self, batch: PageBatch, lo: int, hi: int) -> int:
         """Read pages ``lo..hi-1`` of a read batch (data, then marker records, then the

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from itertools import repeat
 from operator import itemgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
@@ -57,9 +57,6 @@ from hicache_l3.slab.records import encode_put_values, key_digests
 from hicache_l3.slab.slots import SlotColumns
 from hicache_l3.slab.table import Digests, digest, digests, live_put_spans
 
-if TYPE_CHECKING:
-    from hicache_l3.slab.native import BatchIO
-
 log = logging.getLogger("hicache_l3.slab")
 _new_slot = functools.partial(tuple.__new__, Slot)
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)  # of a (slab, slot) pair
@@ -75,14 +72,6 @@ def split_min_slots(stride: int) -> int:
     victims from two slab files (:class:`~hicache_l3.slab.clock.Clocks`): SPLIT_MIN_BYTES
     of them and SPLIT_MIN_SLOTS at least (small stores keep one least-recently-used order)."""
     return max(SPLIT_MIN_SLOTS, -(-SPLIT_MIN_BYTES // stride))
-
-
-def _mapper() -> BatchIO | None:
-    """The C batch library where it can serve reads from mapped slab files, else None."""
-    from hicache_l3.slab.native import library  # loads the library: never at import
-
-    lib = library()
-    return lib if lib is not None and lib.maps() else None
 
 
 def _highest_slots(slabs: array.array[int], slots: array.array[int],
@@ -139,9 +128,7 @@ class SlabStore:
     (:class:`~hicache_l3.slab.clock.Clocks`): the kernel serialises writes to one file,
     not to two. ``fsync`` is ``"none"``
     (page cache only), ``"data"`` (slabs synced before index records are published) or
-    ``"always"`` (the index log synced too). ``mapped_reads``: reads of pages the page cache
-    holds are copied and hashed in one pass from mapped slab files where the C batch
-    library can (native/mapped_read.c), else with preadv.
+    ``"always"`` (the index log synced too).
     """
 
     # other processes' changes learnt through the namespace's change file (slab/changes.py):
@@ -158,7 +145,6 @@ class SlabStore:
         slab_bytes: int = 256 << 20,
         fsync: str = "none",
         direct: bool = False,
-        mapped_reads: bool = False,
     ) -> None:
         if fsync not in ("none", "data", "always"):
             raise ConfigError(f"fsync must be 'none', 'data' or 'always', got {fsync!r}")
@@ -177,8 +163,7 @@ class SlabStore:
             half = -(-self.max_slots // 2)
             self.slots_per_slab = min(self.slots_per_slab,
                                       half if half >= self.split_min_slots else self.max_slots)
-        self._mapper = _mapper() if mapped_reads else None
-        self.files = SlabFiles(self.writers_dir, self.geometry.packed, self._mapper)
+        self.files = SlabFiles(self.writers_dir, self.geometry.packed)
         self.index = SlabIndex(self.writers_dir, self.files, self._index_capacity())
         self.index.on_free = self._release
         self._lock = self.index.lock
@@ -857,8 +842,6 @@ class SlabStore:
                 "index_checkpoint_pages": self.index.checkpoint_pages,
                 "index_replayed_records": self.index.replayed,
                 **self.index.memory(),
-                "mapped_reads": self._mapper is not None,
-                **(self._mapper.mapped_stats() if self._mapper is not None else {}),  # process-wide
             }
 
     def close(self) -> None:

@@ -14,8 +14,6 @@ import threading
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from hicache_l3 import Namespace, open_connector
 from hicache_l3.common.integrity import page_checksum
@@ -364,61 +362,3 @@ def test_a_shared_write_writes_what_one_call_writes(native: batch_io.BatchIO, bu
         assert (tmp_path / "shared").read_bytes() == (tmp_path / "one").read_bytes()
     with pytest.raises(ValueError, match="share"):
         native.share_write(batch_io.Share(n + 1, 1), w, 0, True)
-
-
-FOLIO = 2 << 20  # native/batch_io.c HL3_FOLIO_BYTES
-
-
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(steps=st.lists(st.sampled_from([4096, 64 << 10, 1 << 20, 3 << 20]), min_size=1, max_size=80),
-       start=st.sampled_from([0, 64 << 10, FOLIO - 4096, FOLIO]), chunk=st.integers(1, 40))
-def test_folio_cuts_partition_a_write_at_2_mib_boundaries(native: batch_io.BatchIO, steps: list[int],
-                                                          start: int, chunk: int) -> None:
-    """hl3_folio_cut, where a shared write's fixed chunks are cut: consecutive bounds never
-    cross (the chunks still cover every page once), and each bound moves to the first
-    page within a chunk of it whose data offset is 2 MiB-aligned, or stays where there is
-    none (the kernel gives a 2 MiB folio only to a write that covers the aligned 2 MiB)."""
-    offsets = array.array("q", [start + sum(steps[:j]) for j in range(len(steps))])
-    n = len(offsets)
-    bounds = [native.folio_cut(offsets, min(k * chunk, n), chunk) for k in range(-(-n // chunk) + 1)]
-    assert bounds[0] == 0 and bounds[-1] == n
-    assert bounds == sorted(bounds)
-    for k, b in enumerate(bounds[1:-1], 1):
-        x = k * chunk
-        aligned = [j for j in range(x, min(n, x + chunk)) if offsets[j] % FOLIO == 0]
-        assert b == (aligned[0] if aligned else x)
-
-
-@pytest.mark.parametrize("threads, chunk", [(2, 1), (2, 3), (3, 5)])
-def test_a_shared_write_cut_at_folios_writes_what_one_call_writes(native: batch_io.BatchIO, tmp_path: Path,
-                                                                  threads: int, chunk: int) -> None:
-    """A shared write whose pages lie 512 KiB apart (every fourth 2 MiB-aligned: its chunks
-    are cut there) writes the same file as one call, and returns once every page is
-    written."""
-    n = 24
-    src = HostBuffer(n * 4096)
-    src.view()[:] = os.urandom(n * 4096)
-    pages: list[Page] = [((src.address + j * 4096, 4096),) for j in range(n)]
-    offsets = [(1 << 20) + j * (512 << 10) for j in range(n)]
-    records = [encode_marker(j + 1, 4096, 0, bytes([j]) * 16) for j in range(n)]
-    files = []
-    for name, shared in (("one", False), ("shared", True)):
-        path = tmp_path / name
-        with open(path, "w+b") as f:
-            w = PageBatch(MR, [f.fileno()] * n, offsets, [j * MR for j in range(n)], pages, records,
-                          writing=True)
-            if not shared:
-                assert native.write(w, 0, n, True) == 0
-            else:
-                share = batch_io.Share(n, chunk)
-                others = [threading.Thread(target=native.share_write, args=(share, w, 0, True))
-                          for _ in range(threads - 1)]
-                for t in others:
-                    t.start()
-                assert native.share_write(share, w, 5_000_000_000, True)
-                assert share.done == n
-                for t in others:
-                    t.join()
-            assert list(w.status) == [batch_io.OK] * n
-        files.append(path.read_bytes())
-    assert files[0] == files[1]
