@@ -25,7 +25,7 @@ lint: setup
 
 # The loopback shim (README "Security") preloaded into the test run: Mooncake's transfer
 # engine in the test process then listens on loopback too (empty when it was not built).
-SHIM = $$($(PY) -c 'from hicache_l3.common.loopback import SHIM; print(SHIM or "")')
+SHIM = $$($(PY) -c 'from hicache_l3.engines.loopback import SHIM; print(SHIM or "")')
 
 # The suite with local engines, then again with engines as containers (docker/README.md).
 test: lint setup-sglang

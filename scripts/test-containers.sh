@@ -15,9 +15,9 @@ export "$(bash scripts/dockerd.sh start "$dir")"
 export TESTCONTAINERS_RYUK_DISABLED=true
 
 echo "containers: base image $(bash docker/base.sh) ($(( $(date +%s) - started ))s)"
-"$PY" -m hicache_l3.engines_containers build
+"$PY" -m hicache_l3.engines.containers build
 echo "containers: images ready ($(( $(date +%s) - started ))s)"
 # The loopback shim in the test process too, as for the local run (Makefile; empty if unbuilt).
-shim=$("$PY" -c 'from hicache_l3.common.loopback import SHIM; print(SHIM or "")')
+shim=$("$PY" -c 'from hicache_l3.engines.loopback import SHIM; print(SHIM or "")')
 LD_PRELOAD="$shim" "$PY" -m pytest -q -p no:randomly -rs --engines=containers \
   tests/conformance/test_mooncake.py tests/conformance/test_nixl_obj.py tests/containers "$@"

@@ -36,7 +36,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def engine_launcher(config: pytest.Config, name: str) -> Any:
     """The launcher class of engine ``name`` (``mooncake``, ``s3``, ...) in the session's
     ``--engines`` mode; call it with the engine's usual arguments."""
-    from hicache_l3.engines_containers import engine_class
+    from hicache_l3.engines.containers import engine_class
 
     return engine_class(name, str(config.getoption("engines", "local")))
 
@@ -47,7 +47,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome = yield
     report = outcome.get_result()
     if report.failed and item.config.getoption("engines", "local") == "containers":
-        from hicache_l3.engines_containers import LIVE
+        from hicache_l3.engines.containers import LIVE
 
         for managed in list(LIVE):
             report.sections.append((f"container {managed.name} logs", managed.logs()))
@@ -56,7 +56,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     """Container mode: list the containers this session started (all removed by now)."""
     if config.getoption("engines", "local") == "containers":
-        from hicache_l3.engines_containers import STARTED
+        from hicache_l3.engines.containers import STARTED
 
         terminalreporter.section(f"containers started: {len(STARTED)}")
         for name, image, short_id in STARTED:
@@ -66,6 +66,6 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Container mode: remove every container of this session still present."""
     if session.config.getoption("engines", "local") == "containers":
-        from hicache_l3.engines_containers import remove_all
+        from hicache_l3.engines.containers import remove_all
 
         remove_all()

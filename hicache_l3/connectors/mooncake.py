@@ -34,9 +34,9 @@ the transfer engine starts, so that the client advertises loopback. What Mooncak
 to all interfaces whatever is configured: the master's embedded HTTP metadata server
 (0.0.0.0; it ignores ``--http_metadata_server_host``) and each client's transfer engine
 (handshake port on 0.0.0.0, TCP data port on ``[::]``, ports in 12000-17999). The engine
-launcher preloads the loopback shim (:mod:`hicache_l3.common.loopback`) into the
+launcher preloads the loopback shim (:mod:`hicache_l3.engines.loopback`) into the
 processes it starts, which keeps all of these on loopback (without the shim it serves the
-metadata from :mod:`hicache_l3.metadata_server` on loopback); a connector's own process is
+metadata from :mod:`hicache_l3.engines.mooncake_metadata` on loopback); a connector's own process is
 covered only when it was started with the shim. README "Security" has the
 operator's remedies; ``tests/mooncake/test_mooncake_exposure.py`` checks every socket.
 

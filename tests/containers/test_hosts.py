@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from hicache_l3.engines import free_port
-from hicache_l3.engines_containers import (
+from hicache_l3.engines.containers import (
     LoopbackHttpWait,
     ManagedContainer,
     MooncakeContainers,

@@ -21,10 +21,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-try:  # the engine launchers move from conformance/ to the package top (DESIGN.md)
-    from hicache_l3.engines import ManagedProcess, free_port  # type: ignore[import-not-found]
-except ImportError:
-    from hicache_l3.conformance.engines import ManagedProcess, free_port
+from hicache_l3.engines import ManagedProcess, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SGLANG_PY = REPO / ".venv-sglang" / "bin" / "python"

@@ -253,8 +253,7 @@ def test_mooncake(scenario: Any, workdir: Path) -> None:
     the servers hold no segment, so the pages written by the first live in the holder and
     the second server reads them. The servers run with the loopback shim preloaded, so their
     transfer engines listen on 127.0.0.1 only."""
-    from hicache_l3.common import loopback
-    from hicache_l3.engines import MooncakeEngine
+    from hicache_l3.engines import MooncakeEngine, loopback
 
     with MooncakeEngine(holder=True, segment_size="512 MB") as engine:
         sets = {key: str(value) for key, value in engine.settings.items()}

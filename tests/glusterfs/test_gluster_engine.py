@@ -48,7 +48,8 @@ from typing import Any
 import pytest
 
 from hicache_l3.conformance.sockets import LOOPBACK, listening
-from hicache_l3.engines import GLUSTERD_PORT, GlusterEngine
+from hicache_l3.engines import GlusterEngine
+from hicache_l3.engines.glusterfs import GLUSTERD_PORT
 
 MiB = 1 << 20
 READER = Path(__file__).with_name("gluster_reader.py")

@@ -16,11 +16,10 @@ from typing import Any
 
 import pytest
 
-from hicache_l3.common import loopback
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.registry import open_connector
 from hicache_l3.conformance.sockets import LOOPBACK, listening
-from hicache_l3.engines import MooncakeEngine
+from hicache_l3.engines import MooncakeEngine, loopback
 
 # the transfer engine's sockets that cannot be bound (see the module docstring)
 TRANSFER_ENGINE_PORTS = range(12000, 18000)

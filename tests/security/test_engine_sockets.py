@@ -4,9 +4,8 @@ tests/mooncake/test_mooncake_exposure.py."""
 
 from __future__ import annotations
 
-from hicache_l3.common import loopback
 from hicache_l3.conformance.sockets import LOOPBACK, listening
-from hicache_l3.engines import MooncakeEngine, S3Engine
+from hicache_l3.engines import MooncakeEngine, S3Engine, loopback
 
 
 def test_s3_server_listens_on_loopback_only() -> None:

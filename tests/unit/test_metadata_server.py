@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from hicache_l3.metadata_server import make_server
+from hicache_l3.engines.mooncake_metadata import make_server
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The loopback shim: an ``LD_PRELOAD`` library (``hicache_l3/native/loopback_bind.c``,
+"""The loopback shim: an ``LD_PRELOAD`` library (``hicache_l3/engines/loopback_bind.c``,
 built by pip as the optional extension ``hicache_l3._loopback_bind``) that turns a bind to
 the wildcard address (0.0.0.0, ``[::]``) into a bind to loopback.
 

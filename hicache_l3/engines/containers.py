@@ -30,7 +30,7 @@ from typing import Any
 from hicache_l3.common.errors import EngineUnavailableError
 from hicache_l3.engines import ENGINES, Engine, MooncakeEngine, S3Engine
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DOCKER_DIR = REPO / "docker"
 LABEL = "hicache-l3.session"
 SESSION = f"{os.getpid()}-{int(time.time())}"
@@ -50,7 +50,8 @@ class Image:
 
 IMAGES: dict[str, Image] = {
     "mooncake-master": Image("mooncake-master.Dockerfile", "BASE", None,
-                             ("hicache_l3/metadata_server.py", "hicache_l3/native/loopback_bind.c")),
+                             ("hicache_l3/engines/mooncake_metadata.py",
+                              "hicache_l3/engines/loopback_bind.c")),
     "mooncake-client": Image("mooncake-client.Dockerfile", "MOONCAKE_MASTER", "mooncake-master"),
     "s3": Image("s3.Dockerfile", "BASE", None),
     "runner": Image("runner.Dockerfile", "MOONCAKE_MASTER", "mooncake-master",
@@ -263,7 +264,7 @@ class MooncakeContainers(MooncakeEngine):
         holder), wait for each to answer (the holder: its segment mounted)."""
         self.metadata_container = ManagedContainer(
             build_image("mooncake-master"), "metadata_server",
-            ["/opt/hicache-l3/metadata_server.py", "--host=127.0.0.1", f"--port={self.http_port}"],
+            ["/opt/hicache-l3/mooncake_metadata.py", "--host=127.0.0.1", f"--port={self.http_port}"],
             wait=LoopbackHttpWait(f"http://127.0.0.1:{self.http_port}/health", 30.0),
             entrypoint=["python3"])
         self.start_master()
@@ -363,7 +364,7 @@ def engine_class(name: str, mode: str) -> type[Engine]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m hicache_l3.engines_containers build [NAME...]``: build the images (all by
+    """``python -m hicache_l3.engines.containers build [NAME...]``: build the images (all by
     default) and print their tags, so a run's log shows what it built and how long it took."""
     import argparse
 

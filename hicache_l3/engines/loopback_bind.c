@@ -9,7 +9,7 @@
  *                       or ::1 when the socket is IPv6-only.
  * Binds to any other address pass through unchanged. The engine launcher preloads it
  * into the processes it starts; an operator may do the same:
- *   LD_PRELOAD=$(python -c 'from hicache_l3.common.loopback import SHIM; print(SHIM)') CMD...
+ *   LD_PRELOAD=$(python -c 'from hicache_l3.engines.loopback import SHIM; print(SHIM)') CMD...
  * Built by pip as the optional extension hicache_l3._loopback_bind (no Python C API).
  */
 #define _GNU_SOURCE

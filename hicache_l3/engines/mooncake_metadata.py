@@ -12,8 +12,9 @@ master's own server binds loopback); same protocol as Mooncake's own::
     DELETE /metadata?key=K   200, 404 when absent
     GET    /health           200 "OK"
 
-Run: ``python -m hicache_l3.metadata_server --port N [--host 127.0.0.1]``. Values live in
-memory only, like the master's embedded server.
+Run: ``python -m hicache_l3.engines.mooncake_metadata --port N [--host 127.0.0.1]``.
+Values live in memory only, like the master's embedded server. Standard library only: the
+``mooncake-master`` image (``docker/``) runs this file as a script.
 """
 
 from __future__ import annotations
