@@ -48,6 +48,7 @@ from hicache_l3.common.errors import ConfigError, Reason
 from hicache_l3.common.filesystems import Mount, mount_of
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.pages import Page
+from hicache_l3.common.parallel import BatchPool
 from hicache_l3.common.safe_fs import private_root
 from hicache_l3.slab.format import Entry, Located, namespace_dir, read_namespace_file
 from hicache_l3.slab.fresh import reread
@@ -75,6 +76,7 @@ another node's write takes to reach this one (NFS writes back within 30 s; Glust
 3FS within milliseconds), so a page stored correctly is never lost here, and a page
 damaged at rest or torn by a crashed writer is dropped after it."""
 _SUSPECTS_MAX = 1 << 16  # pages tracked at once (beyond: the tracking starts again)
+FRESH_THREADS = 8  # re-reads past the page cache in flight at once (each waits on the network)
 
 
 class SlabConnector:
@@ -113,6 +115,7 @@ class SlabConnector:
         self._check_multi_node(multi_node)
         self._suspects: dict[tuple[str, Entry], float] = {}
         self._suspects_lock = threading.Lock()
+        self._fresh_pool: BatchPool | None = None
         self.capacity_bytes = capacity_bytes or shutil.disk_usage(self.root).free // 2
         self._store: SlabStore | None = None
         self._store_lock = threading.Lock()
@@ -359,8 +362,15 @@ class SlabConnector:
         if not failed:
             return {}
         entries = [read[j][1] for j in failed]
-        codes = reread(store.geometry, store.fd, self.regions.views, [keys[read[j][0]] for j in failed],
-                       [pages[read[j][0]] for j in failed], entries)
+        fkeys, fpages = [keys[read[j][0]] for j in failed], [pages[read[j][0]] for j in failed]
+        with self._suspects_lock:
+            pool = self._fresh_pool
+            if pool is None:  # threads only on a store that ever re-reads
+                pool = self._fresh_pool = BatchPool(FRESH_THREADS, "hicache-fresh")
+        shares = pool.map(
+            lambda lo, hi: reread(store.geometry, store.fd, self.regions.views, fkeys[lo:hi], fpages[lo:hi],
+                                  entries[lo:hi]), len(failed))
+        codes = [code for share in shares for code in share]
         self.metrics.count("fresh_rereads", len(failed))
         self.metrics.count("fresh_reread_hits", codes.count(OK))
         return dict(zip(failed, codes))
@@ -399,6 +409,9 @@ class SlabConnector:
             store.clear()
 
     def _close(self) -> None:
+        fresh_pool = getattr(self, "_fresh_pool", None)
+        if fresh_pool is not None:
+            fresh_pool.shutdown()
         self.transport.close()
         if self._store is not None:
             self._store.close()
