@@ -5,7 +5,8 @@ Images are built locally (no registry can be reached): ``docker/base.sh`` makes 
 Debian base, then each image of :data:`IMAGES` is built ``--network host`` and tagged
 ``hicache-l3/NAME:HASH``, HASH covering its Dockerfile, its parent's tag and the checkout
 files it copies, so an image is built once per content and reused by every later call of
-the run. Needs a checkout (``docker/`` beside ``hicache_l3/``), not an installed wheel.
+the run. Needs a checkout (``docker/`` beside ``hicache_l3/``): from an installed wheel
+every launcher here raises EngineUnavailableError saying so (:func:`docker_dir`).
 Containers use host networking and the same 127.0.0.1 ports as the local launchers, so
 connector settings and tests' backdoors are unchanged.
 
@@ -30,8 +31,8 @@ from typing import Any
 from hicache_l3.common.errors import EngineUnavailableError
 from hicache_l3.engines import ENGINES, Engine, MooncakeEngine, S3Engine
 
+# The checkout's root when this package runs from one (``docker/`` is looked for there).
 REPO = Path(__file__).resolve().parents[2]
-DOCKER_DIR = REPO / "docker"
 LABEL = "hicache-l3.session"
 SESSION = f"{os.getpid()}-{int(time.time())}"
 
@@ -59,6 +60,18 @@ IMAGES: dict[str, Image] = {
 }
 _built: dict[str, str] = {}
 _clients: dict[str, Any] = {}
+
+
+def docker_dir() -> Path:
+    """The checkout's ``docker/`` directory; EngineUnavailableError when this package does
+    not run from a checkout (an installed wheel has no ``docker/``, and the ``docker`` next to
+    an installed package is the Docker SDK's, hence the check for ``docker/base.sh``)."""
+    path = REPO / "docker"
+    if not (path / "base.sh").is_file():
+        raise EngineUnavailableError(
+            f"container engines need a checkout of hicache-l3 ({path / 'base.sh'} not found next "
+            "to the package); run from the repository or use --engines=local")
+    return path
 
 
 def _docker() -> Any:
@@ -94,7 +107,7 @@ def _sources_digest(sources: tuple[str, ...]) -> bytes:
 def base_image() -> str:
     """The debootstrap base (``docker/base.sh``, cached by its own hash)."""
     if "base" not in _built:
-        done = subprocess.run(["bash", str(DOCKER_DIR / "base.sh")], capture_output=True, text=True,
+        done = subprocess.run(["bash", str(docker_dir() / "base.sh")], capture_output=True, text=True,
                               check=False)
         if done.returncode != 0:
             raise EngineUnavailableError(f"docker/base.sh failed:\n{done.stderr[-3000:]}")
@@ -108,11 +121,10 @@ def build_image(name: str) -> str:
     if name in _built:
         return _built[name]
     spec = IMAGES[name]
-    if not (DOCKER_DIR / spec.dockerfile).is_file():
-        raise EngineUnavailableError(f"container engines need a checkout of hicache-l3: "
-                                     f"{DOCKER_DIR / spec.dockerfile} not found")
+    dockerfile = docker_dir() / spec.dockerfile
+    if not dockerfile.is_file():
+        raise EngineUnavailableError(f"{dockerfile} not found: the checkout lacks image {name!r}")
     parent = base_image() if spec.parent is None else build_image(spec.parent)
-    dockerfile = DOCKER_DIR / spec.dockerfile
     h = hashlib.sha256(dockerfile.read_bytes() + parent.encode())
     h.update(_sources_digest(spec.sources))
     tag = f"hicache-l3/{name}:{h.hexdigest()[:16]}"
@@ -121,7 +133,7 @@ def build_image(name: str) -> str:
         client.images.get(tag)
     except Exception:
         started = time.monotonic()
-        context = REPO if spec.sources else DOCKER_DIR
+        context = REPO if spec.sources else dockerfile.parent
         try:
             client.images.build(path=str(context), dockerfile=str(dockerfile), tag=tag,
                                 buildargs={spec.parent_arg: parent}, network_mode="host",
@@ -354,12 +366,15 @@ CONTAINER_ENGINES: dict[str, type[Engine]] = {
 
 
 def engine_class(name: str, mode: str) -> type[Engine]:
-    """The launcher of engine ``name`` in ``mode`` (``local``: processes, ``containers``)."""
+    """The launcher of engine ``name`` in ``mode`` (``local``: processes, ``containers``).
+    Containers from an installed wheel: EngineUnavailableError (:func:`docker_dir`)."""
     if mode not in ("local", "containers"):
         raise ValueError(f"engines mode must be 'local' or 'containers', not {mode!r}")
     table = ENGINES if mode == "local" else CONTAINER_ENGINES
     if name not in table:
         raise ValueError(f"no {mode} launcher for engine {name!r}; choose one of {sorted(table)}")
+    if mode == "containers":
+        docker_dir()
     return table[name]
 
 
