@@ -208,7 +208,7 @@ def _measure_index_only(n: int, page_bytes: int, root: Path, settings: dict[str,
         store.refresh()
         started = time.perf_counter()
         with store.index.lock:
-            if not store.index.save_checkpoint():
+            if not store.index.checkpoints.save():
                 raise BenchError(f"store of {n:,} pages: no index checkpoint written")
         row["checkpoint_write_s"] = time.perf_counter() - started
     finally:
@@ -320,10 +320,10 @@ def _settle(conn: Any, timeout: float = SETTLE_TIMEOUT) -> float:
     store = conn._store_for_io()
     started = time.perf_counter()
     store.refresh()  # starts what the fill made due
-    while store.index.busy():
+    while store.index.checkpoints.busy():
         if time.perf_counter() - started > timeout:
             raise BenchError(f"the index's background work did not end within {timeout:g} s")
-        store.index.wait_checkpoint(1.0)
+        store.index.checkpoints.wait(1.0)
         store.refresh()  # adopts what ended (a long journal: caught up off the lock first)
     return time.perf_counter() - started
 

@@ -1,79 +1,46 @@
-"""The index reader every process of a namespace runs: it tails every writer's
-``index.log`` and keeps ``digest(key) -> Entry`` in a :mod:`~hicache_l3.slab.table` page
-table (C open addressing when built: no Python object per page).
+"""The index reader every process of a namespace runs: ``digest(key) -> Entry`` in a
+:mod:`~hicache_l3.slab.table` page table (C open addressing when built: no Python object
+per page), fed by every writer's ``index.log`` (:mod:`~hicache_l3.slab.log_follow`) on top
+of the namespace's checkpoint (:mod:`~hicache_l3.slab.index_checkpoint`).
 
-Readers tail every writer's log (one ``stat`` per writer per call, one ``stat`` of
-``writers/`` to notice new writers), so ``exists`` sees other processes' pages on the next
-call. A PUT record for a slot supersedes whatever that slot held; a DEL record names the
-exact (writer, slab, slot, generation) it removes, so a stale DEL can never remove a newer
-page. Logs are read in any order: a DEL read before the PUT it removes still wins.
-
-Opening. The first refresh loads the namespace's checkpoint (:mod:`hicache_l3.slab.checkpoint`)
-when there is a usable one and then reads each log only from the offset the checkpoint
-recorded for it, so opening costs the checkpoint's load plus the records written since.
-With the C table the checkpoint's pages are a table image that the table maps read-only
-and shared as its base (one copy per node in the page cache, whatever the number of
-processes): this process's own arrays (the delta) then hold only what changed since.
-When the delta grows past a :data:`CHECKPOINT_FRACTION` of the pages and a newer
-checkpoint exists (this process's or another's), the table is rebased onto it
-(:meth:`~hicache_l3.slab.table.NativePageTable.rebase`: the pages do not change, only
-where they are held), so that the private part stays small.
-
-What the index relies on from the filesystem: ``stat``/``fstat`` sizes and directory
-mtime that reflect other local processes' writes (multi-node use rescans instead: see
-:mod:`hicache_l3.slab.shared`).
+A PUT record for a slot supersedes whatever that slot held; a DEL record names the exact
+(writer, slab, slot, generation) it removes, so a stale DEL can never remove a newer page.
+Logs are read in any order: a DEL read before the PUT it removes still wins.
 """
 
 from __future__ import annotations
 
 import array
-import contextlib
 import functools
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Sequence
 from itertools import chain, repeat
 from operator import itemgetter
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
-from hicache_l3.slab import checkpoint
-from hicache_l3.slab.changes import ChangeFile
 from hicache_l3.slab.evict import take_run
-from hicache_l3.slab.files import SlabFiles, is_real_dir, open_file, parse_writer_name, writer_name
-from hicache_l3.slab.format import DEL, GEN, PUT, RECORD, Entry, Geometry, Located, decode_records
+from hicache_l3.slab.files import SlabFiles
+from hicache_l3.slab.format import PUT, RECORD, Entry, Geometry, Located, decode_records
+from hicache_l3.slab.index_checkpoint import IndexCheckpoints
+from hicache_l3.slab.log_follow import LogFollower, LogTail
 from hicache_l3.slab.plan import GetPlan, plan_get
 from hicache_l3.slab.table import (
-    DIGEST_BYTES,
-    DIGEST_SEED,
-    JournalPart,
-    NativePageTable,
     PageTable,
-    TableImage,
     digest,
     digests,
     joined,
     live_put_spans,
-    native_library,
     new_table,
     split_snapshot,
-    xxh3_128,
 )
 
 log = logging.getLogger("hicache_l3.slab")
 _new_located = functools.partial(tuple.__new__, Located)  # no Python-level __new__ per page
 _WHERE = itemgetter(0, 1, 2)  # an entry's slot: (writer, slab, slot)
 MAX_DROPPED = 1 << 16
-CHECKPOINT_MIN_RECORDS = 1 << 13  # records applied since the last checkpoint before a new one
-CHECKPOINT_FRACTION = 32  # ... and at least 1/this of the indexed pages (the delta's bound)
-TAIL_CHUNK = 1 << 20  # bytes of a log decoded at a time
-CHECKPOINT_DUTY = 9.0  # the next checkpoint waits this many times the last one's duration
-REBASE_CHECK_S = 1.0  # a big delta looks for a newer checkpoint at most this often
-# a journal catch-up replays at most this many records under the lock; a longer one is
-# applied off it first, in parts (~1 us a record at 10^7 pages)
-JOURNAL_ON_LOCK = 4096
 
 
 class Evicted(NamedTuple):
@@ -85,42 +52,22 @@ class Evicted(NamedTuple):
     values: array.array[int]  # their entries, six values each (writer, slab, slot first)
 
 
-class LogTail:
-    """A reader's position in one writer's index log (the file may be replaced by the
-    writer's compaction: a new inode means "read it again from the start"), the highest
-    generation the log used, and the DELs it holds for other writers' slots (a writer
-    that adopts this log needs them: its compaction keeps them)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.fd = open_file(path, os.O_RDONLY)
-        self.ino = os.fstat(self.fd).st_ino
-        self.offset = 0
-        self.max_gen = 0
-        self.foreign_dels: list[tuple[str, Entry]] = []
-
-    def reopen(self) -> None:
-        """Follow the path to its current file, from offset 0."""
-        fd = open_file(self.path, os.O_RDONLY)
-        os.close(self.fd)
-        self.fd, self.ino, self.offset = fd, os.fstat(fd).st_ino, 0
-        self.foreign_dels = []
-
-
 class SlabIndex:
     """``digest(key) -> Entry`` for one namespace, built from every writer's log.
 
     ``lock`` guards the index and is shared with the writer that composes it. ``own`` is
     the writer this process owns (its log is appended by this process, not tailed);
     ``on_free(slab, slot)`` is called when a DEL read from a log frees one of its slots.
+    ``logs`` follows the writers' logs and ``checkpoints`` loads, writes and rebases on
+    the namespace's checkpoints.
 
     Log-derived state. ``table`` (a :class:`~hicache_l3.slab.table.PageTable`: page
     digest -> entry, and its slot inverse) is what the logs say, less the pages this
     process removed on its own judgement without a log record (found unreadable, or
     evicted by this writer for a slot not rewritten yet): those are kept in ``unlogged``
-    (by digest) until a log record supersedes them, so that :meth:`state` -- what a
-    checkpoint stores -- is exactly what a replay of the logs gives, whatever this
-    process found unreadable. Internals key on digests (:func:`~hicache_l3.slab.table.digest`);
+    (by digest) until a log record supersedes them, so that the state a checkpoint stores
+    (:meth:`IndexCheckpoints.state`) is exactly what a replay of the logs gives, whatever
+    this process found unreadable. Internals key on digests (:func:`~hicache_l3.slab.table.digest`);
     the keys themselves are only in the logs (and in ``foreign_dels``).
 
     ``capacity``: how many pages the namespace is expected to hold at most (the writers'
@@ -135,11 +82,6 @@ class SlabIndex:
         self.lock = threading.RLock()
         self.table: PageTable = new_table(capacity)
         self.deleted: dict[tuple[int, int, int], int] = {}  # slot -> newest generation deleted
-        self.tails: dict[int, LogTail] = {}
-        self.dir_mtime = -1
-        self.changes: ChangeFile | None = None  # the namespace's change file (slab/changes.py), when used
-        self.pending: set[int] = set()  # writer directories seen without an index.log yet
-        self.ignored: set[str] = set()  # entries of writers/ that are not writer directories
         self.own: int | None = None
         # other writers' pages this process found unreadable, by digest: when it stores one
         # of these keys again it logs a DEL for the old page, so that no reader (whatever
@@ -149,20 +91,10 @@ class SlabIndex:
         self._unlogged: dict[bytes, Entry] = {}
         self._unlogged_at: dict[tuple[int, int, int], bytes] = {}
         self._evicted: list[Evicted] = []  # unlogged too, not yet in the dicts (flat)
-        self.loaded = False  # the checkpoint was looked for
         self.applied = 0  # log records applied since the last checkpoint written or loaded
         self.replayed = 0  # log records this process read from logs (not its own appends)
-        self.checkpoint_pages = -1  # pages the loaded checkpoint held (-1: none loaded)
-        self._saver: threading.Thread | None = None  # a background checkpoint write
-        self.base_id: tuple[int, int] | None = None  # (inode, mtime) of the checkpoint mapped as base
-        self.rebases = 0
-        self._rebase_checked = 0.0
-        self._rebase_due = False  # a checkpoint was written: rebase on it
-        self._next_checkpoint = 0.0  # (monotonic) not due before: see checkpoint_due
-        # what a background checkpoint write left for the next refresh: the table that
-        # replaces the live one (with its base's file id), False (none: stop the journal),
-        # None (nothing)
-        self._pending_base: tuple[NativePageTable, tuple[int, int]] | Literal[False] | None = None
+        self.logs = LogFollower(writers_dir, self)
+        self.checkpoints = IndexCheckpoints(self)
 
     # ---- unlogged pages -------------------------------------------------------------------
     @property
@@ -231,85 +163,19 @@ class SlabIndex:
 
     # ---- following the logs -------------------------------------------------------------
     def refresh(self) -> None:
-        """Pick up records appended by every writer (new writers included). Caller holds
-        ``lock``."""
-        if not self.loaded:
-            self.loaded = True
-            self.load_checkpoint()
-        changes = self.changes
-        if (changes is None or not changes.unchanged() or self.pending) and not self._look_at_logs():
-            return
-        if self._pending_base is not None:
-            self._adopt_base(defer=True)
-        if self._rebase_due:
-            self.rebase_on_newer(force=True)
-        elif self.delta_big():
-            if self.own is not None and self.checkpoint_due():
-                self.save_checkpoint_later()  # (a writer that stopped writing, with a big delta)
-            else:
-                self.rebase_later()
+        """Pick up records appended by every writer (new writers included), the checkpoint
+        loaded first (once) and kept up after. Caller holds ``lock``."""
+        checkpoints = self.checkpoints
+        if not checkpoints.loaded:
+            checkpoints.loaded = True
+            checkpoints.load()
+        if self.logs.look():
+            checkpoints.maintain()
 
-    def _look_at_logs(self) -> bool:
-        """The look :meth:`refresh` takes at ``writers/`` and every other writer's log
-        (what the change file, :mod:`~hicache_l3.slab.changes`, spares while it says
-        nothing was published); False when ``writers/`` is gone."""
-        try:
-            mtime = os.stat(self.writers_dir).st_mtime_ns
-        except FileNotFoundError:
-            return False
-        if mtime != self.dir_mtime:
-            self.dir_mtime = mtime
-            self._scan_writers()
-        elif self.pending:  # a log is created inside its directory: writers/ does not change
-            for writer in list(self.pending):
-                self._follow(writer, writer_name(writer))
-        for writer, tail in self.tails.items():
-            if writer == self.own:
-                continue
-            try:
-                st = os.stat(tail.path)
-            except FileNotFoundError:
-                continue
-            if st.st_ino != tail.ino:  # the writer compacted its log
-                self.forget_writer(writer)
-                tail.reopen()
-                st = os.fstat(tail.fd)
-            if st.st_size > tail.offset:
-                self.read_tail(writer, tail, st.st_size)
-        return True
-
-    def _scan_writers(self) -> None:
-        for name in os.listdir(self.writers_dir):
-            writer = parse_writer_name(name)
-            if writer is None or writer in self.tails:
-                continue
-            self._follow(writer, name)
-
-    def _follow(self, writer: int, name: str) -> None:
-        """Start tailing writer ``name``'s log; remember it as pending while it has none,
-        and ignore (logged once) an entry that is not a writer directory."""
-        try:
-            if not is_real_dir(self.writers_dir / name):
-                raise NotADirectoryError(20, "not a real directory")
-            self.tails[writer] = LogTail(self.writers_dir / name / "index.log")
-        except FileNotFoundError:
-            self.pending.add(writer)
-            return
-        except OSError as exc:  # a file named like a writer directory, a planted link, junk
-            self.pending.discard(writer)
-            if name not in self.ignored:
-                self.ignored.add(name)
-                log.warning("%s: ignoring %s, not a writer directory (%s)", self.writers_dir,
-                            name, exc.strerror)
-            return
-        self.pending.discard(writer)
-
-    def tail_of(self, writer: int) -> LogTail:
-        """The tail of ``writer``'s log, opened now if not followed yet."""
-        tail = self.tails.get(writer)
-        if tail is None:
-            tail = self.tails[writer] = LogTail(self.writers_dir / writer_name(writer) / "index.log")
-        return tail
+    @property
+    def tails(self) -> dict[int, LogTail]:
+        """Every followed log's tail, by writer (:attr:`LogFollower.tails`)."""
+        return self.logs.tails
 
     def forget_writer(self, *writers: int) -> None:
         """Drop every entry of ``writers`` (their logs are about to be read again)."""
@@ -339,54 +205,6 @@ class SlabIndex:
                 del unlogged[d]
                 self.unlogged_at.pop((entry.writer, entry.slab, entry.slot), None)
 
-    def read_tail(self, writer: int, tail: LogTail, size: int) -> None:
-        """Apply ``writer``'s records from ``tail.offset`` up to ``size``; DELs it issued
-        for other writers' slots are also kept in ``tail.foreign_dels``. Read
-        :data:`TAIL_CHUNK` bytes at a time: the records decoded at once are Python
-        objects, and the allocator keeps much of their peak (measured: ~250 B a record
-        replayed stayed resident, more than the index itself over a shared checkpoint)."""
-        while tail.offset < size:
-            want = size - tail.offset
-            if not self._read_chunk(writer, tail, min(want, TAIL_CHUNK)):
-                if want > TAIL_CHUNK:  # no whole record in a chunk: damage longer than it
-                    self._read_chunk(writer, tail, want)
-                return
-
-    def _read_chunk(self, writer: int, tail: LogTail, length: int) -> int:
-        """Apply the whole records of ``length`` bytes of ``writer``'s log at
-        ``tail.offset`` (see :meth:`read_tail`); the bytes they took."""
-        data = os.pread(tail.fd, length, tail.offset)
-        with checkpoint.no_gc():
-            records, used, skipped = decode_records(data)
-        if skipped:
-            log.warning("%s: %d damaged bytes skipped (the records around them are kept)",
-                        tail.path, skipped)
-        h, seed = xxh3_128, DIGEST_SEED
-        run_d: list[bytes] = []  # the PUTs since the last DEL, applied together
-        run_e: list[Entry] = []
-        max_gen = tail.max_gen
-        for kind, key, entry in records:
-            if kind == PUT:
-                run_d.append(h(key.encode(), seed))
-                run_e.append(entry)
-                if entry.gen > max_gen:
-                    max_gen = entry.gen
-            elif kind == DEL:
-                if run_d:
-                    self.apply_puts(run_d, run_e)
-                    run_d, run_e = [], []
-                self.apply_del(h(key.encode(), seed), entry)
-                if entry.writer != writer:
-                    tail.foreign_dels.append((key, entry))
-            elif kind == GEN:
-                max_gen = max(max_gen, entry.gen)
-        if run_d:
-            self.apply_puts(run_d, run_e)
-        tail.max_gen = max_gen
-        tail.offset += used
-        self.applied += len(records)
-        self.replayed += len(records)
-        return used
 
     def apply_put(self, d: bytes, entry: Entry) -> None:
         """The key of digest ``d`` is now in ``entry``'s slot (superseding what that slot
@@ -623,392 +441,3 @@ class SlabIndex:
             out += [key for (key, entry), now in zip(puts, current)
                     if now is not None and now[:4] == entry[:4]]
         return out
-
-    # ---- checkpoint ---------------------------------------------------------------------
-    def load_checkpoint(self) -> None:
-        """Start from the namespace's checkpoint if there is a usable one: its entries,
-        and each log's position; a log that no longer matches its mark (compacted, set
-        aside, gone) loses the checkpoint's entries and is read again from its start.
-        Called once, before any log is read. Caller holds ``lock``."""
-        state = checkpoint.read(self.directory)
-        if state is None:
-            return
-        table = new_table(self.capacity)
-        try:
-            n = self._load_pages(table, state)
-        except (ValueError, MemoryError) as exc:
-            log.warning("%s: index checkpoint ignored, the logs are replayed (%s)", self.directory, exc)
-            return
-        if len(table) != n:  # two pages of one key or of one slot: not a replay's state
-            log.warning("%s: index checkpoint ignored, the logs are replayed (%d of its %d pages "
-                        "collide)", self.directory, n - len(table), n)
-            self.base_id = None
-            return
-        self.table = table
-        self.deleted = state.deleted
-        stale = []
-        for mark in state.marks:
-            name = writer_name(mark.writer)
-            tail = None
-            try:
-                if is_real_dir(self.writers_dir / name):
-                    tail = LogTail(self.writers_dir / name / "index.log")
-            except OSError:
-                pass
-            if tail is None:
-                stale.append(mark.writer)  # gone, or not a writer directory: found by the scan
-                continue
-            self.tails[mark.writer] = tail
-            size = os.fstat(tail.fd).st_size
-            if (tail.ino != mark.ino or size < mark.offset
-                    or checkpoint.log_crcs(tail.fd, mark.offset) != (mark.head, mark.anchor)):
-                stale.append(mark.writer)  # read from its start by the refresh
-                continue
-            tail.offset, tail.max_gen, tail.foreign_dels = mark.offset, mark.max_gen, mark.foreign_dels
-        self.checkpoint_pages = len(self.table)
-        if stale:
-            self.forget_writer(*stale)
-        self.applied = 0
-
-    def _load_pages(self, table: PageTable, state: checkpoint.IndexState) -> int:
-        """Put a checkpoint's pages in the empty ``table``: its image mapped as the base
-        (version 3, C table), or its pages loaded; how many pages the checkpoint holds.
-        ValueError / MemoryError when they do not load."""
-        image = state.image
-        if image is None:
-            n = len(state.digests) // DIGEST_BYTES
-            table.reserve(n)  # sized for its pages at once (load 0.8), not by 1.5x steps
-            table.load(state.digests, state.values)
-            return n
-        try:
-            if isinstance(table, NativePageTable):
-                table.attach(image.fd, image.offset, image.length)
-                self.base_id = _file_id(image.fd)
-                return image.pages
-            lib = native_library()  # a dict table (the reference): the image's pages loaded
-            if lib is None:
-                raise ValueError("a version-3 checkpoint needs the C page table")
-            mapped = NativePageTable(lib)
-            mapped.attach(image.fd, image.offset, image.length)
-            table.reserve(image.pages)
-            table.load(*mapped.export())
-            return image.pages
-        finally:
-            image.close()
-
-    # ---- the shared base -----------------------------------------------------------------
-    def memory(self) -> dict[str, int]:
-        """The table's memory: ``index_private_bytes`` (this process's arrays),
-        ``index_shared_bytes`` (the mapped checkpoint image, one copy per node),
-        ``index_delta_pages`` (pages held privately) and ``index_rebases``."""
-        table = self.table
-        shared = table.shared_nbytes if isinstance(table, NativePageTable) else 0
-        delta = table.delta_len if isinstance(table, NativePageTable) else len(table)
-        return {"index_private_bytes": table.nbytes, "index_shared_bytes": shared,
-                "index_delta_pages": delta, "index_rebases": self.rebases}
-
-    def delta_big(self) -> bool:
-        """The table's private delta holds more than a :data:`CHECKPOINT_FRACTION` of the
-        pages (and at least :data:`CHECKPOINT_MIN_RECORDS`): worth a rebase."""
-        table = self.table
-        return (isinstance(table, NativePageTable)
-                and table.delta_len >= max(CHECKPOINT_MIN_RECORDS, len(table) // CHECKPOINT_FRACTION))
-
-    def rebase_later(self) -> None:
-        """Move the table onto the namespace's checkpoint, when it is another than the
-        mapped base (looked for at most every :data:`REBASE_CHECK_S`), mostly off the
-        lock: the table is forked (``snapshot``: its delta copied, its base shared) and its changes journaled
-        from now; a background thread rebases the copy on the checkpoint; the next
-        :meth:`refresh` catches it up with the journal and adopts it. Caller holds
-        ``lock``; nothing while a background checkpoint write or rebase runs."""
-        now = time.monotonic()
-        table = self.table
-        if (now - self._rebase_checked < REBASE_CHECK_S or not isinstance(table, NativePageTable)
-                or self.busy()):
-            return
-        self._rebase_checked = now
-        if not self._newer_checkpoint():
-            return
-        try:
-            copy = table.snapshot()
-            table.journal_start()
-        except MemoryError:
-            return
-        self._saver = threading.Thread(target=self._rebase_off_lock, args=(copy,),
-                                       name="hicache-index-rebase", daemon=True)
-        self._saver.start()
-
-    def _newer_checkpoint(self) -> bool:
-        """The namespace's checkpoint is another file than the mapped base."""
-        try:
-            st = os.stat(self.directory / checkpoint.CHECKPOINT_FILE, follow_symlinks=False)
-        except OSError:
-            return False
-        return (st.st_ino, st.st_mtime_ns) != self.base_id
-
-    def _rebase_off_lock(self, copy: TableImage) -> None:
-        """The rebase thread of :meth:`rebase_later`: ``copy`` (the table's snapshot) is
-        rebased on the checkpoint without the GIL."""
-        new: tuple[NativePageTable, tuple[int, int]] | None = None
-        try:
-            state = checkpoint.read(self.directory)
-            if state is not None and state.image is not None:
-                image = state.image
-                try:
-                    copy.rebase(image.fd, image.offset, image.length)
-                    new = copy.table, _file_id(image.fd)
-                except (ValueError, MemoryError) as exc:
-                    log.warning("%s: index not rebased on its checkpoint (%s)", self.directory, exc)
-                finally:
-                    image.close()
-        finally:
-            self._pending_base = new if new is not None else False
-
-    def rebase_on_newer(self, force: bool = False) -> bool:
-        """Rebase the table onto the namespace's checkpoint when it is another than the
-        mapped base (looked for at most every :data:`REBASE_CHECK_S` unless ``force``):
-        the pages stay exactly as they are, the delta keeps only what differs from it.
-        A rebase onto a newer checkpoint also counts as a checkpoint written (no process
-        writes one right after another's). Caller holds ``lock``. Whether it rebased."""
-        now = time.monotonic()
-        if not force and now - self._rebase_checked < REBASE_CHECK_S:
-            return False
-        self._rebase_checked, self._rebase_due = now, False
-        table = self.table
-        if not isinstance(table, NativePageTable) or not self._newer_checkpoint():
-            return False
-        state = checkpoint.read(self.directory)
-        if state is None or state.image is None:
-            return False
-        image = state.image
-        try:
-            table.rebase(image.fd, image.offset, image.length)
-            self.base_id = _file_id(image.fd)
-        except (ValueError, MemoryError) as exc:
-            log.warning("%s: index not rebased on its checkpoint (%s)", self.directory, exc)
-            return False
-        finally:
-            image.close()
-        self.rebases += 1
-        self.applied = 0
-        return True
-
-    def state(self, copy: bool = False) -> checkpoint.IndexState:
-        """The log-derived state of this index now (see the class docstring), what a
-        checkpoint holds. Caller holds ``lock``. Without ``copy`` it shares the live
-        dicts (encode it before releasing ``lock``); with ``copy`` it is a snapshot that
-        may be encoded on another thread (the C table is always copied, with the unlogged
-        pages put in: ``state.table``, a fork costing here its private delta and not its
-        shared base; a dict table is exported, ~10 ns a page; the small dicts are copied)."""
-        table, flat = self.table, None
-        if isinstance(table, NativePageTable):
-            ds, values = b"".join(self.unlogged), array.array("Q")
-            for entry in self.unlogged.values():
-                values.extend(entry)
-            with contextlib.suppress(MemoryError):
-                flat = table.snapshot(ds, values)
-        if flat is not None:
-            ds, values = b"", array.array("Q")
-        else:
-            ds, values = table.export()
-            if self.unlogged:  # pages the logs still hold (see the class docstring)
-                ds, values = _with_unlogged(table, ds, values, self.unlogged)
-        marks = []
-        for writer, tail in sorted(self.tails.items()):
-            head, anchor = checkpoint.log_crcs(tail.fd, tail.offset)
-            dels = list(tail.foreign_dels) if copy else tail.foreign_dels
-            marks.append(checkpoint.LogMark(writer, tail.ino, tail.offset, tail.max_gen, head,
-                                            anchor, dels))
-        return checkpoint.IndexState(ds, values, dict(self.deleted) if copy else self.deleted, marks,
-                                     table=flat)
-
-    def checkpoint_due(self) -> bool:
-        """Enough records were applied since the last checkpoint to write a new one:
-        :data:`CHECKPOINT_MIN_RECORDS` and a :data:`CHECKPOINT_FRACTION` of the pages,
-        and the last one written ended :data:`CHECKPOINT_DUTY` times its own duration ago
-        (checkpoints take at most ~1/(1 + that) of the time: a store filled at full
-        speed would otherwise write its whole table every 1/32 of its pages)."""
-        return (self.applied >= max(CHECKPOINT_MIN_RECORDS, len(self.table) // CHECKPOINT_FRACTION)
-                and time.monotonic() >= self._next_checkpoint)
-
-    def save_checkpoint(self) -> bool:
-        """Write the namespace's checkpoint from :meth:`state` now (after a background
-        save still running, so that the newest state lands last); False (logged) when it
-        could not be written -- the logs stay the source, nothing is lost. Caller holds
-        ``lock``."""
-        self.wait_checkpoint()
-        self._adopt_base()
-        started = time.monotonic()
-        try:
-            written = checkpoint.write(self.directory, self.state(), self.capacity)
-        except OSError as exc:
-            log.warning("%s: index checkpoint not written (%s)", self.directory, exc)
-            return False
-        ended = time.monotonic()
-        self._next_checkpoint = ended + CHECKPOINT_DUTY * (ended - started)
-        self.applied = 0
-        self._rebase_due = written  # (by the next refresh, if this process goes on)
-        return written
-
-    def save_checkpoint_later(self) -> None:
-        """Snapshot the state now (caller holds ``lock``; the copy is the only cost under
-        it) and encode and write it on a background thread, so that serving threads are
-        not held for the seconds a big index takes to write. One at a time: while one is
-        running this does nothing (the checkpoint stays due)."""
-        if self._saver is not None and self._saver.is_alive():
-            return
-        self._adopt_base(defer=True)  # (what a previous one left, before the journal starts again)
-        if self.busy():
-            return  # (a long catch-up goes on off the lock first; the checkpoint stays due)
-        state = self.state(copy=True)
-        self.applied = 0
-        fixups = None
-        table = self.table
-        if isinstance(table, NativePageTable):
-            # the table moves onto this checkpoint once written: its changes since this
-            # snapshot are journaled, and the image differs from the table by the unlogged pages
-            with contextlib.suppress(MemoryError):
-                table.journal_start()
-                fixups = list(zip(self.unlogged, table.get_many(list(self.unlogged))))
-        self._saver = threading.Thread(target=self._write_state, args=(state, fixups),
-                                       name="hicache-index-checkpoint", daemon=True)
-        self._saver.start()
-
-    def _write_state(self, state: checkpoint.IndexState,
-                     fixups: list[tuple[bytes, Entry | None]] | None) -> None:
-        """The saver thread: write ``state``; then, without the lock, the table the live
-        one becomes (the written image as its base, ``fixups`` applied: the snapshot's
-        table), left for the next :meth:`refresh` to catch up and adopt."""
-        written: list[checkpoint.ImageRef] = []
-        new: tuple[NativePageTable, tuple[int, int]] | None = None
-        started = time.monotonic()
-        try:
-            checkpoint.write(self.directory, state, self.capacity, written)
-            if written and fixups is not None:
-                new = self._table_on(written[0], fixups)
-        except OSError as exc:
-            log.warning("%s: index checkpoint not written (%s)", self.directory, exc)
-        finally:
-            for image in written:
-                image.close()
-            self._pending_base = new if new is not None else (None if fixups is None else False)
-            ended = time.monotonic()
-            self._next_checkpoint = ended + CHECKPOINT_DUTY * (ended - started)
-
-    def _table_on(self, image: checkpoint.ImageRef, fixups: list[tuple[bytes, Entry | None]]
-                  ) -> tuple[NativePageTable, tuple[int, int]] | None:
-        """A table over ``image`` as base holding what the live table held at the snapshot
-        (the image holds the unlogged pages too: ``fixups`` give the table's page of each
-        of their digests, or None), and the image's file id; None when it cannot be made."""
-        lib = native_library()
-        if lib is None:
-            return None
-        table = NativePageTable(lib)
-        if self.capacity:
-            with contextlib.suppress(ValueError):
-                table.expect(self.capacity)
-        try:
-            table.attach_unshared(image.fd, image.offset, image.length)
-            for d, entry in fixups:
-                if entry is None:
-                    table.pop(d)
-                else:
-                    table.put(d, entry)
-        except (ValueError, MemoryError) as exc:
-            log.warning("%s: index not moved onto its checkpoint (%s)", self.directory, exc)
-            return None
-        return table, _file_id(image.fd)
-
-    def _adopt_base(self, defer: bool = False) -> None:
-        """Adopt the table a finished background checkpoint or rebase made (caller holds
-        ``lock``): it catches up with the live table's journal (the changes since the
-        snapshot) and replaces it. With ``defer``, a journal longer than
-        :data:`JOURNAL_ON_LOCK` records is handed to a thread that applies it off the lock
-        (the live table journals on), and a later call adopts. Without a table (the write
-        failed or was not version 3) the journal stops and the next refresh rebases on
-        whatever checkpoint is there."""
-        pending, self._pending_base = self._pending_base, None
-        if pending is None:
-            return
-        table = self.table
-        if not isinstance(table, NativePageTable):
-            return
-        if pending is False:
-            table.journal_stop()
-            return
-        new, base_id = pending
-        if defer and table.journal_len > JOURNAL_ON_LOCK:
-            try:
-                part = table.journal_take()
-            except ValueError:  # (a lost record: no catch-up is possible, the journal stopped)
-                log.warning("%s: index not moved onto its checkpoint (its journal lost a record)",
-                            self.directory)
-                return
-            except MemoryError:
-                pass  # (caught up under the lock below)
-            else:
-                self._saver = threading.Thread(target=self._catch_up_off_lock, args=(new, base_id, part),
-                                               name="hicache-index-catch-up", daemon=True)
-                self._saver.start()
-                return
-        try:
-            new.catch_up(table)
-        except (ValueError, MemoryError) as exc:
-            log.warning("%s: index not moved onto its checkpoint (%s)", self.directory, exc)
-            table.journal_stop()
-            return
-        self.table, self.base_id = new, base_id
-        self.rebases += 1
-        # the old table is freed by a thread of its own (its base's unmapping: tens of ms
-        # at 10^7 pages), not under the lock
-        reaper = threading.Thread(target=_drop, args=(table,), name="hicache-index-free", daemon=True)
-        del table  # (the thread's arguments hold the last reference)
-        reaper.start()
-
-    def _catch_up_off_lock(self, new: NativePageTable, base_id: tuple[int, int], part: JournalPart) -> None:
-        """The thread of a deferred :meth:`_adopt_base`: ``part`` (the journal's records so
-        far) applied to ``new`` without the lock nor the GIL; the next refresh applies the
-        rest and adopts it."""
-        done = False
-        try:
-            part.apply(new)
-            done = True
-        except MemoryError as exc:
-            log.warning("%s: index not moved onto its checkpoint (%s)", self.directory, exc)
-        finally:
-            self._pending_base = (new, base_id) if done else False
-
-    def busy(self) -> bool:
-        """A checkpoint write, rebase or journal catch-up runs off the lock, or has ended and
-        waits for the next :meth:`refresh` to adopt it (a hint: read without the lock)."""
-        return self._pending_base is not None or (self._saver is not None and self._saver.is_alive())
-
-    def wait_checkpoint(self, timeout: float | None = None) -> None:
-        """Wait for a background checkpoint write to finish (at most ``timeout`` s)."""
-        saver = self._saver
-        if saver is not None:
-            saver.join(timeout)
-
-
-def _drop(table: object) -> None:
-    """Nothing: the thread that runs it releases ``table`` (its arguments) when it ends."""
-
-
-def _file_id(fd: int) -> tuple[int, int]:
-    st = os.fstat(fd)
-    return st.st_ino, st.st_mtime_ns
-
-
-def _with_unlogged(table: PageTable, ds: bytes, values: array.array[int],
-                   unlogged: dict[bytes, Entry]) -> tuple[bytes, array.array[int]]:
-    """An export of ``table`` (``ds``, ``values``) with the ``unlogged`` pages added, each
-    replacing the table's page of its digest if it has one."""
-    extra = list(unlogged.items())
-    if any(table.contains_many([d for d, _ in extra])):
-        merged = dict(zip(*split_snapshot(ds, values)))
-        merged.update(extra)
-        extra, ds, values = list(merged.items()), b"", array.array("Q")
-    values = array.array("Q", values)
-    for _, e in extra:
-        values.extend(e)
-    return ds + b"".join(d for d, _ in extra), values

@@ -308,7 +308,7 @@ class SharedSlabStore(SlabStore):
         now = time.monotonic()
         if now - self._last_scan >= self.rescan_s:
             self._last_scan = now
-            self.index.dir_mtime = -1  # directory mtime is not trusted across nodes
+            self.index.logs.dir_mtime = -1  # directory mtime is not trusted across nodes
         super().refresh()
 
     # ---- ownership ----------------------------------------------------------------------

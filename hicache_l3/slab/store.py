@@ -51,7 +51,8 @@ from hicache_l3.slab.format import (
     namespace_dir,
     write_namespace_file,
 )
-from hicache_l3.slab.index import LogTail, SlabIndex
+from hicache_l3.slab.index import SlabIndex
+from hicache_l3.slab.log_follow import LogTail
 from hicache_l3.slab.plan import GetPlan
 from hicache_l3.slab.records import encode_put_values, key_digests
 from hicache_l3.slab.slots import SlotColumns
@@ -184,7 +185,7 @@ class SlabStore:
         self._compactor: threading.Thread | None = None  # a background compaction (_compact_later)
         make_dir(self.writers_dir, exist_ok=True)
         if self.uses_change_file:
-            self.index.changes = ChangeFile.open(self.writers_dir.parent)
+            self.index.logs.changes = ChangeFile.open(self.writers_dir.parent)
 
     def _new_clock(self, stride: int) -> Clock | Clocks:
         """The recency of own slots: :class:`~hicache_l3.slab.clock.Clocks` (a batch's
@@ -205,7 +206,7 @@ class SlabStore:
     def _published(self, writer: int) -> None:
         """Tell the other processes, through the change file, that ``writer`` (this
         process's) made a change they must see. Caller holds the lock."""
-        changes = self.index.changes
+        changes = self.index.logs.changes
         if changes is not None:
             changes.published(writer)
 
@@ -505,8 +506,8 @@ class SlabStore:
         if tail.offset > COMPACT_MIN_BYTES and tail.offset > 3 * live:
             if not self.compacting() and not self._compact_later(me, tail):
                 self._compact_locked()
-        elif self.index.checkpoint_due():
-            self.index.save_checkpoint_later()
+        elif self.index.checkpoints.due():
+            self.index.checkpoints.save_later()
 
     def compacting(self) -> bool:
         """A background compaction of this writer's log is running (:meth:`_compact_later`)."""
@@ -597,7 +598,7 @@ class SlabStore:
             self.index.forget_unlogged_entries(forget)
         self.compactions += 1
         self._published(me)
-        self.index.save_checkpoint_later()
+        self.index.checkpoints.save_later()
 
     def _compact_later(self, me: int, tail: LogTail) -> bool:
         """Start a compaction of the own log on a background thread (step 1 of
@@ -743,13 +744,13 @@ class SlabStore:
             return False
         self._lock_fd, self._log_fd = fd, log_fd
         index = self.index
-        tail = index.tail_of(writer)  # read up to now, as any writer's (our DELs included)
+        tail = index.logs.tail_of(writer)  # read up to now, as any writer's (our DELs included)
         if os.stat(tail.path).st_ino != tail.ino:  # replaced since we last looked
             index.forget_writer(writer)
             tail.reopen()
         size = os.fstat(tail.fd).st_size
         if size > tail.offset:
-            index.read_tail(writer, tail, size)
+            index.logs.read_tail(writer, tail, size)
         if os.fstat(self._log_fd).st_size > tail.offset:
             self._set_aside_tail(tail.path, tail.offset)
         self.me = index.own = self.files.owner = writer
@@ -839,9 +840,9 @@ class SlabStore:
                 "evictions": self.evictions,
                 "log_compactions": self.compactions,
                 "writers_seen": len(self.index.tails),
-                "index_checkpoint_pages": self.index.checkpoint_pages,
+                "index_checkpoint_pages": self.index.checkpoints.pages,
                 "index_replayed_records": self.index.replayed,
-                **self.index.memory(),
+                **self.index.checkpoints.memory(),
             }
 
     def close(self) -> None:
@@ -854,16 +855,16 @@ class SlabStore:
                 return
             self._closed = True
             index = self.index
-            if (self.me is not None and index.applied) or index.checkpoint_due():
-                index.save_checkpoint()  # waits for a background one first
+            if (self.me is not None and index.applied) or index.checkpoints.due():
+                index.checkpoints.save()  # waits for a background one first
             else:
-                index.wait_checkpoint()
+                index.checkpoints.wait()
             fds = [t.fd for t in self.index.tails.values()]
             fds += [fd for fd in (self._log_fd, self._lock_fd) if fd >= 0]
             self.index.tails.clear()
             self.files.close()
-            if index.changes is not None:
-                index.changes.close()
+            if index.logs.changes is not None:
+                index.logs.changes.close()
             for fd in fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)

@@ -17,7 +17,7 @@ from hicache_l3.common.keys import Namespace
 from hicache_l3.slab import changes
 from hicache_l3.slab.changes import CHANGES_FILE, ChangeFile
 from hicache_l3.slab.format import namespace_dir
-from hicache_l3.slab.index import SlabIndex
+from hicache_l3.slab.log_follow import LogFollower
 from hicache_l3.slab.shared import SharedSlabStore
 from hicache_l3.slab.store import SlabStore
 
@@ -31,20 +31,20 @@ def _set(s: SlabStore, keys: list[str]) -> None:
 
 
 class Looks:
-    """Counts the looks each index takes at the logs (SlabIndex._look_at_logs)."""
+    """Counts the looks each index takes at the logs (LogFollower._look_at_logs)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.count: dict[int, int] = {}
-        look = SlabIndex._look_at_logs
+        look = LogFollower._look_at_logs
 
-        def counted(index: SlabIndex) -> bool:
-            self.count[id(index)] = self.count.get(id(index), 0) + 1
-            return look(index)
+        def counted(logs: LogFollower) -> bool:
+            self.count[id(logs)] = self.count.get(id(logs), 0) + 1
+            return look(logs)
 
-        monkeypatch.setattr(SlabIndex, "_look_at_logs", counted)
+        monkeypatch.setattr(LogFollower, "_look_at_logs", counted)
 
     def of(self, s: SlabStore) -> int:
-        return self.count.get(id(s.index), 0)
+        return self.count.get(id(s.index.logs), 0)
 
 
 @pytest.fixture
@@ -101,7 +101,7 @@ def test_a_writer_that_does_not_publish_is_seen_within_the_full_look_period(
     monkeypatch.setattr(changes, "monotonic", lambda: clock[0])
     _set(a, ["a0"])
     assert b.contains(["a0"]) == [True]  # a look: the period starts
-    monkeypatch.setattr(a.index, "changes", None)  # as an older hicache-l3 writes: no change file
+    monkeypatch.setattr(a.index.logs, "changes", None)  # as an older hicache-l3 writes: no change file
     _set(a, ["a1"])
     assert b.contains(["a1"]) == [False]  # the file is still: no look yet
     clock[0] += changes.FULL_LOOK_S
@@ -143,7 +143,7 @@ def test_a_planted_change_file_is_not_used_and_nothing_is_missed(tmp_path: Path,
         os.mkfifo(path)
     a, b = SlabStore(tmp_path, NS, SLOT), SlabStore(tmp_path, NS, SLOT)
     try:
-        assert a.index.changes is None and b.index.changes is None
+        assert a.index.logs.changes is None and b.index.logs.changes is None
         _set(a, ["a0"])
         assert b.contains(["a0"]) == [True]  # a look at the logs on every call, as before
         assert target.read_bytes() == b""  # the link was not followed
@@ -170,7 +170,7 @@ def test_a_store_shared_by_machines_does_not_use_the_change_file(tmp_path: Path)
     s = SharedSlabStore(tmp_path, NS, SLOT, max_writers=2, lease_s=5.0)
     try:
         _set(s, ["k"])
-        assert s.index.changes is None
+        assert s.index.logs.changes is None
         assert not (namespace_dir(tmp_path, NS) / CHANGES_FILE).exists()
     finally:
         s.close()

@@ -26,6 +26,7 @@ from hicache_l3.slab.compaction import LogCompaction
 from hicache_l3.slab.files import SlabFiles
 from hicache_l3.slab.format import RECORD, Entry, Geometry
 from hicache_l3.slab.index import SlabIndex
+from hicache_l3.slab.index_checkpoint import IndexCheckpoints
 from hicache_l3.slab.store import SlabStore
 from hicache_l3.slab.table import digest
 
@@ -46,7 +47,7 @@ def fresh_indexes(store: SlabStore) -> tuple[SlabIndex, SlabIndex]:
     the second loads the checkpoint and reads the tails."""
     wdir = store.writers_dir
     oracle = SlabIndex(wdir, SlabFiles(wdir))
-    oracle.loaded = True  # never look for the checkpoint
+    oracle.checkpoints.loaded = True  # never look for the checkpoint
     candidate = SlabIndex(wdir, SlabFiles(wdir))
     with oracle.lock:
         oracle.refresh()
@@ -162,14 +163,14 @@ def run_history(root: Path, ops: list[tuple[str, int, Any]]) -> list[SlabStore]:
         elif op == "checkpoint":
             store.refresh()
             with store._lock:
-                assert store.index.save_checkpoint()
+                assert store.index.checkpoints.save()
         elif op == "later":  # a background write, racing with the ops that follow
             store.refresh()
             with store._lock:
-                store.index.save_checkpoint_later()
+                store.index.checkpoints.save_later()
         elif op == "rebase":  # onto whichever checkpoint is there now (its pages unchanged)
             with store._lock:
-                store.index.rebase_on_newer(force=True)
+                store.index.checkpoints.rebase_on_newer(force=True)
         elif op == "restart":
             store.close()
             stores[who] = open_store(root)
@@ -188,16 +189,18 @@ def table_kind(kind: str) -> Iterator[None]:
     """Indexes built meanwhile use the C page table ("native"; "deferred": every journal
     catch-up is applied off the lock first) or the dict fallback."""
     from hicache_l3.slab import index as index_module
+    from hicache_l3.slab import index_checkpoint
     from hicache_l3.slab.table import DictPageTable
 
     if kind == "native":
         yield
         return
     if kind == "deferred":
-        with mock.patch.object(index_module, "JOURNAL_ON_LOCK", 0):
+        with mock.patch.object(index_checkpoint, "JOURNAL_ON_LOCK", 0):
             yield
         return
-    with mock.patch.object(index_module, "new_table", lambda capacity=None: DictPageTable()):
+    with mock.patch.object(index_module, "new_table", lambda capacity=None: DictPageTable()), \
+            mock.patch.object(index_checkpoint, "new_table", lambda capacity=None: DictPageTable()):
         yield
 
 
@@ -214,9 +217,9 @@ def test_checkpoint_plus_tail_equals_full_replay(kind: str, ops: list[tuple[str,
             stores[0].refresh()
             with stores[0]._lock:
                 if background:  # its copy is taken now; the write may end at any time
-                    stores[0].index.save_checkpoint_later()
+                    stores[0].index.checkpoints.save_later()
                 else:
-                    assert stores[0].index.save_checkpoint()
+                    assert stores[0].index.checkpoints.save()
             for who, store in enumerate(stores):
                 keys = [key(who, i) for i in range(3)]
                 plan = store.reserve_new(keys)
@@ -252,7 +255,7 @@ def filled(root: Path) -> SlabStore:
     store.commit(keys, plan.slots, [3] * len(keys))
     store.refresh()
     with store._lock:
-        assert store.index.save_checkpoint()
+        assert store.index.checkpoints.save()
     return store
 
 
@@ -337,7 +340,7 @@ def test_compacted_log_is_read_again_from_its_start(tmp_path: Path) -> None:
         other.commit(keys, plan.slots, [2] * 5)
         store.refresh()
         with store._lock:
-            assert store.index.save_checkpoint()
+            assert store.index.checkpoints.save()
         other.delete(keys[:2])
         ckpt = (store.directory / checkpoint.CHECKPOINT_FILE).read_bytes()
         other.compact()  # writes its own checkpoint: put the older one back
@@ -359,11 +362,11 @@ def test_key_with_nul_writes_no_checkpoint_while_a_foreign_del_holds_it(tmp_path
         plan = store.reserve_new(keys)
         store.commit(keys, plan.slots, [0, 0])
         with store._lock:
-            assert store.index.save_checkpoint()
+            assert store.index.checkpoints.save()
         (store.directory / checkpoint.CHECKPOINT_FILE).unlink()
         assert other.delete(["nul\0inside"]) == [True]
         with other._lock:
-            assert not other.index.save_checkpoint()
+            assert not other.index.checkpoints.save()
         assert not (store.directory / checkpoint.CHECKPOINT_FILE).exists()
     finally:
         other.close()
@@ -395,7 +398,7 @@ def test_crashed_writers_temporary_files_are_removed(tmp_path: Path) -> None:
         young.write_bytes(b"y")
         os.utime(stale, (1, 1))
         with store._lock:
-            assert store.index.save_checkpoint()
+            assert store.index.checkpoints.save()
         assert not stale.exists() and young.exists()
     finally:
         store.close()
@@ -404,19 +407,19 @@ def test_crashed_writers_temporary_files_are_removed(tmp_path: Path) -> None:
 def test_writer_checkpoints_when_due_and_on_close(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """After enough records a writer starts a background checkpoint by itself; a fresh
     process then replays only what came after it; close writes the rest."""
-    from hicache_l3.slab import index as index_module
+    from hicache_l3.slab import index_checkpoint
 
-    monkeypatch.setattr(index_module, "CHECKPOINT_MIN_RECORDS", 8)
+    monkeypatch.setattr(index_checkpoint, "CHECKPOINT_MIN_RECORDS", 8)
     store = open_store(tmp_path, slots=64)
     try:
         for lo in range(0, 12, 4):  # 4, 8 (due: a checkpoint of 8 pages), 12
             keys = [key(0, i) for i in range(lo, lo + 4)]
             plan = store.reserve_new(keys)
             store.commit(keys, plan.slots, [5] * 4)
-            store.index.wait_checkpoint()
+            store.index.checkpoints.wait()
         with indexes(store) as (oracle, candidate):
             assert view(candidate) == view(oracle)
-            assert candidate.checkpoint_pages == 8 and candidate.replayed == 4
+            assert candidate.checkpoints.pages == 8 and candidate.replayed == 4
     finally:
         store.close()
     reopened = open_store(tmp_path)
@@ -434,17 +437,17 @@ def test_a_long_journal_is_caught_up_off_the_lock_then_adopted(tmp_path: Path,
     JOURNAL_ON_LOCK on a thread (the live table answers meanwhile), the rest under the
     lock at the next refresh, and replaces the live table: its pages are exactly a full
     replay's, mostly in the shared base."""
-    from hicache_l3.slab import index as index_module
+    from hicache_l3.slab import index_checkpoint
 
-    monkeypatch.setattr(index_module, "JOURNAL_ON_LOCK", 8)
+    monkeypatch.setattr(index_checkpoint, "JOURNAL_ON_LOCK", 8)
     go = threading.Event()
-    write_state = SlabIndex._write_state
+    write_state = IndexCheckpoints._write_state
 
-    def held_write_state(self: SlabIndex, *args: Any) -> None:
+    def held_write_state(self: IndexCheckpoints, *args: Any) -> None:
         go.wait(30)  # (until the records below are journaled)
         write_state(self, *args)
 
-    monkeypatch.setattr(SlabIndex, "_write_state", held_write_state)
+    monkeypatch.setattr(IndexCheckpoints, "_write_state", held_write_state)
     store = open_store(tmp_path, slots=256)
     try:
         keys = [key(0, i) for i in range(40)]
@@ -452,10 +455,10 @@ def test_a_long_journal_is_caught_up_off_the_lock_then_adopted(tmp_path: Path,
         store.commit(keys, plan.slots, [5] * len(keys))
         index = store.index
         with store._lock:
-            index.save_checkpoint_later()
-        thread = index._saver
-        assert thread is not None and index.busy()  # (held: writing)
-        rebases = index.rebases
+            index.checkpoints.save_later()
+        thread = index.checkpoints._saver
+        assert thread is not None and index.checkpoints.busy()  # (held: writing)
+        rebases = index.checkpoints.rebases
         def write(lo: int, hi: int) -> None:  # journaled: the table made from the image lacks them
             more = [key(0, i) for i in range(lo, hi)]
             plan = store.reserve_new(more)
@@ -464,16 +467,17 @@ def test_a_long_journal_is_caught_up_off_the_lock_then_adopted(tmp_path: Path,
         write(40, 100)
         store.delete([key(0, 3)])
         go.set()
-        index.wait_checkpoint()
+        index.checkpoints.wait()
         store.refresh()  # 61 records: handed to a catch-up thread
-        assert index._saver is not thread and index._saver is not None
-        assert index._saver.name == "hicache-index-catch-up" and index.rebases == rebases
-        assert index.busy()  # (catching up, or caught up and waiting for a refresh to adopt it)
+        assert index.checkpoints._saver is not thread and index.checkpoints._saver is not None
+        assert index.checkpoints._saver.name == "hicache-index-catch-up"
+        assert index.checkpoints.rebases == rebases
+        assert index.checkpoints.busy()  # (catching up, or caught up and waiting for a refresh to adopt it)
         write(100, 104)  # (the journal goes on meanwhile)
         assert store.contains([key(0, 3), key(0, 99), key(0, 103)]) == [False, True, True]
-        index.wait_checkpoint()
+        index.checkpoints.wait()
         store.refresh()  # the rest of the journal, under the lock: adopted
-        assert index.rebases == rebases + 1 and not index.busy()
+        assert index.checkpoints.rebases == rebases + 1 and not index.checkpoints.busy()
         table = index.table
         assert table.shared_nbytes > 0 and table.delta_len < len(table) and table.check() == 0
         with indexes(store) as (oracle, _):
@@ -500,7 +504,7 @@ def test_multi_node_takeover_keeps_checkpoint_exact(tmp_path: Path) -> None:
     plan = a.reserve_new(keys[:4])
     a.commit(keys[:4], plan.slots, [1] * 4)
     with a._lock:
-        assert a.index.save_checkpoint()
+        assert a.index.checkpoints.save()
     plan = a.reserve_new(keys[4:6])
     a.commit(keys[4:6], plan.slots, [1] * 2)
     a._stop.set()  # A dies: no more heartbeats, a torn record, descriptors gone
@@ -513,7 +517,7 @@ def test_multi_node_takeover_keeps_checkpoint_exact(tmp_path: Path) -> None:
         b.commit(keys[6:], plan.slots, [2] * 2)
         assert b.stats()["takeovers"] == 1
         with indexes(b) as (oracle, candidate):
-            assert candidate.checkpoint_pages == 4 and candidate.replayed > 0
+            assert candidate.checkpoints.pages == 4 and candidate.replayed > 0
             assert view(candidate) == view(oracle)
             assert candidate.tails[0].max_gen >> 40 == 2  # the new epoch's generations
     finally:
@@ -542,7 +546,7 @@ def stall(*args):  # the temporary file is (partly) written, not renamed: be kil
     time.sleep(60)
 {hook} = stall
 with store._lock:
-    store.index.save_checkpoint()
+    store.index.checkpoints.save()
 """
 
 
@@ -575,7 +579,7 @@ def test_writer_killed_mid_checkpoint_leaves_the_old_one(tmp_path: Path, hook: s
     try:
         with indexes(reader) as (oracle, candidate):
             assert view(candidate) == view(oracle)
-            assert candidate.checkpoint_pages == 20 and candidate.replayed == 20
+            assert candidate.checkpoints.pages == 20 and candidate.replayed == 20
             assert len(candidate) == 40
     finally:
         reader.close()
@@ -632,7 +636,7 @@ def test_a_log_read_in_chunks_equals_one_read(tmp_path: Path, monkeypatch: pytes
     """Logs are decoded TAIL_CHUNK bytes at a time: records cut by a chunk's end, a
     damaged record, a chunk holding no whole record and a torn tail give what one read
     of the whole log gives."""
-    from hicache_l3.slab import index as index_module
+    from hicache_l3.slab import log_follow
 
     store = open_store(tmp_path, slots=64)
     try:
@@ -650,12 +654,12 @@ def test_a_log_read_in_chunks_equals_one_read(tmp_path: Path, monkeypatch: pytes
             os.close(fd)
         wdir = store.writers_dir
         whole = SlabIndex(wdir, SlabFiles(wdir))
-        whole.loaded = True
+        whole.checkpoints.loaded = True
         with whole.lock:
             whole.refresh()
-        monkeypatch.setattr(index_module, "TAIL_CHUNK", chunk)
+        monkeypatch.setattr(log_follow, "TAIL_CHUNK", chunk)
         chunked = SlabIndex(wdir, SlabFiles(wdir))
-        chunked.loaded = True
+        chunked.checkpoints.loaded = True
         try:
             with chunked.lock:
                 chunked.refresh()

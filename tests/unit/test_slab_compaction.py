@@ -58,7 +58,7 @@ def test_commits_go_on_while_the_log_is_compacted(tmp_path: Path, monkeypatch: p
         assert size == s.index.tails[s.me].offset  # type: ignore[index]
         # the log left replays to what the writer holds, the sets made meanwhile included
         fresh = SlabIndex(s.writers_dir, SlabFiles(s.writers_dir))
-        fresh.loaded = True  # the logs only, no checkpoint
+        fresh.checkpoints.loaded = True  # the logs only, no checkpoint
         with fresh.lock:
             fresh.refresh()
         live = dict(s.index.table.select())

@@ -29,12 +29,12 @@ def answer():
     assert isinstance(index.table, NativePageTable)
     print(json.dumps({"pages": sorted([d.hex(), list(e)] for d, e in index.table.select()),
                       "inodes": sorted(set(map(int, mapped))), "shared": index.table.shared_nbytes,
-                      "delta": index.table.delta_len, "rebases": index.rebases}), flush=True)
+                      "delta": index.table.delta_len, "rebases": index.checkpoints.rebases}), flush=True)
 answer()
 for line in sys.stdin:
     if line.strip() == "rebase":
         with store._lock:
-            store.index.rebase_on_newer(force=True)
+            store.index.checkpoints.rebase_on_newer(force=True)
     answer()
 store.close()
 """
@@ -70,7 +70,7 @@ def test_processes_map_one_checkpoint_and_agree(tmp_path: Path) -> None:
             assert a["shared"] > 0 and a["delta"] == 6  # the tail's pages only, privately
         # another process writes a newer checkpoint: each moves onto it, answers unchanged
         with writer._lock:
-            assert writer.index.save_checkpoint()
+            assert writer.index.checkpoints.save()
         for c in children:
             c.stdin.write("rebase\n")
             c.stdin.flush()
@@ -100,20 +100,20 @@ def test_a_reader_whose_delta_grew_moves_onto_a_newer_checkpoint_off_the_lock(
     """A reader's delta past its bound: the next refresh exports the table and journals
     its changes, a thread rebases a copy on the newest checkpoint, a later refresh
     catches it up and adopts it; what the reader answers never changes."""
-    from hicache_l3.slab import index as index_module
+    from hicache_l3.slab import index_checkpoint
 
-    monkeypatch.setattr(index_module, "CHECKPOINT_MIN_RECORDS", 8)
-    monkeypatch.setattr(index_module, "REBASE_CHECK_S", 0.0)
+    monkeypatch.setattr(index_checkpoint, "CHECKPOINT_MIN_RECORDS", 8)
+    monkeypatch.setattr(index_checkpoint, "REBASE_CHECK_S", 0.0)
     writer = filled(tmp_path)  # 20 pages, checkpointed
     reader = open_store(tmp_path)
     try:
         reader.refresh()
-        assert reader.index.table.delta_len == 0 and reader.index.base_id is not None
+        assert reader.index.table.delta_len == 0 and reader.index.checkpoints.base_id is not None
         keys = [key(0, i) for i in range(20, 40)]
         plan = writer.reserve_new(keys)
         writer.commit(keys, plan.slots, [4] * len(keys))
         with writer._lock:
-            assert writer.index.save_checkpoint()
+            assert writer.index.checkpoints.save()
         plan = writer.reserve_new([key(0, 50)])
         writer.commit([key(0, 50)], plan.slots, [4])
         reader.refresh()  # reads the 21 records: the delta is big, a rebase starts
@@ -122,9 +122,9 @@ def test_a_reader_whose_delta_grew_moves_onto_a_newer_checkpoint_off_the_lock(
         plan = writer.reserve_new(more)
         writer.commit(more, plan.slots, [4] * 3)
         reader.refresh()
-        reader.index.wait_checkpoint()
+        reader.index.checkpoints.wait()
         reader.refresh()  # adopts it
-        assert reader.index.rebases == 1
+        assert reader.index.checkpoints.rebases == 1
         assert reader.index.table.delta_len == 4  # what came after the newest checkpoint
         assert sorted([d.hex(), list(e)] for d, e in reader.index.table.select()) == _oracle_pages(writer)
     finally:
