@@ -27,8 +27,8 @@ def key_fingerprint(key: str) -> bytes:
     """16-byte fingerprint of a page key (XXH3-128), stored beside the page's bytes.
 
     Readers accept a slot only if its header carries the fingerprint of the key they
-    asked for. An index keyed by a digest of the key instead of the key (issue 14's
-    compact table) stays safe against digest collisions only if that digest is *not*
+    asked for. An index keyed by a digest of the key instead of the key (the slab
+    index's page table) stays safe against digest collisions only if that digest is *not*
     this function (use another one, e.g. a seeded XXH3-128 or BLAKE2b): two keys whose
     digests collide then still differ here, so the colliding lookup reads as a miss,
     never as the other key's bytes."""

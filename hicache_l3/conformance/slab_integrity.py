@@ -1,6 +1,6 @@
 """Integrity tests every slab-store connector runs (file, hf3fs, nixl file mode): damage at
 rest, faults and hostile entries in the store's own files. Each test names its scenario
-(corrupt, torn, fault, hostile) and was seen failing before its fix (issue 12).
+(corrupt, torn, fault, hostile) and was seen failing before its fix.
 
 Subclass :class:`SlabIntegrityTests` together with
 :class:`~hicache_l3.conformance.suite.ConnectorTests` (it brings the slab backdoor); the

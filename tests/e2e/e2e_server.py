@@ -29,7 +29,7 @@ STANDINS = Path(__file__).resolve().parent / "standins"
 START_TIMEOUT = 420.0  # imports, model load, warm-up: ~1 min alone, several under a loaded 2-core machine
 REQUEST_TIMEOUT = 120.0
 
-# The CPU recipe (issue 15): SGLang's CPU engine, torch attention, requests carry input_ids,
+# The CPU recipe: SGLang's CPU engine, torch attention, requests carry input_ids,
 # float32, a KV pool a few prompts large, pages of 64 tokens, HiCache writing through to L3.
 CPU_FLAGS = [
     "--device", "cpu", "--attention-backend", "torch_native", "--skip-tokenizer-init",

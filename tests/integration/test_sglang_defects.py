@@ -1,4 +1,4 @@
-"""Defects a real SGLang server and SGLang's own backend tests found (issue 15), the parts
+"""Defects a real SGLang server and SGLang's own backend tests found, the parts
 that need no SGLang import: SGLang's ``file_storage_path`` key, `hicache-l3 check` leaving
 its namespace behind, the plugin's Mooncake segment split and 3FS settings, and Mooncake's
 -600 on a read. The parts that need SGLang's classes run in sglang_roundtrip.py and

@@ -1,6 +1,6 @@
 """What a local Mooncake deployment started by the launcher exposes: every listening TCP
 socket of the master (with its metadata server), the segment holder, a connector in a process
-started with the loopback shim, and this test's own process, from ``ss -ltnp`` (issue 13).
+started with the loopback shim, and this test's own process, from ``ss -ltnp``.
 
 Everything binds loopback. The one allowance: when this test's own process runs without
 the shim (``make test`` preloads it; a bare ``pytest`` does not), Mooncake's transfer

@@ -1,6 +1,6 @@
 """The connectors that keep pages under a local root (the slab path and the fsspec
 ``file://`` path) open it private: another uid reads no page byte, whoever wrote it; a
-root planted by another uid or a symlinked root is refused at open (issue 13)."""
+root planted by another uid or a symlinked root is refused at open."""
 
 from __future__ import annotations
 

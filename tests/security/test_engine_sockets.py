@@ -1,4 +1,4 @@
-"""Every engine process the launcher starts listens on loopback only (issue 13); the
+"""Every engine process the launcher starts listens on loopback only; the
 Mooncake deployment, with the connector's own transfer engine, is checked in
 tests/mooncake/test_mooncake_exposure.py."""
 

@@ -1,5 +1,5 @@
 """Small files that may hold secrets (config files) are written atomically, 0600 also when
-the file already exists with a looser mode, and never through a symlink (issue 13)."""
+the file already exists with a looser mode, and never through a symlink."""
 
 from __future__ import annotations
 

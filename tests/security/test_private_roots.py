@@ -1,4 +1,4 @@
-"""Storage roots are private by default (issue 13): created 0700 whatever the umask, an
+"""Storage roots are private by default: created 0700 whatever the umask, an
 existing root of another uid, a symlinked root or one open to others refused with an error
 naming the path, the owner, the mode and the fix; our own 0755 root repaired to 0700."""
 
@@ -71,7 +71,7 @@ def test_file_as_root_is_refused(tmp_path: Path) -> None:
 
 
 def test_precreated_0777_root_of_another_uid_is_refused(as_root: None, open_base: Path) -> None:
-    """The attack of issue 13: another user creates the root first, 0777."""
+    """The attack: another user creates the root first, 0777."""
     planted = open_base / "hicache"
     run_as(NOBODY, lambda: os.mkdir(planted, 0o777) or os.chmod(planted, 0o777))
     with pytest.raises(ConfigError) as err:

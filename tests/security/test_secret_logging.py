@@ -1,6 +1,6 @@
 """With the root logger at DEBUG, botocore prints the access key id and the session token
 of every signed request; the bench, the replay and the test suite raise botocore's logger
-to INFO so that nothing of them reaches a log (issue 13)."""
+to INFO so that nothing of them reaches a log."""
 
 from __future__ import annotations
 

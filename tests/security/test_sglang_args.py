@@ -1,6 +1,6 @@
 """``hicache-l3 sglang-args``: a per-user default root, and the config file (it may hold an
 S3 secret key) written 0600 also over an existing file, atomically, never through a
-symlink (issue 13)."""
+symlink."""
 
 from __future__ import annotations
 

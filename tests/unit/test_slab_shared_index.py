@@ -1,4 +1,4 @@
-"""Several processes of one namespace share the index's checkpoint (issue 14, phase 2b):
+"""Several processes of one namespace share the index's checkpoint:
 each maps the same table image read-only (one copy per node), keeps only what changed
 since in a private delta, agrees with a full log replay, and moves onto a newer
 checkpoint that another process wrote without changing what it answers."""
