@@ -10,7 +10,9 @@ Modules, one job each:
 * :mod:`~hicache_l3.slab.log_follow`: following every writer's log (tails, records applied);
 * :mod:`~hicache_l3.slab.index_checkpoint`: the index's checkpoints, rebases and shared base;
 * :mod:`~hicache_l3.slab.table`: the index's page table (key digest -> entry, C or dict);
+* :mod:`~hicache_l3.slab.face`: the store's face, :class:`~hicache_l3.slab.face.PageStore`;
 * :mod:`~hicache_l3.slab.store`: the writer (own slots, LRU, eviction, compaction);
+* :mod:`~hicache_l3.slab.ownership`: owning a writer directory on one node (flock);
 * :mod:`~hicache_l3.slab.shared`: the multi-node store (claims, leases, fencing);
 * :mod:`~hicache_l3.slab.native`: the optional C batch library, loaded lazily;
 * :mod:`~hicache_l3.slab.io`: the slot-transport interface and its local transports;

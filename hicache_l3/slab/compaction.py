@@ -2,10 +2,8 @@
 
 A compaction rewrites the writer's ``index.log`` with only its live records (see
 :meth:`~hicache_l3.slab.store.SlabStore.compact`, the reference, which does it all under
-the lock). Done that way its cost grows with the log: measured on the AMD EPYC VM, a store
-of 131072 pages stalled the caller 177-275 ms at each compaction (the C scan for live
-PUTs 97-126 ms, holding the GIL; ``pread`` of the old log 22-26 ms; the records sliced,
-joined and written 55-87 ms), and every thread that needed the lock or the GIL with it.
+the lock). Done that way its cost grows with the log, and stalls the caller and every
+thread that needs the lock or the GIL meanwhile.
 
 Here, in three steps:
 

@@ -1,18 +1,12 @@
 """The slab store's writer: this process's own slots (allocation, LRU, eviction,
 reserve / commit / abort, delete, log compaction), composed with the index reader.
 
-Writers. Each process that stores pages owns one writer directory (it adopts a free one
-on open, so restarts reuse their slabs instead of growing the disk) and writes only into
-its own slots: writers never contend for a slot. It evicts its own least recently used
-slots when its capacity is reached.
-
-Publishing. A record is appended to the writer's ``index.log`` only after the data is
-written (and synced, under ``fsync="data"``), so an entry is never visible before its
-bytes. The owner frees its slot when it reads a DEL for it.
-
-What the writer relies on from the filesystem: ``write(2)`` with ``O_APPEND`` by a single
-owner per log; ``flock`` to adopt a writer directory; ``mkdir`` atomicity to create one.
-(Multi-node use over a network filesystem is :mod:`hicache_l3.slab.shared`'s concern.)
+Each process that stores pages owns one writer directory (:mod:`~hicache_l3.slab.ownership`:
+it adopts a free one on open, so restarts reuse their slabs) and writes only into its own
+slots; it evicts its own least recently used slots when its capacity is reached. A record
+is appended to the writer's ``index.log`` (``O_APPEND``, a single owner per log) only
+after the data is written (and synced, under ``fsync="data"``), so an entry is never
+visible before its bytes. The owner frees its slot when it reads a DEL for it.
 """
 
 from __future__ import annotations
@@ -20,7 +14,6 @@ from __future__ import annotations
 import array
 import contextlib
 import errno
-import fcntl
 import functools
 import logging
 import os
@@ -29,15 +22,15 @@ import threading
 from collections.abc import Iterable, Sequence
 from itertools import repeat
 from operator import itemgetter
-from pathlib import Path
 from typing import Any, NamedTuple
 
 from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
+from hicache_l3.slab import ownership
 from hicache_l3.slab.changes import ChangeFile
 from hicache_l3.slab.clock import Clock, Clocks, iota, is_run, slab_spans
 from hicache_l3.slab.compaction import LogCompaction, temporary_log
-from hicache_l3.slab.files import SlabFiles, is_real_dir, make_dir, open_file, parse_writer_name, writer_name
+from hicache_l3.slab.files import SlabFiles, make_dir, open_file, writer_name
 from hicache_l3.slab.format import (
     DEL,
     GEN,
@@ -135,6 +128,7 @@ class SlabStore:
     # other processes' changes learnt through the namespace's change file (slab/changes.py):
     # a look at the logs only when it says one was published
     uses_change_file = True
+    _lock_writer = staticmethod(ownership.lock_writer)  # a writer directory's lock (flock)
 
     def __init__(
         self,
@@ -704,55 +698,27 @@ class SlabStore:
             if self.me is not None:
                 return self.me
             self.refresh()
-            existing = sorted(w for w in map(parse_writer_name, os.listdir(self.writers_dir))
-                              if w is not None)
-            for writer in existing:
-                if self._try_own(writer):
-                    return writer
-            writer = (existing[-1] + 1) if existing else 0
-            while True:
-                try:
-                    make_dir(self.writers_dir / writer_name(writer))
-                except FileExistsError:
-                    writer += 1
-                    continue
-                if self._try_own(writer):
-                    return writer
-                writer += 1
+            return ownership.own_first(self.writers_dir, self._try_own)
 
     def _try_own(self, writer: int) -> bool:
-        """Adopt writer directory ``writer`` if its lock is free: read its log from the
-        start (our own DELs included), drop a crashed writer's torn tail, and rebuild the
-        LRU and free lists from its entries and slab files."""
-        wdir = self.writers_dir / writer_name(writer)
-        if not is_real_dir(wdir):
-            return False  # junk or a planted link named like a writer directory
-        try:
-            fd = open_file(wdir / "lock", os.O_RDWR | os.O_CREAT)
-        except OSError as exc:
-            log.warning("%s: cannot take its lock (%s): skipped", wdir, exc.strerror)
+        """Adopt writer directory ``writer`` if its lock is free
+        (:func:`~hicache_l3.slab.ownership.open_writer`): read its log from the start (our
+        own DELs included), set a crashed writer's torn tail aside, and rebuild the LRU and
+        free lists from its entries and slab files."""
+        fds = ownership.open_writer(self.writers_dir / writer_name(writer), self._lock_writer)
+        if fds is None:
             return False
-        if not self._lock_writer(fd):
-            os.close(fd)
-            return False
-        log_path = wdir / "index.log"
-        try:
-            log_fd = open_file(log_path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
-        except OSError as exc:  # a symlink planted at the log: refused, the writer skipped
-            log.warning("%s: cannot open (%s): writer directory skipped", log_path, exc.strerror)
-            os.close(fd)
-            return False
-        self._lock_fd, self._log_fd = fd, log_fd
-        index = self.index
-        tail = index.logs.tail_of(writer)  # read up to now, as any writer's (our DELs included)
+        self._lock_fd, self._log_fd = fds
+        index, logs = self.index, self.index.logs
+        tail = logs.tail_of(writer)  # read up to now, as any writer's (our DELs included)
         if os.stat(tail.path).st_ino != tail.ino:  # replaced since we last looked
             index.forget_writer(writer)
             tail.reopen()
         size = os.fstat(tail.fd).st_size
         if size > tail.offset:
-            index.logs.read_tail(writer, tail, size)
+            logs.read_tail(writer, tail, size)
         if os.fstat(self._log_fd).st_size > tail.offset:
-            self._set_aside_tail(tail.path, tail.offset)
+            ownership.set_aside_tail(self._log_fd, tail.path, tail.offset)
         self.me = index.own = self.files.owner = writer
         self._published(writer)  # its log opened (created), a torn tail set aside
         # descriptors opened while we only read this writer's slabs are read-only; threads
@@ -788,37 +754,6 @@ class SlabStore:
             clock.start_past(live)
         for slab, slots in enumerate(sizes):
             self._free.extend((slab, s) for s in reversed(range(slots)) if (slab, s) not in clock)
-        return True
-
-    def _set_aside_tail(self, path: Path, offset: int) -> None:
-        """Move the log's unparsable tail (a crashed writer's torn record, or damage) to
-        ``index.log.damaged-N`` beside it, then cut it off: appends must follow whole
-        records, and what cannot be parsed is kept for inspection, never destroyed."""
-        size = os.fstat(self._log_fd).st_size
-        data = os.pread(self._log_fd, size - offset, offset)
-        n = 0
-        while True:
-            aside = path.with_name(f"index.log.damaged-{n}")
-            try:
-                fd = open_file(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-                break
-            except FileExistsError:
-                n += 1
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.ftruncate(self._log_fd, offset)
-        log.warning("%s: %d unparsable bytes at its end moved to %s", path, len(data), aside)
-
-    def _lock_writer(self, fd: int) -> bool:
-        """Take the writer directory's lock on ``fd`` without blocking; False if held.
-        (``flock``: exclusive per node only on FUSE mounts; the shared store adds leases.)"""
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return False
         return True
 
     # ---- lifecycle ----------------------------------------------------------------------
