@@ -41,7 +41,7 @@ from hicache_l3.common.connector import Capabilities, Connector
 from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.safe_fs import private_root
-from hicache_l3.slab.engine import SlabConnector
+from hicache_l3.slab.connector import SlabConnector
 from hicache_l3.slab.format import ALIGN
 from hicache_l3.slab.io import select_transport
 from hicache_l3.slab.store import SlabStore

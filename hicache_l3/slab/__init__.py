@@ -16,5 +16,5 @@ Modules, one job each:
 * :mod:`~hicache_l3.slab.shared`: the multi-node store (claims, leases, fencing);
 * :mod:`~hicache_l3.slab.native`: the optional C batch library, loaded lazily;
 * :mod:`~hicache_l3.slab.io`: the slot-transport interface and its local transports;
-* :mod:`~hicache_l3.slab.engine`: set/get orchestration written once, for every connector.
+* :mod:`~hicache_l3.slab.connector`: set/get orchestration written once, for every connector.
 """

@@ -1,4 +1,4 @@
-"""The slab store's face: the operations a connector (:mod:`hicache_l3.slab.engine`, the
+"""The slab store's face: the operations a connector (:mod:`hicache_l3.slab.connector`, the
 file, nixl file and hf3fs connectors, the slot transports) calls on it, which separate
 where a page lives from moving its bytes. :class:`~hicache_l3.slab.store.SlabStore` and
 :class:`~hicache_l3.slab.shared.SharedSlabStore` satisfy it.

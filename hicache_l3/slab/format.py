@@ -73,7 +73,7 @@ dropping this node's cached copy of it, data first and marker after
 (:mod:`hicache_l3.slab.fresh`), which restores the order the argument needs whatever the
 cache held. Writes of one node may also reach the filesystem out of order (a FUSE client's
 write-behind); a reader that sees the new marker before the new data then fails the
-checksum, and the page is a miss until the data arrive (:mod:`hicache_l3.slab.engine`,
+checksum, and the page is a miss until the data arrive (:mod:`hicache_l3.slab.connector`,
 "Across nodes").
 
 Format 1 (a 4 KiB header block, data, end marker per slot) is not read: the start

@@ -16,7 +16,7 @@ carry and its checksum: the arrays the C read walks; and the distinct slabs of t
 keys, of which Python opens (from the descriptor cache) each once, not once per page.
 
 Same semantics as the reference (:meth:`SlabIndex.lookup`, then the checks of
-:meth:`SlabConnector._get <hicache_l3.slab.engine.SlabConnector._get>`): a slab that
+:meth:`SlabConnector._get <hicache_l3.slab.connector.SlabConnector._get>`): a slab that
 cannot be opened drops its keys from the index and they miss; the digests and
 fingerprints are the ones of :func:`~hicache_l3.slab.table.digest` and
 :func:`~hicache_l3.common.integrity.key_fingerprint` (seeded and unseeded XXH3-128 through

@@ -79,7 +79,7 @@ from hicache_l3.connectors.nixl.base import (
 )
 from hicache_l3.connectors.nixl.lanes import SHARE_MIN_BYTES, Balance, Lanes, by_file, row_lengths, split_rows
 from hicache_l3.slab import native
-from hicache_l3.slab.engine import SlabConnector
+from hicache_l3.slab.connector import SlabConnector
 from hicache_l3.slab.format import RECORD_BYTES, Entry, encode_markers, expected_markers
 from hicache_l3.slab.io import (
     CHECKSUM,
