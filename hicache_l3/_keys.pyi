@@ -1,6 +1,5 @@
 """Types of the optional C module built from hicache_l3/native/keys.c."""
 
-import array
 from collections.abc import Sequence
 
 def valid_keys(keys: Sequence[object], /) -> bool: ...
@@ -11,6 +10,3 @@ def common_batch(
 def pointer_batch(
     keys: Sequence[object], ptrs: Sequence[object], sizes: Sequence[object], per: int, /
 ) -> tuple[bytes, int, int, int, int, bool] | None: ...
-def model_pointers(
-    address: int, n: int, page_tokens: int, divide: bool, limit: int, terms: bytes, /
-) -> array.array[int] | None: ...

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 apt_packages=(libibverbs1 librdmacm1 libnuma1 iproute2)  # Mooncake's shared libraries; ss
 apt_packages+=(glusterfs-server glusterfs-client fio)  # the glusterfs engine (two FUSE mounts); fio
-command -v cc >/dev/null || apt_packages+=(gcc libc6-dev)  # builds hicache_l3._batch_io (C batch I/O), _keys
+command -v cc >/dev/null || apt_packages+=(gcc libc6-dev)  # builds hicache_l3._batch_io (C batch I/O), _keys, _host_pages
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   missing=()
   for p in "${apt_packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

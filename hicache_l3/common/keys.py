@@ -19,7 +19,6 @@ key can never name a path outside a storage root.
 
 from __future__ import annotations
 
-import array
 import dataclasses
 import hashlib
 import json
@@ -112,13 +111,6 @@ not built or predates it): :data:`common_batch` of the pages
 flat lists without building a page (each page's segments put in address order, as the
 pages are). The reference is :data:`common_batch` of the materialised pages, and above it
 the connector's key-by-key checks."""
-model_pointers: Callable[[int, int, int, bool, int, bytes], array.array[int] | None] | None = getattr(
-    _native, "model_pointers", None)
-"""``model_pointers(address, n, page_tokens, divide, limit, terms)`` (C, one pass; None when
-``hicache_l3._keys`` is not built or predates it): the segment addresses of ``n`` pages by a
-learned pointer model, read from their host indices in memory
-(:meth:`~hicache_l3.sglang.page_meta.PointerModel.pointers_at`, whose numpy path is the
-reference)."""
 
 prefixed_valid_keys: Callable[[str, Sequence[object]], list[str] | None] = (
     _native.prefixed_keys if _native is not None else _prefixed_keys_py)

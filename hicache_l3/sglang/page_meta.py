@@ -29,7 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from hicache_l3.common.keys import model_pointers
+try:  # SGLang page addresses in one C pass (hicache_l3/native/host_pages.c); optional
+    from hicache_l3._host_pages import model_pointers
+except ImportError:  # not built: the numpy path, same answers
+    model_pointers = None  # type: ignore[assignment]
 
 log = logging.getLogger("hicache_l3.sglang")
 
@@ -111,7 +114,7 @@ class PointerModel:
         """:meth:`pointer_array` of host indices in memory: ``n * page_tokens`` contiguous
         ``int64`` at ``address`` (a contiguous CPU tensor's ``data_ptr()``; the caller holds
         the tensor), the addresses computed by one C call
-        (:data:`~hicache_l3.common.keys.model_pointers`) as an ``array('q')``. After a
+        (``hicache_l3._host_pages.model_pointers``) as an ``array('q')``. After a
         batch's I/O has flushed the CPU's caches, each numpy call of :meth:`pointer_array`
         costs microseconds; this is one call. None in :meth:`pointer_array`'s None cases,
         and without the C module."""

@@ -264,7 +264,7 @@ def test_learned_model_equals_the_pool_on_random_batches(pt: int, pages: int, pe
 def _at(model: PointerModel, indices: np.ndarray, n: int) -> tuple[list[int], list[int]] | None:
     """``model.pointers_at`` of ``indices`` (int64, contiguous) as lists; the C module
     must be built (it is, wherever the package installs)."""
-    assert page_meta.model_pointers is not None, "hicache_l3._keys is not built"
+    assert page_meta.model_pointers is not None, "hicache_l3._host_pages is not built"
     indices = np.ascontiguousarray(indices, dtype=np.int64)
     got = model.pointers_at(indices.ctypes.data, n)
     return None if got is None else (list(got[0]), got[1])
