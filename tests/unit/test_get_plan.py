@@ -1,13 +1,11 @@
 """The planned get path (one C call plans a batch: hicache_l3/slab/plan.py, then one
 native read) against the reference (SlabIndex.lookup, a ReadBatch): the same Reason per
 key, the same bytes, the same index afterwards, on batches with misses, corrupt and torn
-slots, size mismatches, unverified pages and an unreadable slab; and the one-pass
-common-batch check (hicache_l3._keys.common_batch) against the connector's key-by-key
-checks."""
+slots, size mismatches, unverified pages and an unreadable slab; and the connector's fast
+common-batch check on a slab connector's get (overlap, which pages reach the hook)."""
 
 from __future__ import annotations
 
-import itertools
 import os
 import random
 import uuid
@@ -22,7 +20,7 @@ from hicache_l3 import Namespace, open_connector
 from hicache_l3.common.errors import Reason
 from hicache_l3.common.keys import common_batch
 from hicache_l3.common.memory import HostBuffer
-from hicache_l3.common.pages import FlatPages, plain_segments
+from hicache_l3.common.pages import FlatPages
 from hicache_l3.conformance.slab_backdoor import SlabBackdoor, slab_location
 from hicache_l3.slab import plan as plan_mod
 from hicache_l3.slab.format import Entry
@@ -250,57 +248,7 @@ def test_planned_get_agrees_with_the_reference_on_any_damage(tmp_path: Path, dam
             assert planned[1][j * P:(j + 1) * P] == bytes(src.view()[i * P:(i + 1) * P])
 
 
-# ---- the one-pass common-batch check ------------------------------------------------------
-
-def _reference_common(keys: list[Any], pages: list[Any]) -> tuple[bytes, int, int, int, int, bool] | None:
-    """What common_batch must answer, from the Python checks (plain_segments and the
-    connector's rules)."""
-    from hicache_l3.common.keys import all_valid_keys
-
-    if not pages or len(keys) != len(pages) or type(keys) not in (list, tuple) \
-            or type(pages) not in (list, tuple) or not all_valid_keys(keys):
-        return None
-    plain = plain_segments(pages)
-    if plain is None or len(set(map(len, pages))) != 1:
-        return None
-    addresses, lengths = plain
-    size = lengths[0]
-    if size <= 0 or set(lengths) != {size} or min(addresses) < 0 or max(addresses) + size >= 1 << 64:
-        return None
-    ordered = sorted(addresses)
-    overlap = any(b - a < size for a, b in itertools.pairwise(ordered))
-    import struct
-    flat = struct.pack(f"={2 * len(addresses)}Q", *[v for pair in zip(addresses, lengths) for v in pair])
-    return flat, len(pages[0]), size, min(addresses), max(addresses) + size, overlap
-
-
-_segment = st.one_of(
-    st.tuples(st.integers(0, 1 << 20).map(lambda a: a * 64), st.sampled_from([64, 64, 64, 128])),
-    st.tuples(st.integers(-5, 5), st.just(64)),
-    st.just((1.0, 64)), st.just((64, 64, 64)), st.just([128, 64]), st.just((True, 64)),
-    st.just((1 << 64, 64)),
-)
-
-
-@settings(max_examples=400, deadline=None)
-@given(st.integers(1, 3).flatmap(lambda k: st.lists(
-    st.lists(_segment, min_size=k, max_size=k).map(tuple), min_size=0, max_size=6)),
-    st.lists(st.sampled_from(["k1", "k2", "a:b", ".bad", "", "x" * 300]), min_size=0, max_size=6))
-def test_common_batch_agrees_with_the_python_checks(pages: list[Any], keys: list[str]) -> None:
-    keys = (keys + ["k"] * len(pages))[: len(pages)] if keys or pages else keys
-    assert common_batch is not None
-    assert common_batch(keys, pages) == _reference_common(keys, pages)
-
-
-def test_common_batch_sees_overlap_and_order() -> None:
-    assert common_batch is not None
-    keys = ["a", "b", "c"]
-    assert common_batch(keys, [((0, 64),), ((64, 64),), ((128, 64),)])[5] is False  # type: ignore[index]
-    assert common_batch(keys, [((128, 64),), ((0, 64),), ((64, 64),)])[5] is False  # type: ignore[index]
-    assert common_batch(keys, [((128, 64),), ((0, 64),), ((127, 64),)])[5] is True  # type: ignore[index]
-    assert common_batch(keys, [((64, 64),), ((0, 64),), ((64, 64),)])[5] is True  # type: ignore[index]
-    assert common_batch(keys, [((0, 64),), ((64, 64),)]) is None  # fewer pages than keys
-
+# ---- the fast check on a slab connector's get ------------------------------------------------
 
 def test_get_with_overlapping_destinations_raises_on_the_fast_check(tmp_path: Path) -> None:
     keys, _ = _damaged_store(tmp_path)

@@ -1,15 +1,28 @@
-"""Namespaces separate everything that changes a page's bytes; keys cannot be paths."""
+"""Namespaces separate everything that changes a page's bytes; keys cannot be paths; the
+one-pass common-batch check (hicache_l3._keys.common_batch) answers as the connector's
+key-by-key checks."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import struct
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hicache_l3.common.errors import ConfigError, InvalidKeyError
-from hicache_l3.common.keys import KEY_FORMAT_VERSION, Namespace, is_valid_key, validate_key
+from hicache_l3.common.keys import (
+    KEY_FORMAT_VERSION,
+    Namespace,
+    all_valid_keys,
+    common_batch,
+    is_valid_key,
+    validate_key,
+)
+from hicache_l3.common.pages import plain_segments
 
 BASE = Namespace(model="org/model", kv_dtype="bfloat16", layout="page_first", page_size=64)
 
@@ -151,3 +164,53 @@ def test_python_fallback_when_native_key_checks_are_not_built():
             "assert keys.prefixed_valid_keys('p:', ['ab', '../x']) is None\n"
             "assert not keys.all_valid_keys(['ab', '-x'])\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# ---- the one-pass common-batch check ------------------------------------------------------
+
+def _reference_common(keys: list[Any], pages: list[Any]) -> tuple[bytes, int, int, int, int, bool] | None:
+    """What common_batch must answer, from the Python checks (plain_segments and the
+    connector's rules)."""
+    if not pages or len(keys) != len(pages) or type(keys) not in (list, tuple) \
+            or type(pages) not in (list, tuple) or not all_valid_keys(keys):
+        return None
+    plain = plain_segments(pages)
+    if plain is None or len(set(map(len, pages))) != 1:
+        return None
+    addresses, lengths = plain
+    size = lengths[0]
+    if size <= 0 or set(lengths) != {size} or min(addresses) < 0 or max(addresses) + size >= 1 << 64:
+        return None
+    ordered = sorted(addresses)
+    overlap = any(b - a < size for a, b in itertools.pairwise(ordered))
+    flat = struct.pack(f"={2 * len(addresses)}Q", *[v for pair in zip(addresses, lengths) for v in pair])
+    return flat, len(pages[0]), size, min(addresses), max(addresses) + size, overlap
+
+
+_segment = st.one_of(
+    st.tuples(st.integers(0, 1 << 20).map(lambda a: a * 64), st.sampled_from([64, 64, 64, 128])),
+    st.tuples(st.integers(-5, 5), st.just(64)),
+    st.just((1.0, 64)), st.just((64, 64, 64)), st.just([128, 64]), st.just((True, 64)),
+    st.just((1 << 64, 64)),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(1, 3).flatmap(lambda k: st.lists(
+    st.lists(_segment, min_size=k, max_size=k).map(tuple), min_size=0, max_size=6)),
+    st.lists(st.sampled_from(["k1", "k2", "a:b", ".bad", "", "x" * 300]), min_size=0, max_size=6))
+def test_common_batch_agrees_with_the_python_checks(pages: list[Any], keys: list[str]) -> None:
+    assert common_batch is not None, "hicache_l3._keys not built (common_batch missing)"
+    keys = (keys + ["k"] * len(pages))[: len(pages)] if keys or pages else keys
+    assert common_batch is not None
+    assert common_batch(keys, pages) == _reference_common(keys, pages)
+
+
+def test_common_batch_sees_overlap_and_order() -> None:
+    assert common_batch is not None
+    keys = ["a", "b", "c"]
+    assert common_batch(keys, [((0, 64),), ((64, 64),), ((128, 64),)])[5] is False  # type: ignore[index]
+    assert common_batch(keys, [((128, 64),), ((0, 64),), ((64, 64),)])[5] is False  # type: ignore[index]
+    assert common_batch(keys, [((128, 64),), ((0, 64),), ((127, 64),)])[5] is True  # type: ignore[index]
+    assert common_batch(keys, [((64, 64),), ((0, 64),), ((64, 64),)])[5] is True  # type: ignore[index]
+    assert common_batch(keys, [((0, 64),), ((64, 64),)]) is None  # fewer pages than keys
