@@ -12,13 +12,13 @@ import sys
 from pathlib import Path
 
 from hicache_l3.slab import checkpoint
-from tests.unit.test_slab_checkpoint import close_index, filled, fresh_indexes, key, open_store
+from tests.slab.test_slab_checkpoint import close_index, filled, fresh_indexes, key, open_store
 
 CHILD = r"""
 import json, sys
 from pathlib import Path
 from hicache_l3.slab.table import NativePageTable
-from tests.unit.test_slab_checkpoint import open_store
+from tests.slab.test_slab_checkpoint import open_store
 
 store = open_store(Path(sys.argv[1]))
 def answer():

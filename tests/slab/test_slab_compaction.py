@@ -1,7 +1,7 @@
 """The compaction a commit starts (hicache_l3/slab/compaction.py) runs off the caller's
 thread: the commit that starts it, and those that follow, do not wait for it, and what they
 logged meanwhile is in the log it leaves. (What that log replays to, for any history, is
-tests/unit/test_slab_checkpoint.py's.)"""
+tests/slab/test_slab_checkpoint.py's.)"""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from hicache_l3.slab import evict
 from hicache_l3.slab.clock import COLD, HOT, Clock
 from hicache_l3.slab.format import Entry
 from hicache_l3.slab.table import DictPageTable, NativePageTable, digest, native_library
-from tests.unit.test_slab_table import _on_image
+from tests.slab.test_slab_table import _on_image
 
 
 def raw_library() -> evict._Library:
@@ -87,7 +87,7 @@ def test_out_of_range_runs_take_the_reference_path() -> None:
 
 
 def reference_victims(state: list[int], hand: int, n: int) -> list[int]:
-    """Second-chance CLOCK one slot at a time (as tests/unit/test_slab_clock.py's model)."""
+    """Second-chance CLOCK one slot at a time (as tests/slab/test_slab_clock.py's model)."""
     out: list[int] = []
     n = min(n, sum(1 for s in state if s))
     while len(out) < n:

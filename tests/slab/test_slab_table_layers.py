@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from hicache_l3.slab.format import Entry
 from hicache_l3.slab.table import DictPageTable, NativePageTable, TableImage, build_image, native_library
-from tests.unit.test_slab_table import DIG, ENTRY, OP, WHERE, _apply, _state
+from tests.slab.test_slab_table import DIG, ENTRY, OP, WHERE, _apply, _state
 
 
 def _native() -> NativePageTable:
