@@ -30,7 +30,7 @@ EXTRAS = {"mooncake": "mooncake", "nixl": "nixl", "nixl_cu12": "nixl", "fsspec":
 COMMANDS: dict[str, Command] = {
     "bench": Command("hicache_l3.bench.cli", "measure connectors against their raw engines"),
     "replay": Command("hicache_l3.bench.replay", "replay an agentic workload through L1/L2 + a connector"),
-    "engines": Command("hicache_l3.engines", "start local engines (mooncake, s3) for development"),
+    "engines": Command("hicache_l3.engines", "start local engines (mooncake, s3, glusterfs) for development"),
     "sglang-args": Command("hicache_l3.sglang.cli", "print SGLang flags and write the config file"),
     "check": Command("hicache_l3.sglang.cli", "validate a config file with a round trip of a few pages",
                      "add_check_arguments", "run_check"),
