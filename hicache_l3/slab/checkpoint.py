@@ -29,20 +29,14 @@ Layout (little-endian), version 3, written where the C page table is built::
 Version 2 (written without the C table, read by both) has no image: its body holds the
 counts writers u32, pages u64, deleted u64, foreign DELs u64, key bytes u64, the writers,
 then the pages' digests (16 bytes each) and entries (writer, slab, slot, gen, length,
-checksum u64 each), then the same foreign DELs, deleted marks and keys. (Version 1 held
-keys instead of digests: it is ignored like any other version, the logs are replayed.)
+checksum u64 each), then the same foreign DELs, deleted marks and keys. Other versions
+are ignored and the logs replayed.
 
-Crash guarantees. The file is written to a private (0600, ``O_NOFOLLOW | O_EXCL``)
-temporary file, synced, and renamed over the old one: a reader sees the old checkpoint or
-the new one, whole, and a process that mapped the old one keeps reading it whole (the
-rename leaves its inode alive while it is mapped; nothing ever writes into a checkpoint
-after its rename). One that is torn or damaged anyway (bad magic, version, length, CRC or
-image hash), a symlink, or not a regular file is ignored with a warning: the opener replays the
-logs from their start, as without a checkpoint. A writer log whose inode, size or CRCs no
-longer match the checkpoint (compacted, set aside, replaced) is read again from its start
-and the checkpoint's entries of that writer are dropped first, exactly as a running reader
-does when it notices a compaction. Keys holding a NUL character cannot be stored in this
-format: no checkpoint is written while a foreign DEL holds one (the logs stay the source).
+Crash guarantees (docs/architecture.md, "Fast open", "Crash guarantees"): written to a
+private temporary file, synced and renamed, so a reader sees the old checkpoint or the new
+one, whole; a torn, damaged, planted or other-version file is ignored with a warning and
+the logs replayed; a log that no longer matches its mark is read again from its start.
+Keys holding a NUL cannot be stored: no checkpoint is written while a foreign DEL holds one.
 """
 
 from __future__ import annotations
@@ -152,7 +146,7 @@ def log_crcs(fd: int, offset: int) -> tuple[int, int]:
 @contextlib.contextmanager
 def no_gc() -> Iterator[None]:
     """The cyclic garbage collector paused: building millions of tuples otherwise
-    triggers collections that cost more than the building (measured ~4x)."""
+    triggers collections that cost more than the building."""
     was = gc.isenabled()
     gc.disable()
     try:

@@ -66,7 +66,7 @@ def parse_writer_name(name: str) -> int | None:
 
 def slab_file_name(slab: int, packed: bool = False) -> str:
     """The file name of slab ``slab`` in its writer's directory: ``slab-NNNNNN.dat``, or
-    ``slab-NNNNNN.packed.dat`` for packed small slots (slab/format.py "Packed small slots"), so
+    ``slab-NNNNNN.packed.dat`` for packed small slots (docs/architecture.md, "The slot layout"), so
     that slabs of one layout are never opened as the other's."""
     return f"slab-{slab:06d}.packed.dat" if packed else f"slab-{slab:06d}.dat"
 

@@ -4,46 +4,25 @@ slot, index log records, and ``namespace.json``.
 Layout under ``<root>/ns-<namespace digest>/``::
 
     namespace.json            the namespace and the slot size, written once
-    changes                   8 bytes a writer, rewritten after each change it publishes
-                              (slab/changes.py: readers skip the log look while it is still)
+    changes                   8 bytes a writer (slab/changes.py)
     writers/wNNNN/lock        flock-ed by the process that owns this writer directory
     writers/wNNNN/index.log   append-only index records of this writer
     writers/wNNNN/slab-NNNNNN.dat   preallocated data files cut into slots
                                     (slab-NNNNNN.packed.dat: packed small slots, format 3)
 
-Slots (format 2). A slab is cut into groups of :data:`GROUP_SLOTS` slots. A group is a
-table of 128-byte marker records, one per slot (``GROUP_SLOTS * 128`` bytes: 64 KiB, a
-multiple of 4 KiB), then the slots' data areas back to back, each ``data_stride =
-round_up(slot_bytes, 4096)`` bytes, so every page's data is 4 KiB aligned and, where
-the page size is a power of two up to 64 KiB, aligned to its own size::
-
-    group g: [ marker 0 | marker 1 | ... | marker 511 ][ data 0 ][ data 1 ] ... [ data 511 ]
-
-Packed small slots (format 3). Slots of at most :data:`PACKED_MAX` bytes (2 KiB) are
-packed: ``data_stride`` is the smallest power of two that holds the slot (at least 64
-bytes), so a 256-byte page costs 256 + 128 bytes of disk and page cache instead of
-4,096 + 128, and no page straddles a 4 KiB page of the file. Nothing else differs: the
-marker records, their table and the torn-slot argument are format 2's (page data of
-neighbouring slots share a 4 KiB block, as their markers always did; a write never
-touches another slot's bytes). Such pages are never moved with O_DIRECT (not 4 KiB
-long). ``namespace.json`` says ``"format": 3`` for such a namespace, so a version that
-predates packing refuses it instead of reading it with the 4 KiB stride; a namespace of
-small slots created before packing says format 2 and keeps the 4 KiB stride. Packed slabs
-are named ``slab-NNNNNN.packed.dat``: were ``namespace.json`` lost and rebuilt with the other
-layout (by this version or an older one), the slabs of the first are not found, and their
-pages miss as those of a missing slab do; no slab is ever read with another's stride.
-
-A marker record is a start header (64 B: magic, format version, generation, length,
-checksum, key fingerprint) followed by an end marker (64 B: magic, generation, key
-fingerprint). Page data lie where the kernel caches a file best (the raw contenders'
-layout: large folios on Linux 6.x ext4), and the markers of consecutive slots are
-contiguous, so a batch's markers move in a few calls.
+A slab is cut into groups of :data:`GROUP_SLOTS` slots: a 64 KiB table of 128-byte
+marker records (start header, end marker), then the slots' data areas, each
+``round_up(slot_bytes, 4096)`` (format 3: the smallest power of two, at least 64, for
+slots of at most :data:`PACKED_MAX` bytes). docs/architecture.md, "The slot layout",
+gives the layout, packing and why format 1 is refused. An index record is a CRC32 over
+its body, then kind, key length, (writer, slab, slot, generation, length, checksum) and
+the key: PUT (a page is in that slot), DEL (that exact page is gone) or GEN (generations
+up to this one were used; kept by compaction).
 
 The torn-slot argument. Every write gets a new generation, unique per writer.
 
 * Writer order: the marker record (new generation, key fingerprint, length, checksum)
-  first, then the data. Two calls (the two are no longer adjacent), marker first, always:
-  the one-vectored-write variant of format 1 is gone.
+  first, then the data, in two calls, marker first, always.
 * Reader order: the data first, then the marker record; the page is accepted only if
   the record is exactly the one the index entry implies (generation, length, checksum,
   key fingerprint) and, when the entry has a checksum, the data hash to it.
@@ -56,35 +35,20 @@ generation differs: a miss. A crash mid-write leaves a new marker and torn data,
 no PUT record was logged (records are appended only after the data are written): the
 index still names the old generation, whose marker is gone, so the slot reads as a miss
 and the reader drops the entry. A recycled slot (evicted, then reused) carries a new
-generation and another key's fingerprint: a stale entry misses. A reader of a
-checksummed entry also verifies the checksum, which adds detection of bytes altered
-at rest.
+generation and another key's fingerprint: a stale entry misses. A checksummed entry's
+reader also verifies the checksum, which detects bytes altered at rest.
 
-What the argument assumes: every reader's view of the file is one coherent view, in
-which a write that landed is seen by every later read. One kernel's page cache gives that
-to every process of the machine. Across nodes. Several nodes mounting one distributed
-filesystem (NFS, GlusterFS, 3FS's FUSE client) each cache the file on their own, and a
-node's cache can hold one part of a slot (its data) from before another node's rewrite
-while it fetches another part (the new marker) from the filesystem: a reader then checks
-the new marker against old data, and the marker alone cannot tell. The checksum in the
-marker can: on a store that other nodes may mount every page is checksummed, and a page
-whose marker or checksum does not match is read once more with each part fetched after
-dropping this node's cached copy of it, data first and marker after
-(:mod:`hicache_l3.slab.fresh`), which restores the order the argument needs whatever the
-cache held. Writes of one node may also reach the filesystem out of order (a FUSE client's
-write-behind); a reader that sees the new marker before the new data then fails the
-checksum, and the page is a miss until the data arrive (:mod:`hicache_l3.slab.connector`,
-"Across nodes").
-
-Format 1 (a 4 KiB header block, data, end marker per slot) is not read: the start
-header carries the format version, so format-1 bytes never match a format-2 marker,
-and :func:`write_namespace_file` refuses a namespace directory whose
-``namespace.json`` says format 1 (:class:`ConfigError` naming the directory: the store
-is a cache, delete the directory or point ``root`` elsewhere).
-
-Records. An index record is a CRC32 over its body, then kind, key length, (writer, slab,
-slot, generation, length, checksum) and the key: PUT (a page is in that slot), DEL (that
-exact page is gone) or GEN (generations up to this one were used; kept by compaction).
+The argument assumes every reader sees one coherent view of the file, in which a write
+that landed is seen by every later read: one kernel's page cache gives that to every
+process of the machine. Across nodes. Nodes mounting one distributed filesystem each
+cache the file on their own, so a node can hold a slot's old data while it fetches the
+new marker: the marker alone cannot tell. The checksum can: on a store other nodes may
+mount every page is checksummed, and a page whose marker or checksum does not match is
+read once more, each part fetched after dropping this node's cached copy, data first
+and marker after (:mod:`hicache_l3.slab.fresh`), which restores the order the argument
+needs. A node's writes may also reach the filesystem out of order (write-behind): a
+reader that sees the new marker before the new data fails the checksum, and the page
+is a miss until the data arrive (:mod:`hicache_l3.slab.connector`, "Across nodes").
 """
 
 from __future__ import annotations
@@ -137,7 +101,7 @@ class Entry(NamedTuple):
     """Where one stored page is: writer, slab, slot, generation, length, checksum.
 
     A named tuple, not a frozen dataclass: one is built per page committed or read from a
-    log, and a frozen dataclass's ``__init__`` measured ~5x slower on that path."""
+    log, and a frozen dataclass's ``__init__`` is much slower on that path."""
 
     writer: int
     slab: int

@@ -8,73 +8,19 @@ Layout added to :mod:`hicache_l3.slab.format`'s, per writer directory::
     writers/wNNNN/claim.EEEEEEEE     the owner of epoch E (JSON: node, pid, start, epoch)
     writers/wNNNN/released.EEEEEEEE  epoch E's owner closed cleanly
 
-Ownership. A process owns writer directory ``wNNNN`` for epoch ``E`` when it created
-``claim.E`` and no ``claim.F`` with ``F > E`` exists. A claim is created by writing a
-private temporary file and ``link(2)``-ing it to ``claim.E``: the link fails with
-``EEXIST`` for everyone but one process, so two processes can never both own epoch E,
-whatever machine they run on. A process takes over directory ``w`` whose highest claim
-is ``E`` (by linking ``claim.E+1``) only when that claim is *free*:
-
-* ``released.E`` exists (its owner closed), or there is no claim at all;
-* the owner ran on this node (same host name, boot id and PID namespace) and its PID is
-  gone or belongs to a process with another start time (a crash: adopted at once);
-* the owner ran on another node and the claim's mtime, which the owner refreshes every
-  ``lease_s / 4`` seconds, has not changed for ``lease_s`` seconds by the observer's own
-  monotonic clock (no clock agreement between nodes is needed).
-
-The owner fences itself: it stops publishing (commits fail, reserves return nothing) as
-soon as it sees a higher claim, or when its last successful heartbeat is older than
-``lease_s / 2``. ``max_writers`` writer directories exist at most per namespace; with
-a per-writer capacity of ``capacity / max_writers`` the namespace never holds more than
-its configured total. A new process takes a free or new directory at once; when all
-``max_writers`` are held by live owners it gets none (sets fail with ``no_space``,
-logged) after waiting at most ``lease_s`` for another node's claim to expire.
-
-Generations are ``epoch << 40 | counter``: unique across every owner a directory ever
-had, so a slot rewritten after an adoption can never carry a generation that a stale
-index entry (in any process, on any node) expects. A reader checks the slot's marker
-record (read after the data) against the index entry's generation and key fingerprint
-before it accepts the bytes (the slab store's protocol), so a recycled slot reads as a miss.
-
-What the index relies on from the filesystem, and what 3FS documents for each (3FS
-design notes, ``docs/design_notes.md``: metadata lives in FoundationDB and every
-create/link/unlink/rename is one serializable transaction; chunk data is replicated with
-CRAQ, strongly consistent; file length is eventually consistent):
-
-=========================================  ================================================
-operation the index uses                    3FS (FUSE client)
-=========================================  ================================================
-``mkdir`` fails with EEXIST if present      yes: a metadata transaction
-``link`` fails with EEXIST if present       yes: hard links are supported, transactional
-  (claim files, ``namespace.json``)
-``utime`` visible to other nodes            metadata transaction; other nodes see it after
-  (lease heartbeats)                        their FUSE attribute cache expires, hence
-                                            ``lease_s`` must exceed that cache timeout
-``flock``                                   **not** across nodes (a FUSE file system without
-                                            lock support gets the kernel's per-node locks):
-                                            used only as an extra per-node guard
-                                            (``node_locks``); ownership comes from claims
-``O_APPEND``                                not relied on: one owner per log, which writes
-                                            at the end offset it tracks itself
-file length of another writer's log         eventually consistent (clients report write
-                                            positions every 5 s; exact after close/fsync):
-                                            readers parse only whole, CRC-checked records,
-                                            so a late length delays visibility, never
-                                            corrupts; ``fsync="always"`` syncs the log
-                                            after every batch for prompt visibility
-directory mtime (new writers)               not relied on across nodes: ``writers/`` is
-                                            rescanned every ``rescan_s`` seconds
-data written by one node read by another    yes: CRAQ, read-after-write on chunk data
-=========================================  ================================================
-
-An owner that is partitioned away, keeps writing and is adopted meanwhile can only
-overwrite slots; readers then get misses (generation, fingerprint and checksum checks),
-never another key's bytes.
-
-``delete`` and ``clear`` append DEL records, so they too need a writer directory; a
-process that cannot own one gets an error for them. A process that read a directory's
-slabs before adopting it retires the read-only descriptors it cached (the base store
-would otherwise write through them and fail with EBADF).
+Ownership. A process owns ``wNNNN`` for epoch ``E`` when it created ``claim.E`` (a
+private temporary file ``link(2)``-ed to it: ``EEXIST`` for all but one process, on any
+machine) and no higher claim exists. It takes over a directory whose highest claim
+``E`` is *free* by linking ``claim.E+1``: ``released.E`` exists (or no claim does); the
+owner ran on this node and its PID is gone or reused (adopted at once); or the owner ran
+on another node and the claim's mtime, refreshed every ``lease_s / 4``, has not changed
+for ``lease_s`` by the observer's monotonic clock. The owner fences itself (commits
+fail, reserves return nothing) once it sees a higher claim or its last heartbeat is
+older than ``lease_s / 2``. Generations are ``epoch << 40 | counter``: unique across
+every owner a directory ever had, so a slot rewritten after an adoption never carries a
+generation a stale index entry expects, and a partitioned owner that keeps writing can
+only cause misses, never another key's bytes. What each step relies on from the
+filesystem: docs/reliability.md, "Writers on several nodes".
 """
 
 from __future__ import annotations
