@@ -1,49 +1,17 @@
 """``hicache-l3 bench --scale``: how the file connector's costs grow with the store size.
 
 For each store size N (``--scale-sizes``), one process fills a fresh file-connector store
-with N tiny pages (``--scale-page-bytes``, 256 bytes by default: packed slots of 384 bytes
-with their marker, so 10^7 pages take 3.8 GB of disk and fit the page cache) in big
-batches, with a capacity of exactly ``N + S`` slots (``S = min(N, 16384)`` rounded up to
-whole batches of 128). Then, per size:
-
-* three fresh processes each open the store (subprocesses, so nothing is warm; configured
-  as the writer is, its capacity included, as every process of a deployment is) and report
-  the growth of their resident memory (``/proc/self/statm``) and of their ``MAP_SHARED``
-  mappings (``/proc/self/maps``) across the open and the first ``exists`` answer, the
-  time that took, and how the index was built (pages loaded from the index checkpoint,
-  log records replayed); reported: the medians, divided by N for the memory;
-* in the filling process: ``exists`` of S random stored keys, pass after pass for at
-  least :data:`EXISTS_SECONDS` (a lookup takes ~0.5 us: one pass is milliseconds, which
-  one background checkpoint's lock hold would dominate); ``get`` of S random stored keys,
-  ``get`` of the same keys again (their slots now in the page cache: the index's cost
-  without the disk's, for stores bigger than the page cache), then ``set`` of S new keys
-  (the store reaches its capacity), then ``set`` of S more new keys, each of which evicts
-  one page (the eviction cost at capacity); all in batches of 128. Every measure also
-  reports its batches' latencies (``<measure>_batch_ms``: p50, p99 and the longest), so
-  that a stall shows even where the rate absorbs it;
-* the raw contender of each ``get``: ``os.preadv`` of each page's data area alone (no
-  marker, no checksum, no index), one call per page, batch for batch with the connector's
-  (the order turning every batch): over S other stored keys beside the connector's first
-  pass (``raw_get_pages_per_s``: both meet the page cache as the fill left it), then over
-  the connector's own keys beside its warm pass (``raw_get_warm_pages_per_s``). What the
-  memory and the disk cost at this size, whatever the index: where the connector's rate
-  falls with the size, the ratio to these says whether the index's share grew.
-
-Before the measures in the filling process, the index work the fill made due (its last
-checkpoint, written off the lock, then adopted) is let end (``settle_s``: how long that
-took), so that it lands in none of them.
-
-Each open is also measured once with the index checkpoint ignored (``open_full_replay_s``:
-every log replayed from its start, as before checkpoints existed).
-
-``--scale-index-only`` measures what the index costs at sizes whose pages would not fit on
-the disk: the store is written directly as one writer's log of N PUT records over sparse
-slab files holding no bytes, a process opens it and writes its index checkpoint
-(``checkpoint_write_s``); then the opens and ``exists`` as above, no get or set (None).
+with N pages (``--scale-page-bytes``) and a capacity of ``N + S`` slots (``S = min(N,
+16384)`` rounded up to whole batches of 128). Then fresh subprocesses open it and report
+their memory growth and open time; the filling process measures ``exists``, ``get``
+(first and warm, each beside a raw ``os.preadv`` contender batch for batch), ``set`` to
+capacity and the evicting ``set``, after letting the fill's index work end (``settle_s``)
+so that it lands in none of them. ``--scale-index-only`` writes each store as one log
+over sparse slabs and measures only open, memory and ``exists``. Columns and current
+figures: docs/benchmarks.md, "``hicache-l3 bench --scale``".
 
 Every op must succeed for every key (a miss or a failed set is a :class:`BenchError`).
-Speeds are only meaningful on a quiet machine; the figures are medians of one pass. The
-table is headed by the CPU model and the load average (both in the JSON's ``meta``).
+The figures are medians of one pass, meaningful only on a quiet machine.
 """
 
 from __future__ import annotations

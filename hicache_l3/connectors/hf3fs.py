@@ -3,46 +3,26 @@
 
 Two I/O paths over the same on-disk format (so they interoperate, page for page):
 
-* **POSIX-mount mode** (always available): the file connector's slab I/O, i.e.
-  ``preadv``/``pwritev`` straight between registered host memory and the slab files, the
-  pages of a batch in parallel (``io_threads``). This is what runs for real in tests, on
-  a local directory.
+* **POSIX-mount mode** (always available): the file connector's slab I/O, ``preadv``/
+  ``pwritev`` straight between registered host memory and the slab files.
 * **USRBIO mode**, when ``hf3fs_fuse.io`` is importable and ``root`` lies on a 3FS mount
-  (``usrbio="auto"``, the default; ``"on"`` makes it required, ``"off"`` disables it):
-  I/Os are queued on 3FS's shared-memory rings (``make_ioring``: ``prepare``, ``submit``,
-  ``wait``), one read and one write ring per connector. USRBIO can only move bytes
-  into or out of an *iovec*, i.e. POSIX shared memory registered with the FUSE daemon
-  (``make_iovec``). Pages that lie inside such memory go **zero-copy**: register a
-  :class:`SharedHostBuffer` (or any region whose ``owner`` is a
-  ``multiprocessing.shared_memory.SharedMemory``) and the iovecs point straight at
-  the pages. Pages anywhere else (a pinned torch host pool) take **one copy** through
-  a staging iovec, as SGLang's and LMCache's 3FS backends do for every page; the
-  counters ``usrbio_zero_copy`` and ``usrbio_staged`` in ``stats()`` say which path each
-  page took. Tested against a named test double of the USRBIO API
-  (``tests/doubles/hf3fs_usrbio_double.py``), since no 3FS can be built here. Measured
-  through that double (real ``pwritev``/``preadv`` underneath, 2-core VM, 128-page
-  batches of 1 MiB): zero-copy set/get ~2.0/2.3 GiB/s, staged ~1.0/1.5 GiB/s, i.e. the
-  copy costs about half the write and a third of the read throughput. At 64 KiB the
-  double's per-I/O cost dominates (~0.35/0.5-0.7 GiB/s either way): figures about a
-  real 3FS need a real 3FS.
+  (``usrbio="auto"``; ``"on"`` requires it, ``"off"`` disables it): I/Os go through
+  3FS's shared-memory rings, one read and one write ring per connector. USRBIO moves
+  bytes only into or out of an *iovec* (POSIX shared memory registered with the FUSE
+  daemon): pages inside a registered :class:`SharedHostBuffer` (or a region owned by a
+  ``SharedMemory``) go zero-copy, others take one copy through a staging iovec
+  (counters ``usrbio_zero_copy``, ``usrbio_staged``). Tested against a named test double
+  (``tests/doubles/hf3fs_usrbio_double.py``); figures about a real 3FS need a real 3FS.
 
-The index is :class:`~hicache_l3.slab.shared.SharedSlabStore`: safe with writer
-processes on different machines (claims and leases instead of ``flock``), surviving
-restarts (the logs are the index), reusing evicted slots with generations that never
-repeat. Its docstring lists each filesystem operation it relies on and what 3FS
-guarantees for it.
-
-Capacity: ``capacity_bytes`` is the namespace's total on the mount; up to
-``max_writers`` writer processes each get ``capacity_bytes / max_writers`` and evict
-their own least recently used pages when full. Keys carry the full namespace (model,
-dtype, layout, page size, tp/pp/cp/dcp shard, tag, format version) through the store's
-per-namespace directory; no signal handlers are installed.
+The index is :class:`~hicache_l3.slab.shared.SharedSlabStore`: writers on several
+machines (claims and leases instead of ``flock``), generations that never repeat.
+Up to ``max_writers`` writers each get ``capacity_bytes / max_writers`` of the mount.
 
 USRBIO ordering: a slot is written in two ring rounds (marker record; then data) and
-read in two (data; then marker record), so that the slab store's torn-slot argument
-(:mod:`hicache_l3.slab.format`) holds although a ring completes its I/Os in any order. A ring round that times
-out (``usrbio_timeout_s``) fails its pages and abandons that ring and its staging memory
-(late completions can no longer land in memory that is reused).
+read in two (data; then marker record), so that the torn-slot argument
+(:mod:`hicache_l3.slab.format`) holds although a ring completes its I/Os in any order. A
+ring round that times out (``usrbio_timeout_s``) fails its pages and abandons that ring
+and its staging memory, so late completions never land in memory that is reused.
 """
 
 from __future__ import annotations

@@ -6,44 +6,25 @@ page set by one SGLang instance is read by every other. The connector is a clien
 
 * zero-copy: every host region is registered once with ``register_buffer`` (undone on
   close); pages move with ``batch_put_from``/``batch_get_into`` from and into page
-  addresses (``..._multi_buffers`` for scattered ``layer_first`` pages); no staging copy;
-* one object per page, stored under ``namespace.storage_key(key)``
-  (``<namespace digest>:<key>``); a set needs no exists round trip first (Mooncake
-  answers 0 for a key it has already and keeps the stored bytes), but one after: that 0
-  also comes for an object another client is still putting or died putting, so a set is
-  ``True`` only for keys ``batch_is_exist`` then finds complete;
-* per-key results mapped from Mooncake's codes (:data:`CODE_REASONS`); each raw code is
-  also counted as ``mooncake_<code>`` in ``stats()["ops"]["counters"]``;
-* ``checksum="xxh3"`` appends a 32-byte trailer (magic, length, XXH3-64 of the page,
-  key fingerprint) to every object and verifies it on get, so bytes altered in the store
-  read as a miss (``detects_corruption``); off by default: it costs a pass over every
-  page on both paths and moves pages through the multi-buffer calls (its cost against
-  raw Mooncake: docs/benchmarks.md, "Figures behind design choices");
-* a master that stops answering makes a call return ``engine_down`` for every key
-  (Mooncake's RPC gives up after ~4.3 s); while it stays down, later calls probe its TCP
-  port (``connect_timeout``) and fail at once instead of waiting again, and the
-  connector works again as soon as the master is back.
+  addresses (``..._multi_buffers`` for scattered ``layer_first`` pages);
+* one object per page, under ``namespace.storage_key(key)``; a set is ``True`` only for
+  keys ``batch_is_exist`` then finds complete (Mooncake answers 0 for a key it holds, but
+  also for one another client is still putting or died putting);
+* per-key results mapped from Mooncake's codes (:data:`CODE_REASONS`), each raw code also
+  counted as ``mooncake_<code>``;
+* ``checksum="xxh3"`` appends a 32-byte trailer (magic, length, XXH3-64, key fingerprint)
+  verified on get (``detects_corruption``); off by default: it costs a pass over every
+  page (docs/benchmarks.md, "Figures behind design choices");
+* a master that stops answering gives ``engine_down`` for every key; while it stays down,
+  later calls probe its TCP port (``connect_timeout``) and fail at once.
 
 Lifecycle: the library crashes the process (SIGSEGV) when ``batch_is_exist`` runs after
-``close()``. The base class waits for calls in flight and refuses calls after close, and
-this module drops its store handle in ``_close``, so nothing reaches the library then.
-
-Network exposure. Loopback by default: ``local_hostname=127.0.0.1`` and, when it is a
-loopback address and the variable is unset, ``MC_TCP_BIND_ADDRESS`` is set to it before
-the transfer engine starts, so that the client advertises loopback. What Mooncake binds
-to all interfaces whatever is configured: the master's embedded HTTP metadata server
-(0.0.0.0; it ignores ``--http_metadata_server_host``) and each client's transfer engine
-(handshake port on 0.0.0.0, TCP data port on ``[::]``, ports in 12000-17999). The engine
-launcher preloads the loopback shim (:mod:`hicache_l3.engines.loopback`) into the
-processes it starts, which keeps all of these on loopback (without the shim it serves the
-metadata from :mod:`hicache_l3.engines.mooncake_metadata` on loopback); a connector's own process is
-covered only when it was started with the shim. README "Security" has the
-operator's remedies; ``tests/mooncake/test_mooncake_exposure.py`` checks every socket.
-
-Settings (``MooncakeConfig``) come from, lowest first: SGLang's ``MOONCAKE_*``
-environment variables, the JSON file named by ``SGLANG_HICACHE_MOONCAKE_CONFIG_PATH``
-(SGLang's in-tree backend's format), ``HICACHE_L3_MOONCAKE_<FIELD>`` variables, then the
-settings passed in. See :data:`SGLANG_ENV` and :data:`SGLANG_JSON` for the mapping.
+``close()``; this module drops its store handle in ``_close``, and the base class refuses
+calls after close, so nothing reaches the library then. Network exposure (loopback by
+default, what Mooncake binds to all interfaces, the loopback shim): README "Security".
+Settings (``MooncakeConfig``), lowest first: SGLang's ``MOONCAKE_*`` variables, the JSON
+file named by ``SGLANG_HICACHE_MOONCAKE_CONFIG_PATH``, ``HICACHE_L3_MOONCAKE_<FIELD>``
+variables, then the settings passed in (:data:`SGLANG_ENV`, :data:`SGLANG_JSON`).
 """
 
 from __future__ import annotations
