@@ -1,34 +1,23 @@
 """The slab index's page table: 16-byte key digest -> :class:`Entry`, and the slot inverse
 ``(writer, slab, slot) -> digest``, kept exactly inverse to each other.
 
-Two implementations with one API (:class:`PageTable`):
+Two implementations with one API (:class:`PageTable`); :func:`new_table` picks the C one
+when it loads, else the dicts:
 
-* :class:`NativePageTable`, the C table of ``hicache_l3/native/page_table.c`` (built into
-  the optional ``hicache_l3._batch_io`` library): 40-byte page buckets (digest, checksum,
-  generation and length class, packed location) and a 6-byte slot inverse (the index of
-  a page bucket, hashed by its location, a byte of that hash and the distance from its
-  home bucket), open addressing with linear probing and
-  backward-shift deletion over any capacity, rebuilt 1.5 times larger before the load
-  exceeds 0.8 (to the expected capacity, :meth:`~PageTable.expect`, once that is one
-  step away), or presized by :meth:`~PageTable.reserve`: 57.5 B a page at that load, with
-  no Python object per page, in anonymous mappings that hold no pointers (a later phase
-  can put the same layout in a shared file). Called through ``ctypes.PyDLL``: the GIL
-  stays held during each (short) call, so threads see every call as atomic, as they saw
-  the dict operations it replaces.
-* :class:`DictPageTable`, two dicts: the reference (a Hypothesis test drives both with
-  random operation sequences and asserts they agree) and the fallback where the C
-  library is not built.
+* :class:`NativePageTable`, the C table of ``hicache_l3/native/page_table.c`` (in the
+  optional ``hicache_l3._batch_io`` library): open addressing, no Python object per
+  page, in anonymous mappings that hold no pointers (docs/architecture.md, "Compact
+  bucket"). Called through ``ctypes.PyDLL``: the GIL stays held during each (short)
+  call, so threads see every call as atomic, as they saw the dict operations.
+* :class:`DictPageTable`, two dicts: the reference (a Hypothesis test drives both and
+  asserts they agree) and the fallback where the C library is not built.
 
-:func:`new_table` picks the C table when it loads, else the dicts.
-
-The digest (:func:`digest`) is XXH3-128 with a fixed non-zero seed. It is deliberately
-*not* the slot header's key fingerprint (unseeded XXH3-128,
+The digest (:func:`digest`) is XXH3-128 with a fixed non-zero seed, deliberately *not*
+the slot header's key fingerprint (unseeded XXH3-128,
 :func:`hicache_l3.common.integrity.key_fingerprint`): if two keys' digests collide, the
-table returns the other key's slot, and the reader then finds that slot's fingerprint
-differs from the fingerprint of the key it asked for and reads a miss, never the other
-key's bytes. With the same function a digest collision would also be a fingerprint
-collision and pass that check. Seeded XXH3-128 over BLAKE2b-128: 120 ns a key here
-against 400 ns, on the ``exists`` path.
+table returns the other key's slot, whose fingerprint then differs from the key's, so
+the reader reads a miss, never the other key's bytes. With one function for both, a
+digest collision would also pass the fingerprint check.
 
 Putting a page (``put``) supersedes what the slot held (another key's page there is
 removed) and the key's page elsewhere (its former slot leaves the inverse).

@@ -2,25 +2,19 @@
 that move a share of one batch's bytes while the caller's agent moves the rest.
 
 Why. NIXL's POSIX plugin runs a transfer in the thread that posts it, and an agent in
-strict sync mode serialises its callers. Two agents reading one slab file at once do run
-in parallel (reads take the inode's lock shared). Measured here (Intel Xeon, 2 cores,
-64 KiB pages, 128 a batch, raw NIXL, one file): one transfer of the batch 1228-1232 us;
-the batch split in two transfers on one agent from two threads 1389-1411 us; on two
-agents 763-785 us. Writes to one file serialise in the kernel whatever the agents; to two
-files they run at once (8 MiB from cold memory by two threads into two files 854-880 us,
-into one 1459-1504 us), and the slab store puts a set's slots in two files
-(:class:`~hicache_l3.slab.clock.Clocks`).
+strict sync mode serialises its callers, but two agents reading one slab file do run in
+parallel (reads take the inode's lock shared). Writes to one file serialise in the
+kernel whatever the agents; to two files they run at once, so the slab store puts a
+set's slots in two files (:class:`~hicache_l3.slab.clock.Clocks`). Figures:
+docs/benchmarks.md, "Figures behind design choices" (NIXL lanes).
 
-How. A get: :func:`split_rows` cuts its rows (address or offset, length, device: ``m x
-3`` arrays, or lists of tuples for a few rows) into parts, the caller's of
-:attr:`Balance.share` of the bytes and the lanes' of equal bytes, where the share is
-learnt from how long the last gets' parts took (:class:`Balance`: a lane starts tens of
-microseconds after the caller, and on some machines moves bytes slower; with equal parts
-the caller waited for the lane 51-61 us of a ~420 us get on the AMD EPYC VM). A set:
-:func:`by_file` deals its rows out by slab file. :meth:`Lanes.run` hands part ``i + 1``
-to lane ``i`` and runs part 0 on the caller, then waits for every lane. A lane's thread
-sleeps on a semaphore between batches (woken in tens of microseconds, against a transfer
-of a millisecond or more: shares below :data:`SHARE_MIN_BYTES` are not split).
+How. A get: :func:`split_rows` cuts its rows into parts, the caller's of
+:attr:`Balance.share` of the bytes and the lanes' of equal bytes, the share learnt from
+how long the last gets' parts took (a lane starts after the caller, and on some machines
+moves bytes slower: with equal parts the caller waited for it). A set: :func:`by_file`
+deals its rows out by slab file. :meth:`Lanes.run` hands part ``i + 1`` to lane ``i`` and
+runs part 0 on the caller, then waits for every lane. A lane sleeps on a semaphore
+between batches; shares below :data:`SHARE_MIN_BYTES` are not split.
 
 Rules a batch relies on:
 
@@ -46,7 +40,7 @@ from typing import Any
 
 from hicache_l3.connectors.nixl.base import Agent
 
-SHARE_MIN_BYTES = 2 << 20  # a get moving less than this per lane goes alone (the wake-up is ~40 us)
+SHARE_MIN_BYTES = 2 << 20  # a get moving less than this per lane goes alone (the wake-up would dominate)
 ALIGN = 4096  # parts are cut on this byte boundary of the transfer
 
 
@@ -182,8 +176,8 @@ class Balance:
     few gets. Starts at ``1 / parts`` (equal parts).
 
     "Together" allows for the hand-back: a caller that waits for a lane gets on only
-    tens of microseconds after the lane's end (a futex wake, then the GIL; 38 us median on
-    the AMD EPYC VM, 64 KiB pages, against a ~450 us part). :meth:`waited` learns that
+    tens of microseconds after the lane's end (a futex wake, then the GIL), a tenth of a
+    64 KiB-page part or so. :meth:`waited` learns that
     delay (:attr:`handoff`) and :meth:`observe` counts it in the lanes' time, so the
     lanes end about that much before the caller's part and the caller finds them done.
     A get whose caller found the lanes done shrinks the estimate a little

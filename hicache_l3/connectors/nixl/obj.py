@@ -34,7 +34,7 @@ used beyond the capacity. Each process bounds what it knows; with several writer
 with ``capacity_bytes=0`` (unbounded), the bucket's lifecycle rules must bound it.
 
 Reachability: at open the endpoint is probed with a TCP connect bounded by
-``connect_timeout_s`` (the SDK's own retries took ~25 s against a dead endpoint), and
+``connect_timeout_s`` (the SDK's own retries take far longer on a dead endpoint), and
 the bucket with one bounded HEAD. Later, every transfer is bounded by ``timeout_s``.
 """
 
