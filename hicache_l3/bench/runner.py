@@ -170,7 +170,7 @@ def balanced_ratio(ratios: list[float]) -> float:
     (throughput; the connector goes first in even repetitions, raw in odd ones): the
     median over consecutive pairs of repetitions (0 and 1, 2 and 3, ...) of each pair's
     geometric mean. Whoever runs first after the op before pays for it (the first of two
-    Mooncake ``exists`` after a set ran 20-40% slower, whichever target it was); a plain
+    Mooncake ``exists`` after a set ran markedly slower, whichever target it was); a plain
     median of an odd count lands on the connector-first side. An odd last repetition is
     left out; a single one is returned as it is."""
     if not ratios:

@@ -1,8 +1,8 @@
 """Page checksums and the key fingerprint stored in slot headers.
 
-Checksums are XXH3-64 (``xxhash``): measured here at ~35 GB/s per core on a page in
-cache through the wheel's run-time-dispatched (AVX2) entry point, against ~1.9 GB/s
-for ``zlib.crc32``, which makes always-on checksums affordable on the read path. The
+Checksums are XXH3-64 (``xxhash``): several times faster than ``zlib.crc32`` through the
+wheel's run-time-dispatched entry point, which makes always-on checksums affordable on
+the read path (docs/benchmarks.md, "Figures behind design choices"). The
 Python binding holds the GIL while hashing, which would serialise the I/O threads of a
 batch, so :func:`page_checksum` calls the same XXH3 code of the ``xxhash`` wheel
 through ``ctypes`` (which releases the GIL) straight on the page's addresses; both give
@@ -48,7 +48,7 @@ def buffer_checksum(views: Sequence[memoryview | bytes]) -> int:
 
 
 # The XXH3 entry points of the ``xxhash`` wheel's library, by role; the first name that
-# exists wins: the *_dispatch ones pick AVX2/AVX-512 at run time (2.2x the plain ones here).
+# exists wins: the *_dispatch ones pick AVX2/AVX-512 at run time (much faster than the plain ones).
 # The one place they are resolved: this module and the C batch library (slab/native.py).
 XXH3_ENTRY_POINTS: dict[str, tuple[str, ...]] = {
     "one": ("XXH3_64bits_dispatch", "XXH3_64bits"),

@@ -89,8 +89,8 @@ NATIVE_KEYS = _native is not None
 all_valid_keys: Callable[[Sequence[object]], bool] = (
     _native.valid_keys if _native is not None else _all_valid_keys_py)
 """``all_valid_keys(keys)``: True exactly when every key is valid (:func:`is_valid_key`);
-a whole-batch check, in one C pass over the keys when ``hicache_l3._keys`` is built
-(~12 ns a 64-character key), else :func:`_all_valid_keys_py`."""
+a whole-batch check, in one C pass over the keys when ``hicache_l3._keys`` is built,
+else :func:`_all_valid_keys_py`."""
 
 CommonBatch = tuple[bytes, int, int, int, int, bool]
 common_batch: Callable[[Sequence[object], Sequence[object]], CommonBatch | None] | None = (

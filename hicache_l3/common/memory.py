@@ -4,7 +4,7 @@ A :class:`MemoryRegion` is a span of host memory known by address; the connector
 registers it once with its engine and every transfer goes straight between it and the
 engine. :class:`HostBuffer` allocates one: pinned through torch when CUDA is present
 (as SGLang's host pool is), otherwise an anonymous ``mmap`` (page-aligned), pre-touched
-on request because first-touch faults run at ~1 GiB/s on small VMs.
+on request because first-touch faults are slow on small machines.
 """
 
 from __future__ import annotations

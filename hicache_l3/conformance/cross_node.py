@@ -43,7 +43,7 @@ from hicache_l3.conformance.pages import Pages, page_pattern
 from hicache_l3.slab.format import Geometry
 
 TRIES = 40  # a page another node stored is a hit within this many gets ...
-TRY_GAP_S = 0.25  # ... this far apart (10 s: GlusterFS shows a write in ~10 ms)
+TRY_GAP_S = 0.25  # ... this far apart (10 s in all: far longer than GlusterFS takes to show a write)
 
 
 def _keys(prefix: str, n: int) -> list[str]:

@@ -145,8 +145,8 @@ static void move_markers(int writing, int lo, int hi, const int32_t *fds, const 
 /* Read one page (its nseg segments segs[..]) from fd at off in pieces of at most `piece`
  * bytes, hashing each piece right after its read when want != 0 (XXH3 streamed over the
  * pieces: the same value as over the whole page). A page read whole and hashed after
- * leaves little of itself in cache by then (measured, 2 MiB L2: XXH3 right after a 256 KiB
- * pread 40 GB/s, after a 1 MiB pread 21 GB/s; docs/benchmarks.md, session 10). Returns `to` (read; its hash matches or
+ * leaves little of itself in cache by then, and hashing it runs far slower (docs/benchmarks.md,
+ * "Figures behind design choices"). Returns `to` (read; its hash matches or
  * none is wanted), HL3_CHECKSUM, HL3_NOMEM, HL3_SHORT, -errno, or with nowait HL3_AGAIN
  * when the page cache does not hold it all (as move_pages). */
 static int32_t read_in_pieces(int fd, int64_t off, const struct iovec *segs, int nseg, size_t piece,
@@ -403,8 +403,8 @@ int hl3_write_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs
 {
     if (with_csum && hi - lo > 1 && iov_bytes(segs + at[lo], at[lo + 1] - at[lo]) > HL3_READ_RUN) {
         /* pages bigger than one coalesced read: one at a time, each hashed, then its record
-         * and its data written while it is still in cache (measured, 1 MiB pages: 4.6
-         * against 4.0 GB/s for every page of a 16 MiB share hashed first) */
+         * and its data written while it is still in cache, faster than hashing every page
+         * of the share first */
         int bad = 0;
         for (int j = lo; j < hi; j++)
             bad += hl3_write_pages(j, j + 1, fds, data_offs, marker_offs, segs, at, markers, mlen, with_csum,
@@ -446,8 +446,8 @@ int hl3_write_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs
  * chunks.
  * The calling thread then waits here, spinning without the GIL, for the chunks the others
  * still run: joining through Python (a pool thread taking the GIL back to return, then
- * waking the caller from a condition variable) cost tens of microseconds a batch on the
- * 2-core VM, where a 128-page get of 64 KiB pages takes ~650 us. Once `done` reaches n no
+ * waking the caller from a condition variable) cost tens of microseconds a batch, a visible
+ * share of a 64 KiB-page get. Once `done` reaches n no
  * chunk is running and none can start (every page is claimed): the pages are the
  * caller's. Python allocates it (an int64 array of six) and keeps it alive while any
  * thread may still be inside a call on it. */

@@ -2,7 +2,7 @@
 
 SGLang describes where a host pool's pages lie with ``get_page_buffer_meta(indices)``:
 one ``(address, length)`` per segment of every page, built by a Python loop over the
-pages (0.4-1.0 ms per 1024 pages, 5-10 % of a controller get). In every layout SGLang
+pages (a visible share of a controller get). In every layout SGLang
 0.5.23 offers, segment ``j`` of page ``p`` (``p = first host index // page_tokens``) lies
 at ``base_j + p * stride_j`` with a length that does not depend on ``p``.
 
@@ -39,8 +39,8 @@ log = logging.getLogger("hicache_l3.sglang")
 PROBE_PAGES = 8  # random pages probed besides 0, 1 and the last one
 # Up to this many segments per page, a batch's lists are built with builtins over the page
 # starts (map over Python ints); above it, with numpy. Right after a batch's I/O the caches
-# are cold, and then each numpy call costs microseconds (its dispatch code is not in cache;
-# measured: 1 MiB pages, numpy slower than SGLang's loop) while the builtins stay warm;
+# are cold, and then each numpy call is slow (its dispatch code is not in cache: with
+# 1 MiB pages, numpy lost to SGLang's loop) while the builtins stay warm;
 # with many segments per page (layer_first) the per-segment passes of builtins cost more.
 BUILTIN_MAX_PER = 4
 _MAX_CACHED_SIZES = 64  # batch lengths whose size lists are kept

@@ -233,8 +233,8 @@ class Clocks:
     one hand lie in one slab file. Here each eviction takes victims from both clocks, in
     proportion to their own pages (the remainder carried to the next eviction), so a
     batch's slots lie in two slab files, which two threads or NIXL agents write at once
-    (measured: 8 MiB from cold memory into two files by two threads 854-880 us, into one
-    file 1459-1504 us). Each clock is the exact second-chance CLOCK of its slabs, and each
+    (in about half the time of one file: docs/benchmarks.md, "Figures behind design
+    choices"). Each clock is the exact second-chance CLOCK of its slabs, and each
     takes in new pages at the rate it evicts them, so the pages evicted in either are of
     one age: the store's "least recently used in effect" holds per clock, and across
     clocks up to the age difference one batch makes.

@@ -6,12 +6,11 @@ their store (:meth:`SlabConnector._make_store`) and their :attr:`SlabConnector.t
   marker record, then the data -> classify each page -> commit the written, abort the rest;
 * get: look the keys up -> size check -> the transport moves and verifies -> a page that
   fails verification is dropped from the index (so ``exists`` stops reporting it and a
-  later set stores it again) -> own pages read are touched in the LRU. With a transport
-  that reads plans (the native one) and the C page table, the lookup and the checks before
-  the read are one C call (:mod:`hicache_l3.slab.plan`) whose arrays the read takes as
-  they are: no Python object per page on the common batch. :meth:`SlabConnector._get_located`
-  (a :class:`~hicache_l3.slab.io.ReadBatch` of looked-up entries) stays the reference and
-  the path of the other transports (3FS USRBIO, NIXL);
+  later set stores it again) -> own pages read are touched in the LRU. With a plan-reading
+  transport and the C page table, lookup and checks are one C call
+  (:mod:`hicache_l3.slab.plan`); :meth:`SlabConnector._get_located` stays the reference
+  and the path of the other transports (3FS USRBIO, NIXL without its C helpers);
+* exists / delete / clear answered by the index.
 
 Integrity policy. A connector that checksums (``detects_corruption``) returns True only
 for pages whose checksum it verified: a page another writer stored without one is a
@@ -20,17 +19,15 @@ marker record does not match the index (torn, recycled, or evicted by a writer
 that crashed before logging it) is a miss counted ``corrupt`` and dropped likewise, so
 ``exists`` may over-report after a crash only until the next get of that key. A slab
 file that cannot be read (missing, unopenable) makes only its own keys miss.
-* exists / delete / clear answered by the index.
 
-Across nodes. On a root that other nodes may mount (``multi_node``: by default, any
-filesystem but a local one, :mod:`hicache_l3.common.filesystems`), this node's page cache
-may pair another node's new marker record with old data. Every page there carries a
-checksum (``checksum=none`` is refused unless ``multi_node=false``), a page that fails
-its checks is read once more past the page cache (:mod:`hicache_l3.slab.fresh`) before it
-counts as a miss, and a page that still fails stays in the index for
-:data:`SUSPECT_S` seconds of failing (another node's write may not have reached this
-node yet: a later get hits) before it is dropped. Mapped reads are off there (a mapped
-page cannot be dropped from the cache).
+Across nodes. On a root that other nodes may mount (``multi_node``,
+:mod:`hicache_l3.common.filesystems`), this node's page cache may pair another node's
+new marker record with old data. Every page there carries a checksum (``checksum=none``
+is refused unless ``multi_node=false``), a page that fails its checks is read once more
+past the page cache (:mod:`hicache_l3.slab.fresh`), and a page that still fails stays in
+the index for :data:`SUSPECT_S` seconds of failing (another node's write may not have
+arrived yet) before it is dropped. Mapped reads are off there. docs/reliability.md,
+"Several nodes on one filesystem", has the rest.
 """
 
 from __future__ import annotations

@@ -397,9 +397,8 @@ def select_transport(regions: Any, metrics: Any, log: Any, *, native_io: bool, d
 
 PARALLEL_MIN_BYTES = 1 << 20
 """A native batch moving fewer bytes runs as one call on the caller's thread: handing shares
-to another thread cost more than it saved (128-page gets on the 2-core VM, one thread
-against two, interleaved: 256 B pages 550-587 k pages/s against 465-490 k, 4 KiB 355-378 k
-against 195-321 k; 16 KiB even; 64 KiB batches, 8 MiB, gain from the second thread)."""
+to another thread cost more than it saved on small pages; 64 KiB batches gain from the
+second thread (docs/benchmarks.md, "Figures behind design choices")."""
 
 
 def _pages_per_call(pool: BatchPool, n: int, nbytes: int) -> int:

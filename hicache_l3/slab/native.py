@@ -2,11 +2,11 @@
 released once per share. Loaded lazily, on the first :func:`library` call (the native
 transport's first use), never at import.
 
-The pure-Python path (``os.preadv``/``os.pwritev`` plus a ctypes XXH3 call per page) costs
-~4-8 us of Python per page and, with two I/O threads, ping-pongs the GIL several times per
-page: measured here it moves 64 KiB pages at ~2 GB/s where the same syscalls reach ~5-6.
-``hicache_l3/native/batch_io.c`` runs a whole share of a batch (the data and the marker
-records, adjacent slots coalesced into one syscall, the record check and the XXH3
+The pure-Python path (``os.preadv``/``os.pwritev`` plus a ctypes XXH3 call per page) pays
+Python per page and, with two I/O threads, ping-pongs the GIL several times per page, so
+it moves pages well below what the same syscalls reach (docs/benchmarks.md, "Figures
+behind design choices"). ``hicache_l3/native/batch_io.c`` runs a whole share of a batch
+(the data and the marker records, adjacent slots coalesced into one syscall, the record check and the XXH3
 checksum) in one call. A library built for another slab format (no ``hl3_abi``, or
 another value) is refused at load, with the reason, and the Python path is used. It is an optional build
 (``[[tool.setuptools.ext-modules]]`` with ``optional = true``): without a C compiler the

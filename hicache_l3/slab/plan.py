@@ -2,25 +2,21 @@
 :func:`~hicache_l3.slab.format.expected_markers` plus :meth:`Geometry.offsets` compute
 in Python, without a Python object per page.
 
-Why. On SGLang's call path (batches of 128 pages of 64 KiB) the lookup and the read batch
-around the C read cost ~1.2-1.6 ms of Python per 1024 pages before this plan: per key a
-digest and a fingerprint (two ``xxhash`` calls), an :class:`~hicache_l3.slab.format.Entry` and a
-:class:`~hicache_l3.slab.format.Located` tuple, a descriptor lookup, a 128-byte marker
-record packed by ``struct``, two offsets, then the flat arrays of a
-:class:`~hicache_l3.slab.native.PageBatch` built again from those objects.
-``hl3_pt_plan_get`` (``hicache_l3/native/page_table.c``) takes the batch's keys as one
-``bytes`` (``"\\n".join(keys)``: one C-level join; valid page keys hold no newline) and
-writes, per key, its verdict before any I/O (read, miss, size mismatch, unverified) and
-its entry, and per page to read its data and marker offsets, the marker record it must
-carry and its checksum: the arrays the C read walks; and the distinct slabs of the indexed
-keys, of which Python opens (from the descriptor cache) each once, not once per page.
+Why: per key, the Python path builds digests, fingerprints, entry and located tuples, a
+packed marker record and offsets, then flat arrays again from those objects; on SGLang's
+call path that Python cost more than the read around it. ``hl3_pt_plan_get``
+(``hicache_l3/native/page_table.c``) takes the batch's keys as one ``bytes``
+(``"\\n".join(keys)``; valid page keys hold no newline) and writes, per key, its verdict
+before any I/O (read, miss, size mismatch, unverified) and its entry, and per page to
+read its data and marker offsets, the marker record it must carry and its checksum: the
+arrays the C read walks; and the distinct slabs of the indexed keys, which Python opens
+once each.
 
 Same semantics as the reference (:meth:`SlabIndex.lookup`, then the checks of
 :meth:`SlabConnector._get <hicache_l3.slab.connector.SlabConnector._get>`): a slab that
-cannot be opened drops its keys from the index and they miss; the digests and
-fingerprints are the ones of :func:`~hicache_l3.slab.table.digest` and
-:func:`~hicache_l3.common.integrity.key_fingerprint` (seeded and unseeded XXH3-128 through
-the ``xxhash`` wheel's own library), and the records those of
+cannot be opened drops its keys from the index and they miss; digests, fingerprints and
+records are those of :func:`~hicache_l3.slab.table.digest`,
+:func:`~hicache_l3.common.integrity.key_fingerprint` and
 :func:`~hicache_l3.slab.format.encode_markers` (tests compare both paths).
 
 :func:`plan_get` returns None where no plan can be made (the dict table: the C library

@@ -3,9 +3,9 @@
 
 * the keys' table digests (:func:`key_digests`, the reference
   :func:`~hicache_l3.slab.table.digests`), as one buffer the table calls take as it is;
-* the PUT records for the index log (:func:`encode_puts`, :func:`encode_put_values`): the
-  commit of 1024 pages spent ~0.4 ms in the per-record Python of
-  :func:`~hicache_l3.slab.format.encode_puts`;
+* the PUT records for the index log (:func:`encode_puts`, :func:`encode_put_values`): a
+  commit's per-record Python (:func:`~hicache_l3.slab.format.encode_puts`) was a visible
+  share of its cost;
 * the marker records the write puts before the data, with the slots' offsets
   (:func:`write_markers`, the reference :func:`~hicache_l3.slab.format.encode_markers` of
   :func:`~hicache_l3.common.integrity.key_fingerprint` and

@@ -526,8 +526,8 @@ class NativePageTable:
         _raise(self._lib.attach(self._t, fd, offset, length))
 
     def attach_unshared(self, fd: int, offset: int, length: int) -> None:
-        """:meth:`attach` without the GIL (its check of the image is O(capacity): 0.2 s at
-        10^7 pages), for a table no other thread uses yet."""
+        """:meth:`attach` without the GIL (its check of the image is O(capacity): long
+        for a big table), for a table no other thread uses yet."""
         if len(self):
             raise ValueError("page table: attach needs an empty table")
         _raise(self._lib.build_attach(self._t, fd, offset, length))

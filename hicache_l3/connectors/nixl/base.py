@@ -395,8 +395,8 @@ class Agent:
 class Unit(NamedTuple):
     """The descriptors of one page in a transfer: local (DRAM) and remote rows, same count.
 
-    A named tuple: one is built per page per batch, and a dataclass's ``__init__`` cost
-    ~1 us of Python each on that path."""
+    A named tuple: one is built per page per batch, and a dataclass's ``__init__`` costs
+    noticeably more on that path."""
 
     local: list[tuple[int, int, int]]
     remote: list[tuple[int, int, int]]
@@ -509,8 +509,8 @@ def coalesce(local: list[Desc], remote: list[Desc],
     sides (the next row starts where this one ends, locally and remotely on the same
     device) joined into one row of at most ``max_bytes`` (a row longer than that stays
     alone). The same bytes move to the same places; NIXL's POSIX plugin then submits one
-    request per joined row instead of one per page (measured here, 128 pages of 64 KiB:
-    the transfer takes ~20% less time to read and ~35% less to write)."""
+    request per joined row instead of one per page, and the transfer takes less time,
+    more so on writes (docs/benchmarks.md, "One-off probes")."""
     n = len(local)
     if n < 2:
         return local, remote
