@@ -1,27 +1,13 @@
 """The agentic workload behind ``hicache-l3 replay``: a deterministic stream of prefill
 requests from agent sessions, with their page keys chained like SGLang's.
 
-Shape (every number is a :class:`WorkloadParams` field; ``docs/replay.md`` gives the
-sources each default comes from):
-
-* A session uses one of a few *profiles*: a system prompt followed by tool schemas,
-  byte-identical for every session of the profile (agent harnesses resend both on every
-  call). Profiles are picked with Zipf-like popularity.
-* A session starts with its task message, then runs ``turns`` think / act / observe
-  turns: each turn is one request whose prompt is the whole context so far; the model
-  writes a thought and a tool call (``think`` + ``act`` tokens, decoded at
-  ``decode_tps``), the tool runs (``tool_s``) and its result (``observe`` tokens) is
-  appended before the next request. Contexts only grow.
-* Sometimes a tool call is slow (a test suite, CI, a human approval): the session
-  *pauses* for ``pause_s``; the other sessions keep running meanwhile, so its pages
-  are usually gone from L1/L2 when it resumes. A resumed session returns to its home
-  serving instance, or (``migrate_p``) to the least loaded one.
-* Sometimes a turn forks ``subagents`` sub-agents: each starts from the parent's
-  whole context plus its own task, runs a few turns on the least loaded instance and
-  returns a summary; the parent's next observation is the concatenation of the
-  summaries, sent when the last sub-agent is done.
-* Sessions arrive as a Poisson process and are spread over ``instances`` serving
-  instances (home instance = session number modulo instances).
+Shape (every number is a :class:`WorkloadParams` field; ``docs/replay.md`` gives each
+default and its source): sessions pick one of a few byte-identical *profiles* (system
+prompt and tool schemas) with Zipf-like popularity, then run ``turns`` think / act /
+observe turns whose prompt is the whole context so far; a slow tool call *pauses* a
+session for ``pause_s`` (it resumes on its home instance, or with ``migrate_p`` on the
+least loaded one); a turn may fork ``subagents`` whose summaries become the parent's next
+observation; sessions arrive as a Poisson process over ``instances`` serving instances.
 
 Requests are ordered by simulated time (ties by creation order). The clock only
 orders requests; it does not depend on cache state, so the same seed gives the same

@@ -5,26 +5,13 @@
  * which keeps a dict-backed table as the reference and the fallback when this library is
  * not built.
  *
- * Layout (40 + 4 + 2 bytes a bucket, so 57.5 B a page at load 0.8, where a table filled
- * to its expected or reserved capacity is):
- * - a header (counts, capacity, the length classes) and two arrays of ``cap`` buckets;
- *   any capacity, not only powers of two: a key's home bucket is (hash * cap) >> 64;
- *   linear probing with wrap-around, backward-shift deletion (no tombstones); both
- *   arrays are rebuilt 1.5 times larger before the load exceeds 0.8 (to the expected
- *   capacity, hl3_pt_expect, when that is within one step), or presized by
- *   hl3_pt_reserve;
- * - the page array: 40-byte buckets (digest, checksum, generation << 16 | length class,
- *   location = (writer + 1) << 48 | slab << 24 | slot), keyed by the digest; a location
- *   of 0 is a free bucket;
- * - the slot inverse: u32 buckets holding 1 + the index of a page bucket (0: free),
- *   hashed by the page's location, and beside them 16 bits per bucket: a byte of that
- *   hash's low bits (a probe reads the page bucket, another cache miss, only where it
- *   matches, then compares its location) and the entry's distance from its home bucket
- *   (a backward shift needs no page bucket either, unless that is 255 or more). Every
- *   move of a page bucket (backward shift, rebuild) updates its inverse bucket.
- * The four areas are anonymous private mappings (zero pages, lazy: all-zero is empty)
- * and hold no pointers (the arrays are addressed by index, the length classes by
- * number), so that the same layout can later live in one shared file mapping.
+ * Layout (docs/architecture.md, "Compact bucket"): a header (counts, capacity, length
+ * classes) and two arrays of `cap` buckets, home bucket (hash * cap) >> 64, linear probing,
+ * backward-shift deletion, rebuilt 1.5 times larger before the load exceeds 0.8: 40-byte
+ * page buckets keyed by digest (location 0: free) and a u32 slot inverse with 16 bits a
+ * bucket beside it (a hash byte, the distance from home). Every move of a page bucket
+ * updates its inverse bucket. The areas are anonymous private mappings that hold no
+ * pointers (all-zero is empty), so the same layout also lives in a shared file mapping.
  *
  * Values cross the boundary as six uint64 per page, in Entry's order: writer, slab, slot,
  * generation, length, checksum. A page with writer >= 65535, slab or slot >= 2^24,

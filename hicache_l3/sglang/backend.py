@@ -10,30 +10,19 @@ which this class serves through one registered staging buffer (one copy per page
 
 This module imports SGLang and torch; nothing else in the package imports it.
 
-Behaviour SGLang relies on:
+Behaviour SGLang relies on (docs/sglang.md has the layouts and the details):
 
 * the connector opens in :meth:`HiCacheL3Storage.register_mem_pool_host`, once the host
-  pool tells the KV dtype, layout and page size that complete the key namespace (model,
-  tp/pp/cp/dcp ranks and sizes, MLA sharing and the user tag come from the
-  ``HiCacheStorageConfig``); the pool's buffers are registered with the connector there,
-  once. A layout whose pages SGLang cannot describe (``get_page_buffer_meta``) is refused
-  at that point with a message naming it;
-* every layout SGLang describes is served zero-copy: a page is the list of
-  ``(address, length)`` segments ``get_page_buffer_meta`` gives for it (2 per page for MHA
-  ``page_first``, 2 per layer for MHA ``layer_first``, 1 per page or per layer for MLA),
-  in address order, so that a stored page is byte for byte SGLang's flat data page and
-  the zero-copy and legacy paths read each other's pages;
-* ``batch_set_v1`` and the legacy ``batch_set`` ask the engine which pages it already
-  holds and send only the others (SGLang backs up pages that L3 itself gave it);
-* with MLA, ranks that are not the storage writer (``is_storage_writer``) never write:
-  their ``batch_set_v1`` stores nothing and reports success (the writer stores the same
-  bytes); every rank reads;
-* engine errors never raise into SGLang's threads: they become misses (``False`` / ``None``
-  / ``0``), logged at most once per 10 s per kind;
-* hybrid models' extra host pools (Mamba states, sliding-window KV, indexer sidecars: the
-  v2 interface, ``batch_get_v2`` / ``batch_set_v2`` / ``batch_exists_v2``) are served
-  zero-copy, each pool kind through a connector and namespace of its own
-  (:mod:`hicache_l3.sglang.hybrid`); results are one bool per key, per pool.
+  pool completes the key namespace, and registers the pool's buffers there, once; a
+  layout SGLang cannot describe (``get_page_buffer_meta``) is refused then, by name;
+* every layout SGLang describes is served zero-copy, a stored page being byte for byte
+  SGLang's flat data page, so the zero-copy and legacy paths read each other's pages;
+* sets send only the pages the engine does not hold yet; with MLA, ranks that are not
+  the storage writer (``is_storage_writer``) store nothing and report success;
+* engine errors never raise into SGLang's threads: they become misses (``False`` /
+  ``None`` / ``0``), logged at most once per 10 s per kind;
+* hybrid models' extra host pools (the v2 interface) are served zero-copy, each pool kind
+  through a connector and namespace of its own (:mod:`hicache_l3.sglang.hybrid`).
 """
 
 from __future__ import annotations
