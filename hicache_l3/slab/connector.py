@@ -26,7 +26,7 @@ new marker record with old data. Every page there carries a checksum (``checksum
 is refused unless ``multi_node=false``), a page that fails its checks is read once more
 past the page cache (:mod:`hicache_l3.slab.fresh`), and a page that still fails stays in
 the index for :data:`SUSPECT_S` seconds of failing (another node's write may not have
-arrived yet) before it is dropped. Mapped reads are off there. docs/reliability.md,
+arrived yet) before it is dropped. docs/reliability.md,
 "Several nodes on one filesystem", has the rest.
 """
 
@@ -178,7 +178,6 @@ class SlabConnector:
     # ---- the page hooks -----------------------------------------------------------------
     def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
         store = self._store_for_io()
-        self.transport.write_soon(len(keys) * store.geometry.slot_bytes)  # its I/O threads up by the write
         reasons = [Reason.OK] * len(keys)
         todo, slots, full, ds = store.reserve_new(keys)
         for i in full:
@@ -233,7 +232,6 @@ class SlabConnector:
         if store is None:
             return [Reason.MISS] * len(keys)
         if self.transport.reads_plans:
-            self.transport.read_soon()  # an I/O thread woken now is up when the plan is read
             plan = store.plan_get(keys, self.checksum_writes)
             if plan is not None:
                 return self._get_planned(store, keys, pages, plan)

@@ -163,13 +163,6 @@ class SlotTransport(abc.ABC):
         :class:`ReadBatch`'s; absent: an engine error)."""
         raise NotImplementedError(f"{self.name} does not read get plans")
 
-    def read_soon(self) -> None:  # noqa: B027 (a hint: most transports have nothing to wake)
-        """A read is being planned (:meth:`read_plan` follows): wake what it will need."""
-
-    def write_soon(self, nbytes: int) -> None:  # noqa: B027 (a hint, as read_soon)
-        """A write of ``nbytes`` is being reserved (:meth:`write` follows): wake what it
-        will need."""
-
 
 class PythonTransport(SlotTransport):
     """``os.pwritev``/``os.preadv`` straight between registered memory and the slab
