@@ -109,20 +109,27 @@ class NixlBatchLib:
         return _rows(local, m), _rows(remote, m)
 
     def plan_markers(self, fds: array.array[int], offsets: array.array[int], expect: bytearray,
-                     status: array.array[int]) -> int:
+                     status: array.array[int], lo: int = 0, hi: int | None = None,
+                     scratch: bytearray | None = None) -> int:
         """Read marker record ``j`` at ``offsets[j]`` (int64) of ``fds[j]`` (int32) for every
-        ``j`` (a :class:`~hicache_l3.slab.plan.GetPlan`'s arrays, as they are) into scratch
-        space, each compared with ``expect[128 j : 128 (j + 1)]``, in one call with the GIL
-        released, adjacent records in one syscall: ``status[j]`` becomes OK, SHORT,
-        HEADER (differs) or ``-errno``; the number not OK."""
+        ``j`` of ``lo..hi-1`` (default: all; a :class:`~hicache_l3.slab.plan.GetPlan`'s
+        arrays, as they are) into scratch space (``scratch``, ``128 n`` bytes, when given:
+        one buffer for every share of a batch), each compared with ``expect[128 j : 128 (j +
+        1)]``, in one call with the GIL released, adjacent records in one syscall:
+        ``status[j]`` becomes OK, SHORT, HEADER (differs) or ``-errno``, the others keep
+        theirs; the number not OK in the range."""
         n = len(fds)
+        hi = n if hi is None else hi
         if len(offsets) != n or len(status) != n or len(expect) != RECORD_BYTES * n \
                 or (fds.typecode, offsets.typecode, status.typecode) != ("i", "q", "i"):
             raise ValueError("plan_markers: arrays differ in length or type")
-        if not n:
+        if not 0 <= lo <= hi <= n or (scratch is not None and len(scratch) != RECORD_BYTES * n):
+            raise ValueError(f"marker records [{lo}, {hi}) of a {n}-page read")
+        if lo == hi:
             return 0
-        scratch = bytearray(RECORD_BYTES * n)  # held by this frame until the call returns
-        return int(self._markers(0, 0, n, _at(fds), _at(offsets), _at(scratch), _at(expect), RECORD_BYTES,
+        if scratch is None:
+            scratch = bytearray(RECORD_BYTES * n)  # held by this frame until the call returns
+        return int(self._markers(0, lo, hi, _at(fds), _at(offsets), _at(scratch), _at(expect), RECORD_BYTES,
                                  _at(status)))
 
     def plan_sums(self, segments: array.array[int] | bytes, at: array.array[int], csums: array.array[int],

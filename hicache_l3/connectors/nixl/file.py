@@ -43,9 +43,15 @@ batch's slots in two files: slab/clock.py ``Clocks``).
 Checksums: ``checksum=auto`` means xxh3, as in every slab connector: the slot markers
 catch torn, stale and recycled slots on one node, but not bytes altered at rest, nor,
 on a root other nodes mount, this node's cached old data under another node's new marker
-(:mod:`hicache_l3.slab.engine`, "Across nodes"). A set hashes its pages on
-``checksum_threads`` threads while the markers are encoded; a get checks them in one C
-call after the transfer (docs/benchmarks.md has the cost against raw NIXL).
+(:mod:`hicache_l3.slab.connector`, "Across nodes"). A set hashes its pages on
+``checksum_threads`` threads before it writes their records. A get whose pages carry
+checksums verifies each page where its bytes still are in the CPU's caches
+(:meth:`NixlTransport._read_hot`): the batch moves in runs of consecutive pages of about
+:data:`HOT_BYTES`, one NIXL transfer each, and the thread that moved a run reads its marker
+records, then hashes its pages (one C call each), before it moves the next; the lanes take
+whole pages, the caller's share learnt as for rows. Hashing after the whole batch instead
+read every page back from memory once the batch outgrew the caches, and waited for the
+checksum threads to wake.
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ import functools
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from itertools import repeat
+from itertools import pairwise, repeat
 from typing import Any
 
 from hicache_l3.common.connector import Capabilities
@@ -97,6 +103,11 @@ from hicache_l3.slab.records import write_markers
 from hicache_l3.slab.slots import SlotColumns
 from hicache_l3.slab.store import SlabStore
 
+# A checked get's pages are verified in runs of about this many bytes, each by the thread
+# that moved it, right after its transfer, while its bytes are still in that CPU's caches:
+# small enough to stay there, large enough that a run's own NIXL transfer costs little.
+HOT_BYTES = 4 << 20
+
 
 def _all_ok(n: int) -> array.array[int]:
     """``n`` OK statuses (a batch's ``status`` array when every page moved)."""
@@ -111,11 +122,57 @@ def posix_params(engine: str) -> dict[str, str]:
     return {flag: "true" if name == engine else "false" for name, flag in ENGINE_PARAMS.items()}
 
 
+def _flat_bytes(segments: array.array[int] | bytes) -> int:
+    """The bytes of every segment of flat ``(address, length)`` uint64 pairs."""
+    return sum(memoryview(segments).cast("B").cast("Q")[1::2])
+
+
+def _pages_segments(segments: array.array[int] | bytes, at: array.array[int], lo: int, hi: int,
+                    ) -> tuple[array.array[int] | bytes, array.array[int]]:
+    """The segments and bounds (:func:`~hicache_l3.slab.native.plan_segments`) of pages
+    ``lo..hi-1`` of a flat batch, as :meth:`~hicache_l3.connectors.nixl.batch_lib.NixlBatchLib.rows`
+    takes them (copies: a slice of each)."""
+    first, last = at[lo], at[hi]
+    part = segments[16 * first:16 * last] if isinstance(segments, bytes) else segments[2 * first:2 * last]
+    if at[-1] == len(at) - 1:  # one segment a page (every page has at least one)
+        return part, array.array("i", range(hi - lo + 1))
+    return part, array.array("i", [k - first for k in at[lo:hi + 1]])
+
+
+def _runs(lo: int, hi: int, size: int, at: Sequence[int], max_descs: int) -> list[tuple[int, int]]:
+    """Pages ``lo..hi-1`` of ``size`` bytes (page ``j`` the segments ``at[j]..at[j + 1]``)
+    cut in consecutive runs ``(a, b)``, none empty, of about :data:`HOT_BYTES` (2/3 to 2
+    times, or one page), more where pages have equally many segments and a run's would
+    pass ``max_descs`` (its rows must fit one transfer: rows <= segments)."""
+    count = hi - lo
+    if count <= 0:
+        return []
+    per_run = max(1, max_descs // -(-(at[hi] - at[lo]) // count))  # pages whose segments fit
+    runs = min(count, max(1, (count * size + HOT_BYTES // 2) // HOT_BYTES, -(-count // per_run)))
+    return [(lo + count * r // runs, lo + count * (r + 1) // runs) for r in range(runs)]
+
+
+def _page_bounds(n: int, parts: int, first: float) -> list[int]:
+    """Pages ``0..n-1`` (``n >= parts >= 1``) cut in ``parts`` consecutive parts, none
+    empty: the first of about ``first`` of the pages, the others of equal counts; their
+    ``parts + 1`` bounds."""
+    head = min(n - parts + 1, max(1, round(n * first))) if parts > 1 else n
+    return [0, *(head + (n - head) * k // (parts - 1) for k in range(parts - 1)), n] if parts > 1 else [0, n]
+
+
 def _records(gens: Iterable[int], nbytes: int, sums: list[int] | None, keys: list[str]) -> bytearray:
     """The marker records of a set's slots, back to back (Python: one struct pack and one
     fingerprint per key; the C helpers' ``encode_markers`` is the same bytes)."""
     return bytearray(b"".join(encode_markers(gens, repeat(nbytes), sums if sums is not None else repeat(0),
                                              map(key_fingerprint, keys))))
+
+
+Transfer = Callable[[Any, Any], None]  # one transfer of rows (local, remote) on some agent
+PagesJob = Callable[[int, int, Transfer], None]  # job(lo, hi, transfer): pages lo..hi-1, moved by transfer
+# share(n, size, job): a get's pages 0..n-1 of size bytes cut in consecutive parts, job of each
+# part run at once on the caller's agent and the lanes'; False when not shared
+# (NixlFileConnector._share_read_pages)
+SharePages = Callable[[int, int, PagesJob], bool]
 
 
 class NixlTransport(SlotTransport):
@@ -133,9 +190,11 @@ class NixlTransport(SlotTransport):
                  max_descs: int, checksum_threads: int, lib: native.BatchIO | None = None,
                  helpers: batch_lib.NixlBatchLib | None = None,
                  share_read: Callable[[Any, Any], bool] | None = None,
-                 share_write: Callable[[Any, Any], bool] | None = None) -> None:
+                 share_write: Callable[[Any, Any], bool] | None = None,
+                 share_read_pages: SharePages | None = None) -> None:
         self._transfer, self.max_descs, self.lib, self.helpers = transfer, max_descs, lib, helpers
         self._share_read, self._share_write = share_read, share_write
+        self._share_read_pages = share_read_pages
         self._pool = BatchPool(checksum_threads, "hicache-nixl-csum", min_share=4)
         if lib is not None:
             self.name = f"{self.name}, markers by the C batch library"
@@ -282,7 +341,13 @@ class NixlTransport(SlotTransport):
         if not n:
             return status
         segments, at = native.plan_segments(pages)  # a FlatPages' segments as they are
-        results = self._move_flat(self._transfer("READ"), True, segments, at, plan.fds, plan.data_offs)
+        csums = plan.csums
+        hot = csums.count(0) != n  # pages written with a checksum: verified as they land
+        if hot and self._read_hot(plan, segments, at, status, reasons):
+            return status
+        # (after the hot read's engine error, the rows one per segment: the failing pages)
+        move = self._move_apart if hot else self._move_flat
+        results = move(self._transfer("READ"), True, segments, at, plan.fds, plan.data_offs)
         # after the data: a rewrite that began meanwhile shows there
         if helpers.plan_markers(plan.fds, plan.marker_offs, plan.expect, status):
             for j, code in enumerate(status):
@@ -294,10 +359,68 @@ class NixlTransport(SlotTransport):
                     status[j] = FAILED
                     if reasons is not None:
                         reasons[j] = result
-        csums = plan.csums
         if csums.count(0) != n:  # pages written with a checksum are verified
             self._pool.map(lambda lo, hi: helpers.plan_sums(segments, at, csums, status, lo, hi), n)
         return status
+
+    def _read_hot(self, plan: GetPlan, segments: array.array[int] | bytes, at: array.array[int],
+                  status: array.array[int], reasons: dict[int, Reason] | None) -> bool:
+        """:meth:`read_plan` of a batch whose pages carry checksums, each page verified
+        where its bytes are still in the CPU's caches: the batch is cut in runs of
+        consecutive pages of about :data:`HOT_BYTES`, and the thread that moved a run (its
+        own NIXL transfer) reads the run's marker records, then hashes its pages, before
+        it moves the next; the lanes share the runs (:meth:`NixlFileConnector._share_read_pages`).
+        Each page is checked as :meth:`read_plan` checks it: data, then record, then
+        checksum. True when ``status`` is final: every run moved, or a timeout, which fails
+        every page as it fails one transfer of the batch; False, ``status`` cleared, after
+        an engine error (or rows past ``max_descs``): then the batch is read again the
+        reference way, which isolates the failing pages."""
+        helpers = self.helpers
+        assert helpers is not None
+        n = plan.count
+        size = plan.slot_bytes or _flat_bytes(segments) // n
+        scratch = bytearray(RECORD_BYTES * n)  # the records read, every run's share of it
+        fds, data_offs, csums = plan.fds, plan.data_offs, plan.csums
+        errors: list[TransferError] = []  # the first failed run's: the others stop
+
+        def verify(lo: int, hi: int, transfer: Transfer) -> None:
+            for a, b in _runs(lo, hi, size, at, self.max_descs):
+                if errors:
+                    return
+                run_segments, run_at = _pages_segments(segments, at, a, b)
+                local, remote = helpers.rows(run_segments, run_at, fds[a:b], data_offs[a:b], MERGE_MAX_BYTES,
+                                             arrays=True)
+                try:
+                    if len(local) > self.max_descs:
+                        raise TransferError(f"{len(local)} rows in one run")  # the reference splits them
+                    transfer(local, remote)
+                except TransferError as exc:
+                    errors.append(exc)  # (and raised: a shared get's failed part teaches no balance)
+                    raise
+                # after the data: a rewrite that began meanwhile shows there
+                helpers.plan_markers(fds, plan.marker_offs, plan.expect, status, a, b, scratch)
+                helpers.plan_sums(segments, at, csums, status, a, b)  # the pages their records vouch for
+
+        try:
+            share = self._share_read_pages
+            if share is None or not share(n, size, verify):
+                verify(0, n, self._transfer("READ"))
+        except TransferError as exc:  # a run's (in errors), or the lanes' (a lane's agent not renewed)
+            if not errors:
+                errors.append(exc)
+        if not errors:
+            if SHORT in status:
+                for j, code in enumerate(status):
+                    if code == SHORT:  # a record cut short is not the one expected
+                        status[j] = HEADER
+            return True
+        if any(exc.reason is Reason.TIMEOUT for exc in errors):
+            status[:] = array.array("i", [FAILED]) * n
+            if reasons is not None:
+                reasons.update(zip(range(n), repeat(Reason.TIMEOUT)))
+            return True
+        status[:] = array.array("i", bytes(4 * n))
+        return False
 
     def _move(self, op: str, pages: list[Page], fds: Sequence[int], offsets: Sequence[int]) -> list[Reason]:
         """Move ``pages[j]`` to or from ``offsets[j]`` of ``fds[j]`` (``op`` "READ" or
@@ -336,6 +459,16 @@ class NixlTransport(SlotTransport):
             except TransferError as exc:
                 if exc.reason is Reason.TIMEOUT:
                     return [Reason.TIMEOUT] * n
+        return self._move_apart(transfer, reread, segments, at, fds, offsets)
+
+    def _move_apart(self, transfer: Callable[[list[Any], list[Any]], None], reread: bool,
+                    segments: array.array[int] | bytes, at: array.array[int], fds: array.array[int],
+                    offsets: array.array[int]) -> list[Reason] | None:
+        """:meth:`_move_flat` once its joined rows failed: the rows one per segment, on the
+        caller's agent, through :func:`run_flat`, which isolates the failing pages."""
+        helpers = self.helpers
+        assert helpers is not None
+        n = len(fds)
         local, remote = helpers.rows(segments, at, fds, offsets, 0)
         bounds = None if at[n] == n else at.tolist()  # every page at least one segment
         results = run_flat(transfer, local, remote, bounds, self.max_descs, reread=reread)
@@ -407,7 +540,8 @@ class NixlFileConnector(SlabConnector, NixlConnector):
         self.transport = NixlTransport(lambda op: self._xfer(op, "FILE"), config.max_descs,
                                        config.checksum_threads, lib, helpers,
                                        self._share_read if self._lanes is not None else None,
-                                       self._share_write if self._lanes is not None else None)
+                                       self._share_write if self._lanes is not None else None,
+                                       self._share_read_pages if self._lanes is not None else None)
         try:
             self._init_slab_root(config.root, config.capacity_bytes, config.multi_node)
         except BaseException:
@@ -450,16 +584,43 @@ class NixlFileConnector(SlabConnector, NixlConnector):
             return False  # one file: nothing to gain
         return self._run_shared("WRITE", pieces)
 
+    def _share_read_pages(self, n: int, size: int, job: PagesJob) -> bool:
+        """A get's pages ``0..n-1`` of ``size`` bytes each cut in consecutive parts as
+        :meth:`_share_read` cuts its bytes (as many parts as :data:`SHARE_MIN_BYTES` allows,
+        the caller's :attr:`Balance.share` of the pages when every lane takes one), and
+        ``job(lo, hi, transfer)`` of part ``lo..hi-1`` run on the caller's thread with its
+        agent's transfers, the other parts' on the lanes with theirs, at once. False (nothing
+        run) when the pages are too few or too small to share, or the lanes are taken."""
+        lanes = self._lanes
+        if lanes is None:
+            return False
+        parts = min(len(lanes) + 1, n * size // SHARE_MIN_BYTES)
+        if parts < 2 or n < 4 * parts:  # (a few big pages: parts of whole pages would be uneven)
+            return False
+        balance = self._read_balance if parts == len(lanes) + 1 else None
+        bounds = _page_bounds(n, parts, balance.share if balance is not None else 1 / parts)
+        own, timeout = self._xfer("READ", "FILE"), self.config.timeout_s
+        return self._run_parts(lambda: job(0, bounds[1], own),
+                               [functools.partial(_lane_read_pages, job, lo, hi, timeout)
+                                for lo, hi in pairwise(bounds[1:])], balance)
+
     def _run_shared(self, op: str, pieces: list[tuple[Any, Any]], balance: Balance | None = None) -> bool:
         """``pieces[0]`` moved by the caller's agent, the others by the lanes, at once;
         ``balance`` learns from their times (:meth:`Lanes.run`)."""
+        own, timeout = self._xfer(op, "FILE"), self.config.timeout_s
+        return self._run_parts(lambda: own(*pieces[0]),
+                               [functools.partial(_lane_move, op, piece, timeout) for piece in pieces[1:]],
+                               balance)
+
+    def _run_parts(self, own: Callable[[], None], shares: list[Callable[[Agent], None]],
+                   balance: Balance | None) -> bool:
+        """``own()`` on the calling thread and ``shares[i](agent)`` on lane ``i``, at once
+        (:meth:`Lanes.run`; ``balance`` learns from their times when every lane takes a
+        part); a lane's agent that cannot be renewed is a TransferError."""
         lanes = self._lanes
         assert lanes is not None
-        own, timeout = self._xfer(op, "FILE"), self.config.timeout_s
         try:
-            return lanes.run(lambda: own(*pieces[0]),
-                             [functools.partial(_lane_move, op, piece, timeout) for piece in pieces[1:]],
-                             balance if len(pieces) == len(lanes) + 1 else None)
+            return lanes.run(own, shares, balance if len(shares) == len(lanes) else None)
         except TransferError:
             raise
         except Exception as exc:  # a lane's agent could not be renewed
@@ -508,3 +669,9 @@ class NixlFileConnector(SlabConnector, NixlConnector):
 def _lane_move(op: str, piece: tuple[Any, Any], timeout_s: float, agent: Agent) -> None:
     """A lane's share of a get or set: its rows moved on the lane's agent."""
     run_on(agent, op, "FILE", piece[0], piece[1], timeout_s)
+
+
+def _lane_read_pages(job: PagesJob, lo: int, hi: int, timeout_s: float, agent: Agent) -> None:
+    """A lane's part of a get shared by pages (:meth:`NixlFileConnector._share_read_pages`):
+    ``job`` of pages ``lo..hi-1`` with the lane agent's transfers."""
+    job(lo, hi, lambda local, remote: run_on(agent, "READ", "FILE", local, remote, timeout_s))
