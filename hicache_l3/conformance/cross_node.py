@@ -40,14 +40,11 @@ from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.registry import open_connector, registration
 from hicache_l3.conformance.pages import Pages, page_pattern
+from hicache_l3.conformance.suite import _keys
 from hicache_l3.slab.format import Geometry
 
 TRIES = 40  # a page another node stored is a hit within this many gets ...
 TRY_GAP_S = 0.25  # ... this far apart (10 s in all: far longer than GlusterFS takes to show a write)
-
-
-def _keys(prefix: str, n: int) -> list[str]:
-    return [f"{prefix}-{i:05d}" for i in range(n)]
 
 
 @pytest.mark.conformance
