@@ -121,7 +121,9 @@ class NixlConfig(ConnectorConfig):
     fsync: Literal["none", "data", "always"] = setting("none", "file mode: durability policy")
     multi_node: Literal["auto", "true", "false"] = setting(
         "auto", "file mode: whether other nodes may mount root (as the file connector's multi_node)")
-    checksum_threads: int = setting(2, "file mode: threads computing page checksums of a batch")
+    checksum_threads: int = setting(
+        2, "file mode: threads hashing a set's pages (a checked get hashes each run of pages on the "
+        "thread that moved it)")
     transfer_agents: int = setting(
         2, "file mode: NIXL agents moving one batch's bytes at once, each on its own thread: a "
         "get of 4 MiB or more split in parts that end together (the caller's share learnt from "
