@@ -1,4 +1,4 @@
-"""nixl file mode's batch paths (issue 17): the one-row-per-page common batch, batches of
+"""nixl file mode's batch paths: the one-row-per-page common batch, batches of
 multi-segment pages and batches split over several transfers (``max_descs``), pages with
 and without a checksum in one batch, and :func:`run_flat`'s isolation of failing units.
 

@@ -1,4 +1,4 @@
-"""nixl file mode's planned get (issue 17: ``NixlTransport.read_plan`` of a
+"""nixl file mode's planned get (``NixlTransport.read_plan`` of a
 :class:`~hicache_l3.slab.plan.GetPlan`, rows joined in C, marker records and checksums
 checked in C) against its reference paths, with NIXL's real POSIX plugin: the same Reason
 per key, the same bytes and the same index afterwards on a batch with misses, corrupt and
