@@ -2,46 +2,13 @@
  * pwritev of the data, the slots' marker records, their check, XXH3 checksums) with the
  * GIL released once, instead of several ctypes / os calls per page; adjacent slots move
  * in one syscall. Loaded with ctypes (no Python C API): see
- * hicache_l3/slab/native.py (loaded by hicache_l3/slab/io.py), which keeps a pure-Python path as the reference and
- * the fallback when this library is not built.
+ * hicache_l3/slab/native.py. Threads sharing one batch: batch_share.c; the NIXL file
+ * transport's helpers: nixl_rows.c.
  *
  * XXH3 is not compiled in: the caller passes the entry points of the xxhash wheel's
  * own library, so checksums are bit-identical to xxhash.xxh3_64 (a test checks it).
  */
-#define _GNU_SOURCE
-#include <errno.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/uio.h>
-#include <time.h>
-#include <unistd.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-
-typedef uint64_t (*xxh_one_fn)(const void *, size_t);
-typedef void *(*xxh_create_fn)(void);
-typedef int (*xxh_free_fn)(void *);
-typedef int (*xxh_reset_fn)(void *);
-typedef int (*xxh_update_fn)(void *, const void *, size_t);
-typedef uint64_t (*xxh_digest_fn)(void *);
-
-struct hl3_xxh3 {
-    xxh_one_fn one;
-    xxh_create_fn create;
-    xxh_free_fn free_state;
-    xxh_reset_fn reset;
-    xxh_update_fn update;
-    xxh_digest_fn digest;
-};
-
-/* HL3_AGAIN: a page of a nowait read (hl3_read_plan_nowait) whose data were not all in the
- * page cache: not read, to be read again by a blocking call */
-enum { HL3_OK = 0, HL3_SHORT = 1, HL3_HEADER = 2, HL3_CHECKSUM = 3, HL3_NOMEM = 4, HL3_AGAIN = 5 };
-
-#define HL3_CSUM_AT 24 /* byte offset of the checksum in a marker record (slab/format.py START) */
-#define HL3_MAX_IOV 1024
+#include "batch_io.h"
 
 /* The bytes of n iovecs. */
 static size_t iov_bytes(const struct iovec *iov, int n)
@@ -52,7 +19,7 @@ static size_t iov_bytes(const struct iovec *iov, int n)
     return t;
 }
 
-static uint64_t checksum(const struct hl3_xxh3 *x, void **state, const struct iovec *seg, int n)
+uint64_t io_checksum(const struct hl3_xxh3 *x, void **state, const struct iovec *seg, int n)
 {
     uint64_t v;
     if (n == 1) {
@@ -271,7 +238,7 @@ static void move_pages(int writing, int lo, int hi, const int32_t *fds, const in
             for (int i = j; i < k; i++) {
                 if (status[i] != to || csums[i] == 0)
                     continue;
-                uint64_t c = checksum(x, state, segs + at[i], at[i + 1] - at[i]);
+                uint64_t c = io_checksum(x, state, segs + at[i], at[i + 1] - at[i]);
                 status[i] = c == 0 ? HL3_NOMEM : c == csums[i] ? to : HL3_CHECKSUM;
             }
         }
@@ -288,7 +255,7 @@ static void check_segments(int lo, int hi, const int32_t *at, int32_t *status)
     }
 }
 
-static int count_bad(int lo, int hi, const int32_t *status)
+int io_count_bad(int lo, int hi, const int32_t *status)
 {
     int bad = 0;
     for (int j = lo; j < hi; j++)
@@ -333,7 +300,7 @@ static int read_pages(int lo, int hi, const int32_t *fds, const int64_t *data_of
     }
     if (state != NULL)
         x->free_state(state);
-    return count_bad(lo, hi, status);
+    return io_count_bad(lo, hi, status);
 }
 
 int hl3_read_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
@@ -350,7 +317,7 @@ int hl3_read_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
  * call's own instead of a caller's buffer: one call per share, nothing built per batch but
  * the status array. Every page HL3_NOMEM when the scratch cannot be had; returns the
  * number not OK. */
-static int read_plan(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
+int io_read_plan(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
                      const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
                      const unsigned char *expect, int64_t mlen, const uint64_t *csums,
                      const struct hl3_xxh3 *x, int32_t *status, int nowait)
@@ -374,7 +341,7 @@ int hl3_read_plan(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
                   const unsigned char *expect, int64_t mlen, const uint64_t *csums,
                   const struct hl3_xxh3 *x, int32_t *status)
 {
-    return read_plan(lo, hi, fds, data_offs, marker_offs, segs, at, expect, mlen, csums, x, status, 0);
+    return io_read_plan(lo, hi, fds, data_offs, marker_offs, segs, at, expect, mlen, csums, x, status, 0);
 }
 
 /* hl3_read_plan of what the page cache holds: a page whose data would wait for the disk
@@ -386,7 +353,7 @@ int hl3_read_plan_nowait(int lo, int hi, const int32_t *fds, const int64_t *data
                          const unsigned char *expect, int64_t mlen, const uint64_t *csums,
                          const struct hl3_xxh3 *x, int32_t *status)
 {
-    return read_plan(lo, hi, fds, data_offs, marker_offs, segs, at, expect, mlen, csums, x, status, 1);
+    return io_read_plan(lo, hi, fds, data_offs, marker_offs, segs, at, expect, mlen, csums, x, status, 1);
 }
 
 /* Pages lo..hi-1 of a write batch (slab format 2): where with_csum, the XXH3 of page j's
@@ -417,7 +384,7 @@ int hl3_write_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs
         for (int j = lo; j < hi; j++) {
             if (status[j] != HL3_TODO)
                 continue;
-            uint64_t c = checksum(x, &state, segs + at[j], at[j + 1] - at[j]);
+            uint64_t c = io_checksum(x, &state, segs + at[j], at[j + 1] - at[j]);
             if (c == 0) {
                 status[j] = HL3_NOMEM;
                 continue;
@@ -432,146 +399,9 @@ int hl3_write_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs
         x->free_state(state);
     move_markers(1, lo, hi, fds, marker_offs, markers, 0, mlen, status, HL3_TODO, HL3_STEP);
     move_pages(1, lo, hi, fds, data_offs, segs, at, status, HL3_STEP, HL3_OK, 0, NULL, x, NULL, 0);
-    return count_bad(lo, hi, status);
+    return io_count_bad(lo, hi, status);
 }
 
-/* ---- one batch shared by threads, joined without the GIL ---------------------------- */
-
-/* A batch of n pages shared by the calling thread and the I/O pool's
- * (hicache_l3/common/parallel.py BatchPool.run_shared): each thread claims the next pages
- * from `next` until none is left: `chunk` pages at a time, or, where `parts` > 0 (reads),
- * what is left / parts and at least `chunk` pages, so that the first chunks are big (few
- * calls) and the last small, and a thread the scheduler starts late, or a chunk that ends
- * late, holds up the batch by a small chunk only; `done` counts the pages of finished
- * chunks.
- * The calling thread then waits here, spinning without the GIL, for the chunks the others
- * still run: joining through Python (a pool thread taking the GIL back to return, then
- * waking the caller from a condition variable) cost tens of microseconds a batch, a visible
- * share of a 64 KiB-page get. Once `done` reaches n no
- * chunk is running and none can start (every page is claimed): the pages are the
- * caller's. Python allocates it (an int64 array of six) and keeps it alive while any
- * thread may still be inside a call on it. */
-struct hl3_share {
-    int64_t next;    /* the first page not claimed yet (hl3_share_stop: past the last) */
-    int64_t done;    /* pages of finished chunks */
-    int64_t n;       /* pages */
-    int64_t chunk;   /* the fewest pages a chunk has (>= 1) */
-    int64_t parts;   /* a chunk is what is left / parts (0: always `chunk` pages) */
-    int64_t spins;   /* the calling thread's wait: loops of the spin, for the benchmarks */
-};
-
-#define HL3_NO_MORE_CHUNKS (INT64_MAX / 2)
-
-/* The next chunk [*lo, *hi) of s (0 when none is left). Fixed chunks are handed out from
- * the two halves of the batch in turn (0, h, 1, h + 1, ... for h the chunks of the first
- * half): a set's slots lie in two slab files, one per half (slab/clock.py Clocks), and the
- * kernel serialises writes to one file, so two threads that take chunks in batch order
- * would wait for each other. */
-static int share_claim(struct hl3_share *s, int *lo, int *hi)
-{
-    int64_t a = __atomic_load_n(&s->next, __ATOMIC_ACQUIRE);
-    int64_t least = s->chunk < 1 ? 1 : s->chunk, parts = s->parts;
-    for (;;) {
-        if (a < 0 || a >= s->n)
-            return 0;
-        if (parts <= 0) {
-            if (!__atomic_compare_exchange_n(&s->next, &a, a + least, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-                continue;
-            int64_t chunks = (s->n + least - 1) / least, c = a / least, half = (chunks + 1) / 2;
-            int64_t b = c % 2 == 0 ? c / 2 : half + c / 2;
-            int64_t end = (b + 1) * least;
-            *lo = (int)(b * least);
-            *hi = (int)(end < s->n ? end : s->n);
-            return 1;
-        }
-        int64_t left = s->n - a, size = left / parts;
-        if (size < least)
-            size = least;
-        if (size > left)
-            size = left;
-        if (__atomic_compare_exchange_n(&s->next, &a, a + size, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-            *lo = (int)a;
-            *hi = (int)(a + size);
-            return 1;
-        }
-    }
-}
-
-static void share_done(struct hl3_share *s, int lo, int hi)
-{
-    __atomic_fetch_add(&s->done, (int64_t)(hi - lo), __ATOMIC_RELEASE);
-}
-
-static int64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
-/* 1 once every chunk finished, waiting up to wait_ns for the running ones (a busy wait:
- * the chunks left run on other cores, for about one chunk's time); 0 when they did not
- * finish in time (the caller then waits for the pool threads as it would without this). */
-static int share_wait(struct hl3_share *s, int64_t wait_ns)
-{
-    if (__atomic_load_n(&s->done, __ATOMIC_ACQUIRE) >= s->n)
-        return 1;
-    if (wait_ns <= 0)
-        return 0;
-    int64_t start = now_ns();
-    for (int64_t i = 1;; i++) {
-#if defined(__x86_64__) || defined(__i386__)
-        _mm_pause();
-#endif
-        if (__atomic_load_n(&s->done, __ATOMIC_ACQUIRE) >= s->n) {
-            s->spins += i;
-            return 1;
-        }
-        if ((i & 63) == 0 && now_ns() - start > wait_ns) {
-            s->spins += i;
-            return 0;
-        }
-    }
-}
-
-/* No chunk of s is claimed from now on (an interrupted caller: it then waits for the
- * running ones). */
-void hl3_share_stop(struct hl3_share *s)
-{
-    __atomic_store_n(&s->next, HL3_NO_MORE_CHUNKS, __ATOMIC_RELEASE);
-}
-
-/* hl3_read_plan (nowait: hl3_read_plan_nowait) of every chunk of s this thread claims;
- * then, where wait_ns > 0, the wait of share_wait. Returns 1 when every chunk of s had
- * finished on return, else 0. */
-int hl3_share_read_plan(struct hl3_share *s, int64_t wait_ns, int nowait, const int32_t *fds,
-                        const int64_t *data_offs, const int64_t *marker_offs, const struct iovec *segs,
-                        const int32_t *at, const unsigned char *expect, int64_t mlen, const uint64_t *csums,
-                        const struct hl3_xxh3 *x, int32_t *status)
-{
-    int lo, hi;
-    while (share_claim(s, &lo, &hi)) {
-        read_plan(lo, hi, fds, data_offs, marker_offs, segs, at, expect, mlen, csums, x, status, nowait);
-        share_done(s, lo, hi);
-    }
-    return share_wait(s, wait_ns);
-}
-
-/* hl3_write_pages of every chunk of s this thread claims, then the wait of
- * hl3_share_read_plan; same return. */
-int hl3_share_write_pages(struct hl3_share *s, int64_t wait_ns, const int32_t *fds, const int64_t *data_offs,
-                          const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
-                          unsigned char *markers, int64_t mlen, int with_csum, uint64_t *csums,
-                          const struct hl3_xxh3 *x, int32_t *status)
-{
-    int lo, hi;
-    while (share_claim(s, &lo, &hi)) {
-        hl3_write_pages(lo, hi, fds, data_offs, marker_offs, segs, at, markers, mlen, with_csum, csums, x,
-                        status);
-        share_done(s, lo, hi);
-    }
-    return share_wait(s, wait_ns);
-}
 
 /* Slot markers lo..hi-1 of a batch, each len bytes: marker j is at offs[j] of fds[j] and
  * in bufs[j * len ..]. writing: pwrite each. Reading: pread each into bufs and, where
@@ -592,70 +422,6 @@ int hl3_markers(int writing, int lo, int hi, const int32_t *fds, const int64_t *
                 status[j] = HL3_HEADER;
         }
     }
-    return count_bad(lo, hi, status);
-}
-
-/* ---- the NIXL file transport's batch helpers (hicache_l3/connectors/nixl/file.py) ------ */
-
-/* The NIXL transfer rows of pages 0..n-1: page j's segments segs[at[j] .. at[j+1]) move
- * to / from offs[j] of fds[j] onward, one row per segment, local (address, length, 0) and
- * remote (offset, length, fd), 3 uint64 each, written to local[3 m ..] and remote[3 m ..]
- * (room for at[n] rows). A row that continues the previous one on both sides (the local
- * address and the remote offset start where the previous row ends, in the same fd) is
- * joined into it while the joined row stays within max_bytes (max_bytes <= 0: no row is
- * joined, one per segment). The same rows, in the same order, as
- * connectors/nixl/base.py coalesce() of one row per segment (a test compares them).
- * Returns m, the number of rows. */
-int64_t hl3_join_rows(int n, const struct iovec *segs, const int32_t *at, const int32_t *fds,
-                      const int64_t *offs, uint64_t *local, uint64_t *remote, int64_t max_bytes)
-{
-    int64_t m = 0;
-    for (int j = 0; j < n; j++) {
-        uint64_t off = (uint64_t)offs[j], fd = (uint64_t)(int64_t)fds[j];
-        for (int s = at[j]; s < at[j + 1]; s++) {
-            uint64_t addr = (uint64_t)(uintptr_t)segs[s].iov_base, len = (uint64_t)segs[s].iov_len;
-            if (m > 0) {
-                uint64_t *l = local + 3 * (m - 1), *r = remote + 3 * (m - 1);
-                if (l[0] + l[1] == addr && r[0] + r[1] == off && r[2] == fd && max_bytes > 0
-                    && l[1] + len <= (uint64_t)max_bytes) {
-                    l[1] += len;
-                    r[1] += len;
-                    off += len;
-                    continue;
-                }
-            }
-            uint64_t *l = local + 3 * m, *r = remote + 3 * m;
-            l[0] = addr;
-            l[1] = len;
-            l[2] = 0;
-            r[0] = off;
-            r[1] = len;
-            r[2] = fd;
-            off += len;
-            m++;
-        }
-    }
-    return m;
-}
-
-/* The checksums of pages lo..hi-1 whose data and marker record were read (status[j] ==
- * HL3_OK) and whose csums[j] != 0: the XXH3 of segs[at[j] .. at[j+1]) must equal
- * csums[j] (HL3_CHECKSUM when not, HL3_NOMEM when no hash state could be made); other
- * pages keep their status. For a read whose data moved elsewhere (a NIXL transfer) and
- * whose records were checked (hl3_markers): the last step of the torn-slot check, the
- * data hashed after its record vouched for it. Returns the number not OK. */
-int hl3_check_sums(int lo, int hi, const struct iovec *segs, const int32_t *at, const uint64_t *csums,
-                   const struct hl3_xxh3 *x, int32_t *status)
-{
-    void *state = NULL;
-    for (int j = lo; j < hi; j++) {
-        if (status[j] != HL3_OK || csums[j] == 0)
-            continue;
-        uint64_t c = checksum(x, &state, segs + at[j], at[j + 1] - at[j]);
-        status[j] = c == 0 ? HL3_NOMEM : c == csums[j] ? HL3_OK : HL3_CHECKSUM;
-    }
-    if (state != NULL)
-        x->free_state(state);
-    return count_bad(lo, hi, status);
+    return io_count_bad(lo, hi, status);
 }
 

@@ -188,7 +188,7 @@ def test_header_struct_matches_the_library() -> None:
     packed = encode_marker(2, 3, 0x0102030405060708, bytes(16))
     assert struct.unpack_from("<Q", packed, 24)[0] == 0x0102030405060708
     assert f"HL3_CSUM_AT {24}" in Path(batch_io.__file__).parent.parent.joinpath(
-        "native", "batch_io.c").read_text()
+        "native", "batch_io.h").read_text()
 
 
 def test_stats_name_the_io_path(tmp_path: Path) -> None:
