@@ -22,7 +22,10 @@ Behaviour SGLang relies on (docs/sglang.md has the layouts and the details):
 * engine errors never raise into SGLang's threads: they become misses (``False`` /
   ``None`` / ``0``), logged at most once per 10 s per kind;
 * hybrid models' extra host pools (the v2 interface) are served zero-copy, each pool kind
-  through a connector and namespace of its own (:mod:`hicache_l3.sglang.hybrid`).
+  through a connector and namespace of its own (:mod:`hicache_l3.sglang.hybrid`);
+* with ``tp_lcm_size`` in the extra config, instances of different TP sizes share pages:
+  MHA in the ``page_head`` layout per head group, MLA as one copy for every TP size
+  (:mod:`hicache_l3.sglang.head_groups`).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from hicache_l3.common.logs import RateLimitedLogger
 from hicache_l3.common.pages import PointerPages
 from hicache_l3.common.registry import open_connector
 from hicache_l3.sglang.config import AdapterConfig, build_namespace
+from hicache_l3.sglang.head_groups import HeadGroups, SplitHeadsView, groups_tag, head_groups
 from hicache_l3.sglang.hybrid import (
     KV_POOL_NAMES,
     ExtraPool,
@@ -113,20 +117,20 @@ class HiCacheL3Storage(HiCacheStorage):
         self.adapter.validate_settings()
         if not storage_config.model_name and not self.adapter.tag:
             build_namespace(model_name=None, tag="", kv_dtype="-", layout="-", page_size=1)  # raises
-        if storage_config.should_split_heads:
-            raise ConfigError(
-                "hicache-l3: heterogeneous TP (tp_lcm_size with the page_head layout, "
-                "should_split_heads) is not supported; remove tp_lcm_size from the extra config"
-            )
         self.is_writer = bool(storage_config.is_storage_writer)
         self.connector: Connector[Any] | None = None
         self.namespace: Namespace | None = None
+        self._rank_namespace: Namespace | None = None  # this rank's shard (extra pools' base)
         self.mem_pool_host: Any = None
         self.page_tokens = 0  # host indices per page (logical page size)
         # None: every batch's pointers come from SGLang's get_page_buffer_meta (the reference
         # path; set it to None to force that path)
         self.pointer_model: PointerModel | None = None
         self.page_bytes = 0
+        # heterogeneous TP: pages stored per head group (None: one object per page)
+        self.head_groups: HeadGroups | None = None
+        self._meta_host: Any = None  # what SGLang's page pointers come from (the pool, or its head groups)
+        self._objects_per_page = 1  # stored objects per page (head groups of this rank)
         self._lock = threading.Lock()
         self._staging_lock = threading.Lock()
         self._staging: torch.Tensor | None = None
@@ -158,8 +162,15 @@ class HiCacheL3Storage(HiCacheStorage):
             page_tokens = int(getattr(host, "logical_page_size", None) or _pool_attr(host, "page_size"))
             kv_dtype = str(_pool_attr(host, "dtype")).removeprefix("torch.")
             pool_page_size = int(_pool_attr(host, "page_size"))
+            sc = self.storage_config
+            groups = head_groups(sc, host)
+            if groups is not None and not self.adapter.interface_v1:
+                raise ConfigError("hicache-l3: tp_lcm_size (pages stored per head group) needs "
+                                  "\"interface_v1\": 1 in the extra config")
+            split = groups is not None and groups.split > 1
+            meta_host = SplitHeadsView(host, groups.split) if groups is not None and split else host
             try:
-                ptrs, sizes = host.get_page_buffer_meta(torch.arange(page_tokens, dtype=torch.int64))
+                ptrs, sizes = meta_host.get_page_buffer_meta(torch.arange(page_tokens, dtype=torch.int64))
             except Exception as exc:
                 raise ConfigError(
                     f"hicache-l3: host pool {type(host).__name__} with layout {layout!r} gives no page "
@@ -169,19 +180,23 @@ class HiCacheL3Storage(HiCacheStorage):
             if not ptrs or len(ptrs) != len(sizes):
                 raise ConfigError(f"hicache-l3: host pool {type(host).__name__} ({layout}) describes "
                                   f"a page as {len(ptrs)} segments")
-            sc = self.storage_config
             tag = self.adapter.tag
             fmt = getattr(host, "storage_format_tag", None)
             if fmt:
                 tag = f"{tag}+fmt={fmt}" if tag else f"fmt={fmt}"
-            namespace = build_namespace(
-                model_name=sc.model_name, tag=tag,
-                kv_dtype=kv_dtype, layout=layout, page_size=pool_page_size,
-                tp_rank=sc.tp_rank, tp_size=sc.tp_size, mla_shared=bool(sc.is_mla_model),
-                pp_rank=sc.pp_rank, pp_size=sc.pp_size,
-                cp_rank=sc.attn_cp_rank, cp_size=sc.attn_cp_size,
-                dcp_rank=sc.dcp_rank, dcp_size=sc.dcp_size,
-            )
+            any_tp_size = bool(sc.is_mla_model and sc.tp_lcm_size)  # one latent copy for every TP size
+            shard = dict(model_name=sc.model_name, kv_dtype=kv_dtype, layout=layout, page_size=pool_page_size,
+                         mla_shared=bool(sc.is_mla_model), pp_rank=sc.pp_rank, pp_size=sc.pp_size,
+                         cp_rank=sc.attn_cp_rank, cp_size=sc.attn_cp_size,
+                         dcp_rank=sc.dcp_rank, dcp_size=sc.dcp_size)
+            rank_namespace = build_namespace(tag=tag, tp_rank=sc.tp_rank,
+                                             tp_size=1 if any_tp_size else sc.tp_size, **shard)
+            namespace = rank_namespace if groups is None else build_namespace(
+                tag=groups_tag(tag, groups), tp_rank=0, tp_size=groups.lcm, **shard)
+            if sc.tp_lcm_size and groups is None and not sc.is_mla_model:
+                log.warning("hicache-l3: tp_lcm_size=%s has no effect with host layout %r: pages are "
+                            "stored per TP rank and size; use --hicache-mem-layout page_head to share "
+                            "them across TP sizes", sc.tp_lcm_size, layout)
             connector = open_connector(self.adapter.connector, namespace, self.adapter.settings)
             try:
                 for tensor in _pool_buffers(host):
@@ -197,12 +212,18 @@ class HiCacheL3Storage(HiCacheStorage):
                 raise
             self.mem_pool_host = host
             self.page_tokens = page_tokens
-            self.pointer_model = learned_pointers(host, page_tokens, index_tensor, f"host pool ({layout})")
+            self.pointer_model = learned_pointers(meta_host, page_tokens, index_tensor,
+                                                  f"host pool ({layout})")
             self.page_bytes = int(sum(sizes))
+            self.head_groups = groups
+            self._meta_host = meta_host
+            self._objects_per_page = 1 if groups is None else groups.split
             self.namespace = namespace
+            self._rank_namespace = rank_namespace
             self.connector = connector
-            log.info("hicache-l3: %s connector attached (%s, %d bytes per page in %d segments)",
-                     self.adapter.connector, namespace.describe(), self.page_bytes, len(ptrs))
+            log.info("hicache-l3: %s connector attached (%s, %d bytes per page in %d segments%s)",
+                     self.adapter.connector, namespace.describe(), self.page_bytes, len(ptrs),
+                     "" if groups is None else f", head groups {groups.suffixes} of {groups.lcm}")
             pending, self._pending_pools = self._pending_pools, {}
         for name, pool in pending.items():
             self.register_mem_host_pool_v2(pool, name)
@@ -215,7 +236,7 @@ class HiCacheL3Storage(HiCacheStorage):
         with self._lock:
             if name in KV_POOL_NAMES:
                 return
-            if self.connector is None or self.namespace is None:
+            if self.connector is None or self._rank_namespace is None:
                 self._pending_pools[name] = host_pool  # opened once the KV pool is attached
                 return
             known = self.extra_pools.get(name)
@@ -224,7 +245,7 @@ class HiCacheL3Storage(HiCacheStorage):
                     return
                 raise ConfigError(f"hicache-l3: another host pool is already registered as {name!r}")
             self.extra_pools[name] = open_extra_pool(
-                name, host_pool, base=self.namespace, tp_rank=self.storage_config.tp_rank,
+                name, host_pool, base=self._rank_namespace, tp_rank=self.storage_config.tp_rank,
                 connector_name=self.adapter.connector, settings=self.adapter.settings,
                 probe=lambda n: torch.arange(n, dtype=torch.int64), make_indices=index_tensor,
             )
@@ -304,7 +325,8 @@ class HiCacheL3Storage(HiCacheStorage):
 
     # ---- zero-copy path --------------------------------------------------------------------
     def _pages(self, n: int, host_indices: torch.Tensor) -> PointerPages:
-        """The segments of the ``n`` pages starting at ``host_indices[i * page_tokens]``:
+        """The segments of the ``n`` pages starting at ``host_indices[i * page_tokens]`` (per
+        head group, ``split`` objects a page, with heterogeneous TP):
         SGLang's flat pointer lists, each page's segments in address order
         (:class:`~hicache_l3.common.pages.PointerPages`; no page built unless a reference
         path indexes it). The lists come from the pool's learned pointer model when it
@@ -326,9 +348,9 @@ class HiCacheL3Storage(HiCacheStorage):
             if got is None:
                 got = model.pointer_array(indices, n)
             if got is not None:
-                return PointerPages(got[0], got[1], model.per)
-        ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(indices)
-        per, rest = divmod(len(ptrs), n)
+                return PointerPages(got[0], got[1], model.per // self._objects_per_page)
+        ptrs, sizes = self._meta_host.get_page_buffer_meta(indices)
+        per, rest = divmod(len(ptrs), n * self._objects_per_page)
         if rest or per == 0 or len(sizes) != len(ptrs):
             raise ValueError(f"host pool described {n} pages with {len(ptrs)} segments")
         return PointerPages(ptrs, sizes, per)
@@ -362,9 +384,14 @@ class HiCacheL3Storage(HiCacheStorage):
             return [False] * len(keys)
         start = time.perf_counter()
         move = connector.batch_get if op == "get" else connector.batch_set
+        groups = self.head_groups
         try:
-            # the connector copies the keys for its hooks: no copy of SGLang's list here
-            ok = move(keys if type(keys) is list else list(keys), self._pages(len(keys), host_indices))
+            pages = self._pages(len(keys), host_indices)
+            if groups is not None:
+                ok = groups.fold(move(groups.keys(keys), pages))
+            else:
+                # the connector copies the keys for its hooks: no copy of SGLang's list here
+                ok = move(keys if type(keys) is list else list(keys), pages)
         except Exception as exc:
             self._log.warning(f"{op}-exc", "hicache-l3: batch_%s_v1 of %d pages failed: %r",
                               op, len(keys), exc)
@@ -382,7 +409,10 @@ class HiCacheL3Storage(HiCacheStorage):
         connector = self.connector
         if connector is None:
             return 0
+        groups = self.head_groups
         try:
+            if groups is not None:
+                return groups.leading_pages(connector.leading_hits(groups.keys(keys)))
             return connector.leading_hits(list(keys))
         except Exception as exc:
             self._log.warning("exists-exc", "hicache-l3: batch_exists of %d keys failed: %r", len(keys), exc)
@@ -419,8 +449,8 @@ class HiCacheL3Storage(HiCacheStorage):
             return True
         if not self.is_writer:
             return True
-        if self.connector is None or values is None or len(values) != len(keys):
-            return False
+        if self.connector is None or values is None or len(values) != len(keys) or self.head_groups:
+            return False  # head groups: the zero-copy path only (whole pages would mix TP sizes)
         try:
             with self._staging_lock:
                 staging, slots = self._staging_buffer()
@@ -460,7 +490,7 @@ class HiCacheL3Storage(HiCacheStorage):
         """Legacy: load ``keys[i]`` into ``target_locations[i]`` (flat page tensors) through the
         staging buffer; the filled tensor per hit, None per miss."""
         out: list[torch.Tensor | None] = [None] * len(keys)
-        if not keys or self.connector is None or target_locations is None:
+        if not keys or self.connector is None or target_locations is None or self.head_groups:
             return out
         try:
             with self._staging_lock:

@@ -32,6 +32,7 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool 
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
+from sglang_hetero_tp import hetero_tp_roundtrip  # noqa: E402  (beside this file)
 from sglang_hybrid import hybrid_roundtrip  # noqa: E402  (beside this file)
 
 from hicache_l3.common.errors import ConfigError  # noqa: E402
@@ -51,12 +52,13 @@ def check(cond: bool, what: str) -> None:
         FAILURES.append(what)
 
 
-def make_pools(kind: str, layout: str, n: int) -> list[Any]:
-    """``n`` real SGLang host pools (CPU, unpinned) of one geometry, zero-filled."""
+def make_pools(kind: str, layout: str, n: int, heads: int = 2) -> list[Any]:
+    """``n`` real SGLang host pools (CPU, unpinned) of one geometry, zero-filled (MHA: ``heads``
+    KV heads of this rank)."""
     pools = []
     for _ in range(n):
         if kind == "mha":
-            dev = MHATokenToKVPool(size=DEVICE_TOKENS, page_size=PAGE, dtype=torch.bfloat16, head_num=2,
+            dev = MHATokenToKVPool(size=DEVICE_TOKENS, page_size=PAGE, dtype=torch.bfloat16, head_num=heads,
                                    head_dim=64, layer_num=LAYERS, device="cpu", enable_memory_saver=False,
                                    start_layer=0, end_layer=LAYERS - 1)
             info = dev.get_device_pool_infos()[0].buffer_info
@@ -80,12 +82,16 @@ def make_pools(kind: str, layout: str, n: int) -> list[Any]:
 
 def storage_config(extra: dict[str, Any], *, mla: bool, tp_rank: int = 0, tp_size: int = 1,
                    model: str | None = "test-org/model-7b",
-                   layout: str = "page_first") -> HiCacheStorageConfig:
-    """A HiCacheStorageConfig as SGLang's cache controller builds it."""
+                   layout: str = "page_first", dp_rank: int = 0) -> HiCacheStorageConfig:
+    """A HiCacheStorageConfig as SGLang's cache controller builds it (``_generate_storage_config``:
+    ``tp_lcm_size`` popped from the extra config, ``should_split_heads`` computed from it)."""
+    extra = dict(extra)
+    lcm = extra.pop("tp_lcm_size", None)
+    split = bool(lcm) and not mla and layout == "page_head" and lcm > tp_size
     return HiCacheStorageConfig(
         tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
         is_mla_model=mla, enable_storage_metrics=True, is_page_first_layout=layout == "page_first",
-        model_name=model, extra_config=dict(extra),
+        model_name=model, tp_lcm_size=lcm, should_split_heads=split, dp_rank=dp_rank, extra_config=extra,
     )
 
 
@@ -337,6 +343,13 @@ def main() -> int:
                 cases.append({"case": f"{item['connector']}/hybrid"})
             except Exception as exc:
                 FAILURES.append(f"{item['connector']}/hybrid: {exc!r}")
+        if spec.get("hetero_tp", True):
+            try:
+                hetero_tp_roundtrip(item["connector"], item["settings"], check, make_pools, storage_config,
+                                    indices, page_bytes)
+                cases.append({"case": f"{item['connector']}/hetero-tp"})
+            except Exception as exc:
+                FAILURES.append(f"{item['connector']}/hetero-tp: {exc!r}")
         report[item["label"]] = {"cases": cases, "failures": FAILURES[start:]}
     print("REPORT " + json.dumps(report))
     return 1 if FAILURES else 0

@@ -102,12 +102,14 @@ def test_roundtrip_through_sglang(report: dict[str, Any], label: str) -> None:
     layer_first; no rewrite of stored pages; leading hits; legacy path; namespaces; clear.
     Hybrid models (tests/integration/sglang_hybrid.py): v2 set/get/exists of real Mamba and
     sliding-window host pools beside the KV pool, bytes compared, per-pool results, hit
-    policies, namespaces per pool kind, MLA writer rules."""
+    policies, namespaces per pool kind, MLA writer rules. Heterogeneous TP
+    (tests/integration/sglang_hetero_tp.py): TP=1, 2 and 4 instances with tp_lcm_size read
+    each other's page_head pages per head group; MLA shares across TP sizes."""
     assert label in report, f"{label}: not run ({report.get('_stderr')})"
     entry = report[label]
     assert entry["failures"] == [], "\n".join(entry["failures"])
     cases = sorted(c["case"].split("/", 1)[1] for c in entry["cases"])
-    want = ["hybrid", "mha/layer_first", "mha/page_first", "mla/layer_first", "mla/page_first"]
+    want = ["hetero-tp", "hybrid", "mha/layer_first", "mha/page_first", "mla/layer_first", "mla/page_first"]
     want += ["/".join(c) for c in EXTRA_CASES.get(label, [])]
     assert cases == sorted(want)
 
