@@ -11,6 +11,7 @@ Modelled on zarr's ``StoreTests``. A connector's test module subclasses it::
 
         def backdoor_read(self, settings, namespace, key): ...      # bytes at rest
         def backdoor_corrupt(self, settings, namespace, key, how): ...  # "flip" | "truncate"
+        def backdoor_write(self, settings, namespace, key, stored): ...  # bytes at rest
 
 The backdoor reads and damages stored pages *without* the connector under test, so the
 suite checks bytes at rest, not only round trips. The suite asserts what the connector
@@ -41,6 +42,7 @@ from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer, MemoryRegion
 from hicache_l3.common.pages import Page, strided_pages
 from hicache_l3.common.registry import open_connector, registration
+from hicache_l3.conformance.compression import CompressionTests
 from hicache_l3.conformance.pages import Pages, page_pattern
 
 HOSTILE_KEYS = [
@@ -81,7 +83,7 @@ def _keys(prefix: str, n: int) -> list[str]:
 
 
 @pytest.mark.conformance
-class ConnectorTests:
+class ConnectorTests(CompressionTests):
     """The shared conformance suite; see the module docstring for how to subclass it."""
 
     connector_name: ClassVar[str]

@@ -36,6 +36,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
+from hicache_l3.common.compression import COMPRESSION_HELP
 from hicache_l3.common.config import ConnectorConfig, setting
 from hicache_l3.common.connector import Capabilities, Connector
 from hicache_l3.common.errors import ConfigError
@@ -76,6 +77,7 @@ class FileConfig(ConnectorConfig):
         "filesystem type (NFS, FUSE, CephFS, Lustre... yes; ext4, xfs, btrfs, tmpfs... no). There, "
         "pages must carry checksums and a page failing its checks is read again past the page "
         "cache before it is a miss (docs/reliability.md, 'Several nodes')")
+    compression: Literal["none", "zstd"] = setting("none", COMPRESSION_HELP)
     fsync: Literal["none", "data", "always"] = setting("none", "durability policy (see docs)")
     o_direct: bool = setting(False, "move aligned pages with O_DIRECT, bypassing the page cache")
     native_io: bool = setting(

@@ -18,6 +18,7 @@ import logging
 import uuid
 from typing import Any, Literal
 
+from hicache_l3.common.compression import COMPRESSION_HELP, PageCodec, read_stored
 from hicache_l3.common.config import ConnectorConfig, setting
 from hicache_l3.common.connector import Capabilities, Connector
 from hicache_l3.common.errors import ConfigError, EngineUnavailableError, Reason
@@ -46,6 +47,7 @@ class FsspecConfig(ConnectorConfig):
     root: str = setting("", "fsspec URL holding the pages (s3://bucket/prefix, file:///path, ...)")
     io_threads: int = setting(2, "threads moving the pages of one batch in parallel")
     checksum: Literal["xxh3", "none"] = setting("xxh3", "page checksum verified on every get")
+    compression: Literal["none", "zstd"] = setting("none", COMPRESSION_HELP)
 
     def validate(self) -> None:
         """Check values that types alone cannot."""
@@ -62,7 +64,9 @@ class FsspecConnector(Connector[FsspecConfig]):
     Python bytes (slower than the slab path; for roots that are not local paths).
 
     Object layout: ``<root>/ns-<digest>/<fp[:2]>/<key>.page``, each a 64-byte header
-    (the slab start header: length, checksum, key fingerprint) then the page bytes.
+    (the slab start header: length, checksum, key fingerprint) then the stored bytes:
+    the page, or its compressed frame (:mod:`hicache_l3.common.compression`); the
+    header's length and checksum are those of the stored bytes.
     Writes go to a temporary name and are moved into place, so a reader never sees a
     partial object where the filesystem's move is atomic (local and ``file://``; on
     object stores a single PUT is atomic already).
@@ -99,6 +103,7 @@ class FsspecConnector(Connector[FsspecConfig]):
         self.base = f"{path.rstrip('/')}/ns-{namespace.digest()}"
         self.fs.makedirs(self.base, exist_ok=True)
         self._pool = BatchPool(config.io_threads, "hicache-fsspec", min_share=1)
+        self._codec = PageCodec(config.compression, namespace.kv_dtype)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -126,11 +131,14 @@ class FsspecConnector(Connector[FsspecConfig]):
                 try:
                     if self.fs.exists(path):
                         continue
-                    csum = buffer_checksum(views) if self.config.checksum != "none" else 0
-                    head = encode_start(0, page_nbytes(pages[i]), csum, key_fingerprint(keys[i]))
+                    frame = self._codec.encode(views) if self._codec.enabled else None
+                    body: list[Any] = views if frame is None else [frame]
+                    csum = buffer_checksum(body) if self.config.checksum != "none" else 0
+                    nbytes = page_nbytes(pages[i]) if frame is None else len(frame)
+                    head = encode_start(0, nbytes, csum, key_fingerprint(keys[i]))
                     tmp = f"{path}.tmp-{uuid.uuid4().hex}"
                     self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-                    self.fs.pipe_file(tmp, b"".join([head, *views]))
+                    self.fs.pipe_file(tmp, b"".join([head, *body]))
                     self.fs.mv(tmp, path)
                 except Exception as exc:
                     self._log.warning("set-io", "file(fsspec): write of %s failed: %s", keys[i], exc)
@@ -153,7 +161,6 @@ class FsspecConnector(Connector[FsspecConfig]):
                     self._log.warning("get-io", "file(fsspec): read of %s failed: %s", keys[i], exc)
                     reasons[i] = Reason.ENGINE_ERROR
                     continue
-                nbytes = page_nbytes(pages[i])
                 if len(blob) < MARKER:
                     reasons[i] = Reason.CORRUPT
                     continue
@@ -162,9 +169,6 @@ class FsspecConnector(Connector[FsspecConfig]):
                 if magic != START_MAGIC or fp != key_fingerprint(keys[i]) or len(body) != length:
                     reasons[i] = Reason.CORRUPT
                     continue
-                if length != nbytes:
-                    reasons[i] = Reason.SIZE_MISMATCH
-                    continue
                 if csum and buffer_checksum([body]) != csum:
                     reasons[i] = Reason.CORRUPT
                     continue
@@ -172,10 +176,7 @@ class FsspecConnector(Connector[FsspecConfig]):
                 if views is None:
                     reasons[i] = Reason.UNREGISTERED
                     continue
-                pos = 0
-                for v in views:
-                    v[:] = body[pos : pos + len(v)]
-                    pos += len(v)
+                reasons[i] = read_stored(body, views)  # the page, or its frame decoded
 
         self._pool.map(read, len(keys))
         return reasons

@@ -12,6 +12,8 @@ contract in :mod:`hicache_l3.common.connector` and the template of ``docs/connec
   ``_get`` copies them back with ``ctypes.memmove``. A stored value whose length is not
   the page's is a miss (``size_mismatch``), never a partial page.
 * No checksums and no capacity: ``detects_corruption=False``, ``evicts=False``.
+* ``compression="zstd"`` stores a page's frame (:mod:`hicache_l3.common.compression`)
+  where it is shorter; gets read raw pages and frames whatever the setting.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import threading
-from typing import Any
+from typing import Any, Literal
 
+from hicache_l3.common.compression import COMPRESSION_HELP, PageCodec, read_stored
 from hicache_l3.common.config import ConnectorConfig, setting
 from hicache_l3.common.connector import Capabilities, Connector
 from hicache_l3.common.errors import Reason
@@ -34,6 +37,7 @@ class MemoryConfig(ConnectorConfig):
 
     store: str = setting("default", "name of the in-process store; connectors naming the same "
                                     "store and namespace share pages")
+    compression: Literal["none", "zstd"] = setting("none", COMPRESSION_HELP)
 
 
 class _Pages:
@@ -65,6 +69,7 @@ class MemoryConnector(Connector[MemoryConfig]):
     def __init__(self, config: MemoryConfig, namespace: Namespace) -> None:
         super().__init__(config, namespace)
         self._id = (config.store, namespace.digest())
+        self._codec = PageCodec(config.compression, namespace.kv_dtype)
         with _STORES_LOCK:
             self._pages = _STORES.setdefault(self._id, _Pages())
             self._pages.users += 1
@@ -81,6 +86,8 @@ class MemoryConnector(Connector[MemoryConfig]):
                 if key in self._pages.data:
                     continue  # same key, same bytes: keep the stored page
             value = b"".join(ctypes.string_at(address, length) for address, length in page)
+            if self._codec.enabled:
+                value = self._codec.encode([memoryview(value)]) or value
             with self._pages.lock:
                 self._pages.data.setdefault(key, value)
         return [Reason.OK] * len(keys)
@@ -92,8 +99,9 @@ class MemoryConnector(Connector[MemoryConfig]):
                 value = self._pages.data.get(key)
             if value is None:
                 reasons.append(Reason.MISS)
-            elif len(value) != page_nbytes(page):
-                reasons.append(Reason.SIZE_MISMATCH)
+            elif len(value) != page_nbytes(page):  # a frame, or a page of another size
+                views = self.regions.views(page)
+                reasons.append(Reason.UNREGISTERED if views is None else read_stored(value, views))
             else:
                 offset = 0
                 for address, length in page:

@@ -155,3 +155,11 @@ class TestFileFsspec(ConnectorTests):
         else:
             data = data[: len(data) - 100]
         path.write_bytes(bytes(data))
+
+    def backdoor_write(self, settings: dict[str, Any], namespace: Namespace, key: str,
+                       stored: bytes) -> None:
+        from hicache_l3.common.integrity import buffer_checksum, key_fingerprint
+        from hicache_l3.slab.format import encode_start
+
+        head = encode_start(0, len(stored), buffer_checksum([stored]), key_fingerprint(key))
+        self._path(settings, namespace, key).write_bytes(head + stored)

@@ -54,3 +54,9 @@ class TestMemoryConnector(ConnectorTests):
         assert second.batch_exists(["k"]) == [True]
         second.close()
         assert stored_pages(settings["store"], namespace) is None
+
+    def backdoor_write(self, settings: dict[str, Any], namespace: Namespace, key: str,
+                       stored: bytes) -> None:
+        pages = stored_pages(settings["store"], namespace)
+        assert pages is not None
+        pages[key] = stored

@@ -1,0 +1,222 @@
+"""Lossless page compression: the ``compression`` setting's codec and its stored frame.
+
+A page stored compressed is a *frame*: a 16-byte header (magic, codec, transform, a
+reserved zero, the raw length) and its body. A page stored as is has no header, so it
+is written and read without a copy. A reader tells them apart by length: a stored page of
+exactly ``page_bytes`` is raw, a shorter one that starts with the magic is a frame (a page
+whose frame would not be shorter is stored raw). Readers decode frames whatever their own
+setting, so a store can hold both and writers may change the setting.
+
+Transforms, chosen from the KV dtype's element size: 2-byte elements (bf16, fp16) are
+split into byte planes; the low plane (mantissa bits, near random) is stored as is and
+only the high plane (sign, exponent: few distinct values) goes through zstd. Other sizes
+(fp8, fp32) go through zstd whole. Decoding is strict: a damaged, truncated or foreign
+frame, another raw length, or data that decompresses to more or less than the page is
+:attr:`Reason.CORRUPT`, decided before a byte of the caller's page is written.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from hicache_l3.common.errors import ConfigError, Reason
+
+COMPRESSIONS = ("none", "zstd")
+FRAME = struct.Struct("<4sBBHQ")  # magic, codec, transform, reserved (0), raw length
+FRAME_MAGIC = b"HLZ\x01"
+CODEC_ZSTD = 1
+WHOLE = 0  # zstd over the page
+HIGH_PLANE = 1  # 2-byte elements: low plane as is, then zstd(high plane)
+BOTH_PLANES = 2  # 2-byte elements: zstd(low plane + high plane)
+_TRANSFORMS = (WHOLE, HIGH_PLANE, BOTH_PLANES)
+
+_TWO_BYTE = ("bfloat16", "bf16", "float16", "fp16", "half")
+
+
+def element_bytes(kv_dtype: str) -> int:
+    """Bytes per element of a KV dtype name (``bfloat16``, ``float8_e4m3fn``...); 1 for
+    names it does not know (no transform is then applied)."""
+    name = kv_dtype.lower().removeprefix("torch.")
+    if any(name.startswith(p) for p in _TWO_BYTE):
+        return 2
+    if name in ("float32", "fp32", "float"):
+        return 4
+    return 1
+
+
+def transform_for(kv_dtype: str) -> int:
+    """The transform used for pages of ``kv_dtype``: byte planes for 2-byte elements."""
+    return HIGH_PLANE if element_bytes(kv_dtype) == 2 else WHOLE
+
+
+Compression = Literal["none", "zstd"]
+
+
+COMPRESSION_HELP = ("none: pages stored as they are (no copy); zstd: pages stored compressed "
+                    "where that makes them shorter (byte planes for 2-byte KV dtypes). Readers "
+                    "read both, whatever their setting. Worth it where the tier is slower than a "
+                    "core decompresses (object stores, remote hosts), not on the page cache")
+
+
+def check_compression(value: str) -> None:
+    """ConfigError naming the setting unless ``value`` is a known compression."""
+    if value not in COMPRESSIONS:
+        raise ConfigError(f"compression must be one of {', '.join(COMPRESSIONS)}, got {value!r}")
+
+
+def _zstd() -> Any:
+    import zstandard
+
+    return zstandard
+
+
+class _PerThread(threading.local):
+    """zstd contexts are not safe for concurrent use: one pair per thread."""
+
+    def __init__(self) -> None:
+        zstd = _zstd()
+        self.dctx = zstd.ZstdDecompressor()
+        self.cctx: dict[int, Any] = {}
+
+    def compressor(self, level: int) -> Any:
+        cctx = self.cctx.get(level)
+        if cctx is None:
+            cctx = self.cctx[level] = _zstd().ZstdCompressor(level=level, write_content_size=True)
+        return cctx
+
+
+_local = _PerThread()
+
+
+def _contiguous(views: Sequence[memoryview]) -> Any:
+    """The page as one buffer (its single segment as is, several joined)."""
+    return views[0] if len(views) == 1 else b"".join(views)
+
+
+class PageCodec:
+    """Encodes pages for one ``compression`` setting and KV dtype. Thread-safe.
+
+    :meth:`encode` gives the frame to store, or None when the page is to be stored as is
+    (``compression="none"``, or a frame that would not be shorter than the page).
+    """
+
+    def __init__(self, compression: str, kv_dtype: str, level: int = 1,
+                 transform: int | None = None) -> None:
+        check_compression(compression)
+        self.enabled = compression == "zstd"
+        self.level = level
+        self.transform = transform_for(kv_dtype) if transform is None else transform
+        if self.transform not in _TRANSFORMS:
+            raise ConfigError(f"unknown compression transform {self.transform}")
+        if self.enabled:
+            _zstd()  # the install hint now, not at the first set
+
+    def encode(self, views: Sequence[memoryview]) -> bytes | None:
+        """The frame of the page made of ``views``, or None to store the page as is."""
+        if not self.enabled:
+            return None
+        raw = _contiguous(views)
+        n = len(raw) if not isinstance(raw, memoryview) else raw.nbytes
+        transform = self.transform if n % 2 == 0 else WHOLE
+        cctx = _local.compressor(self.level)
+        if transform == WHOLE:
+            parts = [cctx.compress(raw)]
+        else:
+            pairs = np.frombuffer(raw, np.uint8).reshape(-1, 2)
+            low, high = pairs[:, 0].tobytes(), pairs[:, 1].tobytes()
+            if transform == HIGH_PLANE:
+                parts = [low, cctx.compress(high)]
+            else:
+                parts = [cctx.compress(low + high)]
+        size = FRAME.size + sum(map(len, parts))
+        if size >= n:
+            return None
+        return b"".join([FRAME.pack(FRAME_MAGIC, CODEC_ZSTD, transform, 0, n), *parts])
+
+
+def is_frame(stored: Any, page_bytes: int) -> bool:
+    """Whether ``stored`` (the bytes at rest) is a frame rather than a raw page: shorter
+    than the page and starting with the magic."""
+    return len(stored) < page_bytes and bytes(stored[:4]) == FRAME_MAGIC
+
+
+def decode(stored: Any, page_bytes: int) -> tuple[Reason, Any]:
+    """The raw page of the frame ``stored``: ``(Reason.OK, buffer of page_bytes)``, or
+    ``(Reason.CORRUPT, None)`` for anything but a well-formed frame of exactly that raw
+    length. Never raises for bad bytes."""
+    try:
+        return Reason.OK, _decode(memoryview(stored).cast("B"), page_bytes)
+    except (_Corrupt, ValueError, MemoryError, struct.error):
+        return Reason.CORRUPT, None
+    except Exception as exc:  # zstandard.ZstdError and whatever a damaged frame raises
+        if type(exc).__module__.startswith("zstandard"):
+            return Reason.CORRUPT, None
+        raise
+
+
+class _Corrupt(Exception):
+    pass
+
+
+def _decompress(body: memoryview, size: int) -> bytes:
+    zstd = _zstd()
+    declared = zstd.frame_content_size(body)
+    if declared != size:  # -1: not written (not ours), else another size
+        raise _Corrupt
+    out = _local.dctx.decompress(body, max_output_size=size, allow_extra_data=False)
+    if len(out) != size:
+        raise _Corrupt
+    return out
+
+
+def _decode(mv: memoryview, page_bytes: int) -> Any:
+    if mv.nbytes < FRAME.size or mv.nbytes >= page_bytes:
+        raise _Corrupt
+    magic, codec, transform, reserved, raw = FRAME.unpack_from(mv)
+    if magic != FRAME_MAGIC or codec != CODEC_ZSTD or reserved != 0 or raw != page_bytes:
+        raise _Corrupt
+    body = mv[FRAME.size:]
+    if transform == WHOLE:
+        return _decompress(body, raw)
+    if transform not in (HIGH_PLANE, BOTH_PLANES) or raw % 2:
+        raise _Corrupt
+    half = raw // 2
+    if transform == HIGH_PLANE:
+        if body.nbytes <= half:
+            raise _Corrupt
+        low: Any = body[:half]
+        high: Any = _decompress(body[half:], half)
+    else:
+        planes = _decompress(body, raw)
+        low, high = planes[:half], planes[half:]
+    out = np.empty((half, 2), np.uint8)
+    out[:, 0] = np.frombuffer(low, np.uint8)
+    out[:, 1] = np.frombuffer(high, np.uint8)
+    return out.reshape(-1)
+
+
+def read_stored(stored: Any, views: Sequence[memoryview]) -> Reason:
+    """Copy the page stored as ``stored`` (raw or a frame) into ``views``, the segments of
+    the caller's page: OK, SIZE_MISMATCH (a raw page of another length), or CORRUPT (a
+    bad frame; nothing written then)."""
+    page_bytes = sum(v.nbytes for v in views)
+    n = len(stored)
+    if n == page_bytes:
+        src: Any = memoryview(stored).cast("B")
+    elif is_frame(stored, page_bytes):
+        reason, src = decode(stored, page_bytes)
+        if reason is not Reason.OK:
+            return reason
+        src = memoryview(src).cast("B")
+    else:
+        return Reason.SIZE_MISMATCH
+    pos = 0
+    for v in views:
+        v[:] = src[pos:pos + v.nbytes]
+        pos += v.nbytes
+    return Reason.OK

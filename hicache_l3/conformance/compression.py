@@ -1,0 +1,203 @@
+"""``CompressionTests``: the ``compression`` setting's behaviour, part of every
+connector's suite (:class:`~hicache_l3.conformance.suite.ConnectorTests` inherits it).
+
+Pages here look like bf16 KV (a high byte of few values, a random low byte), so zstd
+shrinks them. A store holds raw pages and frames side by side; every reader reads both,
+whatever its own setting. Hostile frames are written at rest with the connector's own
+envelope (``backdoor_write``, checksum valid over them), so the frame decoder itself
+must refuse them: a miss with reason ``corrupt``, nothing written outside the page.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, ClassVar
+
+import pytest
+import zstandard
+
+from hicache_l3.common.compression import FRAME, FRAME_MAGIC, HIGH_PLANE, WHOLE
+from hicache_l3.common.connector import Connector
+from hicache_l3.common.keys import Namespace
+from hicache_l3.conformance.pages import Pages, page_pattern
+
+
+def kv_pattern(key: str, nbytes: int) -> bytes:
+    """Deterministic bf16-like bytes of ``key``'s page: random low bytes, high bytes of
+    four values (what zstd shrinks in real KV)."""
+    raw = bytearray(hashlib.shake_128(b"kv" + key.encode()).digest(nbytes))
+    raw[1::2] = bytes(0x3C + (b & 3) for b in raw[1::2])
+    return bytes(raw)
+
+
+def _fill_kv(pages: Pages, keys: list[str]) -> None:
+    pb = pages.page_bytes
+    for i, key in enumerate(keys):
+        pages.view[i * pb:(i + 1) * pb] = kv_pattern(key, pb)
+
+
+def hostile_frames(page_bytes: int) -> dict[str, bytes]:
+    """Frames (shorter than the page, starting with the magic) that must read as corrupt."""
+    half = page_bytes // 2
+    good = kv_pattern("hostile", page_bytes)
+    cctx = zstandard.ZstdCompressor(level=1)
+
+    def head(raw: int, transform: int = WHOLE, codec: int = 1, reserved: int = 0) -> bytes:
+        return FRAME.pack(FRAME_MAGIC, codec, transform, reserved, raw)
+
+    whole = cctx.compress(good)
+    return {
+        "header only": head(page_bytes),
+        "another raw length": head(half) + cctx.compress(good[:half]),
+        "decompresses to more than the page": head(page_bytes) + cctx.compress(bytes(4 * page_bytes)),
+        "more than the page, size not declared": head(page_bytes) + zstandard.ZstdCompressor(
+            write_content_size=False).compress(bytes(4 * page_bytes)),
+        "decompresses to less than the page": head(page_bytes) + cctx.compress(bytes(half)),
+        "truncated": (head(page_bytes) + whole)[:-7],
+        "trailing bytes": head(page_bytes) + whole + b"\0" * 8,
+        "two frames": head(page_bytes) + cctx.compress(good[:half]) + cctx.compress(good[half:]),
+        "garbage body": head(page_bytes) + hashlib.shake_128(b"g").digest(half),
+        "unknown codec": head(page_bytes, codec=9) + whole,
+        "unknown transform": head(page_bytes, transform=7) + whole,
+        "reserved bits set": head(page_bytes, reserved=1) + whole,
+        "plane frame, low plane short": head(page_bytes, HIGH_PLANE) + good[:100],
+        "plane frame, high plane of another size": head(page_bytes, HIGH_PLANE) + good[0::2]
+        + cctx.compress(bytes(half + 2)),
+    }
+
+
+class CompressionTests:
+    """The ``compression`` setting's tests; mixed into ``ConnectorTests``."""
+
+    page_bytes: ClassVar[int]
+
+    def backdoor_read(self, settings: dict[str, Any], namespace: Namespace, key: str) -> bytes | None:
+        raise NotImplementedError
+
+    def backdoor_corrupt(self, settings: dict[str, Any], namespace: Namespace, key: str,
+                         how: str) -> None:
+        raise NotImplementedError
+
+    def backdoor_write(self, settings: dict[str, Any], namespace: Namespace, key: str,
+                       stored: bytes) -> None:
+        """Make ``stored`` the bytes at rest of ``key``'s page, inside the connector's own
+        envelope (header, checksum over ``stored``), without the connector."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _compressing(open_conn: Any, **overrides: Any) -> Connector[Any]:
+        conn: Connector[Any] = open_conn(compression="zstd", **overrides)
+        return conn
+
+    @pytest.fixture
+    def zconn(self, open_conn: Any) -> Connector[Any]:
+        """A connector with ``compression="zstd"`` (fails for one without the setting)."""
+        return self._compressing(open_conn)
+
+    def test_compression_stores_kv_pages_shorter(self, zconn: Connector[Any], settings: dict[str, Any],
+                                                namespace: Namespace) -> None:
+        keys = [f"z-{i}" for i in range(6)]
+        pages = Pages(zconn, self.page_bytes, len(keys))
+        _fill_kv(pages, keys)
+        assert zconn.batch_set(keys, pages.pages) == [True] * len(keys)
+        for key in keys:
+            stored = self.backdoor_read(settings, namespace, key)
+            assert stored is not None and stored[:4] == FRAME_MAGIC
+            assert len(stored) < self.page_bytes * 0.8, len(stored)
+        pages.wipe()
+        assert zconn.batch_get(keys, pages.pages) == [True] * len(keys)
+        pb = self.page_bytes
+        for i, key in enumerate(keys):
+            assert bytes(pages.view[i * pb:(i + 1) * pb]) == kv_pattern(key, pb)
+
+    def test_compression_incompressible_page_is_stored_raw(self, zconn: Connector[Any],
+                                                           settings: dict[str, Any],
+                                                           namespace: Namespace) -> None:
+        keys = ["rnd-0", "rnd-1"]
+        pages = Pages(zconn, self.page_bytes, 2)
+        pages.fill(keys)  # random bytes
+        assert zconn.batch_set(keys, pages.pages) == [True, True]
+        for key in keys:
+            assert self.backdoor_read(settings, namespace, key) == page_pattern(key, self.page_bytes)
+        pages.wipe()
+        assert zconn.batch_get(keys, pages.pages) == [True, True]
+        assert pages.matches(0, keys[0]) and pages.matches(1, keys[1])
+
+    def test_compression_mixed_store_read_by_either_setting(self, open_conn: Any) -> None:
+        plain, packed = open_conn(compression="none"), self._compressing(open_conn)
+        raw_keys, z_keys = [f"raw-{i}" for i in range(4)], [f"zst-{i}" for i in range(4)]
+        for conn, keys in ((plain, raw_keys), (packed, z_keys)):
+            pages = Pages(conn, self.page_bytes, len(keys))
+            _fill_kv(pages, keys)
+            assert conn.batch_set(keys, pages.pages) == [True] * len(keys)
+        keys = [k for pair in zip(raw_keys, z_keys) for k in pair]
+        pb = self.page_bytes
+        for reader in (plain, packed, open_conn(compression="none")):
+            pages = Pages(reader, pb, len(keys))
+            assert reader.batch_get(keys, pages.pages) == [True] * len(keys)
+            for i, key in enumerate(keys):
+                assert bytes(pages.view[i * pb:(i + 1) * pb]) == kv_pattern(key, pb), (reader, key)
+
+    def test_compression_multi_segment_pages(self, zconn: Connector[Any]) -> None:
+        from hicache_l3.common.memory import HostBuffer
+        from hicache_l3.common.pages import strided_pages
+
+        count, segments = 4, 4
+        seg = self.page_bytes // segments
+        stride = count * seg
+        buf = HostBuffer(segments * stride)
+        zconn.register(buf)
+        pages = strided_pages(buf.address, seg, segments, stride, range(count))
+        view = buf.view()
+        keys = [f"zms-{i}" for i in range(count)]
+        for i, key in enumerate(keys):
+            pattern = kv_pattern(key, self.page_bytes)
+            for j in range(segments):
+                view[j * stride + i * seg:j * stride + (i + 1) * seg] = pattern[j * seg:(j + 1) * seg]
+        assert zconn.batch_set(keys, pages) == [True] * count
+        view[:] = bytes(len(view))
+        assert zconn.batch_get(keys, pages) == [True] * count
+        for i, key in enumerate(keys):
+            got = b"".join(view[j * stride + i * seg:j * stride + (i + 1) * seg] for j in range(segments))
+            assert got == kv_pattern(key, self.page_bytes)
+
+    def test_hostile_frames_are_corrupt_misses(self, open_conn: Any, settings: dict[str, Any],
+                                               namespace: Namespace) -> None:
+        frames = hostile_frames(self.page_bytes)
+        for setting in ("none", "zstd"):
+            conn = open_conn(compression=setting)
+            keys = [f"hf-{setting}-{i}" for i in range(len(frames))]
+            seed = Pages(conn, self.page_bytes, len(keys))
+            _fill_kv(seed, keys)  # the keys exist, then their bytes at rest are replaced
+            assert conn.batch_set(keys, seed.pages) == [True] * len(keys)
+            for key, stored in zip(keys, frames.values()):
+                assert len(stored) < self.page_bytes
+                self.backdoor_write(settings, namespace, key, stored)
+            # every other page of the buffer is a guard that must stay untouched
+            pages = Pages(conn, self.page_bytes, 2 * len(keys) + 1)
+            guard = b"\xa5" * self.page_bytes
+            pages.view[:] = guard * (2 * len(keys) + 1)
+            before = conn.stats()["ops"]["get"]["failed"].get("corrupt", 0)
+            got = conn.batch_get(keys, pages.pages[1::2])
+            assert got == [False] * len(keys), dict(zip(frames, got))
+            assert conn.stats()["ops"]["get"]["failed"].get("corrupt", 0) - before == len(keys)
+            pb = self.page_bytes
+            for i in range(0, 2 * len(keys) + 1, 2):
+                assert bytes(pages.view[i * pb:(i + 1) * pb]) == guard, f"guard page {i} written"
+
+    def test_compressed_page_truncated_or_flipped_is_a_miss(self, open_conn: Any,
+                                                           settings: dict[str, Any],
+                                                           namespace: Namespace) -> None:
+        conn = self._compressing(open_conn)
+        hows = ["truncate", "flip"] if conn.capabilities.detects_corruption else ["truncate"]
+        for how in hows:
+            keys = [f"zt-{how}-{i}" for i in range(3)]
+            pages = Pages(conn, self.page_bytes, 3)
+            _fill_kv(pages, keys)
+            assert conn.batch_set(keys, pages.pages) == [True] * 3
+            self.backdoor_corrupt(settings, namespace, keys[1], how)
+            pages.wipe()
+            assert conn.batch_get(keys, pages.pages) == [True, False, True], how
+            pb = self.page_bytes
+            for i in (0, 2):
+                assert bytes(pages.view[i * pb:(i + 1) * pb]) == kv_pattern(keys[i], pb)
