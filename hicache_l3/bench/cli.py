@@ -12,6 +12,7 @@ Examples:
   hicache-l3 bench --page-size 64KiB,1MiB --batch 32,128 --json out.json --plot out.png
   hicache-l3 bench --backend file --set file.root=/mnt/nvme/kv --set file.o_direct=true
   hicache-l3 bench --scale --scale-sizes 1e4,1e5 --json scale.json --plot scale.png
+  hicache-l3 bench --beyond-memory --beyond-store 8GiB --beyond-cache 2GiB --page-size 64KiB,1MiB
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import dataclasses
 import json
 import shutil
 import sys
@@ -103,6 +105,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--scale: stores written as index logs over sparse slabs (no page "
                              "bytes): open time, index memory and exists at sizes the disk "
                              "cannot hold; no get/set")
+    parser.add_argument("--beyond-memory", action="store_true",
+                        help="instead: file and hf3fs stores several times the page cache the bench "
+                             "may use (a memory cgroup), random gets and evicting sets from the device, "
+                             "against raw O_DIRECT and fio; with the break-even against recompute")
+    parser.add_argument("--beyond-store", type=_sizes, default=[0], metavar="SIZE",
+                        help="--beyond-memory: bytes of pages per store (default: 4x --beyond-cache; "
+                             "without a cgroup, 2x the machine's memory)")
+    parser.add_argument("--beyond-cache", type=_sizes, default=[512 << 20], metavar="SIZE",
+                        help="--beyond-memory: the page cache the bench may use (default 512MiB)")
+    parser.add_argument("--beyond-backends", default="file,hf3fs",
+                        help="--beyond-memory: connectors (default file,hf3fs)")
+    parser.add_argument("--beyond-modes", default="buffered,o_direct",
+                        help="--beyond-memory: buffered, o_direct or both (default both)")
+    parser.add_argument("--beyond-rounds", type=int, default=3,
+                        help="--beyond-memory: interleaved rounds (default 3)")
+    parser.add_argument("--beyond-batches", type=int, default=256,
+                        help="--beyond-memory: timed batches per contender and op (default 256, at "
+                             "most one pass over the store)")
+    parser.add_argument("--beyond-fio-seconds", type=float, default=2.0,
+                        help="--beyond-memory: seconds of each fio job per round, when fio is "
+                             "installed (default 2)")
+    parser.add_argument("--kv-bytes-per-token", type=int, default=None,
+                        help="--beyond-memory: the model's KV bytes per token (default 131072: "
+                             "Llama-3.1-8B in bf16)")
+    parser.add_argument("--prefill-tokens-per-s", type=float, default=None,
+                        help="--beyond-memory: prefill rate of the model on its GPU (default 30000: "
+                             "Llama-3.1-8B on one H100, see docs/benchmarks.md)")
 
 
 def _settings(overrides: list[str]) -> dict[str, dict[str, Any]]:
@@ -121,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
     quiet_credential_loggers()
     if args.scale:
         return _run_scale(args)
+    if args.beyond_memory:
+        return _run_beyond(args)
     if args.reps < 1 or args.pages < 1:
         print("bench: --reps and --pages must be >= 1", file=sys.stderr)
         return 2
@@ -194,6 +225,35 @@ def _run_scale(args: argparse.Namespace) -> int:
         return 2
     return run_scale(sizes, args.scale_page_bytes[0], args.workdir, settings.get("file", {}),
                      args.json, args.plot, args.quiet, args.scale_index_only)
+
+
+def _run_beyond(args: argparse.Namespace) -> int:
+    from hicache_l3.bench.beyond import BeyondOptions, run_beyond
+
+    try:
+        opts = BeyondOptions(
+            store_bytes=args.beyond_store[0], cache_bytes=args.beyond_cache[0], batch=args.batch[0],
+            rounds=args.beyond_rounds, batches=args.beyond_batches, settings=_settings(args.overrides),
+            fio_seconds=args.beyond_fio_seconds,
+            backends=tuple(b.strip() for b in args.beyond_backends.split(",") if b.strip()),
+            modes=tuple(m.strip() for m in args.beyond_modes.split(",") if m.strip()),
+            workdir=str(args.workdir or ""))
+    except HiCacheL3Error as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    if args.kv_bytes_per_token is not None:
+        opts.kv_bytes_per_token = args.kv_bytes_per_token
+    if args.prefill_tokens_per_s is not None:
+        opts.prefill_tokens_per_s = args.prefill_tokens_per_s
+    reports = []
+    for page_bytes in args.page_size:
+        code, report = run_beyond(dataclasses.replace(opts, page_bytes=page_bytes), args.quiet)
+        if code:
+            return code
+        reports.append(report)
+    if args.json:
+        args.json.write_text(json.dumps({"beyond_memory": reports}, indent=1))
+    return 0
 
 
 @contextlib.contextmanager

@@ -1,0 +1,375 @@
+"""``hicache-l3 bench --beyond-memory``: stores several times bigger than the page cache.
+
+A worker process joins a memory cgroup limited to ``cache_bytes`` (:mod:`.memcg`; without
+one, the machine's memory bounds the page cache and the store is sized from it), fills one
+store per contender (file and hf3fs, buffered and ``o_direct``) and a raw file of the
+same size, drops their page cache, then times random batch gets over the whole store and
+sets of fresh keys into the full store (evicting), with the raw contenders
+(:mod:`.raw_direct`: O_DIRECT from many threads, and ``fio``) interleaved round by round.
+Every page read is verified. The report puts each contender's GB/s beside the bandwidth
+above which loading a prefix's KV beats recomputing it (``kv_bytes_per_token *
+prefill_tokens_per_s``). Figures: docs/benchmarks.md, "Beyond memory".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hicache_l3.bench import memcg
+from hicache_l3.bench.raw_direct import FIO_JOBS, RawDirect, fio_available, run_fio
+from hicache_l3.bench.runner import BenchError, cpu_info, describe_cpu, drop_page_cache
+from hicache_l3.common.errors import ConfigError, HiCacheL3Error
+from hicache_l3.common.keys import Namespace
+from hicache_l3.common.memory import HostBuffer
+from hicache_l3.common.pages import contiguous_pages
+from hicache_l3.common.registry import open_connector
+from hicache_l3.slab.format import Geometry
+
+BODIES = 64  # distinct page bodies; page i has body i % BODIES and its index in its first 8 bytes
+# Llama-3.1-8B in bf16: 32 layers x 8 KV heads x 128 head dim x 2 (K and V) x 2 bytes
+LLAMA31_8B_KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
+# its prefill on one H100 SXM: 989 TFLOPS dense bf16 (NVIDIA's datasheet) at 50% utilization,
+# over 2 FLOPs per parameter per token (8.03e9 parameters); attention not counted
+H100_LLAMA31_8B_PREFILL_TOKENS_PER_S = 30_000
+CONNECTORS = ("file", "hf3fs")
+MODES = ("buffered", "o_direct")
+CGROUP_SLACK = 64 << 20  # the worker's own allocations after it joins its cgroup
+
+
+@dataclasses.dataclass
+class BeyondOptions:
+    """One beyond-memory run (from the command line)."""
+
+    store_bytes: int = 0  # bytes of pages per store; 0: 4x cache_bytes (or 2x memory, no cgroup)
+    cache_bytes: int = 512 << 20  # the page cache the worker may use (its cgroup's limit)
+    page_bytes: int = 64 << 10
+    batch: int = 128
+    rounds: int = 3  # rounds of interleaved contenders; each gets a share of the batches
+    batches: int = 256  # timed batches per contender and op, at most (and one pass of the store)
+    backends: tuple[str, ...] = CONNECTORS
+    modes: tuple[str, ...] = MODES
+    raw_threads: int = 16
+    fio: bool = True  # run fio when it is installed
+    fio_seconds: float = 2.0  # per fio job and round
+    settings: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    kv_bytes_per_token: int = LLAMA31_8B_KV_BYTES_PER_TOKEN
+    prefill_tokens_per_s: float = H100_LLAMA31_8B_PREFILL_TOKENS_PER_S
+    workdir: str = ""  # where stores live (a directory made and removed under it)
+    cgroup: str = ""  # the worker's memory cgroup ("" = none)
+
+    def validate(self) -> None:
+        """ConfigError naming the option when a value cannot work."""
+        if self.page_bytes % 4096:
+            raise ConfigError(f"--page-size: the beyond-memory bench moves pages with O_DIRECT, "
+                              f"so a page must be a 4 KiB multiple, got {self.page_bytes}")
+        if self.batch < 1 or self.rounds < 1 or self.batches < 1 or self.raw_threads < 1:
+            raise ConfigError("--batch, --beyond-rounds, --beyond-batches and the raw threads must be >= 1")
+        if not 0 < self.fio_seconds <= 600:
+            raise ConfigError(f"--beyond-fio-seconds must lie in (0, 600], got {self.fio_seconds:g}")
+        if self.kv_bytes_per_token < 1 or self.prefill_tokens_per_s <= 0:
+            raise ConfigError("--kv-bytes-per-token and --prefill-tokens-per-s must be > 0")
+        for name in self.backends:
+            if name not in CONNECTORS:
+                raise ConfigError(f"--beyond-backends: {name!r} is not one of {list(CONNECTORS)}")
+        for mode in self.modes:
+            if mode not in MODES:
+                raise ConfigError(f"--beyond-modes: {mode!r} is not one of {list(MODES)}")
+        for backend, values in self.settings.items():
+            taken = {"root", "capacity_bytes", "o_direct"} & set(values)
+            if taken:
+                raise ConfigError(f"--set {backend}.{sorted(taken)[0]}: set by the beyond-memory bench")
+
+    @property
+    def pages(self) -> int:
+        """Pages per store."""
+        return max(self.batch, self.store_bytes // self.page_bytes)
+
+
+def break_even_gb_s(kv_bytes_per_token: int, prefill_tokens_per_s: float) -> float:
+    """GB/s above which loading a prefix's KV takes less time than recomputing it."""
+    return kv_bytes_per_token * prefill_tokens_per_s / 1e9
+
+
+def key(i: int) -> str:
+    """The key of page ``i``."""
+    return f"beyond{i:011d}"
+
+
+def run_beyond(opts: BeyondOptions, quiet: bool = False) -> tuple[int, dict[str, Any] | None]:
+    """Run the mode (a worker in a memory cgroup when one can be made); print the report.
+    ``(exit code, report)``: 1 on a failed measure, 2 on bad options (no report then)."""
+    cgroup: Path | None = None
+    why = ""
+    try:
+        opts.validate()
+        # the limit covers the page cache and what the worker allocates after joining
+        cgroup, why = memcg.create(opts.cache_bytes + CGROUP_SLACK, f"hicache-l3-bench-{os.getpid()}")
+        if opts.store_bytes <= 0:
+            opts.store_bytes = 4 * opts.cache_bytes if cgroup else 2 * memcg.memory_total()
+        base = Path(opts.workdir) if opts.workdir else Path(tempfile.gettempdir())
+        base.mkdir(parents=True, exist_ok=True)
+        stores = len(opts.backends) * len(opts.modes) + 1
+        need = stores * opts.pages * (Geometry(opts.page_bytes).stride + 256) + (256 << 20)
+        free = shutil.disk_usage(base).free
+        if need > free:
+            raise ConfigError(f"--beyond-store {opts.store_bytes / 2**30:.1f} GiB x {stores} stores needs "
+                              f"{need / 2**30:.1f} GiB free in {base}, {free / 2**30:.1f} GiB is: lower "
+                              "--beyond-store or --beyond-backends/--beyond-modes, or use another --workdir")
+    except (HiCacheL3Error, OSError) as exc:
+        if cgroup:
+            memcg.remove(cgroup)
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2, None
+    work = Path(tempfile.mkdtemp(prefix="hicache-l3-beyond-", dir=base))
+    try:
+        if cgroup is None:
+            print(f"bench: no memory cgroup ({why}): the page cache is the machine's "
+                  f"({memcg.memory_total() / 2**30:.1f} GiB), the store "
+                  f"{opts.store_bytes / memcg.memory_total():.1f}x that", file=sys.stderr)
+        config = dataclasses.replace(opts, workdir=str(work), cgroup=str(cgroup or ""))
+        args = [sys.executable, "-m", "hicache_l3.bench.beyond", json.dumps(dataclasses.asdict(config))]
+        done = subprocess.run(args, stdout=subprocess.PIPE, text=True,
+                              stderr=subprocess.DEVNULL if quiet else None)
+        lines = done.stdout.strip().splitlines()
+        if done.returncode != 0 or not lines:
+            print(f"bench failed: the beyond-memory worker exited with {done.returncode}", file=sys.stderr)
+            return 1, None
+        report: dict[str, Any] = json.loads(lines[-1])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if cgroup:
+            memcg.remove(cgroup)
+    if "error" in report:
+        print(f"bench failed: {report['error']}", file=sys.stderr)
+        return 1, None
+    report["meta"].update(cgroup=bool(cgroup), cgroup_why_not=why, cpu=cpu_info())
+    print(format_report(report))
+    return 0, report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report's text: the setting, one line per contender and op, the break-even."""
+    meta = report["meta"]
+    limit = (f"page cache limited to {meta['cache_bytes'] / 2**30:.2f} GiB by a memory cgroup"
+             if meta["cgroup"] else f"no memory cgroup ({meta['cgroup_why_not']}); the machine has "
+             f"{meta['memory_bytes'] / 2**30:.1f} GiB")
+    even = meta["break_even_gb_s"]
+    lines = [describe_cpu(meta["cpu"]),
+             f"store {meta['store_bytes'] / 2**30:.2f} GiB per contender ({meta['pages']:,} pages of "
+             f"{meta['page_bytes'] >> 10} KiB), {limit}; random batches of {meta['batch']} over the "
+             f"whole store, {meta['rounds']} interleaved rounds, every page read verified",
+             f"break-even against recompute: {even:.2f} GB/s ({meta['kv_bytes_per_token']:,} KV bytes "
+             f"per token x {meta['prefill_tokens_per_s']:,.0f} prefill tokens/s)"]
+    rows = [("contender", "op", "GB/s", "p50 ms", "p99 ms", "x raw", "x break-even")]
+    for r in report["results"]:
+        rows.append((r["contender"], r["op"], f"{r['gb_s']:.2f}",
+                     "" if r.get("p50_ms") is None else f"{r['p50_ms']:.1f}",
+                     "" if r.get("p99_ms") is None else f"{r['p99_ms']:.1f}",
+                     "" if r.get("x_raw") is None else f"{r['x_raw']:.2f}", f"{r['gb_s'] / even:.2f}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+    lines.append(f"(x raw: against raw-direct-{meta['raw_threads']}t of the same op in the same rounds; "
+                 "x break-even > 1: a hit loads faster than recomputing)")
+    return "\n".join(lines)
+
+
+# ---- worker side (runs in the cgroup) ---------------------------------------------------
+
+
+class _Pages:
+    """The fill's page contents and their check: page ``i`` is body ``i % BODIES`` with
+    ``i`` in its first 8 bytes."""
+
+    def __init__(self, page_bytes: int) -> None:
+        rng = random.Random(page_bytes)
+        self.page_bytes = page_bytes
+        self.bodies = [rng.randbytes(page_bytes - 8) for _ in range(BODIES)]
+
+    def stamp(self, view: memoryview, first: int, count: int) -> None:
+        """Write pages ``first .. first + count - 1`` into ``view`` (which holds ``count``)."""
+        pb = self.page_bytes
+        for j in range(count):
+            i = first + j
+            view[j * pb : j * pb + 8] = i.to_bytes(8, "little")
+            view[j * pb + 8 : (j + 1) * pb] = self.bodies[i % BODIES]
+
+    def check(self, view: memoryview, indices: list[int], what: str) -> None:
+        """BenchError unless ``view`` holds pages ``indices`` in order."""
+        pb = self.page_bytes
+        for j, i in enumerate(indices):
+            page = view[j * pb : (j + 1) * pb]
+            if page[:8] != i.to_bytes(8, "little") or page[8:].tobytes() != self.bodies[i % BODIES]:
+                raise BenchError(f"{what}: page {i} came back with other bytes")
+
+
+@dataclasses.dataclass
+class _Contender:
+    name: str
+    get: Callable[[list[int]], bool]  # a batch of page indices into this contender's buffer
+    set: Callable[[list[int]], bool]  # a batch of page indices from the shared source buffer
+    view: memoryview  # where gets land
+    buffer: HostBuffer  # owns the memory of view
+    latencies: dict[str, list[float]] = dataclasses.field(default_factory=lambda: {"get": [], "set": []})
+    pages: dict[str, int] = dataclasses.field(default_factory=lambda: {"get": 0, "set": 0})
+
+
+def _connector(opts: BeyondOptions, backend: str, mode: str, source: HostBuffer,
+               stack: contextlib.ExitStack) -> _Contender:
+    namespace = Namespace(model="hicache-l3-bench", kv_dtype="uint8", layout="page_first",
+                          page_size=opts.page_bytes, tag=f"beyond-{backend}")
+    settings: dict[str, Any] = {"root": str(Path(opts.workdir) / f"{backend}-{mode}"),
+                                "capacity_bytes": opts.pages * Geometry(opts.page_bytes).stride,
+                                "o_direct": mode == "o_direct"}
+    if backend == "hf3fs":
+        settings["max_writers"] = 1
+    settings.update(opts.settings.get(backend, {}))
+    conn = open_connector(backend, namespace, settings)
+    stack.callback(conn.close)
+    dst = HostBuffer(opts.batch * opts.page_bytes, pin=False)
+    conn.register(source)
+    conn.register(dst)
+    src_pages = contiguous_pages(source.address, opts.page_bytes, range(opts.batch))
+    dst_pages = contiguous_pages(dst.address, opts.page_bytes, range(opts.batch))
+
+    def get(indices: list[int]) -> bool:
+        return all(conn.batch_get([key(i) for i in indices], dst_pages[: len(indices)]))
+
+    def put(indices: list[int]) -> bool:
+        return all(conn.batch_set([key(i) for i in indices], src_pages[: len(indices)]))
+
+    name = backend if mode == "buffered" else f"{backend}+o_direct"
+    return _Contender(name, get, put, dst.view(), dst)
+
+
+def _raw(opts: BeyondOptions, source: HostBuffer,
+         stack: contextlib.ExitStack) -> tuple[_Contender, RawDirect]:
+    raw = RawDirect(Path(opts.workdir) / "raw-direct.dat", opts.pages, opts.page_bytes, opts.raw_threads)
+    stack.callback(raw.close)
+    dst = HostBuffer(opts.batch * opts.page_bytes, pin=False)
+    pb = opts.page_bytes
+    dst_views = [dst.view()[j * pb : (j + 1) * pb] for j in range(opts.batch)]
+    src_views = [source.view()[j * pb : (j + 1) * pb] for j in range(opts.batch)]
+
+    def get(indices: list[int]) -> bool:
+        return raw.move("get", indices, dst_views[: len(indices)])
+
+    def put(indices: list[int]) -> bool:
+        return raw.move("set", [i % opts.pages for i in indices], src_views[: len(indices)])
+
+    return _Contender(f"raw-direct-{opts.raw_threads}t", get, put, dst.view(), dst), raw
+
+
+def _fill(contenders: list[_Contender], source: HostBuffer, pages: _Pages, opts: BeyondOptions) -> None:
+    view = source.view()
+    for lo in range(0, opts.pages, opts.batch):
+        count = min(opts.batch, opts.pages - lo)
+        pages.stamp(view, lo, count)
+        for c in contenders:
+            if not c.set(list(range(lo, lo + count))):
+                raise BenchError(f"{c.name}: filling pages {lo}..{lo + count - 1} failed")
+
+
+def _timed(c: _Contender, op: str, indices: list[int]) -> None:
+    t0 = time.perf_counter()
+    ok = (c.get if op == "get" else c.set)(indices)
+    c.latencies[op].append(time.perf_counter() - t0)
+    c.pages[op] += len(indices)
+    if not ok:
+        raise BenchError(f"{c.name}: a {op} batch failed (a miss or an I/O error)")
+
+
+def worker(opts: BeyondOptions) -> dict[str, Any]:
+    """The measures (see the module docstring); the report as a dict."""
+    pages = _Pages(opts.page_bytes)
+    source = HostBuffer(opts.batch * opts.page_bytes, pin=False)
+    per_round = max(1, min(opts.batches, -(-opts.pages // opts.batch)) // opts.rounds)
+    rng = random.Random(0xB1660)
+    with contextlib.ExitStack() as stack:
+        raw_contender, raw = _raw(opts, source, stack)
+        contenders = [_connector(opts, b, m, source, stack) for b in opts.backends for m in opts.modes]
+        contenders.append(raw_contender)
+        if opts.cgroup:
+            memcg.join(Path(opts.cgroup))  # after the buffers: their memory is not the page cache's
+        _fill(contenders, source, pages, opts)
+        os.sync()
+        drop_page_cache(Path(opts.workdir))
+        fio = opts.fio and fio_available()
+        fio_figures: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        fresh = opts.pages
+        for op in ("get", "set"):
+            for r in range(opts.rounds):
+                order = contenders[r % len(contenders):] + contenders[: r % len(contenders)]
+                for b in range(per_round):
+                    for c in order if b % 2 == 0 else order[::-1]:
+                        if op == "get":
+                            indices = [rng.randrange(opts.pages) for _ in range(opts.batch)]
+                            _timed(c, op, indices)
+                            pages.check(c.view, indices, f"{c.name} get")
+                        else:
+                            indices = list(range(fresh, fresh + opts.batch))
+                            pages.stamp(source.view(), fresh, opts.batch)
+                            _timed(c, op, indices)
+                    if op == "set":
+                        fresh += opts.batch
+                for name, rw, engine, depth, jobs in FIO_JOBS if fio else ():
+                    if (rw == "randread") == (op == "get"):
+                        fig = run_fio(raw.path, opts.pages * opts.page_bytes, opts.page_bytes, rw,
+                                      engine, depth, jobs, opts.fio_seconds)
+                        fio_figures.setdefault((name, op), []).append(fig)
+        results = _results(contenders, fio_figures, opts)
+    return {"meta": {**dataclasses.asdict(opts), "pages": opts.pages, "memory_bytes": memcg.memory_total(),
+                     "break_even_gb_s": break_even_gb_s(opts.kv_bytes_per_token, opts.prefill_tokens_per_s),
+                     "fio": fio},
+            "results": results}
+
+
+def _results(contenders: list[_Contender], fio: dict[tuple[str, str], list[dict[str, Any]]],
+             opts: BeyondOptions) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    raw_name = contenders[-1].name
+    for op in ("get", "set"):
+        rows: list[dict[str, Any]] = []
+        for c in contenders:
+            ms = sorted(1e3 * t for t in c.latencies[op])
+            rows.append({"contender": c.name, "op": op,
+                         "gb_s": c.pages[op] * opts.page_bytes / sum(c.latencies[op]) / 1e9,
+                         "p50_ms": ms[len(ms) // 2], "p99_ms": ms[min(len(ms) - 1, int(0.99 * len(ms)))],
+                         "batches": len(ms)})
+        for (name, fop), figs in fio.items():
+            if fop == op:
+                rows.append({"contender": name, "op": op, "p50_ms": None, "p99_ms": None,
+                             "gb_s": sum(f["bytes"] for f in figs) / sum(f["seconds"] for f in figs) / 1e9})
+        raw = next(r["gb_s"] for r in rows if r["contender"] == raw_name)
+        for row in rows:
+            row["x_raw"] = row["gb_s"] / raw
+        out += rows
+    return out
+
+
+def main(argv: list[str]) -> int:
+    """Worker entry: ``BEYOND_OPTIONS_JSON``; prints the report (or ``{"error"}``) as one
+    JSON line."""
+    opts = BeyondOptions(**{**json.loads(argv[0])})
+    opts.backends, opts.modes = tuple(opts.backends), tuple(opts.modes)
+    try:
+        report = worker(opts)
+    except (HiCacheL3Error, OSError) as exc:
+        report = {"error": f"{type(exc).__name__}: {exc}"}
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,86 @@
+"""``hicache-l3 bench --beyond-memory`` runs end to end on a tiny store (its worker in a
+memory cgroup where one can be made, every page read verified), reports every contender
+with the break-even against recompute, and refuses bad input by naming the option. Speed
+is never asserted here."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from hicache_l3.bench import memcg
+from hicache_l3.bench.beyond import BeyondOptions, _Pages, break_even_gb_s
+from hicache_l3.bench.runner import BenchError
+from hicache_l3.cli import main
+from hicache_l3.common.errors import ConfigError
+from hicache_l3.common.memory import HostBuffer
+
+
+def test_tiny_store_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "beyond.json"
+    code = main(["bench", "--beyond-memory", "--beyond-store", "8MiB", "--beyond-cache", "4MiB",
+                 "--beyond-rounds", "2", "--beyond-batches", "4", "--batch", "32", "--quiet",
+                 "--beyond-fio-seconds", "1",
+                 "--kv-bytes-per-token", "1000", "--prefill-tokens-per-s", "2e6",
+                 "--workdir", str(tmp_path / "w"), "--json", str(out)])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "break-even against recompute: 2.00 GB/s" in text
+    (report,) = json.loads(out.read_text())["beyond_memory"]
+    meta = report["meta"]
+    assert meta["pages"] == 128 and meta["page_bytes"] == 64 << 10 and meta["break_even_gb_s"] == 2.0
+    if meta["cgroup"]:
+        assert "page cache limited to" in text
+    else:
+        assert meta["cgroup_why_not"] and "no memory cgroup" in text
+    names = {(r["contender"], r["op"]) for r in report["results"]}
+    for contender in ("file", "file+o_direct", "hf3fs", "hf3fs+o_direct", "raw-direct-16t"):
+        assert {(contender, "get"), (contender, "set")} <= names
+    for row in report["results"]:
+        assert row["gb_s"] > 0
+        if not row["contender"].startswith("fio"):
+            assert row["batches"] == 4 and row["p99_ms"] >= row["p50_ms"] > 0
+    assert list((tmp_path / "w").iterdir()) == []  # stores removed
+    assert not list(memcg.CGROUP_ROOT.glob(f"*/hicache-l3-bench-{os.getpid()}"))  # cgroup removed
+
+
+def test_pages_check_catches_other_bytes() -> None:
+    pages = _Pages(8192)
+    buf = HostBuffer(3 * 8192, pin=False)
+    view = buf.view()
+    pages.stamp(view, 5, 3)
+    pages.check(view, [5, 6, 7], "ok")
+    with pytest.raises(BenchError, match="page 7"):
+        pages.check(view, [5, 7, 6], "swapped")
+    view[8192 + 100] ^= 1
+    with pytest.raises(BenchError, match="page 6"):
+        pages.check(view, [5, 6, 7], "flipped")
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--page-size", "6000"], "--page-size"),
+    (["--beyond-backends", "mooncake"], "--beyond-backends"),
+    (["--beyond-modes", "mmap"], "--beyond-modes"),
+    (["--set", "file.root=/x"], "file.root"),
+    (["--beyond-store", "1PiB"], "--beyond-store"),
+])
+def test_bad_options_name_the_option(args: list[str], needle: str, tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--beyond-memory", "--quiet", "--workdir", str(tmp_path), *args]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_break_even_is_bytes_per_token_times_prefill_rate() -> None:
+    assert break_even_gb_s(131072, 30000) == pytest.approx(3.93216)
+    opts = BeyondOptions()
+    assert opts.kv_bytes_per_token == 32 * 8 * 128 * 2 * 2  # Llama-3.1-8B, bf16
+    with pytest.raises(ConfigError, match="prefill"):
+        BeyondOptions(prefill_tokens_per_s=0).validate()
+
+
+def test_memcg_create_says_why_not(tmp_path: Path) -> None:
+    path, why = memcg.create(1 << 30, "x", root=tmp_path)  # no controller there
+    assert path is None and "no memory cgroup controller" in why
