@@ -19,7 +19,11 @@ conv state). On Mooncake the extra connectors contribute no segment of their own
 opting in does not multiply the memory given to Mooncake.
 
 With MLA, the KV pages and their sidecars are shared by the TP ranks (only the storage
-writer writes them) except Mamba states, which are TP-sharded: every rank writes its own.
+writer writes them) except pools whose pages are TP-sharded, where every rank writes its
+own: Mamba states, and MHA host pools (an MHA draft model's KV beside an MLA target, as
+in EAGLE, or its sliding-window pool). Speculative decoding's draft pools (``draft``,
+``draft_indexer``, ``draft_swa``) are extra pools like the others, in namespaces of their
+own: a draft page is never read as a target page under the same page hash.
 
 This module imports torch and SGLang only through the objects it is handed.
 """
@@ -96,6 +100,14 @@ def _pool_attr(host: Any, name: str, pool: str) -> Any:
         ) from None
 
 
+def head_sharded(host: Any) -> bool:
+    """Whether an extra pool's pages differ per TP rank: SGLang's MHA host pools (KV heads
+    split across ranks; an MLA pool holds the whole latent on every rank)."""
+    if any(cls.__name__ == "MHATokenToKVPoolHost" for cls in type(host).__mro__):
+        return True
+    return getattr(host, "head_num", None) is not None and getattr(host, "kv_lora_rank", None) is None
+
+
 def _dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -161,7 +173,7 @@ def open_extra_pool(
     if not ptrs or len(ptrs) != len(sizes):
         raise ConfigError(f"hicache-l3: host pool {name!r} ({type(host).__name__}) describes a page "
                           f"as {len(ptrs)} segments")
-    shared = base.mla_shared and name not in TP_SHARDED_POOLS
+    shared = base.mla_shared and name not in TP_SHARDED_POOLS and not head_sharded(host)
     seg_list = [int(s) for s in sizes]
     segs = "x".join(map(str, seg_list)) if len(seg_list) <= 8 else (
         f"{len(seg_list)}seg{sum(seg_list)}b{hashlib.sha256(repr(seg_list).encode()).hexdigest()[:8]}")

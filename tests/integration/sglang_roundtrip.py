@@ -32,6 +32,7 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool 
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
+from sglang_draft import draft_roundtrip  # noqa: E402  (beside this file)
 from sglang_hetero_tp import hetero_tp_roundtrip  # noqa: E402  (beside this file)
 from sglang_hybrid import hybrid_roundtrip  # noqa: E402  (beside this file)
 
@@ -350,6 +351,13 @@ def main() -> int:
                 cases.append({"case": f"{item['connector']}/hetero-tp"})
             except Exception as exc:
                 FAILURES.append(f"{item['connector']}/hetero-tp: {exc!r}")
+        if spec.get("draft", True):
+            try:
+                draft_roundtrip(item["connector"], item["settings"], check, make_pools, storage_config,
+                                indices, page_bytes)
+                cases.append({"case": f"{item['connector']}/draft"})
+            except Exception as exc:
+                FAILURES.append(f"{item['connector']}/draft: {exc!r}")
         report[item["label"]] = {"cases": cases, "failures": FAILURES[start:]}
     print("REPORT " + json.dumps(report))
     return 1 if FAILURES else 0

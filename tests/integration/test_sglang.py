@@ -104,12 +104,15 @@ def test_roundtrip_through_sglang(report: dict[str, Any], label: str) -> None:
     sliding-window host pools beside the KV pool, bytes compared, per-pool results, hit
     policies, namespaces per pool kind, MLA writer rules. Heterogeneous TP
     (tests/integration/sglang_hetero_tp.py): TP=1, 2 and 4 instances with tp_lcm_size read
-    each other's page_head pages per head group; MLA shares across TP sizes."""
+    each other's page_head pages per head group; MLA shares across TP sizes. Draft pools
+    (tests/integration/sglang_draft.py): draft, draft-indexer and draft-SWA host pools through
+    v2, an MHA draft per TP rank beside an MLA target."""
     assert label in report, f"{label}: not run ({report.get('_stderr')})"
     entry = report[label]
     assert entry["failures"] == [], "\n".join(entry["failures"])
     cases = sorted(c["case"].split("/", 1)[1] for c in entry["cases"])
-    want = ["hetero-tp", "hybrid", "mha/layer_first", "mha/page_first", "mla/layer_first", "mla/page_first"]
+    want = ["draft", "hetero-tp", "hybrid", "mha/layer_first", "mha/page_first", "mla/layer_first",
+            "mla/page_first"]
     want += ["/".join(c) for c in EXTRA_CASES.get(label, [])]
     assert cases == sorted(want)
 
