@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import operator
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -41,84 +40,45 @@ def is_valid_key(key: object) -> bool:
     return isinstance(key, str) and _KEY_RE.fullmatch(key) is not None
 
 
-_FIRST = operator.itemgetter(0)
-_ALLOWED = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:=+@-"
+BUILD_HINT = ("reinstall hicache-l3 with a C compiler (cc) and the Python headers present, for this "
+              "Python (scripts/setup.sh, or pip install --force-reinstall --no-deps hicache-l3)")
+"""How to get working C extensions (``hicache_l3._keys``, ``hicache_l3._batch_io``): they are
+required on Linux / CPython (docs/architecture.md, "The C library")."""
 
-
-def _all_valid_keys_py(keys: Sequence[object]) -> bool:
-    """The pure-Python ``all_valid_keys`` (the reference, and the fallback when
-    ``hicache_l3._keys`` is not built): True exactly when every key is valid. The
-    concatenated keys encode to ASCII and hold only allowed bytes, no key is empty or
-    longer than :data:`MAX_KEY_LENGTH`, and only when a ``.`` or ``-`` occurs at all
-    (never in hex page hashes) are the first characters, taken one per key, checked for
-    them. (A search for ``"/."`` in ``/``-joined keys costs more than all of this.)"""
-    if not keys:
-        return True
-    try:
-        data = "".join(keys).encode("ascii")  # type: ignore[arg-type]
-    except (TypeError, UnicodeEncodeError):
-        return False
-    if data.translate(None, _ALLOWED):
-        return False
-    lengths = set(map(len, keys))  # type: ignore[arg-type]
-    if min(lengths) == 0 or max(lengths) > MAX_KEY_LENGTH:
-        return False
-    if b"." in data or b"-" in data:
-        firsts = "".join(map(_FIRST, keys))  # type: ignore[arg-type]
-        return "." not in firsts and "-" not in firsts
-    return True
-
-
-def _prefixed_keys_py(prefix: str, keys: Sequence[object]) -> list[str] | None:
-    """The pure-Python ``prefixed_valid_keys`` (reference and fallback): the prefixed
-    keys when every key is valid, else None."""
-    if not _all_valid_keys_py(keys):
-        return None
-    return [prefix + k for k in keys]  # type: ignore[operator]
-
-
-try:  # one C pass per batch (hicache_l3/native/keys.c); optional, like every extension here
+try:  # one C pass per batch (hicache_l3/native/keys.c)
     from hicache_l3 import _keys as _native
-except ImportError:  # not built: the Python functions above, same answers
-    _native = None  # type: ignore[assignment]
+except ImportError as exc:
+    raise ImportError(f"hicache_l3._keys is not usable ({exc}): {BUILD_HINT}",
+                      name="hicache_l3._keys") from exc
 
-NATIVE_KEYS = _native is not None
-"""Whether the batch key checks run in C (``hicache_l3._keys`` built)."""
-
-# Bound to the C functions themselves when built: no Python frame on the hot path.
-all_valid_keys: Callable[[Sequence[object]], bool] = (
-    _native.valid_keys if _native is not None else _all_valid_keys_py)
+all_valid_keys: Callable[[Sequence[object]], bool] = _native.valid_keys
 """``all_valid_keys(keys)``: True exactly when every key is valid (:func:`is_valid_key`);
-a whole-batch check, in one C pass over the keys when ``hicache_l3._keys`` is built,
-else :func:`_all_valid_keys_py`."""
+a whole-batch check, in one C pass over the keys."""
 
 CommonBatch = tuple[bytes, int, int, int, int, bool]
-common_batch: Callable[[Sequence[object], Sequence[object]], CommonBatch | None] | None = (
-    getattr(_native, "common_batch", None))
-"""``common_batch(keys, pages)`` (C, one pass; None when ``hicache_l3._keys`` is not built
-or predates it): for the common transfer batch -- as many pages as keys, all keys valid,
-every page ``per`` segments of plain ``(address, length)`` int pairs of one ``size`` --
-``(segments, per, size, low, end, overlap)``: the native uint64 pairs of every segment,
-the lowest address, the end of the highest segment and whether two segments share a byte;
-else None (see ``hicache_l3/native/keys.c``). The connector's key-by-key checks are the
-reference (:meth:`~hicache_l3.common.connector.Connector._transfer`)."""
+common_batch: Callable[[Sequence[object], Sequence[object]], CommonBatch | None] | None = _native.common_batch
+"""``common_batch(keys, pages)`` (C, one pass): for the common transfer batch -- as many
+pages as keys, all keys valid, every page ``per`` segments of plain ``(address, length)``
+int pairs of one ``size`` -- ``(segments, per, size, low, end, overlap)``: the native
+uint64 pairs of every segment, the lowest address, the end of the highest segment and
+whether two segments share a byte; else None (see ``hicache_l3/native/keys.c``). The
+connector's key-by-key checks are the reference
+(:meth:`~hicache_l3.common.connector.Connector._transfer`); a test sets this None to run
+them."""
 
 pointer_batch: Callable[[Sequence[object], Sequence[object], Sequence[object], int],
-                        CommonBatch | None] | None = getattr(_native, "pointer_batch", None)
-"""``pointer_batch(keys, ptrs, sizes, per)`` (C, one pass; None when ``hicache_l3._keys`` is
-not built or predates it): :data:`common_batch` of the pages
-:class:`~hicache_l3.common.pages.PointerPages` ``(ptrs, sizes, per)`` gives, read from the
-flat lists without building a page (each page's segments put in address order, as the
-pages are). The reference is :data:`common_batch` of the materialised pages, and above it
-the connector's key-by-key checks."""
+                        CommonBatch | None] | None = _native.pointer_batch
+"""``pointer_batch(keys, ptrs, sizes, per)`` (C, one pass): :data:`common_batch` of the
+pages :class:`~hicache_l3.common.pages.PointerPages` ``(ptrs, sizes, per)`` gives, read
+from the flat lists without building a page (each page's segments put in address order,
+as the pages are). The reference is :data:`common_batch` of the materialised pages, and
+above it the connector's key-by-key checks."""
 
-prefixed_valid_keys: Callable[[str, Sequence[object]], list[str] | None] = (
-    _native.prefixed_keys if _native is not None else _prefixed_keys_py)
+prefixed_valid_keys: Callable[[str, Sequence[object]], list[str] | None] = _native.prefixed_keys
 """``prefixed_valid_keys(prefix, keys)``: ``[prefix + key for key in keys]`` when every key
 is valid, else None (then nothing tells which key is bad: check them with
-:func:`is_valid_key`). Checking and prefixing take one C pass when ``hicache_l3._keys``
-is built. ``prefix`` must be ASCII (a namespace digest and a separator: TypeError
-otherwise from the C pass)."""
+:func:`is_valid_key`), in one C pass. ``prefix`` must be ASCII (a namespace digest and a
+separator: TypeError otherwise)."""
 
 
 def validate_key(key: object) -> str:

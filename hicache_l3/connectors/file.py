@@ -6,8 +6,8 @@ Our answer to SGLang's ``HiCacheFile`` (a file per page, written through a stagi
   and the slab file; no staging buffer, no per-page allocation of page bytes;
 * each share of a batch (``io_threads`` for reads, ``write_threads`` for writes) is moved
   by one call of the C batch library (:class:`~hicache_l3.slab.io.NativeTransport`:
-  syscalls, marker record check and XXH3 with the GIL released once), or, where that library is
-  not built or ``native_io=false``, by the pure-Python path
+  syscalls, marker record check and XXH3 with the GIL released once), or, with
+  ``native_io=false`` (the reference the tests run), by the pure-Python path
   (:class:`~hicache_l3.slab.io.PythonTransport`: ``os.preadv``/``os.pwritev`` and a
   ctypes XXH3 per page), which writes and reads the same bytes;
 * pages live in the shared slab store (:mod:`hicache_l3.slab`): a few large
@@ -124,9 +124,9 @@ class FileConnector(SlabConnector, Connector[FileConfig]):
         super().__init__(config, namespace)
         self.checksum_writes = config.checksum != "none"
         self.transport = select_transport(
-            self.regions, self.metrics, self._log, native_io=config.native_io,
+            self.regions, self.metrics, native_io=config.native_io,
             direct=config.o_direct, io_threads=config.io_threads,
-            write_threads=config.write_threads, label=self.name,
+            write_threads=config.write_threads,
             cold_threads=config.cold_read_threads,
         )
         try:

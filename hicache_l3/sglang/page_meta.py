@@ -29,10 +29,13 @@ from typing import Any
 
 import numpy as np
 
-try:  # SGLang page addresses in one C pass (hicache_l3/native/host_pages.c); optional
+from hicache_l3.common.keys import BUILD_HINT
+
+try:  # SGLang page addresses in one C pass (hicache_l3/native/host_pages.c): required
     from hicache_l3._host_pages import model_pointers
-except ImportError:  # not built: the numpy path, same answers
-    model_pointers = None  # type: ignore[assignment]
+except ImportError as exc:
+    raise ImportError(f"hicache_l3._host_pages is not usable ({exc}): {BUILD_HINT}",
+                      name="hicache_l3._host_pages") from exc
 
 log = logging.getLogger("hicache_l3.sglang")
 
@@ -116,9 +119,8 @@ class PointerModel:
         the tensor), the addresses computed by one C call
         (``hicache_l3._host_pages.model_pointers``) as an ``array('q')``. After a
         batch's I/O has flushed the CPU's caches, each numpy call of :meth:`pointer_array`
-        costs microseconds; this is one call. None in :meth:`pointer_array`'s None cases,
-        and without the C module."""
-        if model_pointers is None or n < 1:
+        costs microseconds; this is one call. None in :meth:`pointer_array`'s None cases."""
+        if n < 1:
             return None
         got = model_pointers(address, n, self.page_tokens, not self._by_token, self._limit, self._terms_bytes)
         return None if got is None else (got, self.size_list(n))

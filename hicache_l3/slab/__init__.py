@@ -14,7 +14,7 @@ Modules, one job each:
 * :mod:`~hicache_l3.slab.store`: the writer (own slots, LRU, eviction, compaction);
 * :mod:`~hicache_l3.slab.ownership`: owning a writer directory on one node (flock);
 * :mod:`~hicache_l3.slab.shared`: the multi-node store (claims, leases, fencing);
-* :mod:`~hicache_l3.slab.native`: the optional C batch library, loaded lazily;
+* :mod:`~hicache_l3.slab.native`: the required C batch library, loaded lazily;
 * :mod:`~hicache_l3.slab.io`: the slot-transport interface and its local transports;
 * :mod:`~hicache_l3.slab.connector`: set/get orchestration written once, for every connector.
 """

@@ -265,10 +265,7 @@ def decode(data: bytes | memoryview) -> IndexState:
         os.write(fd, image)
         from hicache_l3.slab.table import NativePageTable, native_library
 
-        lib = native_library()
-        if lib is None:
-            raise CheckpointError("a version-3 checkpoint needs the C page table")
-        table = NativePageTable(lib)
+        table = NativePageTable(native_library())
         try:
             table.attach(fd, 0, image_len)
         except ValueError as exc:

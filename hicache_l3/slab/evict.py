@@ -36,11 +36,10 @@ def take_run(table: PageTable, writer: int, slab: int, first: int,
     """``table.take_at_many`` of slots ``(writer, slab, first + k)`` for ``k < count``: the
     pages there were removed, their digests concatenated and entries six values each, in
     slot order; one C call on the C table."""
-    lib = _native.get()
-    if lib is None or not isinstance(table, NativePageTable) or min(writer, slab, first, count) < 0 \
+    if not isinstance(table, NativePageTable) or min(writer, slab, first, count) < 0 \
             or max(writer, slab, first + count) > 0xFFFFFFFF:
         return table.take_at_many([(writer, slab, slot) for slot in range(first, first + count)])
-    return _native_take(lib, table, writer, slab, first, count)
+    return _native_take(_native.get(), table, writer, slab, first, count)
 
 
 def _native_take(lib: _Library, table: NativePageTable, writer: int, slab: int, first: int,
@@ -55,8 +54,6 @@ def _native_take(lib: _Library, table: NativePageTable, writer: int, slab: int, 
 
 def _self_test(lib: _Library) -> None:
     tables = native_library()
-    if tables is None:
-        raise RuntimeError("no C page table to take from")
     made = []
     for _ in range(2):
         t = NativePageTable(tables)

@@ -160,10 +160,7 @@ class IndexCheckpoints:
                 table.attach(image.fd, image.offset, image.length)
                 self.base_id = _file_id(image.fd)
                 return image.pages
-            lib = native_library()  # a dict table (the reference): the image's pages loaded
-            if lib is None:
-                raise ValueError("a version-3 checkpoint needs the C page table")
-            mapped = NativePageTable(lib)
+            mapped = NativePageTable(native_library())  # a reference table: the image's pages loaded
             mapped.attach(image.fd, image.offset, image.length)
             table.reserve(image.pages)
             table.load(*mapped.export())
@@ -377,10 +374,7 @@ class IndexCheckpoints:
         """A table over ``image`` as base holding what the live table held at the snapshot
         (the image holds the unlogged pages too: ``fixups`` give the table's page of each
         of their digests, or None), and the image's file id; None when it cannot be made."""
-        lib = native_library()
-        if lib is None:
-            return None
-        table = NativePageTable(lib)
+        table = NativePageTable(native_library())
         if self.capacity:
             with contextlib.suppress(ValueError):
                 table.expect(self.capacity)

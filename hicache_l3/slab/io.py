@@ -319,17 +319,10 @@ class NativeTransport(SlotTransport):
         """The planned pages read by ``hl3_read_plan`` straight from the plan's arrays and
         the batch's flat segments (:meth:`~hicache_l3.slab.native.BatchIO.plan_read`: no
         :class:`~hicache_l3.slab.native.PageBatch`, no per-page Python), its shares in
-        parallel; through a :class:`~hicache_l3.slab.native.PageBatch` with a library
-        built without that call."""
+        parallel."""
         lib, n = self.lib, plan.count
-        if not lib.reads_plans:
-            pb = native.PageBatch.for_read(RECORD_BYTES, plan.fds, plan.data_offs, plan.marker_offs,
-                                           pages, plan.expect, plan.csums)
-            self._pool.run_chunks(lambda lo, hi: lib.read(pb, lo, hi), n,
-                                  _pages_per_call(self._pool, n, n * plan.slot_bytes))
-            return pb.status
         call = lib.plan_read(plan, pages)
-        nowait = self._cold_pool is not None and lib.reads_nowait
+        nowait = self._cold_pool is not None
         _run_batch(lib, self._pool, n, plan.slot_bytes,
                    lambda share, ns: lib.share_read_plan(share, call, ns, nowait),
                    lambda lo, hi: lib.read_plan(call, lo, hi, nowait), guided=True)
@@ -369,23 +362,18 @@ class NativeTransport(SlotTransport):
         self.python.close()
 
 
-def select_transport(regions: Any, metrics: Any, log: Any, *, native_io: bool, direct: bool,
-                     io_threads: int, write_threads: int, label: str,
-                     cold_threads: int = 0) -> SlotTransport:
-    """The one selection point for local slab I/O: the C batch library when ``native_io``
-    asks for it, it loads, and ``direct`` is off (O_DIRECT pages take the Python path);
-    the Python path otherwise, named with the reason."""
+def select_transport(regions: Any, metrics: Any, *, native_io: bool, direct: bool,
+                     io_threads: int, write_threads: int, cold_threads: int = 0) -> SlotTransport:
+    """The one selection point for local slab I/O: the C batch library (required: ImportError
+    naming the fix when it is not built) unless ``native_io`` is off, the reference path the
+    tests run, or ``direct`` is on (O_DIRECT pages take the Python path)."""
     if not native_io:
         return PythonTransport(regions, metrics, io_threads, direct=direct)
     if direct:
         return PythonTransport(regions, metrics, io_threads, direct=True,
                                name="Python I/O (o_direct)")
-    lib = native.library()
-    if lib is None:
-        log.warning("native-io", "%s: %s; moving pages through the Python path (about half as "
-                    "fast on 64 KiB pages)", label, native.describe())
-        return PythonTransport(regions, metrics, io_threads, name=native.describe())
-    return NativeTransport(lib, PythonTransport(regions, metrics, io_threads), write_threads, cold_threads)
+    return NativeTransport(native.library(), PythonTransport(regions, metrics, io_threads), write_threads,
+                           cold_threads)
 
 
 PARALLEL_MIN_BYTES = 1 << 20
@@ -411,10 +399,10 @@ def _run_batch(lib: native.BatchIO, pool: BatchPool, n: int, page_bytes: int,
     """An ``n``-page native batch of ``page_bytes`` pages on ``pool``: one call on the
     caller's thread where :func:`_pages_per_call` says so; else shared by the threads,
     claimed and joined in C (``drain(share, wait_ns)``: :meth:`BatchPool.run_shared`;
-    chunks ``guided`` or of ~1/8 of the batch), or, with a library without those calls,
-    chunks claimed in Python (``call(lo, hi)``: :meth:`BatchPool.run_chunks`)."""
+    chunks ``guided`` or of ~1/8 of the batch); ``call(lo, hi)`` runs it on the caller's
+    thread."""
     chunk = _pages_per_call(pool, n, n * page_bytes)
-    if chunk < n and lib.shares:
+    if chunk < n:
         share, wait = _share(pool, n, page_bytes, 0 if guided else chunk)
         pool.run_shared(lambda ns: drain(share, ns), lambda: lib.share_stop(share),
                         -(-n // share.chunk), wait)

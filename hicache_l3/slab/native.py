@@ -7,11 +7,10 @@ Python per page and, with two I/O threads, ping-pongs the GIL several times per 
 it moves pages well below what the same syscalls reach (docs/benchmarks.md, "Figures
 behind design choices"). ``hicache_l3/native/batch_io.c`` runs a whole share of a batch
 (the data and the marker records, adjacent slots coalesced into one syscall, the record check and the XXH3
-checksum) in one call. A library built for another slab format (no ``hl3_abi``, or
-another value) is refused at load, with the reason, and the Python path is used. It is an optional build
-(``[[tool.setuptools.ext-modules]]`` with ``optional = true``): without a C compiler the
-package installs and every connector keeps its Python path, which stays the reference the
-conformance suite also runs (``native_io = false``, the one switch).
+checksum) in one call. The library is required (docs/architecture.md, "The C library"): one
+that is not built, or built for another slab format (no ``hl3_abi``, or another value), is
+an ImportError naming the fix on first use. The Python transport stays the reference the
+conformance suite also runs (``native_io = false``).
 
 The library holds no XXH3 of its own: it calls the entry points of the ``xxhash`` wheel's
 library, so its checksums are the ones :func:`~hicache_l3.common.integrity.page_checksum`
@@ -36,6 +35,7 @@ from itertools import accumulate, chain
 from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from hicache_l3.common.integrity import page_checksum, xxh3_function
+from hicache_l3.common.keys import BUILD_HINT
 from hicache_l3.common.pages import Page
 from hicache_l3.slab.format import RECORD_BYTES
 
@@ -264,24 +264,17 @@ class BatchIO:
         self._write = lib.hl3_write_pages
         self._write.restype = ctypes.c_int
         self._write.argtypes = [_i32, _i32, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _i32, _vp, _vp, _vp]
-        self._read_plan = getattr(lib, "hl3_read_plan", None)  # absent from an older build
-        if self._read_plan is not None:
-            self._read_plan.restype = ctypes.c_int
-            self._read_plan.argtypes = [_i32, _i32, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _vp, _vp, _vp]
-        self._read_plan_nowait = getattr(lib, "hl3_read_plan_nowait", None)  # (likewise)
-        if self._read_plan_nowait is not None:
-            self._read_plan_nowait.restype = ctypes.c_int
-            self._read_plan_nowait.argtypes = [_i32, _i32, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _vp, _vp, _vp]
-        # one batch shared by threads, joined in C (absent from an older build)
-        names = ("hl3_share_read_plan", "hl3_share_write_pages", "hl3_share_stop")
-        self._share_read_plan = self._share_write = self._share_stop = None
-        if all(hasattr(lib, name) for name in names):
-            read, write, stop = (getattr(lib, name) for name in names)
-            read.restype = write.restype = ctypes.c_int
-            read.argtypes = [_vp, _i64, _i32, *[_vp] * 6, _i64, _vp, _vp, _vp]
-            write.argtypes = [_vp, _i64, *[_vp] * 6, _i64, _i32, _vp, _vp, _vp]
-            stop.restype, stop.argtypes = None, [_vp]
-            self._share_read_plan, self._share_write, self._share_stop = read, write, stop
+        self._read_plan, self._read_plan_nowait = lib.hl3_read_plan, lib.hl3_read_plan_nowait
+        for fn in (self._read_plan, self._read_plan_nowait):
+            fn.restype = ctypes.c_int
+            fn.argtypes = [_i32, _i32, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _vp, _vp, _vp]
+        # one batch shared by threads, joined in C
+        read, write, stop = lib.hl3_share_read_plan, lib.hl3_share_write_pages, lib.hl3_share_stop
+        read.restype = write.restype = ctypes.c_int
+        read.argtypes = [_vp, _i64, _i32, *[_vp] * 6, _i64, _vp, _vp, _vp]
+        write.argtypes = [_vp, _i64, *[_vp] * 6, _i64, _i32, _vp, _vp, _vp]
+        stop.restype, stop.argtypes = None, [_vp]
+        self._share_read_plan, self._share_write, self._share_stop = read, write, stop
         self._markers = lib.hl3_markers
         self._markers.restype = ctypes.c_int
         self._markers.argtypes = [_i32, _i32, _i32, _vp, _vp, _vp, _vp, _i64, _vp]
@@ -304,11 +297,6 @@ class BatchIO:
             return 0
         return int(self._write(lo, hi, *self._write_tail(batch, checksum)))
 
-    @property
-    def reads_plans(self) -> bool:
-        """Whether this build has :meth:`read_plan` (``hl3_read_plan``)."""
-        return self._read_plan is not None
-
     def plan_read(self, plan: PlannedRead, pages: Sequence[Page]) -> PlanRead:
         """The call :meth:`read_plan` makes for ``plan``'s ``plan.count`` pages into
         ``pages`` (page ``j`` of the plan into ``pages[j]``): the plan's arrays taken as
@@ -325,11 +313,6 @@ class BatchIO:
                 self._xxh3_at, status.buffer_info()[0])
         return PlanRead(status, array.array("q", args), (segments, at, plan))
 
-    @property
-    def reads_nowait(self) -> bool:
-        """Whether this build has ``read_plan(..., nowait=True)`` (``hl3_read_plan_nowait``)."""
-        return self._read_plan_nowait is not None
-
     def read_plan(self, call: PlanRead, lo: int, hi: int, nowait: bool = False) -> int:
         """``hl3_read_plan`` of pages ``lo..hi-1`` of ``call`` (:meth:`plan_read`): the
         read and checks of :meth:`read` without a :class:`PageBatch` (the records read land
@@ -342,14 +325,7 @@ class BatchIO:
         if not 0 <= lo < hi <= len(call.status):
             raise ValueError(f"read of pages [{lo}, {hi}) of a {len(call.status)}-page plan")
         fn = self._read_plan_nowait if nowait else self._read_plan
-        assert fn is not None
         return int(fn(lo, hi, *call.args))
-
-    @property
-    def shares(self) -> bool:
-        """Whether this build runs a batch's chunks shared by threads and joined in C
-        (:meth:`share_read_plan`, :meth:`share_write`, :meth:`share_stop`)."""
-        return self._share_stop is not None
 
     def share_read_plan(self, share: Share, call: PlanRead, wait_ns: int, nowait: bool = False) -> bool:
         """:meth:`read_plan` of every chunk of ``share`` this thread claims (``hl3_share_read_plan``);
@@ -358,7 +334,6 @@ class BatchIO:
         return: none is running and none can start."""
         if share.pages != len(call.status):
             raise ValueError(f"a share of {share.pages} pages for a {len(call.status)}-page plan")
-        assert self._share_read_plan is not None
         return bool(self._share_read_plan(share.address, wait_ns, int(nowait), *call.args))
 
     def share_write(self, share: Share, batch: PageBatch, wait_ns: int, checksum: bool) -> bool:
@@ -367,7 +342,6 @@ class BatchIO:
         if share.pages != len(batch) or not batch.writing:
             raise ValueError(f"a write share of {share.pages} pages for a {len(batch)}-page "
                              f"{'write' if batch.writing else 'read'} batch")
-        assert self._share_write is not None
         return bool(self._share_write(share.address, wait_ns, *self._write_tail(batch, checksum)))
 
     def _write_tail(self, batch: PageBatch, checksum: bool) -> tuple[int, ...]:
@@ -378,13 +352,7 @@ class BatchIO:
 
     def share_stop(self, share: Share) -> None:
         """No chunk of ``share`` is claimed after this (``hl3_share_stop``)."""
-        assert self._share_stop is not None
         self._share_stop(share.address)
-
-    @property
-    def has_markers(self) -> bool:
-        """Whether this build has the marker calls (always, since ABI 2; kept for callers)."""
-        return True
 
     def write_markers(self, fds: Sequence[int], offsets: Sequence[int], markers: bytes,
                       length: int) -> array.array[int]:
@@ -452,58 +420,51 @@ T = TypeVar("T")
 
 class LoadedOnce(Generic[T]):
     """One view of the ``hicache_l3._batch_io`` library (``make(path)``: the batch I/O
-    calls, the page table's), built and self-tested (``self_test(view)`` raises
-    RuntimeError on a disagreement with the Python reference) on the first :meth:`get`,
-    from any thread, never at import. ``refused`` prefixes the reason when the library
-    loads but fails."""
+    calls, the page table's, ...), built and self-tested (``self_test(view)`` raises
+    RuntimeError on a disagreement with the reference) on the first :meth:`get`, from any
+    thread, never at import. The library is required: :meth:`get` raises ImportError
+    naming the fix when it is not built, built for another ABI or refused (``refused``
+    prefixes the reason)."""
 
     def __init__(self, make: Callable[[str], T], self_test: Callable[[T], None], refused: str) -> None:
         self._make, self._self_test, self._refused = make, self_test, refused
         self._lock = threading.Lock()
-        self._loaded: tuple[T | None, str] | None = None
+        self._loaded: T | ImportError | None = None
 
-    def get(self) -> T | None:
-        """The view, or None when the library is not built or was refused."""
+    def get(self) -> T:
+        """The view; ImportError (naming the fix) when the library is missing or refused."""
         loaded = self._loaded
         if loaded is None:
             with self._lock:
                 if self._loaded is None:
                     self._loaded = self._load()
                 loaded = self._loaded
-        return loaded[0]
+        if isinstance(loaded, ImportError):
+            raise ImportError(str(loaded), name="hicache_l3._batch_io")
+        return loaded
 
-    def reason(self) -> str:
-        """Why :meth:`get` is None ("" when it is loaded)."""
-        self.get()
-        assert self._loaded is not None
-        return self._loaded[1]
-
-    def _load(self) -> tuple[T | None, str]:
+    def _load(self) -> T | ImportError:
         spec = importlib.util.find_spec("hicache_l3._batch_io")
         if spec is None or spec.origin is None:
-            return None, "hicache_l3._batch_io not built: reinstall with a C compiler (cc) present"
+            return ImportError(f"hicache_l3._batch_io is not built: {BUILD_HINT}")
         try:
             view = self._make(spec.origin)
             self._self_test(view)
-        except (OSError, AttributeError, RuntimeError) as exc:
-            return None, f"{self._refused}: {exc}"
-        return view, ""
+        except (OSError, AttributeError, RuntimeError) as exc:  # (AttributeError: another build's calls)
+            return ImportError(f"{self._refused} ({spec.origin}): {exc}; {BUILD_HINT}")
+        return view
 
 
 _batch_io = LoadedOnce(BatchIO, _self_test, "hicache_l3._batch_io refused")
 
 
-def library() -> BatchIO | None:
+def library() -> BatchIO:
     """The library, loaded and self-tested on first call (nothing happens at import);
-    None when it is not built or failed its self-test (:func:`unavailable_reason`)."""
+    ImportError naming the fix when it is not built or failed its self-test."""
     return _batch_io.get()
 
 
-def unavailable_reason() -> str:
-    """Why :func:`library` is None ("" when it is loaded)."""
-    return _batch_io.reason()
-
-
 def describe() -> str:
-    """One line for logs and stats: whether the C batch library is usable, and why not."""
-    return "native batch I/O (C)" if library() is not None else f"Python I/O ({unavailable_reason()})"
+    """One line for logs and stats: the path pages move through."""
+    library()
+    return "native batch I/O (C)"

@@ -19,9 +19,9 @@ records are those of :func:`~hicache_l3.slab.table.digest`,
 :func:`~hicache_l3.common.integrity.key_fingerprint` and
 :func:`~hicache_l3.slab.format.encode_markers` (tests compare both paths).
 
-:func:`plan_get` returns None where no plan can be made (the dict table: the C library
-not built; a library without ``hl3_pt_plan_get``; a big-endian host; a key that is not
-ASCII or holds a newline): the caller takes the reference path then.
+:func:`plan_get` returns None where no plan can be made (a table other than the C one, as
+tests put in; a big-endian host; a key that is not ASCII or holds a newline): the caller
+takes the reference path then.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def plan_get(table: PageTable, keys: Sequence[str], geometry: Geometry, verified
     none can be made (module docstring). ``open_slab(writer, slab)`` gives a descriptor, or
     None when the slab cannot be opened (it has then dropped the slab's keys from the
     index): those keys are :data:`MISS`. Caller holds the index lock."""
-    if not isinstance(table, NativePageTable) or not table.plans or sys.byteorder != "little" \
+    if not isinstance(table, NativePageTable) or sys.byteorder != "little" \
             or _SIZE_T != 8:
         return None
     n = len(keys)

@@ -1,4 +1,4 @@
-"""A set batch's per-key bytes in one C call each when the library is built
+"""A set batch's per-key bytes in one C call each
 (``hicache_l3/native/records.c`` in ``hicache_l3._batch_io``):
 
 * the keys' table digests (:func:`key_digests`, the reference
@@ -11,10 +11,10 @@
   :func:`~hicache_l3.common.integrity.key_fingerprint` and
   :meth:`~hicache_l3.slab.format.Geometry.offsets`).
 
-The Python functions stay the reference and the fallback (no library, a big-endian host,
-a key that is not ASCII or holds a newline, a key or value that does not fit: the
-reference raises its own error then). The library is checked against them when it
-loads, like the other views of ``_batch_io`` (:class:`~hicache_l3.slab.native.LoadedOnce`).
+The Python functions stay the reference and the path of what C does not take (a key that
+is not ASCII or holds a newline, a key or value that does not fit: the reference raises
+its own error then). The library is checked against them when it loads, like the other
+views of ``_batch_io`` (:class:`~hicache_l3.slab.native.LoadedOnce`).
 """
 
 from __future__ import annotations
@@ -48,23 +48,15 @@ class _Library:
         self.encode = lib.hl3_encode_puts
         self.encode.restype = ctypes.c_long
         self.encode.argtypes = [_sz, ctypes.c_char_p, _vp, _vp, _vp, _sz]
-        # optional, so that a library built before it keeps the C PUT encoder (the write's
-        # marker records then take the reference path)
-        self.markers = getattr(lib, "hl3_write_markers", None)
-        if self.markers is not None:
-            self.markers.restype = ctypes.c_long
-            self.markers.argtypes = [_sz, ctypes.c_char_p, _sz, _vp, _vp, _vp, ctypes.c_uint64, _vp, _vp,
-                                     _vp, _vp]
-        # optional too (a library built before them): the PUT records from '\n'-ended
-        # keys, and the keys' table digests
-        self.encode_nl = getattr(lib, "hl3_encode_puts_nl", None)
-        if self.encode_nl is not None:
-            self.encode_nl.restype = ctypes.c_long
-            self.encode_nl.argtypes = [_sz, ctypes.c_char_p, _sz, _vp, _vp, _sz]
-        self.digests = getattr(lib, "hl3_key_digests", None)
-        if self.digests is not None:
-            self.digests.restype = ctypes.c_long
-            self.digests.argtypes = [_sz, ctypes.c_char_p, _sz, _vp, ctypes.c_uint64, _vp]
+        self.markers = lib.hl3_write_markers
+        self.markers.restype = ctypes.c_long
+        self.markers.argtypes = [_sz, ctypes.c_char_p, _sz, _vp, _vp, _vp, ctypes.c_uint64, *[_vp] * 4]
+        self.encode_nl = lib.hl3_encode_puts_nl  # the PUT records from '\n'-ended keys
+        self.encode_nl.restype = ctypes.c_long
+        self.encode_nl.argtypes = [_sz, ctypes.c_char_p, _sz, _vp, _vp, _sz]
+        self.digests = lib.hl3_key_digests
+        self.digests.restype = ctypes.c_long
+        self.digests.argtypes = [_sz, ctypes.c_char_p, _sz, _vp, ctypes.c_uint64, _vp]
         self.seeded128 = ctypes.cast(xxh3_function("seeded128"), ctypes.c_void_p).value
 
 
@@ -82,8 +74,8 @@ def _native_encode_lines(lib: _Library, keys: Sequence[str], values: array.array
     """:func:`_native_encode` from the keys' lines (no per-key end offsets to build), or
     None when this call cannot encode them."""
     n, encode = len(keys), lib.encode_nl
-    blob = _lines(keys) if encode is not None else None
-    if encode is None or blob is None or len(values) != 6 * n or values.typecode != "Q":
+    blob = _lines(keys)
+    if blob is None or len(values) != 6 * n or values.typecode != "Q":
         return None
     cap = RECORD.size * n + len(blob) - n
     out = ctypes.create_string_buffer(cap)
@@ -95,8 +87,8 @@ def _native_digests(lib: _Library, keys: Sequence[str]) -> Digests | None:
     """The keys' digests from C, with whether they are all different (None where C
     cannot hash these keys)."""
     hash_keys = lib.digests
-    blob = _lines(keys) if hash_keys is not None else None
-    if hash_keys is None or blob is None:
+    blob = _lines(keys)
+    if blob is None:
         return None
     out = bytearray(DIGEST_BYTES * len(keys))
     code = hash_keys(len(keys), blob, len(blob), lib.seeded128, DIGEST_SEED, _address(out))
@@ -111,9 +103,8 @@ def key_digests(keys: Sequence[str]) -> Digests:
     can (a key holding a newline, or not encodable, takes the reference). From C, its
     ``distinct`` also says whether the digests are all different (then so are the keys;
     where one repeats, the keys may or may not)."""
-    lib = _native.get()
-    if lib is not None and keys:
-        made = _native_digests(lib, keys)
+    if keys:
+        made = _native_digests(_native.get(), keys)
         if made is not None:
             return made
     return Digests(b"".join(digests(keys)))
@@ -141,13 +132,12 @@ def _native_encode(lib: _Library, keys: Sequence[str], values: array.array[int])
 def encode_puts(keys: Sequence[str], entries: Sequence[Entry]) -> bytes:
     """The PUT records of ``keys[j]`` in ``entries[j]``, concatenated: exactly
     :func:`hicache_l3.slab.format.encode_puts`'s bytes (and errors), in C when it can."""
-    lib = _native.get()
-    if lib is not None and keys and len(keys) == len(entries):
+    if keys and len(keys) == len(entries):
         try:
             values = array.array("Q", chain.from_iterable(entries))
         except (OverflowError, TypeError):
             return python_encode_puts(keys, entries)
-        data = _native_encode(lib, keys, values)
+        data = _native_encode(_native.get(), keys, values)
         if data is not None:
             return data
     return python_encode_puts(keys, entries)
@@ -156,8 +146,8 @@ def encode_puts(keys: Sequence[str], entries: Sequence[Entry]) -> bytes:
 def encode_put_values(keys: Sequence[str], values: array.array[int]) -> bytes:
     """:func:`encode_puts` with the entries given as six values each (``array('Q')``, a
     table export's shape), as a writer's commit builds them."""
-    lib = _native.get()
-    if lib is not None and keys:
+    if keys:
+        lib = _native.get()
         data = _native_encode_lines(lib, keys, values)
         if data is None:
             data = _native_encode(lib, keys, values)
@@ -197,7 +187,7 @@ def _native_markers(lib: _Library, keys: Sequence[str], gens: array.array[int], 
                     geometry: Geometry) -> SetMarkers | None:
     n = len(keys)
     blob = _key_blob(keys)
-    if lib.markers is None or blob is None or len(gens) != n or len(slots) != n \
+    if blob is None or len(gens) != n or len(slots) != n \
             or gens.typecode != "Q" or slots.typecode != "Q":
         return None
     geo = _marker_geometry(geometry)
@@ -217,9 +207,8 @@ def write_markers(keys: Sequence[str], gens: array.array[int], slots: array.arra
     reference's bytes (:func:`~hicache_l3.slab.format.encode_markers` of the keys'
     :func:`~hicache_l3.common.integrity.key_fingerprint`, and
     :meth:`~hicache_l3.slab.format.Geometry.offsets`), in one C call when it can."""
-    lib = _native.get()
-    if lib is not None and keys:
-        made = _native_markers(lib, keys, gens, slots, geometry)
+    if keys:
+        made = _native_markers(_native.get(), keys, gens, slots, geometry)
         if made is not None:
             return made
     return python_write_markers(keys, gens, slots, geometry)
@@ -244,26 +233,20 @@ def _self_test(lib: _Library) -> None:
     if _native_encode(lib, keys, array.array("Q", chain.from_iterable(entries))) != python_encode_puts(
             keys, entries):
         raise RuntimeError("the C record encoder disagrees with the reference")
-    if lib.encode_nl is not None and _native_encode_lines(
+    if _native_encode_lines(
             lib, keys, array.array("Q", chain.from_iterable(entries))) != python_encode_puts(keys, entries):
         raise RuntimeError("the C record encoder (keys as lines) disagrees with the reference")
-    if lib.digests is not None:
-        made = _native_digests(lib, keys)
-        twice = _native_digests(lib, [*keys, keys[0]])
-        if made is None or made.blob != b"".join(digests(keys)) or made.distinct is not True or (
-                twice is None or twice.distinct is not False):
-            raise RuntimeError("the C key digests disagree with the reference")
+    made = _native_digests(lib, keys)
+    twice = _native_digests(lib, [*keys, keys[0]])
+    if made is None or made.blob != b"".join(digests(keys)) or made.distinct is not True or (
+            twice is None or twice.distinct is not False):
+        raise RuntimeError("the C key digests disagree with the reference")
     ascii_keys = ["a", "", "k" * 300, "m:0123abcd"]
     geometry = Geometry(20000)
     gens, slots = array.array("Q", [1, 2, 1 << 40, 7]), array.array("Q", [0, 1, 300, 70000])
-    if lib.markers is not None and _native_markers(lib, ascii_keys, gens, slots, geometry) \
+    if _native_markers(lib, ascii_keys, gens, slots, geometry) \
             != python_write_markers(ascii_keys, gens, slots, geometry):
         raise RuntimeError("the C marker records disagree with the reference")
-
-
-def describe() -> str:
-    """Which encoder :func:`encode_puts` uses, and why not the C one."""
-    return "C record encoder" if _native.get() is not None else f"Python records ({_native.reason()})"
 
 
 _native = LoadedOnce(_Library, _self_test, "hicache_l3._batch_io has no usable record encoder")

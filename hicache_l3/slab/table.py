@@ -1,16 +1,13 @@
 """The slab index's page table: 16-byte key digest -> :class:`Entry`, and the slot inverse
 ``(writer, slab, slot) -> digest``, kept exactly inverse to each other.
 
-Two implementations with one API (:class:`PageTable`); :func:`new_table` picks the C one
-when it loads, else the dicts:
-
-* :class:`NativePageTable`, the C table of ``hicache_l3/native/page_table.c`` (in the
-  optional ``hicache_l3._batch_io`` library): open addressing, no Python object per
-  page, in anonymous mappings that hold no pointers (docs/architecture.md, "Compact
-  bucket"). Called through ``ctypes.PyDLL``: the GIL stays held during each (short)
-  call, so threads see every call as atomic, as they saw the dict operations.
-* :class:`DictPageTable`, two dicts: the reference (a Hypothesis test drives both and
-  asserts they agree) and the fallback where the C library is not built.
+:class:`PageTable` is its API; :func:`new_table` makes :class:`NativePageTable`, the C
+table of ``hicache_l3/native/page_table.c`` (in the required ``hicache_l3._batch_io``
+library): open addressing, no Python object per page, in anonymous mappings that hold no
+pointers (docs/architecture.md, "Compact bucket"). Called through ``ctypes.PyDLL``: the
+GIL stays held during each (short) call, so threads see every call as atomic. The
+reference the property tests compare it with is a table over two dicts
+(``tests/reference/dict_table.py``).
 
 The digest (:func:`digest`) is XXH3-128 with a fixed non-zero seed, deliberately *not*
 the slot header's key fingerprint (unseeded XXH3-128,
@@ -235,13 +232,6 @@ class PageTable(Protocol):
 _LIMITS = "writer < 65535, slab and slot < 2**24, generation < 2**48, length < 2**32"
 
 
-def _check(entry: Entry) -> None:
-    w, slab, slot, gen, length, checksum = entry
-    if not (0 <= w < MAX_WRITERS and 0 <= slab < MAX_SLABS and 0 <= slot < MAX_SLOTS
-            and 0 <= gen < MAX_GEN and 0 <= length <= MAX_LENGTH and 0 <= checksum < 1 << 64):
-        raise ValueError(f"page table: entry {entry} out of range ({_LIMITS})")
-
-
 def split_snapshot(ds: bytes, values: array.array[int]) -> tuple[list[bytes], list[Entry]]:
     """The digests and entries of an :meth:`PageTable.export` snapshot as lists."""
     n = len(ds) // DIGEST_BYTES
@@ -250,104 +240,6 @@ def split_snapshot(ds: bytes, values: array.array[int]) -> tuple[list[bytes], li
     out_d = [ds[i : i + DIGEST_BYTES] for i in range(0, len(ds), DIGEST_BYTES)]
     out_e = [_make_entry(values[i : i + 6]) for i in range(0, len(values), 6)]
     return out_d, out_e
-
-
-class DictPageTable:
-    """:class:`PageTable` over two dicts: the reference, and the fallback without C."""
-
-    def __init__(self) -> None:
-        self._pages: dict[bytes, Entry] = {}
-        self._at: dict[Where, bytes] = {}
-        self._lengths: set[int] = set()  # every length put (the C table's length classes)
-
-    def __len__(self) -> int:
-        return len(self._pages)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the two dicts' own arrays (not the digests and entries they hold)."""
-        return sys.getsizeof(self._pages) + sys.getsizeof(self._at)
-
-    def reserve(self, pages: int) -> None:
-        """Nothing: a dict grows by itself."""
-
-    def expect(self, pages: int) -> None:
-        """Nothing: a dict grows by itself."""
-
-    def get(self, d: bytes) -> Entry | None:
-        return self._pages.get(d)
-
-    def get_many(self, ds: Sequence[bytes]) -> list[Entry | None]:
-        get = self._pages.get
-        return [get(d) for d in ds]
-
-    def contains_many(self, ds: Sequence[bytes]) -> list[bool]:
-        pages = self._pages
-        return [d in pages for d in ds]
-
-    def at(self, where: Where) -> bytes | None:
-        return self._at.get(where)
-
-    def at_many(self, wheres: Sequence[Where]) -> list[bytes | None]:
-        get = self._at.get
-        return [get(w) for w in wheres]
-
-    def put(self, d: bytes, entry: Entry) -> None:
-        self.put_many((d,), (entry,))
-
-    def _put(self, d: bytes, entry: Entry) -> None:
-        where = (entry[0], entry[1], entry[2])
-        pages, at = self._pages, self._at
-        other = at.get(where)
-        if other is not None and other != d:
-            del pages[other]
-        old = pages.get(d)
-        if old is not None and old[:3] != where:
-            del at[(old[0], old[1], old[2])]
-        pages[d] = entry
-        at[where] = d
-
-    def put_many(self, ds: Sequence[bytes], entries: Sequence[Entry]) -> None:
-        for entry in entries:
-            _check(entry)
-        new = {e[4] for e in entries} - self._lengths
-        if len(self._lengths) + len(new) > MAX_LENGTHS:
-            raise ValueError(f"page table: an entry is out of range (over {MAX_LENGTHS} distinct lengths)")
-        self._lengths |= new
-        for d, entry in zip(ds, entries):
-            self._put(d, entry)
-
-    def pop(self, d: bytes) -> Entry | None:
-        entry = self._pages.pop(d, None)
-        if entry is not None:
-            del self._at[(entry[0], entry[1], entry[2])]
-        return entry
-
-    def pop_many(self, ds: Sequence[bytes]) -> int:
-        return sum(self.pop(d) is not None for d in ds)
-
-    def take_at_many(self, wheres: Sequence[Where]) -> tuple[bytes, array.array[int]]:
-        return _take_at(self, wheres)
-
-    def select(self, writer: int | None = None, slab: int | None = None) -> list[tuple[bytes, Entry]]:
-        return [(d, e) for d, e in self._pages.items()
-                if (writer is None or e[0] == writer) and (slab is None or e[1] == slab)]
-
-    def count(self, writer: int | None = None, slab: int | None = None) -> int:
-        return sum(1 for e in self._pages.values()
-                   if (writer is None or e[0] == writer) and (slab is None or e[1] == slab))
-
-    def slot_items(self) -> list[tuple[Where, bytes]]:
-        return list(self._at.items())
-
-    def export(self) -> tuple[bytes, array.array[int]]:
-        values = array.array("Q")
-        for e in self._pages.values():
-            values.extend(e)
-        return b"".join(self._pages), values
-
-    def load(self, ds: bytes, values: array.array[int]) -> None:
-        self.put_many(*split_snapshot(ds, values))
 
 
 _vp, _sz, _i64, _u64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64, ctypes.c_uint64
@@ -389,19 +281,10 @@ class _Library:
         self.slots = fn("hl3_pt_slots", _sz, _vp, _vp, _vp, _sz)
         self.live_puts = fn("hl3_pt_live_puts", ctypes.c_long, _vp, ctypes.c_char_p, _sz, _u64, _vp,
                             _vp, _vp, _sz)
-        # the get plan (slab/plan.py); optional, so that a library built before it still
-        # gives the C table (the get path then takes the reference lookup)
-        plan = getattr(lib, "hl3_pt_plan_get", None)
-        if plan is not None:
-            plan.restype = ctypes.c_long
-            plan.argtypes = [_vp, _sz, ctypes.c_char_p, _sz, _u64, _vp, _vp, ctypes.c_int,
-                             *([_vp] * 10)]
-        self.plan_get = plan
-        plan_fds = getattr(lib, "hl3_plan_fds", None)  # (optional likewise: a map in Python without it)
-        if plan_fds is not None:
-            plan_fds.restype = None
-            plan_fds.argtypes = [_sz, _vp, _vp, _vp, _vp]
-        self.plan_fds = plan_fds
+        # the get plan (slab/plan.py)
+        self.plan_get = fn("hl3_pt_plan_get", ctypes.c_long, _vp, _sz, ctypes.c_char_p, _sz, _u64, _vp, _vp,
+                           ctypes.c_int, *([_vp] * 10))
+        self.plan_fds = fn("hl3_plan_fds", None, _sz, _vp, _vp, _vp, _vp)
         # the two layers (a checkpoint's image as a shared read-only base)
         self.delta_len = fn("hl3_pt_delta_len", _sz, _vp)
         self.shared_nbytes = fn("hl3_pt_shared_nbytes", _sz, _vp)
@@ -436,15 +319,11 @@ class _Library:
         self.free = nogil("hl3_pt_free", None, _vp)
         self.build_attach = nogil("hl3_pt_attach", ctypes.c_int, _vp, ctypes.c_int, _u64, _u64)
         # a compaction off the lock (slab/store.py): the live PUTs of a log judged against
-        # a fork of the table, and written out; optional (a library built before them:
-        # compactions stay on the caller's thread)
+        # a fork of the table, and written out
         self.build_live_puts = nogil("hl3_pt_live_puts", ctypes.c_long, _vp, ctypes.c_char_p, _sz, _u64,
                                      _vp, _vp, _vp, _sz)
-        write_spans = getattr(free, "hl3_write_spans", None)
-        if write_spans is not None:
-            write_spans.restype = ctypes.c_long
-            write_spans.argtypes = [ctypes.c_int, ctypes.c_char_p, _vp, _vp, _sz]
-        self.write_spans = write_spans
+        self.write_spans = nogil("hl3_write_spans", ctypes.c_long, ctypes.c_int, ctypes.c_char_p, _vp, _vp,
+                                 _sz)
         from hicache_l3.common.integrity import xxh3_function
 
         self.seeded128 = ctypes.cast(xxh3_function("seeded128"), ctypes.c_void_p).value
@@ -724,11 +603,6 @@ class NativePageTable:
         starts, ends, n = found
         return list(zip(starts[:n], ends[:n]))
 
-    @property
-    def plans(self) -> bool:
-        """Whether :meth:`plan_get` is there (a library built with ``hl3_pt_plan_get``)."""
-        return self._lib.plan_get is not None
-
     def plan_get(self, n: int, keys: bytes, geometry: array.array[int], verified_only: bool,
                  out: Sequence[array.array[int] | bytearray]) -> tuple[int, int]:
         """``hl3_pt_plan_get`` (native/page_table.c) of ``n`` keys, each followed by one
@@ -736,7 +610,6 @@ class NativePageTable:
         marker_offs, expect, csums, where, slab_of, slabs, and a one-item size_t count,
         sized for ``n`` keys by :mod:`hicache_l3.slab.plan`): (pages to read, distinct
         slabs), or (-1, 0) when ``keys`` is not ``n`` keys."""
-        assert self._lib.plan_get is not None
         count = self._lib.plan_get(self._t, n, keys, len(keys), DIGEST_SEED, self._lib.seeded128,
                                    _address(geometry), int(verified_only), *map(_address, out))
         return int(count), int(out[-1][0])
@@ -745,11 +618,10 @@ class NativePageTable:
                  by_slab: array.array[int]) -> array.array[int]:
         """The descriptor of each page of a plan: ``by_slab[slab_of[where[j]]]`` for every
         ``j`` of ``where`` (int32 arrays of :meth:`plan_get`; ``by_slab`` one descriptor per
-        distinct slab, every index in range), one C loop when the library has
-        ``hl3_plan_fds``."""
+        distinct slab, every index in range), one C loop."""
         count = len(where)
-        if self._lib.plan_fds is None or not count:
-            return array.array("i", map(by_slab.__getitem__, map(slab_of.__getitem__, where)))
+        if not count:
+            return array.array("i")
         fds = _ZERO_I32 * count  # (one allocation, filled at C level: no zero bytes copied in)
         self._lib.plan_fds(count, _address(where), _address(slab_of), _address(by_slab), _address(fds))
         return fds
@@ -838,14 +710,13 @@ class TableImage:
     def write_live_puts(self, data: bytes, expect: int, fd: int) -> tuple[int, int] | None:
         """Write to ``fd`` (at its offset), in log order, the PUT records of index log bytes
         ``data`` that this table holds, as :func:`live_put_spans` judges them: ``(records,
-        bytes written)``. None where C cannot say (a library without the calls, a
-        big-endian host, a snapshot with pages put, bytes that are not all whole good
-        records: the caller compacts the reference way). Runs without the GIL on the
-        fork as it is (both layers; no standalone copy): what lets a compaction judge a
-        log's records off the lock, against the table as it was when its offset was
-        taken. :class:`OSError` from the write."""
+        bytes written)``. None where C cannot say (a big-endian host, a snapshot with pages
+        put, bytes that are not all whole good records: the caller compacts the reference
+        way). Runs without the GIL on the fork as it is (both layers; no standalone copy):
+        what lets a compaction judge a log's records off the lock, against the table as it
+        was when its offset was taken. :class:`OSError` from the write."""
         lib = self._lib
-        if lib.write_spans is None or self._put is not None or sys.byteorder != "little":
+        if self._put is not None or sys.byteorder != "little":
             return None
         if not data:
             return 0, 0
@@ -890,11 +761,10 @@ class JournalPart:
 
 def build_image(ds: bytes, values: array.array[int], expect: int | None = None) -> TableImage | None:
     """The :class:`TableImage` of an :meth:`~PageTable.export`-shaped snapshot (expecting
-    ``expect`` pages at most, as the live table does), or None without the C table."""
-    lib = native_library()
-    if lib is None or sys.byteorder != "little":
+    ``expect`` pages at most, as the live table does), or None on a big-endian host."""
+    if sys.byteorder != "little":
         return None
-    return TableImage.from_snapshot(lib, ds, values, expect)
+    return TableImage.from_snapshot(native_library(), ds, values, expect)
 
 
 def _take_at(table: PageTable, wheres: Sequence[Where]) -> tuple[bytes, array.array[int]]:
@@ -948,9 +818,9 @@ def _values(entries: Sequence[Entry]) -> array.array[int]:
     return values
 
 
-def native_library() -> _Library | None:
-    """The C page table's calls, loaded and self-tested on first use; None when the
-    library is not built or lacks them (:func:`describe` says why)."""
+def native_library() -> _Library:
+    """The C page table's calls, loaded and self-tested on first use; ImportError naming
+    the fix when the library is not built or lacks them."""
     return _native.get()
 
 
@@ -971,19 +841,13 @@ def _self_test(lib: _Library) -> None:
 
 
 def new_table(capacity: int | None = None) -> PageTable:
-    """An empty table: the C one when the library loads, else the dict one; expecting at
-    most ``capacity`` pages when given (:meth:`PageTable.expect`)."""
-    lib = native_library()
-    table: PageTable = NativePageTable(lib) if lib is not None else DictPageTable()
+    """An empty C table, expecting at most ``capacity`` pages when given
+    (:meth:`PageTable.expect`)."""
+    table = NativePageTable(native_library())
     if capacity:
         with contextlib.suppress(ValueError):  # a hint past any table: it grows as pages come
             table.expect(capacity)
     return table
-
-
-def describe() -> str:
-    """Which table :func:`new_table` makes, and why not the C one."""
-    return "page table in C" if native_library() is not None else f"dict page table ({_native.reason()})"
 
 
 _native = LoadedOnce(_Library, _self_test, "hicache_l3._batch_io has no usable page table")

@@ -339,7 +339,6 @@ def test_a_shared_write_writes_what_one_call_writes(native: batch_io.BatchIO, bu
     """hl3_share_write_pages: threads claiming chunks of one write batch write the same
     records, checksums and data as one hl3_write_pages call; the calling thread's drain
     returns True only once every chunk finished."""
-    assert native.shares, "hicache_l3._batch_io built without hl3_share_write_pages"
     pages = _pages(buf)
     n = len(pages)
     with open(tmp_path / "one", "w+b") as one, open(tmp_path / "shared", "w+b") as shared:
@@ -362,3 +361,23 @@ def test_a_shared_write_writes_what_one_call_writes(native: batch_io.BatchIO, bu
         assert (tmp_path / "shared").read_bytes() == (tmp_path / "one").read_bytes()
     with pytest.raises(ValueError, match="share"):
         native.share_write(batch_io.Share(n + 1, 1), w, 0, True)
+
+
+def test_a_refused_library_is_an_import_error_naming_the_fix() -> None:
+    """The C library is required: a view whose calls are missing (a build for another
+    ABI) or whose self-test disagrees is an ImportError that says how to get a good one,
+    on every use, never a silent Python path."""
+    from hicache_l3.common.keys import BUILD_HINT
+
+    def stale(path: str) -> None:
+        raise AttributeError(f"{path}: undefined symbol: hl3_abi")
+
+    def disagrees(view: None) -> None:
+        raise RuntimeError("disagrees with the reference")
+
+    for loaded in (batch_io.LoadedOnce(stale, lambda view: None, "refused"),
+                   batch_io.LoadedOnce(lambda path: None, disagrees, "refused")):
+        for _ in range(2):
+            with pytest.raises(ImportError, match="refused") as raised:
+                loaded.get()
+            assert BUILD_HINT in str(raised.value) and raised.value.name == "hicache_l3._batch_io"

@@ -42,10 +42,7 @@ read and hashed in pieces, the cut inside its second segment."""
 
 @pytest.fixture(scope="module")
 def native() -> batch_io.BatchIO:
-    lib = batch_io.library()
-    assert lib is not None, f"hicache_l3._batch_io unavailable: {batch_io.unavailable_reason()}"
-    assert lib.reads_plans, "hicache_l3._batch_io built without hl3_read_plan"
-    return lib
+    return batch_io.library()
 
 
 def _slot_file(path: Path, damage: list[str], rng: random.Random, gap: bool,
@@ -178,7 +175,6 @@ def test_a_shared_read_reads_every_page_once_whichever_thread_claims_it(
     """Threads draining one share (chunks of ``chunk`` pages, or guided: big first, small
     last) read every page once, with the statuses and bytes of one whole read; the calling
     thread's drain returns True only once every chunk has finished."""
-    assert native.shares, "hicache_l3._batch_io built without hl3_share_read_plan"
     n = len(damage)
     fd, plan, data = _slot_file(tmp_path / "slab", damage, random.Random(seed), False)
     try:

@@ -190,7 +190,7 @@ def table_kind(kind: str) -> Iterator[None]:
     catch-up is applied off the lock first) or the dict fallback."""
     from hicache_l3.slab import index as index_module
     from hicache_l3.slab import index_checkpoint
-    from hicache_l3.slab.table import DictPageTable
+    from tests.reference.dict_table import DictPageTable
 
     if kind == "native":
         yield

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from hicache_l3.slab import evict
 from hicache_l3.slab.clock import COLD, HOT, Clock
 from hicache_l3.slab.format import Entry
-from hicache_l3.slab.table import DictPageTable, NativePageTable, digest, native_library
+from hicache_l3.slab.table import NativePageTable, digest, native_library
+from tests.reference.dict_table import DictPageTable
 from tests.slab.test_slab_table import _on_image
 
 

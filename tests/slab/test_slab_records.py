@@ -22,16 +22,15 @@ from hicache_l3.slab import records
 from hicache_l3.slab import table as table_mod
 from hicache_l3.slab.format import RECORD_BYTES, Entry, Geometry, decode_records, encode_marker, encode_puts
 from hicache_l3.slab.store import SlabStore
-from hicache_l3.slab.table import DictPageTable, NativePageTable, digest
+from hicache_l3.slab.table import NativePageTable, digest
+from tests.reference.dict_table import DictPageTable
 
 u32 = st.integers(0, 0xFFFFFFFE)
 entry_st = st.builds(Entry, u32, u32, u32, st.integers(0, 2**64 - 1), u32, st.integers(0, 2**64 - 1))
 
 
 def native_or_skip() -> None:
-    if records._native.get() is None:
-        # CI builds it: an optional build that silently failed must not turn into a green run
-        pytest.fail(f"no C record encoder: {records.describe()}")
+    records._native.get()  # ImportError, naming the fix, where the library is not built
 
 
 @settings(max_examples=200, deadline=None)
@@ -116,7 +115,6 @@ def test_values_out_of_range_raise_as_the_reference_does() -> None:
 def test_take_at_many_equals_the_dict_table(puts: list[tuple[int, int, int]],
                                             take: list[tuple[int, int]]) -> None:
     lib = table_mod.native_library()
-    assert lib is not None, f"the C page table must be built for this test: {table_mod.describe()}"
     native, ref = NativePageTable(lib), DictPageTable()
     for gen, (k, slab, slot) in enumerate(puts, 1):
         for t in (native, ref):

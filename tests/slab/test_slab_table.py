@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from hicache_l3.slab.format import Entry
 from hicache_l3.slab.table import (
-    DictPageTable,
     NativePageTable,
     PageTable,
     build_image,
@@ -21,6 +20,7 @@ from hicache_l3.slab.table import (
     native_library,
     new_table,
 )
+from tests.reference.dict_table import DictPageTable
 
 
 def _native() -> NativePageTable:
@@ -273,7 +273,8 @@ def test_far_inverse_entries_find_their_home_from_the_page(far: int, tmp_path: P
     assert cc is not None, "a C compiler builds the C libraries; this test needs it too"
     native = Path(__file__).parents[2] / "hicache_l3" / "native"
     lib = tmp_path / "pt_far.so"
-    sources = ["page_table.c", "log_scan.c", "get_plan.c", "table_image.c", "records.c"]  # (records.c: the CRC)
+    # (records.c: the CRC)
+    sources = ["page_table.c", "log_scan.c", "get_plan.c", "table_image.c", "records.c"]
     subprocess.run([cc, "-O1", "-shared", "-fPIC", f"-DHL3_PT_FAR={far}", "-o", str(lib),
                     *(str(native / s) for s in sources)], check=True)
     rng = random.Random(far)

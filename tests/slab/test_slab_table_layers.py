@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hicache_l3.slab.format import Entry
-from hicache_l3.slab.table import DictPageTable, NativePageTable, TableImage, build_image, native_library
+from hicache_l3.slab.table import NativePageTable, TableImage, build_image, native_library
+from tests.reference.dict_table import DictPageTable
 from tests.slab.test_slab_table import DIG, ENTRY, OP, WHERE, _apply, _state
 
 

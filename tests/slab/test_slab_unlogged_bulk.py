@@ -22,7 +22,8 @@ from hicache_l3.slab import table as table_mod
 from hicache_l3.slab.files import SlabFiles
 from hicache_l3.slab.format import Entry
 from hicache_l3.slab.index import SlabIndex
-from hicache_l3.slab.table import DictPageTable, digest
+from hicache_l3.slab.table import digest
+from tests.reference.dict_table import DictPageTable
 
 OWN = 0
 KEYS = [digest(f"k{i}") for i in range(10)]

@@ -14,8 +14,8 @@ A set's marker records and offsets come from the local write's call
 ``hl3_markers``, the batch library's marker call, bound here on arrays as they are.
 
 Loaded lazily like the batch library (:class:`~hicache_l3.slab.native.LoadedOnce`) and
-self-tested against the Python spellings; a library built before these functions (or
-refused) gives None, and nixl file mode keeps its per-page Python path, the reference.
+self-tested against the Python spellings; nixl file mode's per-page Python path, the
+reference, runs with ``native_io = false``.
 """
 
 from __future__ import annotations
@@ -205,16 +205,9 @@ _loaded = LoadedOnce(NixlBatchLib, _self_test, "the nixl batch helpers of hicach
 
 
 def library() -> NixlBatchLib | None:
-    """The helpers, loaded and self-tested on first call; None when the library is not
-    built, predates them, is refused, or the host is not a 64-bit little-endian one (the
-    arrays' layout)."""
+    """The helpers, loaded and self-tested on first call (ImportError naming the fix when
+    the library is not built or refused); None on a host that is not a 64-bit
+    little-endian one (the arrays' layout)."""
     if sys.byteorder != "little" or ctypes.sizeof(ctypes.c_size_t) != 8:
         return None
     return _loaded.get()
-
-
-def unavailable_reason() -> str:
-    """Why :func:`library` is None ("" when it is loaded)."""
-    if sys.byteorder != "little" or ctypes.sizeof(ctypes.c_size_t) != 8:
-        return "the nixl batch helpers need a 64-bit little-endian host"
-    return _loaded.reason()

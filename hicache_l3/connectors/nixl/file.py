@@ -524,13 +524,7 @@ class NixlFileConnector(SlabConnector, NixlConnector):
         self._renew_lock = threading.Lock()
         self.agent = Agent("POSIX", self._agent_params, abandon_on_timeout=True)
         lib = native.library() if config.native_io else None
-        if lib is not None and not lib.has_markers:
-            lib = None
         helpers = batch_lib.library() if lib is not None else None
-        if lib is not None and helpers is None:
-            self._log.warning("nixl-helpers", "nixl: %s; file mode takes its per-page Python path "
-                              "(about 0.65x raw NIXL at 64 KiB against ~0.8x)",
-                              batch_lib.unavailable_reason())
         # the lanes share a batch's bytes (lanes.py); they serve the rows the C helpers build
         self._lanes: Lanes | None = None
         if helpers is not None and config.transfer_agents > 1 and len(os.sched_getaffinity(0)) > 1:
