@@ -63,6 +63,7 @@ from hicache_l3.sglang.hybrid import (
     restorable_prefixes,
     transfer_pages,
 )
+from hicache_l3.sglang.metrics import ReasonCounts, publish
 from hicache_l3.sglang.page_meta import PointerModel, learned_pointers
 
 log = logging.getLogger("hicache_l3.sglang")
@@ -140,6 +141,7 @@ class HiCacheL3Storage(HiCacheStorage):
         self._backup_pgs: list[int] = []
         self._prefetch_bw: list[float] = []
         self._backup_bw: list[float] = []
+        self._reasons = ReasonCounts()
         self.extra_pools: dict[str, ExtraPool] = {}
         self._pending_pools: dict[str, Any] = {}
         if not self.adapter.interface_v1:
@@ -532,10 +534,22 @@ class HiCacheL3Storage(HiCacheStorage):
 
     def get_stats(self) -> Any:
         """SGLang's ``StorageMetrics`` since the last call (pages per call and GB/s, for
-        prefetch and backup), then reset; connector counters are in :meth:`stats`."""
+        prefetch and backup), then reset; with, as attribute ``hicache_l3``, the pages per
+        pool, op and result (``ok`` or the failure reason) since the last call, also added
+        to the Prometheus counter ``hicache_l3_pages_total`` (:mod:`hicache_l3.sglang.metrics`).
+        All connector counters are in :meth:`stats`."""
         from sglang.srt.observability.metrics_collector import StorageMetrics
 
         metrics = StorageMetrics()
+        connectors = {"kv": self.connector, **{n: p.connector for n, p in self.extra_pools.items()}}
+        try:
+            deltas = self._reasons.delta({n: c.metrics.snapshot() for n, c in connectors.items()
+                                          if c is not None})
+            publish(deltas, int(self.storage_config.tp_rank or 0))
+        except Exception as exc:  # metrics never fail SGLang's scheduler loop
+            self._log.warning("stats-exc", "hicache-l3: per-reason storage metrics failed: %r", exc)
+            deltas = {}
+        metrics.hicache_l3 = deltas
         with self._metrics_lock:
             metrics.prefetch_pgs.extend(self._prefetch_pgs)
             metrics.backup_pgs.extend(self._backup_pgs)

@@ -32,6 +32,7 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool 
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
+from sglang_api import api_features  # noqa: E402  (beside this file)
 from sglang_draft import draft_roundtrip  # noqa: E402  (beside this file)
 from sglang_hetero_tp import hetero_tp_roundtrip  # noqa: E402  (beside this file)
 from sglang_hybrid import hybrid_roundtrip  # noqa: E402  (beside this file)
@@ -326,6 +327,11 @@ def main() -> int:
     if spec.get("api_checks"):
         first = spec["connectors"][0]
         api_checks(first["connector"], first["settings"])
+        try:
+            api_features(first["connector"], first["settings"], check, make_pools, backend, indices,
+                         page_bytes)
+        except Exception as exc:
+            FAILURES.append(f"api features: {exc!r}")
         report["api"] = {"failures": list(FAILURES)}
     for item in spec["connectors"]:
         start = len(FAILURES)

@@ -119,7 +119,11 @@ def test_roundtrip_through_sglang(report: dict[str, Any], label: str) -> None:
 
 def test_startup_refusals_and_engine_errors(report: dict[str, Any]) -> None:
     """No model and no tag, unknown keys, a host pool without dtype, page_unified are refused
-    naming the cause; file_storage_path is accepted; engine errors become misses."""
+    naming the cause; file_storage_path is accepted; engine errors become misses. And
+    (tests/integration/sglang_api.py): prefix_keys change no answer; attention-DP replicas
+    share their shard's pages; pool classes under either host-pool module; SGLang's clear
+    path removes exactly our namespace; get_stats carries per-reason counts and feeds the
+    Prometheus counter."""
     assert report["api"]["failures"] == [], "\n".join(report["api"]["failures"])
 
 
