@@ -257,6 +257,44 @@ def _is_loopback(host: str) -> bool:
     return host == "localhost" or host.startswith("127.") or host == "::1"
 
 
+def _listening() -> set[tuple[str, int]]:
+    """(host, port) of this process's listening TCP sockets, from /proc (empty where /proc
+    cannot be read)."""
+    inodes = set()
+    try:
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        return set()
+    out = set()
+    for table, family in (("/proc/self/net/tcp", socket.AF_INET), ("/proc/self/net/tcp6", socket.AF_INET6)):
+        try:
+            with open(table) as rows:
+                lines = rows.readlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            addr, port = fields[1].split(":")
+            raw = bytes.fromhex(addr)  # 32-bit words in host (little-endian) order
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            out.add((socket.inet_ntop(family, raw), int(port, 16)))
+    return out
+
+
+def _exposed(listeners: set[tuple[str, int]]) -> list[str]:
+    """The ``host:port`` of listeners not bound to a loopback address, sorted."""
+    return sorted(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in listeners
+                  if not (_is_loopback(h) or h == "::ffff:127.0.0.1"))
+
+
 def _probe(address: str, timeout: float) -> str | None:
     """None when a TCP connection to ``host:port`` succeeds, else why it failed."""
     host, sep, port = address.rpartition(":")
@@ -323,6 +361,7 @@ class MooncakeConnector(Connector[MooncakeConfig]):
                 f"mooncake connector: cannot reach mooncake_master at master_address="
                 f"{config.master_address} within {config.connect_timeout:g}s: {why}")
         store = store_class()
+        before = _listening()
         setup = {
             "local_hostname": config.local_hostname,
             "metadata_server": config.metadata_url(),
@@ -341,6 +380,8 @@ class MooncakeConnector(Connector[MooncakeConfig]):
                 f"protocol={config.protocol}, local_hostname={config.local_hostname}); "
                 "see the Mooncake log lines above for the cause")
         self._store = store
+        if _is_loopback(config.local_hostname):
+            self._warn_exposed(_exposed(_listening() - before), config.local_hostname)
         self._replicate = replicate_class()
         self._replicate.replica_num = config.replica_num
         if config.preferred_segment == "local":
@@ -351,6 +392,19 @@ class MooncakeConnector(Connector[MooncakeConfig]):
         self._trailers = _Trailers(store) if self._checksum else None
         self._lru: OrderedDict[str, None] | None = OrderedDict() if config.capacity_bytes else None
         self._lru_lock = threading.Lock()
+
+    @staticmethod
+    def _warn_exposed(exposed: list[str], advertised: str) -> None:
+        """Warn when the transfer engine (the listeners that appeared during setup) listens
+        beyond loopback although this client advertises a loopback address."""
+        if exposed:
+            log.warning(
+                "mooncake connector: its transfer engine listens beyond loopback on %s while "
+                "it advertises local_hostname=%s: whoever reaches these ports can read and write "
+                "the registered KV memory. On one machine, preload the loopback shim (the "
+                "command `hicache-l3 sglang-args --backend mooncake` prints does); across "
+                "machines, firewall these ports (README \"Security\")",
+                ", ".join(exposed), advertised)
 
     @property
     def capabilities(self) -> Capabilities:

@@ -3,7 +3,8 @@ backend reads and print the SGLang flags that load it; validate such a file with
 trip of a few pages through the connector it names.
 
 ``hicache-l3 sglang-args --backend NAME [--config FILE] [--set KEY=VALUE ...]`` writes the
-config file and prints the SGLang flags; ``hicache-l3 check --config FILE`` validates a
+config file and prints the SGLang launch command (for Mooncake on one machine, with the
+loopback shim preloaded: README "Security"); ``hicache-l3 check --config FILE`` validates a
 config file and round-trips a few pages through the connector it names. Nothing here
 imports SGLang.
 """
@@ -23,7 +24,7 @@ from typing import Any
 from hicache_l3.common.config import parse_sets
 from hicache_l3.common.errors import ConfigError, HiCacheL3Error
 from hicache_l3.common.keys import Namespace
-from hicache_l3.common.registry import available_connectors, resolve_name
+from hicache_l3.common.registry import available_connectors, config_class, resolve_name
 from hicache_l3.sglang.config import (
     ADAPTER_CLASS,
     ADAPTER_MODULE,
@@ -63,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     except HiCacheL3Error as exc:
         print(f"hicache-l3 sglang-args: {exc}", file=sys.stderr)
         return 2
+    env = launch_env(adapter)
     flags = [
         "--enable-hierarchical-cache",
         "--hicache-mem-layout", "page_first",
@@ -70,9 +72,40 @@ def run(args: argparse.Namespace) -> int:
         "--hicache-storage-backend-extra-config", f"@{path}",
     ]
     print(f"# wrote {path}", file=sys.stderr)
-    print(" ".join(["python -m sglang.launch_server --model-path", shlex.quote(args.model_path),
-                    *map(shlex.quote, flags)]))
+    print(" ".join([*map(shlex.quote, env), "python -m sglang.launch_server --model-path",
+                    shlex.quote(args.model_path), *map(shlex.quote, flags)]))
     return 0
+
+
+def _is_loopback(host: str) -> bool:
+    return host == "localhost" or host.startswith("127.") or host == "::1"
+
+
+def launch_env(adapter: AdapterConfig) -> list[str]:
+    """``NAME=VALUE`` words to put before the launch command.
+
+    Mooncake with a loopback master and a loopback advertised address is a one-machine
+    deployment: the loopback shim is preloaded so that the transfer engine inside SGLang
+    listens on loopback only (it binds all interfaces by itself). Without the shim built, or
+    for a multi-machine deployment, nothing is added and a note on stderr says what listens
+    where and what to do.
+    """
+    if adapter.connector != "mooncake":
+        return []
+    from hicache_l3.engines import loopback
+
+    config = config_class("mooncake").load("mooncake", adapter.settings)
+    master_host = str(getattr(config, "master_address", "")).rpartition(":")[0].strip("[]")
+    if not (_is_loopback(master_host) and _is_loopback(str(getattr(config, "local_hostname", "")))):
+        print("# note: Mooncake across machines: its transfer engine in SGLang listens on all "
+              "interfaces (ports 12000-17999); firewall them to the cluster's hosts "
+              "(README \"Security\")", file=sys.stderr)
+        return []
+    if loopback.SHIM is None:
+        print(f"# warning: {loopback.WHY_NOT}; without it Mooncake's transfer engine in SGLang "
+              "listens on all interfaces (README \"Security\")", file=sys.stderr)
+        return []
+    return [f"LD_PRELOAD={loopback.SHIM}"]
 
 
 # ---- hicache-l3 check ------------------------------------------------------------------------
