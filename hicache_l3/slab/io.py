@@ -167,14 +167,15 @@ class SlotTransport(abc.ABC):
 class PythonTransport(SlotTransport):
     """``os.pwritev``/``os.preadv`` straight between registered memory and the slab
     files, a ctypes XXH3 per page; the reference path. ``direct`` moves pages of one
-    aligned segment with O_DIRECT (others count ``direct_fallback``)."""
+    aligned segment with O_DIRECT (others count ``direct_fallback``); ``write_threads``
+    threads write a batch's pages."""
 
     def __init__(self, regions: Any, metrics: Any, io_threads: int, *, direct: bool = False,
-                 name: str = "Python I/O") -> None:
+                 name: str = "Python I/O", write_threads: int = 1) -> None:
         self.regions, self.metrics, self.direct, self.name = regions, metrics, direct, name
         self._pool = self.read_pool = BatchPool(io_threads, "hicache-file")
-        # one writer thread: the Python write path holds the GIL between syscalls
-        self._write_pool = BatchPool(1, "hicache-file-w")
+        # one writer thread unless told: the Python write path holds the GIL between syscalls
+        self._write_pool = BatchPool(write_threads, "hicache-file-w")
 
     def write(self, store: SlabStore, batch: WriteBatch) -> None:
         """Each page: its marker record (``pwrite``), then its data (``pwritev``)."""
@@ -366,12 +367,15 @@ def select_transport(regions: Any, metrics: Any, *, native_io: bool, direct: boo
                      io_threads: int, write_threads: int, cold_threads: int = 0) -> SlotTransport:
     """The one selection point for local slab I/O: the C batch library (required: ImportError
     naming the fix when it is not built) unless ``native_io`` is off, the reference path the
-    tests run, or ``direct`` is on (O_DIRECT pages take the Python path)."""
+    tests run, or ``direct`` is on (O_DIRECT pages take the Python path, each read or write
+    waiting on the device: ``cold_threads`` of them at once, as for pages not in the page
+    cache)."""
     if not native_io:
         return PythonTransport(regions, metrics, io_threads, direct=direct)
     if direct:
-        return PythonTransport(regions, metrics, io_threads, direct=True,
-                               name="Python I/O (o_direct)")
+        depth = max(io_threads, write_threads, cold_threads)
+        return PythonTransport(regions, metrics, depth, direct=True, name="Python I/O (o_direct)",
+                               write_threads=depth)
     return NativeTransport(native.library(), PythonTransport(regions, metrics, io_threads), write_threads,
                            cold_threads)
 
