@@ -67,5 +67,27 @@ class TestNixlObj(ConnectorTests):
         self._client(settings).put_object(Bucket=settings["bucket"],
                                           Key=object_key(settings, namespace, key), Body=bytes(data))
 
+    def backdoor_write(self, settings: dict[str, Any], namespace: Namespace, key: str,
+                       stored: bytes) -> None:
+        from hicache_l3.common.integrity import buffer_checksum, key_fingerprint
+        from hicache_l3.slab.format import encode_start
+
+        client, name = self._client(settings), object_key(settings, namespace, key)
+        record = encode_start(0, len(stored), buffer_checksum([stored]), key_fingerprint(key))
+        client.put_object(Bucket=settings["bucket"], Key=name, Body=stored)
+        client.put_object(Bucket=settings["bucket"], Key=name.replace("/d/", "/h/"), Body=record)
+
     def eviction_settings(self, settings: dict[str, Any], capacity_pages: int) -> dict[str, Any]:
         return {**settings, "capacity_bytes": capacity_pages * self.page_bytes}
+
+
+def test_compression_needs_the_commit_record() -> None:
+    from hicache_l3.common.errors import ConfigError
+    from hicache_l3.connectors.nixl.base import NixlConfig
+    from hicache_l3.connectors.nixl.obj import NixlObjConnector
+
+    config = NixlConfig.load("nixl", {"mode": "obj", "bucket": "b", "endpoint": "http://127.0.0.1:9",
+                                      "compression": "zstd", "checksum": "none"})
+    ns = Namespace(model="m", kv_dtype="bfloat16", layout="page_first", page_size=16)
+    with pytest.raises(ConfigError, match="compression=zstd needs checksum"):
+        NixlObjConnector(config, ns)

@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, NamedTuple
 
+from hicache_l3.common.compression import COMPRESSION_HELP
 from hicache_l3.common.config import ConnectorConfig, setting
 from hicache_l3.common.connector import Connector
 from hicache_l3.common.errors import ConfigError, EngineUnavailableError, Reason
@@ -107,6 +108,7 @@ class NixlConfig(ConnectorConfig):
         "gives up detecting bytes altered at rest, and in file mode is refused on a root other "
         "nodes may mount (multi_node)",
     )
+    compression: Literal["none", "zstd"] = setting("none", COMPRESSION_HELP)
     capacity_bytes: int = setting(
         0, "file: slab bytes this process may fill before evicting its LRU pages (0 = half the "
         "free space); obj: bytes of this namespace's objects kept, LRU evicted (0 = unbounded: "

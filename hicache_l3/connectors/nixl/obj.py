@@ -12,6 +12,16 @@ Layout in the bucket, under ``<prefix><namespace digest>/``:
   somebody else left under the key, is not a hit; ``get`` reads record and page in the
   same transfer and accepts the page only if length, fingerprint and checksum agree.
 
+With ``compression="zstd"`` a page that zstd shrinks is stored as its frame
+(:mod:`hicache_l3.common.compression`): ``d/<key>`` holds the frame, PUT from a registered
+staging buffer, and its record the frame's length and checksum. Such a reader reads every
+page into a staging buffer (one ranged GET of up to the page's length; the record says
+how many bytes are the object) and decodes or copies it into the page. A reader with
+``compression=none`` reads straight into the page as above; a record shorter than the
+page means a frame, decoded from the page's first bytes, and a page whose GET failed
+although its objects exist is read again through a staging buffer. A frame needs the
+record (its length), so ``compression=zstd`` with ``checksum=none`` is a ConfigError.
+
 With ``checksum=none`` there is no record: ``exists`` asks for the page objects
 themselves, and ``get`` reads a page's last byte with a GET of its own, so an object
 that is empty or shorter than the page fails that GET and is a miss (a ranged GET of a
@@ -41,6 +51,7 @@ the bucket with one bounded HEAD. Later, every transfer is bounded by ``timeout_
 from __future__ import annotations
 
 import collections
+import ctypes
 import itertools
 import queue
 import socket
@@ -49,9 +60,10 @@ import time
 import urllib.parse
 from typing import Any
 
+from hicache_l3.common.compression import PageCodec, read_stored
 from hicache_l3.common.connector import Capabilities
 from hicache_l3.common.errors import ConfigError, EngineUnavailableError, Reason
-from hicache_l3.common.integrity import key_fingerprint, page_checksum
+from hicache_l3.common.integrity import buffer_checksum, key_fingerprint, page_checksum
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.pages import Page
@@ -115,6 +127,10 @@ class NixlObjConnector(NixlConnector):
     def __init__(self, config: NixlConfig, namespace: Namespace) -> None:
         super().__init__(config, namespace)
         self._checksum = config.use_checksum()
+        self._codec = PageCodec(config.compression, namespace.kv_dtype)
+        if self._codec.enabled and not self._checksum:
+            raise ConfigError("nixl (obj): compression=zstd needs checksum (the commit record "
+                              "carries a compressed page's length); drop checksum=none")
         host, port, scheme = endpoint_address(config)
         self._address = (host, port)
         probe(host, port, config.connect_timeout_s)
@@ -136,6 +152,8 @@ class NixlObjConnector(NixlConnector):
                 self._scratch.put(buf)
         self._stage: HostBuffer | None = None
         self._stage_lock = threading.Lock()
+        self._read_stages: queue.Queue[HostBuffer] = queue.Queue()
+        self._read_stage_count = 0
         self._lru: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._lru_lock = threading.Lock()
         self.evictions = 0
@@ -347,14 +365,24 @@ class NixlObjConnector(NixlConnector):
         n = self.page_bytes
         assert n is not None
         devs = self._devs([self.base + "d/" + keys[i] for i in idx], n)
-        single = [(j, i) for j, i in enumerate(idx) if len(pages[i]) == 1]
-        multi = [(j, i) for j, i in enumerate(idx) if len(pages[i]) > 1]
+        frames: dict[int, bytes] = {}
+        if self._codec.enabled:
+            for i in idx:
+                views = self.regions.views(pages[i])
+                frame = None if views is None else self._codec.encode(views)
+                if frame is not None:
+                    frames[i] = frame
+        single = [(j, i) for j, i in enumerate(idx) if len(pages[i]) == 1 and i not in frames]
+        multi = [(j, i) for j, i in enumerate(idx) if len(pages[i]) > 1 and i not in frames]
         units = [Unit([(pages[i][0][0], n, 0)], [(0, n, devs[j])]) for j, i in single]
         results = run_units(self._xfer("WRITE", "OBJ"), units, self.config.max_descs)
         for (_, i), r in zip(single, results):
             reasons[i] = r
         for lo in range(0, len(multi), STAGE_PAGES):
             self._set_staged(pages, devs, multi[lo : lo + STAGE_PAGES], reasons)
+        framed = [(j, i) for j, i in enumerate(idx) if i in frames]
+        for lo in range(0, len(framed), STAGE_PAGES):
+            self._set_staged(pages, devs, framed[lo : lo + STAGE_PAGES], reasons, frames)
         if not self._checksum:
             return
         written = [(j, i) for j, i in enumerate(idx) if reasons[i] is Reason.OK]
@@ -364,7 +392,10 @@ class NixlObjConnector(NixlConnector):
         try:
             view = scratch.view()
             for s, (_, i) in enumerate(written):
-                record = encode_start(0, n, page_checksum(pages[i]), key_fingerprint(keys[i]))
+                frame = frames.get(i)
+                record = (encode_start(0, n, page_checksum(pages[i]), key_fingerprint(keys[i]))
+                          if frame is None else
+                          encode_start(0, len(frame), buffer_checksum([frame]), key_fingerprint(keys[i])))
                 view[s * MARKER : (s + 1) * MARKER] = record
             hdevs = self._devs([self.base + "h/" + keys[i] for _, i in written], MARKER)
             units = [Unit([(scratch.address + s * MARKER, MARKER, 0)], [(0, MARKER, hdevs[s])])
@@ -376,8 +407,9 @@ class NixlObjConnector(NixlConnector):
             reasons[i] = r
 
     def _set_staged(self, pages: list[Page], devs: list[int], items: list[tuple[int, int]],
-                    reasons: list[Reason]) -> None:
-        """PUT multi-segment pages from a staging buffer (S3 cannot write at offsets)."""
+                    reasons: list[Reason], frames: dict[int, bytes] | None = None) -> None:
+        """PUT multi-segment pages, or the frames of compressed pages (``frames``: page index
+        -> frame), from a staging buffer (S3 cannot write at offsets)."""
         n = self.page_bytes
         assert n is not None
         with self._stage_lock:
@@ -388,15 +420,17 @@ class NixlObjConnector(NixlConnector):
             view = stage.view()
             units = []
             for s, (j, i) in enumerate(items):
-                views = self.regions.views(pages[i])
+                frame = None if frames is None else frames[i]
+                views = self.regions.views(pages[i]) if frame is None else [memoryview(frame)]
                 assert views is not None  # the base class checked the page
                 pos = s * n
                 for v in views:
                     view[pos : pos + len(v)] = v
                     pos += len(v)
-                units.append(Unit([(stage.address + s * n, n, 0)], [(0, n, devs[j])]))
+                size = pos - s * n
+                units.append(Unit([(stage.address + s * n, size, 0)], [(0, size, devs[j])]))
             results = run_units(self._xfer("WRITE", "OBJ"), units, self.config.max_descs)
-        self.metrics.count("staged", len(items))
+        self.metrics.count("staged" if frames is None else "compressed", len(items))
         for (_, i), r in zip(items, results):
             reasons[i] = r
 
@@ -404,8 +438,11 @@ class NixlObjConnector(NixlConnector):
         if self._down():
             return [Reason.ENGINE_DOWN] * len(keys)
         reasons = [Reason.MISS] * len(keys)
-        for lo in range(0, len(keys), CHUNK):
-            self._get_chunk(keys, pages, list(range(lo, min(lo + CHUNK, len(keys)))), reasons)
+        if self._codec.enabled:  # frames likely: every page through a staging buffer
+            self._get_staged(keys, pages, list(range(len(keys))), reasons)
+        else:
+            for lo in range(0, len(keys), CHUNK):
+                self._get_chunk(keys, pages, list(range(lo, min(lo + CHUNK, len(keys)))), reasons)
         self._remember([k for i, k in enumerate(keys) if reasons[i] is Reason.OK])
         return reasons
 
@@ -454,6 +491,69 @@ class NixlObjConnector(NixlConnector):
         finally:
             if scratch is not None:
                 self._scratch.put(scratch)
+        if scratch is not None and failed:  # a frame's GET past its end fails: read it staged
+            again = [idx[j] for j in failed if reasons[idx[j]] not in (Reason.MISS, Reason.TIMEOUT)]
+            if again:
+                self._get_staged(keys, pages, again, reasons)
+
+    def _take_read_stage(self) -> HostBuffer:
+        """A registered staging buffer of ``STAGE_PAGES`` pages (at most SCRATCH_BUFFERS)."""
+        with self._stage_lock:
+            make = self._read_stages.empty() and self._read_stage_count < SCRATCH_BUFFERS
+            if make:
+                self._read_stage_count += 1
+        if not make:
+            return self._read_stages.get()
+        n = self.page_bytes
+        assert n is not None
+        buf = HostBuffer(STAGE_PAGES * n, name="nixl-obj-read-stage")
+        self.agent.register_dram(buf)
+        return buf
+
+    def _get_staged(self, keys: list[str], pages: list[Page], items: list[int],
+                    reasons: list[Reason]) -> None:
+        """Read pages ``items`` (record and object, a GET of up to ``page_bytes``) into a
+        staging buffer, then check each and copy or decode it into its page."""
+        n = self.page_bytes
+        assert n is not None
+        for lo in range(0, len(items), STAGE_PAGES):
+            part = items[lo : lo + STAGE_PAGES]
+            stage, scratch = self._take_read_stage(), self._scratch.get()
+            try:
+                devs = self._devs([self.base + "d/" + keys[i] for i in part], n)
+                hdevs = self._devs([self.base + "h/" + keys[i] for i in part], MARKER)
+                scratch.view()[: len(part) * MARKER] = bytes(len(part) * MARKER)
+                units = [Unit([(stage.address + s * n, n, 0), (scratch.address + s * MARKER, MARKER, 0)],
+                              [(0, n, devs[s]), (0, MARKER, hdevs[s])]) for s in range(len(part))]
+                results = run_units(self._xfer("READ", "OBJ"), units, self.config.max_descs, reread=True)
+                failed = [s for s, r in enumerate(results) if r not in (Reason.OK, Reason.TIMEOUT)]
+                if failed:
+                    self._classify_failures(keys, [part[s] for s in failed],
+                                            [results[s] for s in failed], reasons)
+                view = stage.view()
+                for s, i in enumerate(part):
+                    if results[s] is Reason.TIMEOUT:
+                        reasons[i] = Reason.TIMEOUT
+                    elif results[s] is Reason.OK:
+                        record = bytes(scratch.view()[s * MARKER : (s + 1) * MARKER])
+                        reasons[i] = self._stored_into(record, view[s * n : (s + 1) * n], keys[i], pages[i])
+            finally:
+                self._scratch.put(scratch)
+                self._read_stages.put(stage)
+
+    def _stored_into(self, record: bytes, got: memoryview, key: str, page: Page) -> Reason:
+        """Check the stored bytes ``got`` (its first ``length`` bytes are the object)
+        against their commit record, then copy or decode them into ``page``."""
+        magic, _, _, _, length, checksum, fp = START.unpack_from(record)
+        if magic != START_MAGIC:
+            return Reason.MISS  # no commit record: the page was never fully stored
+        if length > len(got):
+            return Reason.SIZE_MISMATCH
+        stored = got[:length]
+        if fp != key_fingerprint(key) or buffer_checksum([stored]) != checksum:
+            return Reason.CORRUPT
+        views = self.regions.views(page)
+        return Reason.UNREGISTERED if views is None else read_stored(stored, views)
 
     def _classify_failures(self, keys: list[str], failed: list[int], results: list[Reason],
                            reasons: list[Reason]) -> None:
@@ -476,11 +576,21 @@ class NixlObjConnector(NixlConnector):
         magic, _, _, _, length, checksum, fp = START.unpack_from(record)
         if magic != START_MAGIC:
             return Reason.MISS  # no commit record: the page was never fully stored
+        if length < n:  # a frame: its bytes are the page's first ones
+            views = NixlObjConnector._page_views(page)
+            stored = b"".join(views)[:length]
+            if fp != key_fingerprint(key) or buffer_checksum([stored]) != checksum:
+                return Reason.CORRUPT
+            return read_stored(stored, views)
         if length != n:
             return Reason.SIZE_MISMATCH
         if fp != key_fingerprint(key) or page_checksum(page) != checksum:
             return Reason.CORRUPT
         return Reason.OK
+
+    @staticmethod
+    def _page_views(page: Page) -> list[memoryview]:
+        return [memoryview((ctypes.c_char * n).from_address(a)).cast("B") for a, n in page]
 
     def _exists(self, keys: list[str]) -> list[Reason]:
         if self._down():
