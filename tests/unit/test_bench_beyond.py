@@ -16,7 +16,10 @@ from hicache_l3.bench.beyond import BeyondOptions, _Pages, break_even_gb_s
 from hicache_l3.bench.runner import BenchError
 from hicache_l3.cli import main
 from hicache_l3.common.errors import ConfigError
+from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer
+from hicache_l3.common.pages import contiguous_pages
+from hicache_l3.common.registry import open_connector
 
 
 def test_tiny_store_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -84,3 +87,26 @@ def test_break_even_is_bytes_per_token_times_prefill_rate() -> None:
 def test_memcg_create_says_why_not(tmp_path: Path) -> None:
     path, why = memcg.create(1 << 30, "x", root=tmp_path)  # no controller there
     assert path is None and "no memory cgroup controller" in why
+
+
+def test_o_direct_moves_cold_read_threads_pages_at_once(tmp_path: Path) -> None:
+    """O_DIRECT reads and writes each wait on the device: the transport keeps as many in
+    flight as the cold pool would (the beyond-memory bench measures what that gives)."""
+    ns = Namespace(model="m", kv_dtype="uint8", layout="page_first", page_size=8192, tag="t")
+    conn = open_connector("file", ns, {"root": str(tmp_path), "o_direct": "true", "io_threads": "2",
+                                       "write_threads": "2", "cold_read_threads": "8"})
+    try:
+        transport = conn.transport  # type: ignore[attr-defined]
+        assert transport.read_pool.threads == 8 and transport._write_pool.threads == 8
+        buf = HostBuffer(4 * 8192, pin=False)
+        buf.view()[:] = os.urandom(4 * 8192)
+        conn.register(buf)
+        pages = contiguous_pages(buf.address, 8192, range(4))
+        assert conn.batch_set([f"k{i}" for i in range(4)], pages) == [True] * 4
+        want = buf.view().tobytes()
+        buf.view()[:] = bytes(4 * 8192)
+        assert conn.batch_get([f"k{i}" for i in range(4)], pages) == [True] * 4
+        assert buf.view().tobytes() == want
+        assert conn.stats()["ops"]["counters"].get("direct_fallback", 0) == 0
+    finally:
+        conn.close()
