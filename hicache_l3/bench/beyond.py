@@ -221,6 +221,7 @@ class _Contender:
     set: Callable[[list[int]], bool]  # a batch of page indices from the shared source buffer
     view: memoryview  # where gets land
     buffer: HostBuffer  # owns the memory of view
+    fills: bool = True  # writes its pages while the stores are filled (not when it shares a file)
     latencies: dict[str, list[float]] = dataclasses.field(default_factory=lambda: {"get": [], "set": []})
     pages: dict[str, int] = dataclasses.field(default_factory=lambda: {"get": 0, "set": 0})
 
@@ -253,9 +254,11 @@ def _connector(opts: BeyondOptions, backend: str, mode: str, source: HostBuffer,
     return _Contender(name, get, put, dst.view(), dst)
 
 
-def _raw(opts: BeyondOptions, source: HostBuffer,
-         stack: contextlib.ExitStack) -> tuple[_Contender, RawDirect]:
-    raw = RawDirect(Path(opts.workdir) / "raw-direct.dat", opts.pages, opts.page_bytes, opts.raw_threads)
+def _raw(opts: BeyondOptions, source: HostBuffer, stack: contextlib.ExitStack,
+         direct: bool = True) -> tuple[_Contender, RawDirect]:
+    """A raw contender on the raw file (the buffered one reads it through the page cache)."""
+    raw = RawDirect(Path(opts.workdir) / "raw-direct.dat", opts.pages, opts.page_bytes, opts.raw_threads,
+                    direct)
     stack.callback(raw.close)
     dst = HostBuffer(opts.batch * opts.page_bytes, pin=False)
     pb = opts.page_bytes
@@ -268,7 +271,8 @@ def _raw(opts: BeyondOptions, source: HostBuffer,
     def put(indices: list[int]) -> bool:
         return raw.move("set", [i % opts.pages for i in indices], src_views[: len(indices)])
 
-    return _Contender(f"raw-direct-{opts.raw_threads}t", get, put, dst.view(), dst), raw
+    kind = "direct" if direct else "buffered"
+    return _Contender(f"raw-{kind}-{opts.raw_threads}t", get, put, dst.view(), dst), raw
 
 
 def _fill(contenders: list[_Contender], source: HostBuffer, pages: _Pages, opts: BeyondOptions) -> None:
@@ -277,7 +281,7 @@ def _fill(contenders: list[_Contender], source: HostBuffer, pages: _Pages, opts:
         count = min(opts.batch, opts.pages - lo)
         pages.stamp(view, lo, count)
         for c in contenders:
-            if not c.set(list(range(lo, lo + count))):
+            if c.fills and not c.set(list(range(lo, lo + count))):
                 raise BenchError(f"{c.name}: filling pages {lo}..{lo + count - 1} failed")
 
 
@@ -299,6 +303,9 @@ def worker(opts: BeyondOptions) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         raw_contender, raw = _raw(opts, source, stack)
         contenders = [_connector(opts, b, m, source, stack) for b in opts.backends for m in opts.modes]
+        if "buffered" in opts.modes:  # the kernel's buffered path on the same file, filled once
+            contenders.append(dataclasses.replace(_raw(opts, source, stack, direct=False)[0],
+                                                  fills=False))
         contenders.append(raw_contender)
         if opts.cgroup:
             memcg.join(Path(opts.cgroup))  # after the buffers: their memory is not the page cache's

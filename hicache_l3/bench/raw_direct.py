@@ -30,17 +30,19 @@ FIO_JOBS = (  # (name, rw, ioengine, iodepth, numjobs)
 
 class RawDirect:
     """``threads`` threads moving random blocks of ``page_bytes`` with O_DIRECT
-    ``preadv``/``pwritev`` on one file of ``pages`` blocks; block ``i`` lies at ``i *
-    page_bytes``. Buffers must be 4 KiB aligned (a :class:`HostBuffer`'s are)."""
+    ``preadv``/``pwritev`` (through the page cache when not ``direct``) on one file of
+    ``pages`` blocks; block ``i`` lies at ``i * page_bytes``. Buffers must be 4 KiB aligned
+    (a :class:`HostBuffer`'s are)."""
 
-    def __init__(self, path: Path, pages: int, page_bytes: int, threads: int = 16) -> None:
+    def __init__(self, path: Path, pages: int, page_bytes: int, threads: int = 16,
+                 direct: bool = True) -> None:
         if page_bytes % 4096:
             raise BenchError(f"O_DIRECT needs 4 KiB multiples, got a page of {page_bytes} bytes")
         self.path = path
         self.pages = pages
         self.page_bytes = page_bytes
         self.threads = threads
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | (os.O_DIRECT if direct else 0), 0o600)
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="raw-direct")
 
     def _share(self, op: str, blocks: Sequence[int], views: Sequence[memoryview]) -> bool:

@@ -40,7 +40,8 @@ def test_tiny_store_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str
     else:
         assert meta["cgroup_why_not"] and "no memory cgroup" in text
     names = {(r["contender"], r["op"]) for r in report["results"]}
-    for contender in ("file", "file+o_direct", "hf3fs", "hf3fs+o_direct", "raw-direct-16t"):
+    for contender in ("file", "file+o_direct", "hf3fs", "hf3fs+o_direct", "raw-direct-16t",
+                      "raw-buffered-16t"):
         assert {(contender, "get"), (contender, "set")} <= names
     for row in report["results"]:
         assert row["gb_s"] > 0
