@@ -105,6 +105,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--scale: stores written as index logs over sparse slabs (no page "
                              "bytes): open time, index memory and exists at sizes the disk "
                              "cannot hold; no get/set")
+    parser.add_argument("--kv", choices=["random", "real"], default="random",
+                        help="--compression: page bytes: random, or the KV of a real small model "
+                             "(SmolLM2-135M on CPU, cached under ~/.cache/hicache-l3; pip install "
+                             "'hicache-l3[kv]')")
+    parser.add_argument("--compression", action="store_true",
+                        help="each backend of --compression-backends with compression=zstd against "
+                             "itself with none, interleaved: stored ratio and effective GB/s")
+    parser.add_argument("--compression-backends", default="memory,nixl-obj", metavar="B[,B]",
+                        help="--compression: memory, nixl-obj, mooncake, file-fsspec, file")
     parser.add_argument("--beyond-memory", action="store_true",
                         help="instead: file and hf3fs stores several times the page cache the bench "
                              "may use (a memory cgroup), random gets and evicting sets from the device, "
@@ -152,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
         return _run_scale(args)
     if args.beyond_memory:
         return _run_beyond(args)
+    if args.compression:
+        return _run_compression(args)
     if args.reps < 1 or args.pages < 1:
         print("bench: --reps and --pages must be >= 1", file=sys.stderr)
         return 2
@@ -208,6 +219,25 @@ def run(args: argparse.Namespace) -> int:
         from hicache_l3.bench.plot import plot_results
 
         plot_results(rows, args.plot)
+    return 0
+
+
+def _run_compression(args: argparse.Namespace) -> int:
+    from hicache_l3.bench.compression import format_rows, run_backend
+
+    rows = []
+    try:
+        for backend in (b.strip() for b in args.compression_backends.split(",") if b.strip()):
+            rows.append(run_backend(backend, args.page_size[0], args.pages, args.batch[0],
+                                    args.reps, args.kv))
+    except (HiCacheL3Error, OSError) as exc:
+        print(f"bench failed: {exc}", file=sys.stderr)
+        return 1
+    cpu = cpu_info()
+    print(describe_cpu(cpu))
+    print(format_rows(rows))
+    if args.json:
+        args.json.write_text(json.dumps({"meta": {"cpu": cpu, "kv": args.kv}, "results": rows}, indent=1))
     return 0
 
 

@@ -127,13 +127,13 @@ class PageCodec:
         if transform == WHOLE:
             parts = [cctx.compress(raw)]
         else:
-            pairs = np.frombuffer(raw, np.uint8).reshape(-1, 2)
-            low, high = pairs[:, 0].tobytes(), pairs[:, 1].tobytes()
+            words = np.frombuffer(raw, "<u2")
+            low, high = words.astype(np.uint8), (words >> 8).astype(np.uint8)
             if transform == HIGH_PLANE:
                 parts = [low, cctx.compress(high)]
             else:
-                parts = [cctx.compress(low + high)]
-        size = FRAME.size + sum(map(len, parts))
+                parts = [cctx.compress(np.concatenate([low, high]))]
+        size = FRAME.size + sum(p.nbytes if isinstance(p, np.ndarray) else len(p) for p in parts)
         if size >= n:
             return None
         return b"".join([FRAME.pack(FRAME_MAGIC, CODEC_ZSTD, transform, 0, n), *parts])
@@ -145,12 +145,13 @@ def is_frame(stored: Any, page_bytes: int) -> bool:
     return len(stored) < page_bytes and bytes(stored[:4]) == FRAME_MAGIC
 
 
-def decode(stored: Any, page_bytes: int) -> tuple[Reason, Any]:
-    """The raw page of the frame ``stored``: ``(Reason.OK, buffer of page_bytes)``, or
-    ``(Reason.CORRUPT, None)`` for anything but a well-formed frame of exactly that raw
-    length. Never raises for bad bytes."""
+def decode(stored: Any, page_bytes: int, into: Any = None) -> tuple[Reason, Any]:
+    """The raw page of the frame ``stored``: ``(Reason.OK, buffer of page_bytes)`` (``into``,
+    a writable buffer of ``page_bytes``, when given), or ``(Reason.CORRUPT, None)`` for
+    anything but a well-formed frame of exactly that raw length, ``into`` then untouched.
+    Never raises for bad bytes."""
     try:
-        return Reason.OK, _decode(memoryview(stored).cast("B"), page_bytes)
+        return Reason.OK, _decode(memoryview(stored).cast("B"), page_bytes, into)
     except (_Corrupt, ValueError, MemoryError, struct.error):
         return Reason.CORRUPT, None
     except Exception as exc:  # zstandard.ZstdError and whatever a damaged frame raises
@@ -174,7 +175,7 @@ def _decompress(body: memoryview, size: int) -> bytes:
     return out
 
 
-def _decode(mv: memoryview, page_bytes: int) -> Any:
+def _decode(mv: memoryview, page_bytes: int, into: Any) -> Any:
     if mv.nbytes < FRAME.size or mv.nbytes >= page_bytes:
         raise _Corrupt
     magic, codec, transform, reserved, raw = FRAME.unpack_from(mv)
@@ -182,7 +183,11 @@ def _decode(mv: memoryview, page_bytes: int) -> Any:
         raise _Corrupt
     body = mv[FRAME.size:]
     if transform == WHOLE:
-        return _decompress(body, raw)
+        whole = _decompress(body, raw)
+        if into is None:
+            return whole
+        memoryview(into).cast("B")[:] = whole
+        return into
     if transform not in (HIGH_PLANE, BOTH_PLANES) or raw % 2:
         raise _Corrupt
     half = raw // 2
@@ -194,10 +199,10 @@ def _decode(mv: memoryview, page_bytes: int) -> Any:
     else:
         planes = _decompress(body, raw)
         low, high = planes[:half], planes[half:]
-    out = np.empty((half, 2), np.uint8)
-    out[:, 0] = np.frombuffer(low, np.uint8)
-    out[:, 1] = np.frombuffer(high, np.uint8)
-    return out.reshape(-1)
+    out = np.frombuffer(into, "<u2") if into is not None else np.empty(half, "<u2")
+    np.left_shift(np.frombuffer(high, np.uint8), 8, out=out, dtype="<u2")
+    np.bitwise_or(out, np.frombuffer(low, np.uint8), out=out)
+    return out.view(np.uint8) if into is None else into
 
 
 def read_stored(stored: Any, views: Sequence[memoryview]) -> Reason:
@@ -209,6 +214,8 @@ def read_stored(stored: Any, views: Sequence[memoryview]) -> Reason:
     if n == page_bytes:
         src: Any = memoryview(stored).cast("B")
     elif is_frame(stored, page_bytes):
+        if len(views) == 1:  # decoded straight into the page
+            return decode(stored, page_bytes, views[0])[0]
         reason, src = decode(stored, page_bytes)
         if reason is not Reason.OK:
             return reason

@@ -1,0 +1,149 @@
+"""``hicache-l3 bench --compression``: each connector with ``compression=zstd`` against the
+same connector with ``none``, in one run, interleaved repetition by repetition (the order
+swapped every repetition), on the same pages: random bytes or the KV of a real model
+(``--kv real``, :mod:`hicache_l3.bench.real_kv`). Reported per backend: the stored ratio
+(raw bytes over stored bytes), the effective GB/s of set and get (raw page bytes moved per
+second) for both settings, and get zstd / none (order-balanced). Every get is verified.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from hicache_l3.bench.runner import BenchError, balanced_ratio, fill
+from hicache_l3.common.compression import PageCodec
+from hicache_l3.common.connector import Connector
+from hicache_l3.common.keys import Namespace
+from hicache_l3.common.memory import HostBuffer
+from hicache_l3.common.pages import contiguous_pages
+from hicache_l3.common.registry import open_connector
+
+BACKENDS = ("memory", "nixl-obj", "mooncake", "file-fsspec", "file")
+
+
+@contextlib.contextmanager
+def backend_settings(backend: str, store_bytes: int) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(connector name, settings)`` of ``backend``, its engine started for the run."""
+    if backend == "memory":
+        yield "memory", {"store": f"bench-{uuid.uuid4().hex[:8]}"}
+    elif backend == "nixl-obj":
+        from hicache_l3.engines import S3Engine
+
+        with S3Engine() as s3:
+            yield "nixl", dict(s3.settings)
+    elif backend == "mooncake":
+        from hicache_l3.engines import MooncakeEngine
+
+        os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+        with MooncakeEngine(holder=True, segment_size=f"{(3 * store_bytes >> 20) + 64} MB") as mc:
+            yield "mooncake", {**mc.settings, "global_segment_size": 0}  # pages in the holder: TCP
+    elif backend in ("file-fsspec", "file"):
+        with tempfile.TemporaryDirectory(prefix="hicache-bench-z-") as tmp:
+            root = f"file://{tmp}/fs" if backend == "file-fsspec" else f"{tmp}/slab"
+            yield "file", {"root": root}
+    else:
+        raise BenchError(f"--compression: unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+
+
+def fill_kv(buffer: HostBuffer, page_bytes: int, pages: int, kv: str) -> None:
+    """Random bytes (``kv="random"``) or the real model's KV (``"real"``) in every page."""
+    if kv == "real":
+        from hicache_l3.bench.real_kv import fill_real
+
+        fill_real(buffer.view(), page_bytes, pages)
+    else:
+        fill(buffer, page_bytes)
+
+
+def stored_ratio(buffer: HostBuffer, page_bytes: int, pages: int, kv_dtype: str) -> float:
+    """Raw bytes over stored bytes of the pages with ``compression=zstd``."""
+    codec = PageCodec("zstd", kv_dtype)
+    view = buffer.view()
+    stored = 0
+    for i in range(pages):
+        frame = codec.encode([view[i * page_bytes:(i + 1) * page_bytes]])
+        stored += page_bytes if frame is None else len(frame)
+    return pages * page_bytes / stored
+
+
+def _timed(call: Callable[[list[str], list[Any]], list[bool]], keys: list[str], pages: list[Any],
+           batch: int) -> float:
+    start = time.perf_counter()
+    for lo in range(0, len(keys), batch):
+        got = call(keys[lo:lo + batch], pages[lo:lo + batch])
+        if not all(got):
+            raise BenchError(f"{got.count(False)} of a batch's pages failed")
+    return time.perf_counter() - start
+
+
+def run_backend(backend: str, page_bytes: int, pages: int, batch: int, reps: int, kv: str,
+                kv_dtype: str = "bfloat16") -> dict[str, Any]:
+    """One backend's row: ratio, effective GB/s per setting and op, get zstd / none."""
+    src = HostBuffer(pages * page_bytes, name="bench-z-src")
+    dst = HostBuffer(pages * page_bytes, name="bench-z-dst")
+    fill_kv(src, page_bytes, pages, kv)
+    src_pages = contiguous_pages(src.address, page_bytes, range(pages))
+    dst_pages = contiguous_pages(dst.address, page_bytes, range(pages))
+    expect = np.frombuffer(src.view(), np.uint8)
+    got_view = np.frombuffer(dst.view(), np.uint8)
+    rates: dict[tuple[str, str], list[float]] = {}
+    run = uuid.uuid4().hex[:8]
+    with backend_settings(backend, pages * page_bytes) as (name, settings):
+        conns: dict[str, Connector[Any]] = {}
+        with contextlib.ExitStack() as stack:
+            for setting in ("none", "zstd"):
+                ns = Namespace(model="bench/compression", kv_dtype=kv_dtype, layout="page_first",
+                               page_size=64, tag=f"{run}-{setting}")
+                conn = open_connector(name, ns, {**settings, "compression": setting})
+                stack.callback(conn.close)
+                conn.register(src)
+                conn.register(dst)
+                conns[setting] = conn
+            for rep in range(reps):
+                order = ["none", "zstd"] if rep % 2 == 0 else ["zstd", "none"]
+                for setting in order:
+                    conn = conns[setting]
+                    keys = [f"{run}-{rep}-{i}" for i in range(pages)]
+                    got_view[:] = 0
+                    t_set = _timed(conn.batch_set, keys, src_pages, batch)
+                    t_get = _timed(conn.batch_get, keys, dst_pages, batch)
+                    if not np.array_equal(got_view, expect):
+                        raise BenchError(f"{backend} compression={setting}: wrong bytes after get")
+                    conn.delete(keys)
+                    moved = pages * page_bytes / 1e9
+                    rates.setdefault((setting, "set"), []).append(moved / t_set)
+                    rates.setdefault((setting, "get"), []).append(moved / t_get)
+    ratio = stored_ratio(src, page_bytes, pages, kv_dtype)
+    row: dict[str, Any] = {"backend": backend, "kv": kv, "page_bytes": page_bytes, "pages": pages,
+                           "batch": batch, "reps": reps, "ratio": round(ratio, 3)}
+    for (setting, op), values in rates.items():
+        row[f"{op}_{setting}_gbps"] = round(statistics.median(values), 3)
+    for op in ("set", "get"):
+        per_rep = [z / n for z, n in zip(rates[("zstd", op)], rates[("none", op)])]
+        row[f"{op}_zstd_over_none"] = round(balanced_ratio(per_rep), 3)
+    return row
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    """A plain table of :func:`run_backend` rows."""
+    head = ("backend", "kv", "page", "ratio", "set none", "set zstd", "get none", "get zstd",
+            "get z/n", "set z/n")
+    lines = ["  ".join(f"{h:>11}" for h in head)]
+    for r in rows:
+        cells = (r["backend"], r["kv"], f"{r['page_bytes'] >> 10} KiB", f"{r['ratio']:.3f}",
+                 f"{r['set_none_gbps']:.3f}", f"{r['set_zstd_gbps']:.3f}", f"{r['get_none_gbps']:.3f}",
+                 f"{r['get_zstd_gbps']:.3f}", f"{r['get_zstd_over_none']:.2f}x",
+                 f"{r['set_zstd_over_none']:.2f}x")
+        lines.append("  ".join(f"{c:>11}" for c in cells))
+    lines.append("(GB/s: raw page bytes moved per second, medians; z/n: zstd over none, median over "
+                 "pairs of repetitions with the order swapped)")
+    return "\n".join(lines)
