@@ -60,7 +60,13 @@ Compression = Literal["none", "zstd"]
 COMPRESSION_HELP = ("none: pages stored as they are (no copy); zstd: pages stored compressed "
                     "where that makes them shorter (byte planes for 2-byte KV dtypes). Readers "
                     "read both, whatever their setting. Worth it where the tier is slower than a "
-                    "core decompresses (object stores, remote hosts), not on the page cache")
+                    "core decompresses (object stores, remote hosts), not on the page cache. "
+                    "Slab roots (file, hf3fs, nixl file mode) refuse zstd")
+
+
+COMPRESSION_SLAB = ("compression=zstd: slab roots (file, hf3fs, nixl file mode) store pages as they "
+                    "are; set compression=none (the memory, mooncake and nixl obj connectors and "
+                    "fsspec URL roots compress)")
 
 
 def check_compression(value: str) -> None:

@@ -99,12 +99,16 @@ class Capabilities:
       length) read as a miss (checksummed pages).
     - ``evicts``: a configured capacity is enforced by evicting pages; evicted pages
       read as misses.
+    - ``compresses``: the ``compression`` setting stores pages zstd-compressed
+      (:mod:`hicache_l3.common.compression`) and every reader reads both forms; a connector
+      without it refuses ``compression="zstd"`` with a ConfigError.
     """
 
     persistent: bool
     shared_across_processes: bool
     detects_corruption: bool
     evicts: bool
+    compresses: bool = False
 
 
 class Connector(abc.ABC, Generic[ConfigT]):

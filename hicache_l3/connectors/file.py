@@ -36,7 +36,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from hicache_l3.common.compression import COMPRESSION_HELP
+from hicache_l3.common.compression import COMPRESSION_HELP, COMPRESSION_SLAB
 from hicache_l3.common.config import ConnectorConfig, setting
 from hicache_l3.common.connector import Capabilities, Connector
 from hicache_l3.common.errors import ConfigError
@@ -105,6 +105,8 @@ class FileConfig(ConnectorConfig):
             )
         if self.slab_bytes < ALIGN:
             raise ConfigError(f"slab_bytes must be >= {ALIGN}, got {self.slab_bytes}")
+        if self.compression != "none" and "://" not in self.root:
+            raise ConfigError(COMPRESSION_SLAB)
 
 
 def open_file_connector(settings: dict[str, Any], namespace: Namespace) -> Connector[Any]:

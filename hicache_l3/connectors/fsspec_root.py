@@ -113,6 +113,7 @@ class FsspecConnector(Connector[FsspecConfig]):
             shared_across_processes=True,
             detects_corruption=self.config.checksum != "none",
             evicts=False,
+            compresses=True,
         )
 
     def _path(self, key: str) -> str:

@@ -78,7 +78,7 @@ class MemoryConnector(Connector[MemoryConfig]):
     def capabilities(self) -> Capabilities:
         """Not persistent, not shared across processes, no checksums, no eviction."""
         return Capabilities(persistent=False, shared_across_processes=False,
-                            detects_corruption=False, evicts=False)
+                            detects_corruption=False, evicts=False, compresses=True)
 
     def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
         for key, page in zip(keys, pages):

@@ -165,7 +165,7 @@ class NixlObjConnector(NixlConnector):
         """Persistent and shared (the bucket is); evicts when a capacity is set."""
         return Capabilities(persistent=True, shared_across_processes=True,
                             detects_corruption=self._checksum,
-                            evicts=self.config.capacity_bytes > 0)
+                            evicts=self.config.capacity_bytes > 0, compresses=True)
 
     # ---- control plane (boto3) -----------------------------------------------------------
     def _control_client(self, scheme: str, read_timeout: float) -> Any:
