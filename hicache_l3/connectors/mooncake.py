@@ -15,6 +15,13 @@ page set by one SGLang instance is read by every other. The connector is a clien
 * ``checksum="xxh3"`` appends a 32-byte trailer (magic, length, XXH3-64, key fingerprint)
   verified on get (``detects_corruption``); off by default: it costs a pass over every
   page (docs/benchmarks.md, "Figures behind design choices");
+* ``compression="zstd"``: a page that zstd shrinks is put as its frame
+  (:mod:`hicache_l3.common.compression`, with its trailer when checksummed) from registered
+  scratch memory. Every reader gets into the page itself: an object shorter than the page
+  (the count ``batch_get_into`` returns) is a frame in the page's first bytes, checked and
+  decoded in place; a raw page stays zero-copy whatever the setting. A get into several
+  buffers (a trailer, ``layer_first`` pages) of a shorter object fails in Mooncake: such
+  keys are read again into one registered scratch buffer;
 * a master that stops answering gives ``engine_down`` for every key; while it stays down,
   later calls probe its TCP port (``connect_timeout``) and fail at once.
 
@@ -41,10 +48,11 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from hicache_l3.common.compression import COMPRESSION_HELP, PageCodec, read_stored
 from hicache_l3.common.config import ConnectorConfig, setting
 from hicache_l3.common.connector import Capabilities, Connector
 from hicache_l3.common.errors import ConfigError, EngineUnavailableError, Reason
-from hicache_l3.common.integrity import key_fingerprint, page_checksum
+from hicache_l3.common.integrity import buffer_checksum, key_fingerprint, page_checksum
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer, MemoryRegion
 from hicache_l3.common.pages import Page
@@ -151,6 +159,7 @@ class MooncakeConfig(ConnectorConfig):
     tenant_id: str = setting("default", "Mooncake tenant the pages belong to")
     checksum: Literal["none", "xxh3"] = setting(
         "none", "xxh3: store a checksum trailer with every page and verify it on get")
+    compression: Literal["none", "zstd"] = setting("none", COMPRESSION_HELP)
     capacity_bytes: int = setting(
         0, "0 = no limit of this connector's own (the segments bound the store, and the master "
         "evicts in the background); > 0 = this connector deletes its own least recently used "
@@ -308,10 +317,12 @@ def _probe(address: str, timeout: float) -> str | None:
 
 
 class _Trailers:
-    """Per-thread registered scratch memory for checksum trailers (one slot per page)."""
+    """Per-thread registered scratch memory: checksum trailers (one slot per page), or
+    frames (``slot=1``: ``get`` takes a byte count)."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, slot: int = TRAILER.size) -> None:
         self._store = store
+        self._slot = slot
         self._local = threading.local()
         self._lock = threading.Lock()
         self._buffers: list[HostBuffer] = []
@@ -319,8 +330,8 @@ class _Trailers:
     def get(self, count: int) -> HostBuffer:
         """A registered buffer of at least ``count`` trailer slots, private to this thread."""
         buf: HostBuffer | None = getattr(self._local, "buf", None)
-        if buf is None or buf.size < count * TRAILER.size:
-            new = HostBuffer(max(count, 256) * TRAILER.size, pin=False)
+        if buf is None or buf.size < count * self._slot:
+            new = HostBuffer(max(count, 256) * self._slot, pin=False)
             rc = self._store.register_buffer(new.address, new.size)
             if rc != 0:
                 raise RuntimeError(f"register_buffer of checksum scratch failed: {rc}")
@@ -390,6 +401,8 @@ class MooncakeConnector(Connector[MooncakeConfig]):
             self._replicate.preferred_segment = config.preferred_segment
         self._checksum = config.checksum == "xxh3"
         self._trailers = _Trailers(store) if self._checksum else None
+        self._codec = PageCodec(config.compression, namespace.kv_dtype)
+        self._frames = _Trailers(store, slot=1)  # frames to put, objects to read again
         self._lru: OrderedDict[str, None] | None = OrderedDict() if config.capacity_bytes else None
         self._lru_lock = threading.Lock()
 
@@ -419,6 +432,7 @@ class MooncakeConnector(Connector[MooncakeConfig]):
             shared_across_processes=True,
             detects_corruption=self._checksum,
             evicts=self.config.capacity_bytes > 0,
+            compresses=True,
         )
 
     # ---- memory -------------------------------------------------------------------
@@ -519,6 +533,12 @@ class MooncakeConnector(Connector[MooncakeConfig]):
                 self.metrics.count("mooncake_put_pending_elsewhere")
 
     def _put(self, skeys: list[str], pages: list[Page]) -> list[int]:
+        if self._codec.enabled:
+            frames = self._encode(pages)
+            if any(f is not None for f in frames):
+                codes = self._put_framed(skeys, pages, frames)
+                self._note_codes(codes)
+                return codes
         if self._checksum:
             ptrs, sizes = self._with_trailers(skeys, pages)
             codes = self._store.batch_put_from_multi_buffers(skeys, ptrs, sizes, self._replicate)
@@ -531,6 +551,80 @@ class MooncakeConnector(Connector[MooncakeConfig]):
                 self._replicate)
         self._note_codes(codes)
         return list(codes)
+
+    def _encode(self, pages: list[Page]) -> list[bytes | None]:
+        """Each page's frame, or None where it is stored raw (a frame must leave room for
+        the trailer inside the page: a reader finds both in its page)."""
+        room = (self.page_bytes or 0) - TRAILER.size
+        out: list[bytes | None] = []
+        for page in pages:
+            views = self.regions.views(page)
+            frame = None if views is None else self._codec.encode(views)
+            out.append(frame if frame is not None and len(frame) <= room else None)
+        return out
+
+    def _put_framed(self, skeys: list[str], pages: list[Page], frames: list[bytes | None]) -> list[int]:
+        """Put a batch some of whose pages are frames: those from registered scratch
+        (frame, then its trailer when checksummed), the others from the page."""
+        extra = TRAILER.size if self._checksum else 0
+        assert self._frames is not None
+        stage = self._frames.get(sum(len(f) + extra for f in frames if f is not None))
+        view = stage.view()
+        raw = [j for j, f in enumerate(frames) if f is None]
+        if raw and self._checksum:
+            rptrs, rsizes = self._with_trailers([skeys[j] for j in raw], [pages[j] for j in raw])
+        else:
+            rptrs = [[a for a, _ in pages[j]] for j in raw]
+            rsizes = [[s for _, s in pages[j]] for j in raw]
+        ptrs: list[list[int]] = []
+        sizes: list[list[int]] = []
+        r = off = 0
+        for j, frame in enumerate(frames):
+            if frame is None:
+                ptrs.append(rptrs[r])
+                sizes.append(rsizes[r])
+                r += 1
+                continue
+            n = len(frame)
+            view[off:off + n] = frame
+            if extra:
+                view[off + n:off + n + extra] = TRAILER.pack(
+                    TRAILER_MAGIC, n, buffer_checksum([frame]), key_fingerprint(skeys[j])[:8])
+            ptrs.append([stage.address + off])
+            sizes.append([n + extra])
+            off += n + extra
+        self.metrics.count("compressed", len(frames) - len(raw))
+        return list(self._store.batch_put_from_multi_buffers(skeys, ptrs, sizes, self._replicate))
+
+    def _from_stored(self, skey: str, page: Page, stored: bytes | memoryview) -> Reason:
+        """The whole object ``stored`` (a raw page or a frame, then the trailer when
+        checksummed), checked, copied or decoded into ``page``."""
+        views = self.regions.views(page)
+        if views is None:
+            return Reason.UNREGISTERED
+        if self._checksum:
+            got = len(stored)
+            if got < TRAILER.size:
+                return Reason.SIZE_MISMATCH
+            magic, length, csum, fp = TRAILER.unpack_from(stored, got - TRAILER.size)
+            stored = stored[:got - TRAILER.size]
+            if (magic != TRAILER_MAGIC or fp != key_fingerprint(skey)[:8] or length != len(stored)
+                    or buffer_checksum([stored]) != csum):
+                self.metrics.count("mooncake_bad_checksum")
+                return Reason.CORRUPT
+        return read_stored(stored, views)
+
+    def _get_staged(self, skeys: list[str], pages: list[Page]) -> list[Reason]:
+        """Get whole objects (up to a page and a trailer) into registered scratch, one
+        buffer each, then check and copy or decode them into their pages."""
+        slot = (self.page_bytes or 0) + TRAILER.size
+        stage = self._frames.get(slot * len(skeys))
+        got = self._store.batch_get_into(skeys, [stage.address + j * slot for j in range(len(skeys))],
+                                         [slot] * len(skeys))
+        self._note_codes(got)
+        view = stage.view()
+        return [self._from_stored(k, p, view[j * slot:j * slot + g]) if g >= 0 else _reason(g)
+                for j, (k, p, g) in enumerate(zip(skeys, pages, got))]
 
     def _with_trailers(self, skeys: list[str], pages: list[Page]) -> tuple[list[list[int]], list[list[int]]]:
         assert self._trailers is not None
@@ -591,11 +685,22 @@ class MooncakeConnector(Connector[MooncakeConfig]):
         for j, (g, e) in enumerate(zip(got, expected)):
             if g == e:
                 out.append(Reason.OK if scratch is None else self._verify(skeys[j], pages[j], scratch, j))
+            elif 0 <= g < (self.page_bytes or 0):  # a frame (or a short object): in the page
+                views = self.regions.views(pages[j])
+                out.append(Reason.UNREGISTERED if views is None
+                           else self._from_stored(skeys[j], pages[j], b"".join(views)[:g]))
             elif g >= 0 or g == INVALID_PARAMS:  # -600: the object is larger than the buffer
                 self.metrics.count("mooncake_short_object")
                 out.append(Reason.SIZE_MISMATCH)
             else:
                 out.append(_reason(g))
+        if scratch is not None or max(map(len, pages)) > 1:  # a short object fails these gets
+            again = [j for j, r in enumerate(out)
+                     if got[j] < 0 and r not in (Reason.MISS, Reason.ENGINE_DOWN)]
+            if again:
+                for j, r in zip(again, self._get_staged([skeys[j] for j in again],
+                                                        [pages[j] for j in again])):
+                    out[j] = r
         return out
 
     def _verify(self, skey: str, page: Page, scratch: HostBuffer, j: int) -> Reason:
@@ -694,8 +799,9 @@ class MooncakeConnector(Connector[MooncakeConfig]):
         store, self._store = self._store, None
         if store is None:
             return
-        if self._trailers is not None:
-            self._trailers.release()
+        for scratch in (self._trailers, self._frames):
+            if scratch is not None:
+                scratch.release()
         rc = store.close()
         if rc != 0:
             log.warning("mooncake: close returned %s", rc)

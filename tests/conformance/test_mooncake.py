@@ -67,14 +67,26 @@ class TestMooncakeConnector(ConnectorTests):
                          how: str) -> None:
         skey = namespace.storage_key(key)
         data = bytearray(self.raw.get(skey))
-        assert len(data) == self.page_bytes + self.trailer
+        assert len(data) <= self.page_bytes + self.trailer
         if how == "flip":
-            data[self.page_bytes // 2] ^= 0xFF
+            data[(len(data) - self.trailer) // 2] ^= 0xFF
         else:
             data = data[: len(data) - 100]
         assert self.raw.remove(skey, True) == 0
         assert self.raw.put(skey, bytes(data)) == 0
 
+
+    def backdoor_write(self, settings: dict[str, Any], namespace: Namespace, key: str,
+                       stored: bytes) -> None:
+        from hicache_l3.common.integrity import buffer_checksum, key_fingerprint
+        from hicache_l3.connectors.mooncake import TRAILER, TRAILER_MAGIC
+
+        skey = namespace.storage_key(key)
+        if self.trailer:
+            stored += TRAILER.pack(TRAILER_MAGIC, len(stored), buffer_checksum([stored]),
+                                   key_fingerprint(skey)[:8])
+        assert self.raw.remove(skey, True) == 0
+        assert self.raw.put(skey, stored) == 0
 
     def eviction_settings(self, settings: dict[str, Any], capacity_pages: int) -> dict[str, Any]:
         return {**settings, "capacity_bytes": capacity_pages * self.page_bytes}
