@@ -14,12 +14,13 @@ Layout in the bucket, under ``<prefix><namespace digest>/``:
 
 With ``compression="zstd"`` a page that zstd shrinks is stored as its frame
 (:mod:`hicache_l3.common.compression`): ``d/<key>`` holds the frame, PUT from a registered
-staging buffer, and its record the frame's length and checksum. Such a reader reads every
-page into a staging buffer (one ranged GET of up to the page's length; the record says
-how many bytes are the object) and decodes or copies it into the page. A reader with
-``compression=none`` reads straight into the page as above; a record shorter than the
-page means a frame, decoded from the page's first bytes, and a page whose GET failed
-although its objects exist is read again through a staging buffer. A frame needs the
+staging buffer, and its record the frame's length and checksum. Every reader reads a
+one-segment page straight into the page as above: a record shorter than the page means a
+frame, decoded from the page's first bytes. A ranged GET past a frame's end fails, so a
+multi-segment page is read by a ``zstd`` reader into a staging buffer (one GET of up to
+the page's length; the record says how many bytes are the object) and decoded or copied
+from there; a ``none`` reader reads it again that way when its GET failed although its
+objects exist. A frame needs the
 record (its length), so ``compression=zstd`` with ``checksum=none`` is a ConfigError.
 
 With ``checksum=none`` there is no record: ``exists`` asks for the page objects
@@ -438,11 +439,14 @@ class NixlObjConnector(NixlConnector):
         if self._down():
             return [Reason.ENGINE_DOWN] * len(keys)
         reasons = [Reason.MISS] * len(keys)
-        if self._codec.enabled:  # frames likely: every page through a staging buffer
-            self._get_staged(keys, pages, list(range(len(keys))), reasons)
-        else:
-            for lo in range(0, len(keys), CHUNK):
-                self._get_chunk(keys, pages, list(range(lo, min(lo + CHUNK, len(keys)))), reasons)
+        direct = list(range(len(keys)))
+        if self._codec.enabled:  # frames likely: a multi-segment page through a staging buffer
+            staged = [i for i in direct if len(pages[i]) > 1]
+            if staged:
+                self._get_staged(keys, pages, staged, reasons)
+                direct = [i for i in direct if len(pages[i]) == 1]
+        for lo in range(0, len(direct), CHUNK):
+            self._get_chunk(keys, pages, direct[lo : lo + CHUNK], reasons)
         self._remember([k for i, k in enumerate(keys) if reasons[i] is Reason.OK])
         return reasons
 
