@@ -178,7 +178,9 @@ class PythonTransport(SlotTransport):
         self._write_pool = BatchPool(write_threads, "hicache-file-w")
 
     def write(self, store: SlabStore, batch: WriteBatch) -> None:
-        """Each page: its marker record (``pwrite``), then its data (``pwritev``)."""
+        """Each page: its marker record (``pwrite``), then its data (``pwritev``). With
+        ``direct``, the batch's markers all go first, then its data: a buffered write holds
+        the file an O_DIRECT write waits for, so interleaving them would serialize the data."""
         geometry = batch.geometry
         nbytes = geometry.slot_bytes
         keys, pages, slots = batch.keys, batch.pages, batch.slots
@@ -187,23 +189,39 @@ class PythonTransport(SlotTransport):
         cut = self.regions.batch_views(pages)  # the common case, cut at once
         data_at, marker_at = geometry.offsets(s[2] for s in slots)
         me = store.me or 0  # reserve made this process a writer
+        marked = [False] * len(keys)
 
-        def write(lo: int, hi: int) -> None:
+        def mark(lo: int, hi: int) -> None:
             for j in range(lo, hi):
-                fd, slab, _slot, gen = slots[j]
+                fd, _slab, _slot, gen = slots[j]
                 page = pages[j]
-                views = cut[j] if cut is not None else views_of(page)
-                if views is None:
+                if (cut[j] if cut is not None else views_of(page)) is None:
                     status[j] = UNREGISTERED
                     continue
                 csum = page_checksum(page) if checksum else 0
-                fp = key_fingerprint(keys[j])
-                record = encode_marker(gen, nbytes, csum, fp)
+                record = encode_marker(gen, nbytes, csum, key_fingerprint(keys[j]))
                 try:
-                    ok = pwrite(fd, record, marker_at[j]) == RECORD_BYTES
-                    if ok and direct and _aligned(page):
+                    if pwrite(fd, record, marker_at[j]) != RECORD_BYTES:
+                        status[j] = SHORT
+                        continue
+                except OSError as exc:
+                    status[j] = -(exc.errno or errno.EIO)
+                    continue
+                checksums[j] = csum
+                marked[j] = True
+
+        def move(lo: int, hi: int) -> None:
+            for j in range(lo, hi):
+                if not marked[j]:
+                    continue
+                fd, slab, _slot, _gen = slots[j]
+                page = pages[j]
+                views = cut[j] if cut is not None else views_of(page)
+                assert views is not None  # mark() saw them
+                try:
+                    if direct and _aligned(page):
                         ok = pwritev(store.fd(me, slab, direct=True), views, data_at[j]) == nbytes
-                    elif ok:
+                    else:
                         if direct:
                             self.metrics.count("direct_fallback")
                         ok = pwritev(fd, views, data_at[j]) == nbytes
@@ -211,9 +229,17 @@ class PythonTransport(SlotTransport):
                     status[j] = -(exc.errno or errno.EIO)
                     continue
                 status[j] = OK if ok else SHORT
-                checksums[j] = csum
 
-        self._write_pool.map(write, len(keys))
+        def write(lo: int, hi: int) -> None:
+            for j in range(lo, hi):
+                mark(j, j + 1)
+                move(j, j + 1)
+
+        if direct:
+            self._write_pool.map(mark, len(keys))
+            self._write_pool.map(move, len(keys))
+        else:
+            self._write_pool.map(write, len(keys))
 
     def read(self, store: SlabStore, batch: ReadBatch, work: Sequence[int] | None = None) -> None:
         """Each page (or those of ``work``): its data (``preadv``), then its marker record
