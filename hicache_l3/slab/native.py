@@ -1,20 +1,11 @@
 """The C batch library (``hicache_l3._batch_io``): the slab connectors' hot path with the GIL
-released once per share. Loaded lazily, on the first :func:`library` call (the native
-transport's first use), never at import.
-
-The pure-Python path (``os.preadv``/``os.pwritev`` plus a ctypes XXH3 call per page) pays
-Python per page and, with two I/O threads, ping-pongs the GIL several times per page, so
-it moves pages well below what the same syscalls reach (docs/benchmarks.md, "Figures
-behind design choices"). ``hicache_l3/native/batch_io.c`` runs a whole share of a batch
-(the data and the marker records, adjacent slots coalesced into one syscall, the record check and the XXH3
-checksum) in one call. The library is required (docs/architecture.md, "The C library"): one
-that is not built, or built for another slab format (no ``hl3_abi``, or another value), is
-an ImportError naming the fix on first use. The Python transport stays the reference the
-conformance suite also runs (``native_io = false``).
-
-The library holds no XXH3 of its own: it calls the entry points of the ``xxhash`` wheel's
-library, so its checksums are the ones :func:`~hicache_l3.common.integrity.page_checksum`
-computes (checked when the library loads).
+released once per share. Loaded lazily, on the first :func:`library` call, never at
+import; required (docs/architecture.md, "The C library"): one that is not built, or built
+for another slab format (no ``hl3_abi``, or another value), is an ImportError naming the
+fix. ``hicache_l3/native/batch_io.c`` runs a whole share of a batch (the data and the
+marker records, adjacent slots coalesced into one syscall, the record check and the XXH3
+checksum) in one call, with the entry points of the ``xxhash`` wheel's own XXH3, so its
+checksums are :func:`~hicache_l3.common.integrity.page_checksum`'s (checked at load).
 
 Use: build a :class:`PageBatch` from per-page lists, then call
 :meth:`BatchIO.read` or :meth:`BatchIO.write` on contiguous shares ``[lo, hi)`` of it, from

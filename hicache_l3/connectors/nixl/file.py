@@ -29,9 +29,8 @@ no Python runs per page on the common batch: a get reads the batch's
 :class:`~hicache_l3.slab.plan.GetPlan` (:meth:`NixlTransport.read_plan`: descriptors,
 offsets, expected records and checksums from one C call), its NIXL rows built and joined
 in C, its records and checksums checked in C; a set encodes its records, key
-fingerprints included, in one C call. Without them (``native_io=false``, or a library
-that predates the helpers) every step is the per-page Python path: the reference the
-tests compare with (tests/nixl/test_nixl_plan.py).
+fingerprints included, in one C call. With ``native_io=false`` every step is the per-page
+Python path: the reference the tests compare with (tests/nixl/test_nixl_plan.py).
 
 A batch of 4 MiB or more is shared by the lanes (:mod:`~hicache_l3.connectors.nixl.lanes`,
 ``transfer_agents``): one part moved by the caller's agent, the others by agents on
@@ -199,8 +198,8 @@ class NixlTransport(SlotTransport):
         if lib is not None:
             self.name = f"{self.name}, markers by the C batch library"
         # planned gets (read_plan) and the set's records and rows in C need the helpers;
-        # without them (native_io=false, or a library that predates them) the per-page
-        # Python paths run: the reference
+        # without them (native_io=false, or a host that is not 64-bit little-endian) the
+        # per-page Python paths run: the reference
         self.reads_plans = helpers is not None and lib is not None
 
     def _checksums(self, pages: list[Page]) -> list[int]:
