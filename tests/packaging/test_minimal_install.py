@@ -1,10 +1,11 @@
 """hicache-l3 installed alone, as a user without any engine or the test extra has it: a fresh
-venv (no system site-packages) with ``pip install --no-deps -e <a copy of the repo>`` plus the two
-runtime dependencies, and no mooncake, NIXL, pytest, torch or SGLang. Every config class
-loads, ``sglang-args`` validates every built-in connector, ``check`` and ``replay`` run on
-the file connector, ``--help`` lists every command, and the SGLang plugin stays inert.
+venv (no system site-packages) with ``pip install --no-deps -e <a copy of the repo>`` plus the
+runtime dependencies (xxhash, tqdm, zstandard, numpy), and no mooncake, NIXL, pytest, torch
+or SGLang. Every config class loads, ``sglang-args`` validates every built-in connector,
+``check`` and ``replay`` run on the file connector, ``--help`` lists every command, and the
+SGLang plugin stays inert.
 
-pip resolves xxhash/tqdm (and setuptools for the build) through the machine's pip
+pip resolves those (and setuptools for the build) through the machine's pip
 configuration; here that is a local package index, so the test runs offline.
 """
 
@@ -44,7 +45,8 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]
     source = root / "src"
     shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
         ".git", ".venv*", "__pycache__", "*.so", "build", "dist", "*.egg-info", ".*_cache", "tests"))
-    deps = ["xxhash>=3.4", "tqdm>=4.60"] + (["tomli>=1.1"] if sys.version_info < (3, 11) else [])
+    deps = ["xxhash>=3.4", "tqdm>=4.60", "zstandard>=0.22", "numpy>=1.22"] + (
+        ["tomli>=1.1"] if sys.version_info < (3, 11) else [])
     for args in (["--no-deps", "-e", str(source)], deps):
         out = _run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
                    env, timeout=600)
