@@ -28,6 +28,11 @@ What it replaces, each the plain-torch equivalent of the op it stands for:
    translate; the stand-in does the same for the read: while a sliding-window layer runs,
    the backend sees ``req_to_token`` translated to SWA slots. L1 compute only, and a no-op
    for models without an SWA pool (the Llama).
+5. For TP > 1 (the heterogeneous-TP scenario): SGLang builds a PyNccl (CUDA) communicator
+   for every TP group unless the platform is NPU/XPU; the stand-in turns it off, so the
+   groups all-reduce through torch.distributed (gloo) on CPU. With 3. this includes the
+   ``page_head`` host layout's copies (``transfer_kv_per_layer_ph_lf``,
+   ``transfer_kv_all_layer_lf_ph``).
 
 Everything is installed lazily: a module is patched right after SGLang imports it, so a
 process that never imports SGLang (pip, the tokenizer of pytest's tools) is unaffected.
@@ -211,11 +216,38 @@ def transfer_kv_all_layer_direct_lf_pf(src_ptrs: Sequence[Any], dst_ptrs: Sequen
             dst[d // page_size, layer, d % page_size] = src_ptrs[half * layers + layer][s]
 
 
+def transfer_kv_per_layer_ph_lf(src_k: Any, dst_k: Any, src_v: Any, dst_v: Any, src_indices: Any,
+                                dst_indices: Any, layer_id: int, item_size: int, src_layout_dim: int,
+                                page_size: int, head_num: int) -> None:
+    """One layer, page_head host [page, head, slot, layer, dim] -> device token rows."""
+    s, d = src_indices.long().cpu(), dst_indices.long().cpu()
+    for src, dst in ((src_k, dst_k), (src_v, dst_v)):
+        dst.view(dst.shape[0], head_num, -1)[d] = src[s // page_size, :, s % page_size, layer_id]
+
+
+def transfer_kv_all_layer_lf_ph(src_k_layers: Any, dst_k: Any, src_v_layers: Any, dst_v: Any,
+                                src_indices: Any, dst_indices: Any, item_size: int,
+                                dst_layout_dim: int, num_layers: int, page_size: int,
+                                head_num: int) -> None:
+    """Every layer, device pointer tables -> page_head host [page, head, slot, layer, dim]."""
+    import torch
+
+    if src_indices.numel() == 0:
+        return
+    s, d = src_indices.long().cpu(), dst_indices.long().cpu()
+    n = int(s.max()) + 1
+    for src_t, dst in ((src_k_layers, dst_k), (src_v_layers, dst_v)):
+        host = dst.view(torch.uint8).view(*dst.shape[:4], -1)
+        for layer, ptr in enumerate(_ptrs(src_t)[:num_layers]):
+            rows = _rows(ptr, item_size, n, item_size).view(n, head_num, -1)
+            host[d // page_size, :, d % page_size, layer] = rows[s]
+
+
 _KVCACHEIO: dict[str, Callable[..., None]] = {
     f.__name__: f for f in (
         transfer_kv_per_layer, transfer_kv_per_layer_pf_lf, transfer_kv_all_layer,
         transfer_kv_all_layer_lf_pf, transfer_kv_direct, transfer_kv_per_layer_direct_pf_lf,
-        transfer_kv_all_layer_direct_lf_pf,
+        transfer_kv_all_layer_direct_lf_pf, transfer_kv_per_layer_ph_lf, transfer_kv_all_layer_lf_ph,
     )
 }
 
@@ -299,7 +331,20 @@ def _patch_hicache_l3_backend(module: types.ModuleType) -> None:
 
 # ---- lazy installation --------------------------------------------------------------------------
 
+def _patch_parallel_state(module: types.ModuleType) -> None:
+    """TP > 1 on CPU: SGLang builds a PyNccl (CUDA) communicator for every TP group unless
+    the platform is NPU/XPU; on CPU the groups' all-reduce is torch.distributed's (gloo)."""
+    inner = module.init_model_parallel_group
+
+    def init_model_parallel_group(*args: Any, **kwargs: Any) -> Any:
+        kwargs["use_pynccl"] = False
+        return inner(*args, **kwargs)
+
+    module.init_model_parallel_group = init_model_parallel_group  # type: ignore[attr-defined]
+
+
 _AFTER_IMPORT: dict[str, Callable[[types.ModuleType], None]] = {
+    "sglang.srt.distributed.parallel_state": _patch_parallel_state,
     "sglang.srt.mem_cache.pool_host.common": _patch_pool_host_common,
     "sglang.srt.mem_cache.pool_host.mha": _patch_pool_host_mha,
     "sglang.srt.layers.attention.torch_native_backend": _patch_torch_native_backend,
