@@ -211,6 +211,18 @@ def _decode(mv: memoryview, page_bytes: int, into: Any) -> Any:
     return out.view(np.uint8) if into is None else into
 
 
+def leading_bytes(views: Sequence[memoryview], length: int) -> bytes:
+    """A copy of the first ``length`` bytes of a page made of ``views`` (a frame read into
+    the page's own memory, copied out before it is decoded into that memory)."""
+    parts, left = [], length
+    for v in views:
+        if left <= 0:
+            break
+        parts.append(v[:left])
+        left -= len(parts[-1])
+    return b"".join(parts)
+
+
 def read_stored(stored: Any, views: Sequence[memoryview]) -> Reason:
     """Copy the page stored as ``stored`` (raw or a frame) into ``views``, the segments of
     the caller's page: OK, SIZE_MISMATCH (a raw page of another length), or CORRUPT (a

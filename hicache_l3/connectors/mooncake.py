@@ -48,7 +48,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from hicache_l3.common.compression import COMPRESSION_HELP, PageCodec, read_stored
+from hicache_l3.common.compression import COMPRESSION_HELP, PageCodec, leading_bytes, read_stored
 from hicache_l3.common.config import ConnectorConfig, setting
 from hicache_l3.common.connector import Capabilities, Connector
 from hicache_l3.common.errors import ConfigError, EngineUnavailableError, Reason
@@ -688,7 +688,7 @@ class MooncakeConnector(Connector[MooncakeConfig]):
             elif 0 <= g < (self.page_bytes or 0):  # a frame (or a short object): in the page
                 views = self.regions.views(pages[j])
                 out.append(Reason.UNREGISTERED if views is None
-                           else self._from_stored(skeys[j], pages[j], b"".join(views)[:g]))
+                           else self._from_stored(skeys[j], pages[j], leading_bytes(views, g)))
             elif g >= 0 or g == INVALID_PARAMS:  # -600: the object is larger than the buffer
                 self.metrics.count("mooncake_short_object")
                 out.append(Reason.SIZE_MISMATCH)

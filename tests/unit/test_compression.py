@@ -127,3 +127,13 @@ def test_header_is_the_documented_layout() -> None:
     frame = PageCodec("zstd", "bfloat16").encode([memoryview(_bf16(PAGE))])
     assert frame is not None
     assert FRAME.unpack_from(frame) == (FRAME_MAGIC, 1, HIGH_PLANE, 0, PAGE)
+
+
+def test_leading_bytes_across_segments() -> None:
+    from hicache_l3.common.compression import leading_bytes
+
+    data = bytes(range(200))
+    views = [memoryview(data)[i:i + 50] for i in range(0, 200, 50)]
+    assert leading_bytes(views, 120) == data[:120]
+    assert leading_bytes(views, 200) == data
+    assert leading_bytes(views, 0) == b""

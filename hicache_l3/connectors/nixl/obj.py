@@ -61,7 +61,7 @@ import time
 import urllib.parse
 from typing import Any
 
-from hicache_l3.common.compression import PageCodec, read_stored
+from hicache_l3.common.compression import PageCodec, leading_bytes, read_stored
 from hicache_l3.common.connector import Capabilities
 from hicache_l3.common.errors import ConfigError, EngineUnavailableError, Reason
 from hicache_l3.common.integrity import buffer_checksum, key_fingerprint, page_checksum
@@ -582,7 +582,7 @@ class NixlObjConnector(NixlConnector):
             return Reason.MISS  # no commit record: the page was never fully stored
         if length < n:  # a frame: its bytes are the page's first ones
             views = NixlObjConnector._page_views(page)
-            stored = b"".join(views)[:length]
+            stored = leading_bytes(views, length)
             if fp != key_fingerprint(key) or buffer_checksum([stored]) != checksum:
                 return Reason.CORRUPT
             return read_stored(stored, views)
