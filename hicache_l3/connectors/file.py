@@ -44,8 +44,9 @@ from hicache_l3.common.keys import Namespace
 from hicache_l3.common.safe_fs import private_root
 from hicache_l3.slab.connector import SlabConnector
 from hicache_l3.slab.format import ALIGN
-from hicache_l3.slab.io import select_transport
 from hicache_l3.slab.store import SlabStore
+from hicache_l3.slab.uring import MAX_DEPTH as URING_MAX_DEPTH
+from hicache_l3.slab.uring import select_transport
 
 
 @dataclasses.dataclass
@@ -64,6 +65,11 @@ class FileConfig(ConnectorConfig):
         16, "threads reading the pages of a batch that are not in the page cache (with native_io: "
         "each waits on the disk, so this is the batch's queue depth on a store bigger than the "
         "page cache; 0 or 1: they are read by the io_threads, one or two at a time)")
+    io_uring_depth: int = setting(
+        32, "pages in flight at once through io_uring (one C call per batch, no thread per page) "
+        "for O_DIRECT pages and for the pages of a batch that are not in the page cache; 0: "
+        "blocking calls by threads (cold_read_threads). Where the kernel refuses io_uring (ENOSYS, "
+        "EPERM under seccomp) one log line says so and the blocking path is kept")
     write_threads: int = setting(
         2, "threads writing the pages of one batch (with native_io, a batch of 1 MiB or more; the "
         "Python path measured slower with more than one, and uses one)")
@@ -97,6 +103,8 @@ class FileConfig(ConnectorConfig):
                 "file connector: set root to a directory (e.g. root=/mnt/nvme/hicache) "
                 "or an fsspec URL (s3://bucket/prefix)"
             )
+        if not 0 <= self.io_uring_depth <= URING_MAX_DEPTH:
+            raise ConfigError(f"io_uring_depth must be in 0..{URING_MAX_DEPTH}, got {self.io_uring_depth}")
         if self.cold_read_threads < 0:
             raise ConfigError(f"cold_read_threads must be >= 0, got {self.cold_read_threads}")
         if self.io_threads < 1 or self.write_threads < 1:
@@ -133,7 +141,8 @@ class FileConnector(SlabConnector, Connector[FileConfig]):
             self.regions, self.metrics, native_io=config.native_io,
             direct=config.o_direct, io_threads=config.io_threads,
             write_threads=config.write_threads,
-            cold_threads=config.cold_read_threads,
+            cold_threads=config.cold_read_threads, ring_depth=config.io_uring_depth,
+            what=f"{self.name} connector",
         )
         try:
             if config.o_direct:

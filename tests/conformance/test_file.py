@@ -127,6 +127,30 @@ class TestFilePythonIO(TestFileConnector):
         return {"root": str(tmp_path / "store"), "capacity_bytes": "1GiB", "native_io": False}
 
 
+class TestFileUringDirect(TestFileConnector):
+    """The same suite with ``o_direct=true``, whose pages move through io_uring (the C ring:
+    each page's marker read linked after its data, every marker written before the data)."""
+
+    @pytest.fixture
+    def settings(self, tmp_path: Path) -> dict[str, Any]:
+        return {"root": str(tmp_path / "store"), "capacity_bytes": "1GiB", "o_direct": True,
+                "io_uring_depth": 8}
+
+    def test_pages_move_through_the_ring(self, open_conn: Any) -> None:
+        from hicache_l3.conformance.suite import Pages
+
+        conn = open_conn()
+        assert conn.transport.name == "io_uring O_DIRECT (C)"
+        keys = [f"ring-{i}" for i in range(40)]  # more pages than the ring's depth
+        pages = Pages(conn, self.page_bytes, len(keys))
+        pages.fill(keys)
+        assert conn.batch_set(keys, pages.pages) == [True] * len(keys)
+        pages.wipe()
+        assert conn.batch_get(keys, pages.pages) == [True] * len(keys)
+        assert all(pages.matches(i, k) for i, k in enumerate(keys))
+        assert conn.stats()["ops"]["counters"].get("direct_fallback", 0) == 0
+
+
 class TestFileFsspec(ConnectorTests):
     """The copying fsspec path, run on fsspec's real local (``file://``) filesystem."""
 

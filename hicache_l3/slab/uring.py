@@ -1,0 +1,269 @@
+"""Slot I/O through io_uring (``hicache_l3/native/uring_io.c``): a batch's pages in flight at
+once, up to a queue depth, from one C call with the GIL released.
+
+For pages that wait on the device, where a blocking call per page and thread gives the
+device a queue of one or two: O_DIRECT pages (:class:`UringTransport`) and the cold pages
+of a buffered read (:meth:`Rings.read_cold`). The rings are made when the transport is, one
+per direction, and closed with it; nothing runs between calls. Where the kernel refuses a
+ring (``io_uring_setup`` fails: ENOSYS, EPERM under a seccomp profile or
+``kernel.io_uring_disabled``), :func:`open_rings` logs one line and returns None, and the
+caller keeps the blocking path.
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+import logging
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from hicache_l3.common.pages import Page
+from hicache_l3.slab import io, native
+from hicache_l3.slab.format import ALIGN, RECORD_BYTES, expected_markers
+from hicache_l3.slab.records import write_markers
+from hicache_l3.slab.slots import SlotColumns
+
+if TYPE_CHECKING:
+    from hicache_l3.slab.store import SlabStore
+
+log = logging.getLogger(__name__)
+
+_vp, _i32, _i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
+MAX_DEPTH = 4096  # (uring_io.c hl3_ring_open)
+
+
+class _Calls:
+    """The ring calls of the C library."""
+
+    def __init__(self, path: str) -> None:
+        lib = ctypes.CDLL(path, use_errno=True)
+        self.open = lib.hl3_ring_open
+        self.open.restype, self.open.argtypes = _vp, [ctypes.c_int]
+        self.close = lib.hl3_ring_close
+        self.close.restype, self.close.argtypes = None, [_vp]
+        self.read = lib.hl3_ring_read
+        self.read.restype = ctypes.c_int
+        self.read.argtypes = [_vp, _i32, _i32, _i32, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _vp, _vp, _vp]
+        self.write = lib.hl3_ring_write
+        self.write.restype = ctypes.c_int
+        self.write.argtypes = [_vp, _i32, _i32, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _i32, _vp, _vp, _vp]
+
+
+_calls = native.LoadedOnce(_Calls, lambda _calls: None, "hicache_l3._batch_io refused")
+
+
+class Rings:
+    """A read ring and a write ring of ``depth`` pages each (one call at a time on each;
+    concurrent calls wait for it). Closed by :meth:`close`."""
+
+    def __init__(self, depth: int) -> None:
+        self.calls, self.depth = _calls.get(), depth
+        self._xxh3 = native.xxh3_entry_points()
+        self._xxh3_at = ctypes.addressof(self._xxh3)
+        self._read = self._open(depth)
+        try:
+            self._write = self._open(depth)
+        except OSError:
+            self.calls.close(self._read)
+            raise
+
+    def _open(self, depth: int) -> int:
+        ring = self.calls.open(depth)
+        if not ring:
+            err = ctypes.get_errno()
+            raise OSError(err, f"io_uring_setup of depth {depth}: {os.strerror(err)}")
+        return int(ring)
+
+    def read(self, pb: native.PageBatch, data_fds: array.array[int] | None, only: int = -1) -> int:
+        """Read every page of ``pb`` (those whose status is ``only``, when >= 0): data from
+        ``data_fds`` (``pb.fds`` when None), then each page's marker record, then checked,
+        as :meth:`~hicache_l3.slab.native.BatchIO.read`. The number not OK, or ``-errno``
+        when the ring failed (then the pages not read carry that code)."""
+        fds, doffs, moffs, segs, at, _markers = pb.addresses
+        return int(self.calls.read(self._read, 0, len(pb), only, _addr(data_fds), fds, doffs, moffs, segs, at,
+                                   pb.expect_at, pb.marker_len, pb.checksums_at, self._xxh3_at, pb.status_at))
+
+    def read_cold(self, call: native.PlanRead) -> int:
+        """The pages of a planned read (:meth:`~hicache_l3.slab.native.BatchIO.plan_read`)
+        left :data:`~hicache_l3.slab.native.AGAIN` by a nowait read, read through the ring
+        (data and markers from the plan's descriptors); as :meth:`read`."""
+        a = call.args  # (fds, data and marker offsets, segs, at, expect, mlen, csums, xxh3, status)
+        return int(self.calls.read(self._read, 0, len(call.status), native.AGAIN, None, *a[:8],
+                                   self._xxh3_at, a[9]))
+
+    def write(self, pb: native.PageBatch, data_fds: array.array[int] | None, checksum: bool) -> int:
+        """Write every page of ``pb`` (every marker record, then the data, to ``data_fds`` or
+        ``pb.fds``), checksummed first when ``checksum``, as
+        :meth:`~hicache_l3.slab.native.BatchIO.write`; the number not OK or ``-errno``."""
+        fds, doffs, moffs, segs, at, markers = pb.addresses
+        return int(self.calls.write(self._write, 0, len(pb), _addr(data_fds), fds, doffs, moffs, segs, at,
+                                    markers, pb.marker_len, int(checksum), pb.checksums_at, self._xxh3_at,
+                                    pb.status_at))
+
+    def close(self) -> None:
+        """Tear both rings down (once; no call may be running)."""
+        read, write = self._read, self._write
+        self._read = self._write = 0
+        for ring in (read, write):
+            if ring:
+                self.calls.close(ring)
+
+
+def open_rings(depth: int, what: str) -> Rings | None:
+    """:class:`Rings` of ``depth``, or None (one log line naming ``what`` keeps the blocking
+    path) when the kernel refuses io_uring; ``depth`` 0 is None without a word."""
+    if depth <= 0:
+        return None
+    try:
+        return Rings(depth)
+    except OSError as exc:
+        log.warning("%s: no io_uring (%s): pages move by blocking calls", what, exc.strerror or exc)
+        return None
+
+
+def _addr(fds: array.array[int] | None) -> int | None:
+    return fds.buffer_info()[0] if fds else None
+
+
+def _aligned(page: Page) -> bool:
+    return len(page) == 1 and page[0][0] % ALIGN == 0 and page[0][1] % ALIGN == 0
+
+
+class UringTransport(io.SlotTransport):
+    """O_DIRECT slot I/O through :class:`Rings`: a batch's aligned pages move with
+    O_DIRECT, ``depth`` at a time, from one C call; a page that is not one aligned segment
+    moves through the page cache in the same call (counted ``direct_fallback``). Should
+    a ring fail, this and later batches take ``fallback`` (the blocking O_DIRECT path)."""
+
+    name = "io_uring O_DIRECT (C)"
+    reads_plans = False
+
+    def __init__(self, rings: Rings, fallback: io.PythonTransport) -> None:
+        self.rings, self.fallback, self.metrics = rings, fallback, fallback.metrics
+        self._failed = False
+
+    def stats(self) -> dict[str, Any]:
+        """The ring's depth."""
+        return {"io_uring_depth": self.rings.depth}
+
+    def _data_fds(self, store: SlabStore, fds: Sequence[int], where: Sequence[tuple[int, int]],
+                  pages: Sequence[Page]) -> array.array[int]:
+        out = array.array("i", fds)
+        unaligned = 0
+        for j, page in enumerate(pages):
+            if _aligned(page):
+                out[j] = store.fd(where[j][0], where[j][1], direct=True)
+            else:
+                unaligned += 1
+        if unaligned:
+            self.metrics.count("direct_fallback", unaligned)
+        return out
+
+    def _broke(self, err: int) -> None:
+        if not self._failed:
+            self._failed = True
+            log.warning("io_uring failed (%s): O_DIRECT pages move by blocking calls from now on",
+                        os.strerror(-err))
+
+    def write(self, store: SlabStore, batch: io.WriteBatch) -> None:
+        """Every marker record, then every page's data, through the write ring."""
+        if self._failed:
+            self.fallback.write(store, batch)
+            return
+        cols = SlotColumns.of(batch.slots)
+        made = write_markers(batch.keys, cols.gens, cols.slots, batch.geometry)
+        pb = native.PageBatch.for_write(RECORD_BYTES, cols.fds, made.data_offsets, made.marker_offsets,
+                                        batch.pages, made.records)
+        me = store.me or 0
+        data_fds = self._data_fds(store, cols.fds, [(me, s) for s in cols.slabs], batch.pages)
+        bad = self.rings.write(pb, data_fds, batch.checksum)
+        if bad < 0 and all(s == bad for s in pb.status):
+            self._broke(bad)
+            self.fallback.write(store, batch)
+            return
+        batch.status, batch.checksums = pb.status, pb.checksums
+
+    def read(self, store: SlabStore, batch: io.ReadBatch) -> None:
+        """Every page's data, each followed by its marker record, through the read ring."""
+        if self._failed:
+            self.fallback.read(store, batch)
+            return
+        located = batch.located
+        entries = [loc[1] for loc in located]
+        data_at, marker_at = batch.geometry.offsets(e[2] for e in entries)
+        fds = [loc[0] for loc in located]
+        pb = native.PageBatch(RECORD_BYTES, fds, data_at, marker_at, batch.pages,
+                              expected_markers(entries, batch.keys), [e[5] for e in entries], writing=False)
+        data_fds = self._data_fds(store, fds, [(e[0], e[1]) for e in entries], batch.pages)
+        bad = self.rings.read(pb, data_fds)
+        if bad < 0 and all(s == bad for s in pb.status):
+            self._broke(bad)
+            self.fallback.read(store, batch)
+            return
+        batch.status = pb.status
+
+    def close(self) -> None:
+        """Tear the rings down and stop the fallback's threads."""
+        self.rings.close()
+        self.fallback.close()
+
+
+class ColdRingTransport(io.NativeTransport):
+    """:class:`~hicache_l3.slab.io.NativeTransport` whose cold pages (those a nowait read
+    found outside the page cache) are read through the read ring, ``depth`` at a time from
+    one call, instead of by the cold threads (kept for a ring that fails)."""
+
+    name = "native batch I/O (C), cold pages by io_uring"
+
+    def __init__(self, rings: Rings, lib: native.BatchIO, python: io.PythonTransport, write_threads: int,
+                 cold_threads: int) -> None:
+        super().__init__(lib, python, write_threads, max(2, cold_threads))
+        self.rings = rings
+        self._failed = False
+
+    def stats(self) -> dict[str, Any]:
+        """The ring's depth."""
+        return {"io_uring_depth": self.rings.depth}
+
+    def _read_cold(self, call: native.PlanRead) -> None:
+        if not self._failed:
+            self.python.metrics.count("cold_pages", call.status.count(native.AGAIN))
+            bad = self.rings.read_cold(call)
+            if bad >= 0 or native.AGAIN not in call.status:
+                return
+            self._failed = True
+            log.warning("io_uring failed (%s): cold pages are read by blocking calls from now on",
+                        os.strerror(-bad))
+        super()._read_cold(call)
+
+    def close(self) -> None:
+        """Tear the rings down and stop the threads."""
+        self.rings.close()
+        super().close()
+
+
+def select_transport(regions: Any, metrics: Any, *, native_io: bool, direct: bool, io_threads: int,
+                     write_threads: int, cold_threads: int, ring_depth: int, what: str) -> io.SlotTransport:
+    """:func:`~hicache_l3.slab.io.select_transport`, with io_uring where ``ring_depth`` > 0
+    and the kernel grants a ring (:func:`open_rings`; ``what`` names the connector in its
+    log line): with ``direct``, :class:`UringTransport`; else, where cold pages are read
+    apart (``cold_threads`` > 1), :class:`ColdRingTransport`."""
+    use = native_io and ring_depth > 0 and (direct or cold_threads > 1)
+    rings = open_rings(ring_depth, what) if use else None
+    if rings is None:
+        return io.select_transport(regions, metrics, native_io=native_io, direct=direct,
+                                   io_threads=io_threads, write_threads=write_threads,
+                                   cold_threads=cold_threads)
+    try:
+        if direct:
+            depth = max(io_threads, write_threads, cold_threads)
+            blocking = io.PythonTransport(regions, metrics, depth, direct=True, name="Python I/O (o_direct)",
+                                          write_threads=depth)
+            return UringTransport(rings, blocking)
+        return ColdRingTransport(rings, native.library(), io.PythonTransport(regions, metrics, io_threads),
+                                 write_threads, cold_threads)
+    except BaseException:
+        rings.close()
+        raise

@@ -1,0 +1,105 @@
+"""The io_uring path (hicache_l3/slab/uring.py, native/uring_io.c) beyond the conformance
+suite: cold pages read through the ring, and the fallback when the kernel refuses one."""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+from pathlib import Path
+
+import pytest
+
+from hicache_l3 import Namespace, open_connector
+from hicache_l3.conformance.pages import Pages
+from hicache_l3.conformance.slab_backdoor import SlabBackdoor
+from hicache_l3.slab import io, uring
+
+NS = Namespace(model="m", kv_dtype="bfloat16", layout="page_first", page_size=16)
+PAGE = 64 << 10
+
+
+def _drop_cache(root: Path) -> int:
+    """Write back and drop the page cache of every slab file under root; the files seen."""
+    seen = 0
+    for path in root.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+            seen += 1
+    return seen
+
+
+def test_cold_pages_are_read_through_the_ring(tmp_path: Path) -> None:
+    with open_connector("file", NS, root=str(tmp_path), io_uring_depth=4) as conn:
+        assert conn.transport.name == uring.ColdRingTransport.name  # type: ignore[attr-defined]
+        keys = [f"cold-{i}" for i in range(48)]
+        pages = Pages(conn, PAGE, len(keys))
+        pages.fill(keys)
+        assert conn.batch_set(keys, pages.pages) == [True] * len(keys)
+        assert _drop_cache(tmp_path) > 0
+        pages.wipe()
+        assert conn.batch_get(keys, pages.pages) == [True] * len(keys)
+        assert all(pages.matches(i, k) for i, k in enumerate(keys))
+        assert conn.stats()["ops"]["counters"].get("cold_pages", 0) > 0
+
+
+def test_a_cold_page_rewritten_on_disk_is_a_miss(tmp_path: Path) -> None:
+    """The ring checks records and checksums as the blocking path does: a flipped byte and a
+    torn rewrite (the next generation's record, half the data) are misses."""
+    with open_connector("file", NS, root=str(tmp_path), io_uring_depth=4) as conn:
+        keys = [f"bad-{i}" for i in range(8)]
+        pages = Pages(conn, PAGE, len(keys))
+        pages.fill(keys)
+        assert conn.batch_set(keys, pages.pages) == [True] * len(keys)
+        backdoor = SlabBackdoor()
+        backdoor.backdoor_corrupt({"root": str(tmp_path)}, NS, keys[3], "flip")
+        backdoor.backdoor_corrupt({"root": str(tmp_path)}, NS, keys[5], "truncate")
+        _drop_cache(tmp_path)
+        pages.wipe()
+        got = conn.batch_get(keys, pages.pages)
+        assert got == [j not in (3, 5) for j in range(len(keys))]
+        assert conn.stats()["ops"]["counters"].get("cold_pages", 0) > 0
+        assert conn.stats()["ops"]["get"]["failed"]["corrupt"] >= 1
+
+
+def test_a_refused_ring_keeps_the_blocking_path(caplog: pytest.LogCaptureFixture) -> None:
+    """io_uring_setup failing (here EMFILE: no descriptor left for the ring) is one log line
+    and the transport the blocking path would have been."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held = [os.open(os.devnull, os.O_RDONLY)]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (held[0] + 8, hard))
+    try:
+        try:
+            while True:
+                held.append(os.dup(held[0]))
+        except OSError:
+            pass
+        with caplog.at_level(logging.WARNING, logger="hicache_l3.slab.uring"):
+            direct = uring.select_transport(None, None, native_io=True, direct=True, io_threads=2,
+                                            write_threads=2, cold_threads=16, ring_depth=8, what="test")
+            cold = uring.select_transport(None, None, native_io=True, direct=False, io_threads=2,
+                                          write_threads=2, cold_threads=16, ring_depth=8, what="test")
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        assert type(direct) is io.PythonTransport and direct.direct
+        assert type(cold) is io.NativeTransport
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 2 and all("test: no io_uring" in line for line in lines), lines
+    finally:
+        direct.close()
+        cold.close()
+
+
+def test_depth_is_checked() -> None:
+    from hicache_l3.common.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="io_uring_depth"):
+        open_connector("file", NS, root="/nonexistent-root", io_uring_depth=-1)
