@@ -12,6 +12,8 @@ The two servers run at once.
    partial products where the TP=1 server makes one).
 3. The TP=1 server answers a second prompt and writes it; the TP=2 server then reads each
    rank's head group of it from those whole-page writes (storage hits), with the TP=1 answer.
+4. ``POST /hicache/storage-backend/clear`` on the TP=1 server removes the shared pages (the
+   TP=2 server misses afterwards) and leaves a page of another namespace in the same store.
 
 What it took on CPU (test-only stand-ins, tests/e2e/standins/sitecustomize.py): SGLang builds
 a PyNccl (CUDA) communicator for every TP group on the CPU platform, turned off so the
@@ -28,6 +30,7 @@ import os
 import random
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +147,32 @@ def test_tp2_and_tp1_servers_share_pages_per_head_group(model: Path, workdir: Pa
         read = tp2.generate(second)
         assert storage_hits(read) == CACHED, tp2.fail(f"TP=2 of TP=1's pages: {read['meta_info']}")
         same_answer(read, own)
+        # SGLang's clear endpoint on one server removes the shared head-group pages, nothing else
+        with keeper_page(workdir) as still_there:
+            tp1.request("/hicache/storage-backend/clear")
+            tp2.flush_cache()
+            cleared = tp2.generate(second)
+            assert storage_hits(cleared) == 0, tp2.fail(f"pages left after clear: {cleared['meta_info']}")
+            assert still_there(), "the clear endpoint removed another namespace's page"
+
+
+@contextlib.contextmanager
+def keeper_page(workdir: Path) -> Iterator[Callable[[], bool]]:
+    """One page in another namespace of the same file store; yields whether it is still there."""
+    from hicache_l3.common.memory import HostBuffer
+    from hicache_l3.common.registry import open_connector
+    from hicache_l3.sglang.config import build_namespace
+
+    namespace = build_namespace(model_name="another/model", tag="", kv_dtype="uint8", layout="page_first",
+                                page_size=1)
+    buf = HostBuffer(4096, pin=False)
+    connector = open_connector("file", namespace, {"root": str(workdir / "pages")})
+    try:
+        connector.register(buf)
+        assert connector.batch_set(["keep"], [((buf.address, 4096),)]) == [True]
+        yield lambda: connector.batch_exists(["keep"]) == [True]
+    finally:
+        connector.close()
 
 
 if __name__ == "__main__":  # pragma: no cover
