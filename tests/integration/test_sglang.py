@@ -28,6 +28,7 @@ from hicache_l3.sglang.config import (
     extra_config_for,
     load_config_file,
 )
+from hicache_l3.sglang.metrics import ReasonCounts
 
 pytestmark = pytest.mark.sglang
 
@@ -191,6 +192,22 @@ def test_extra_config_parsing() -> None:
     b = build_namespace(model_name="m", tag="", kv_dtype="bfloat16", layout="page_first", page_size=64,
                         tp_rank=0, tp_size=2, mla_shared=True)
     assert a.digest() == b.digest()  # MLA: one copy for every TP rank
+
+
+def test_reason_counts_are_deltas_per_pool_op_and_reason() -> None:
+    """get_stats' per-reason counts: what moved since the previous call, per pool, op and
+    result; a counter that went back (a reopened connector) counts from zero."""
+    counts = ReasonCounts()
+    snap = {"get": {"ok": 5, "failed": {"miss": 2}}, "set": {"ok": 3, "failed": {}}, "exists": {}}
+    assert counts.delta({"kv": snap, "draft": {"get": {"ok": 1}}}) == {
+        "kv": {"get": {"ok": 5, "miss": 2}, "set": {"ok": 3}}, "draft": {"get": {"ok": 1}}}
+    assert counts.delta({"kv": snap, "draft": {"get": {"ok": 1}}}) == {}
+    later = {"get": {"ok": 6, "failed": {"miss": 2, "corrupt": 1}}, "set": {"ok": 3}}
+    assert counts.delta({"kv": later, "draft": {"get": {"ok": 0}}}) == {
+        "kv": {"get": {"ok": 1, "corrupt": 1}}}
+    assert counts.delta({"kv": later, "draft": {"get": {"ok": 4}}}) == {"draft": {"get": {"ok": 4}}}
+    restarted = {"get": {"ok": 2}}
+    assert counts.delta({"kv": restarted}) == {"kv": {"get": {"ok": 2}}}
 
 
 @pytest.mark.parametrize("ext", ["toml", "json", "yaml"])
