@@ -77,6 +77,18 @@ def hetero_tp_roundtrip(connector: str, settings: dict[str, Any], check: Callabl
                 same = [torch.equal(heads_of(pool, d, 0, per), heads_of(p1, s, r * per, (r + 1) * per))
                         for s, d in zip(src, dst)]
                 check(all(same), f"{case}: TP={tp} rank {r} read other heads: {same}")
+        # SGLang's own pointer lists (get_split_heads_page_buffer_meta) give the same pages
+        b, pool = t2[1]
+        b.pointer_model = None
+        check(b.batch_get_v1(keys[:2], indices([20, 21])) == [True, True]
+              and all(torch.equal(heads_of(pool, d, 0, 2), heads_of(p1, s, 2, 4))
+                      for s, d in ((1, 20), (3, 21))),
+              f"{case}: TP=2 rank 1 through SGLang's split-heads pointer lists")
+        # whole pages of the legacy copying path would mix TP sizes: refused, as misses
+        flat = [p1.get_data_page(16, flat=True)]
+        check(t1.batch_set([f"{run_id}-legacy"], flat) is False
+              and t1.batch_get(keys[:1], [p1.get_dummy_flat_data_page()]) == [None],
+              f"{case}: the legacy path served head groups")
         # the reverse: TP=2's ranks write, TP=1 reads whole pages
         for _, pool in t2:
             pool.kv_buffer.view(torch.uint8).random_(0, 256)
