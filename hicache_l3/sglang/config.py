@@ -11,6 +11,8 @@ The extra config is what SGLang hands the backend (JSON, or ``@file`` with JSON/
     interface_v1 = 1                        # SGLang then uses the zero-copy page path
     connector = "file"                      # file | mooncake | nixl | hf3fs
     extra_backend_tag = ""                  # optional user tag in the key namespace
+    tp_lcm_size = 2                         # optional: share with other TP sizes (SGLang pops it;
+                                            # :mod:`hicache_l3.sglang.head_groups`)
     [file]                                  # the connector's settings (see its config class)
     root = "/mnt/nvme/hicache"
 
