@@ -40,10 +40,10 @@ replace four things SGLang's CPU path lacks here, none on the L2<->L3 path under
   K/V at untranslated full-pool slots while it writes them at SWA-pool slots: the stand-in
   translates the read as SGLang's GPU backends do (L1 compute; a no-op for the Llama).
 `--hicache-host-memory-mode buffer_only` (host memory only a staging buffer, pages freed at
-the storage ack: every hit after a flush is an L3 read) runs on one server each for the file
-connector and for Mooncake, the latter started from the command `hicache-l3 sglang-args
---backend mooncake` prints (its environment preloads the loopback shim) and checked to listen
-on loopback only.
+the storage ack: every hit is an L3 read) runs in the main scenario's second server (file
+connector: reads) and in a Mooncake server of its own (writes and reads), the latter started
+from the command `hicache-l3 sglang-args --backend mooncake` prints (its environment preloads
+the loopback shim) and checked to listen on loopback only.
 The L2<->L3 path (SGLang's HiCacheController calling our backend with host-pool indices, our
 connector moving those pages to and from its engine) runs unchanged; if a stand-in copied
 wrong bytes, check 4 would fail.
@@ -230,6 +230,17 @@ def check_counters(server: SGLangServer, prompt: list[int], *, wrote: bool) -> N
         f"/metrics shows no storage hit tokens: { {k: v for k, v in metrics.items() if 'storage' in k} }")
 
 
+BUFFER_ONLY = ["--hicache-host-memory-mode", "buffer_only"]
+
+
+def check_buffer_mode(server: SGLangServer) -> None:
+    """SGLang ran its buffer-only pipeline: the prefix came back through its load-back path
+    (storage hits staged in transient host buffers and published into the device tree)."""
+    log = server.log()
+    assert "BufferModePipeline" in log, server.fail("SGLang did not start its buffer-only pipeline")
+    assert "HiCache prefetch fill committed" in log, server.fail("no buffer-only load-back in the log")
+
+
 # ---- scenarios ---------------------------------------------------------------------------------
 
 
@@ -237,15 +248,17 @@ def run_scenario(name: str, model: Path, workdir: Path, prompt: list[int],
                  baseline: tuple[list[Any], list[Any]], flags: list[str],
                  env: dict[str, str] | None = None,
                  check: Callable[[SGLangServer, bool], None] | None = None,
-                 new_tokens: int = 8) -> list[dict[str, Any]]:
+                 new_tokens: int = 8, second_flags: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Two server processes in turn on the same L3 storage, each checked as the docstring says
-    (and by ``check(server, wrote)``, if given, after the common checks); their answers."""
+    (and by ``check(server, wrote)``, if given, after the common checks); their answers. The
+    second server also gets ``second_flags``."""
     with SGLangServer(f"{name}-1", model, [*flags, *HICACHE_FLAGS], workdir, env) as first:
         results = [l3_round(first, prompt, baseline, fresh=True, new_tokens=new_tokens)]
         check_counters(first, prompt, wrote=True)
         if check:
             check(first, True)
-    with SGLangServer(f"{name}-2", model, [*flags, *HICACHE_FLAGS], workdir, env) as second:
+    with SGLangServer(f"{name}-2", model, [*flags, *second_flags, *HICACHE_FLAGS], workdir,
+                      env) as second:
         results.append(l3_round(second, prompt, baseline, fresh=False, new_tokens=new_tokens))
         check_counters(second, prompt, wrote=False)
         if check:
@@ -265,11 +278,19 @@ def test_file_page_first_real_model(smollm: Path, workdir: Path, story_prompt: l
                                     story_baseline: tuple[list[Any], list[Any]]) -> None:
     """The main scenario with the real model (SmolLM2-135M-Instruct) on the file connector:
     the story's prefix comes back from L3 after a flush and in a second server, the answers
-    are bit-identical to the device-cache answer, and the answer is English text."""
+    are bit-identical to the device-cache answer, and the answer is English text. The second
+    server runs with buffer_only host memory (one server fewer than a scenario of its own):
+    its hit is read from L3 through SGLang's buffer-mode load-back."""
     root = workdir / "file-page-first"
     flags = sglang_args("file", workdir / "file-page-first.toml", {"root": str(root)})
+
+    def second_in_buffer_mode(server: SGLangServer, wrote: bool) -> None:
+        if not wrote:
+            check_buffer_mode(server)
+
     results = run_scenario("file-page-first", smollm, workdir, story_prompt, story_baseline, flags,
-                           new_tokens=STORY_TOKENS)
+                           check=second_in_buffer_mode, new_tokens=STORY_TOKENS,
+                           second_flags=tuple(BUFFER_ONLY))
     assert any(root.rglob("*")), "the file connector left nothing in its root"
     assert_english(smollm, results)
 
@@ -373,17 +394,6 @@ def test_hybrid_mellum(hybrid_model: Path, workdir: Path, prompt: list[int],
 
 # ---- buffer_only host memory ----------------------------------------------------------------
 
-BUFFER_ONLY = ["--hicache-host-memory-mode", "buffer_only"]
-
-
-def check_buffer_mode(server: SGLangServer) -> None:
-    """SGLang ran its buffer-only pipeline: the prefix came back through its load-back path
-    (storage hits staged in transient host buffers and published into the device tree)."""
-    log = server.log()
-    assert "BufferModePipeline" in log, server.fail("SGLang did not start its buffer-only pipeline")
-    assert "HiCache prefetch fill committed" in log, server.fail("no buffer-only load-back in the log")
-
-
 def one_server(name: str, model: Path, workdir: Path, prompt: list[int],
                baseline: tuple[list[Any], list[Any]], flags: list[str],
                env: dict[str, str] | None = None,
@@ -397,18 +407,6 @@ def one_server(name: str, model: Path, workdir: Path, prompt: list[int],
         if check:
             check(server)
     return result
-
-
-def test_buffer_only_file(smollm: Path, workdir: Path, story_prompt: list[int],
-                          story_baseline: tuple[list[Any], list[Any]]) -> None:
-    """``--hicache-host-memory-mode buffer_only`` on the file connector with the real model:
-    host memory is only a staging buffer (pages freed at the storage ack), so the prefix after
-    a flush is read from L3, bit-identical to the device-cache answer."""
-    root = workdir / "buffer-only-file"
-    flags = sglang_args("file", workdir / "buffer-only-file.toml", {"root": str(root)})
-    one_server("buffer-only-file", smollm, workdir, story_prompt, story_baseline,
-               [*flags, *BUFFER_ONLY], check=check_buffer_mode, new_tokens=STORY_TOKENS)
-    assert any(root.rglob("*")), "the file connector left nothing in its root"
 
 
 def test_mooncake_buffer_only_from_printed_command(smollm: Path, workdir: Path,
