@@ -66,10 +66,11 @@ class FileConfig(ConnectorConfig):
         "each waits on the disk, so this is the batch's queue depth on a store bigger than the "
         "page cache; 0 or 1: they are read by the io_threads, one or two at a time)")
     io_uring_depth: int = setting(
-        32, "pages in flight at once through io_uring (one C call per batch, no thread per page) "
-        "for O_DIRECT pages and for the pages of a batch that are not in the page cache; 0: "
-        "blocking calls by threads (cold_read_threads). Where the kernel refuses io_uring (ENOSYS, "
-        "EPERM under seccomp) one log line says so and the blocking path is kept")
+        128, "pages in flight at once through io_uring (one C call per batch, no thread per page) "
+        "for O_DIRECT pages and for pages of 256 KiB or more that a read finds outside the page "
+        "cache (smaller ones: the cold_read_threads); 0: blocking calls by threads. Where the kernel "
+        "refuses io_uring (ENOSYS, EPERM under seccomp) one log line says so and the blocking path "
+        "is kept (docs/benchmarks.md, 'Beyond memory')")
     write_threads: int = setting(
         2, "threads writing the pages of one batch (with native_io, a batch of 1 MiB or more; the "
         "Python path measured slower with more than one, and uses one)")

@@ -178,6 +178,7 @@ class UringTransport(io.SlotTransport):
                                         batch.pages, made.records)
         me = store.me or 0
         data_fds = self._data_fds(store, cols.fds, [(me, s) for s in cols.slabs], batch.pages)
+        self.metrics.count("io_uring_pages", len(pb))
         bad = self.rings.write(pb, data_fds, batch.checksum)
         if bad < 0 and all(s == bad for s in pb.status):
             self._broke(bad)
@@ -197,6 +198,7 @@ class UringTransport(io.SlotTransport):
         pb = native.PageBatch(RECORD_BYTES, fds, data_at, marker_at, batch.pages,
                               expected_markers(entries, batch.keys), [e[5] for e in entries], writing=False)
         data_fds = self._data_fds(store, fds, [(e[0], e[1]) for e in entries], batch.pages)
+        self.metrics.count("io_uring_pages", len(pb))
         bad = self.rings.read(pb, data_fds)
         if bad < 0 and all(s == bad for s in pb.status):
             self._broke(bad)
@@ -210,10 +212,17 @@ class UringTransport(io.SlotTransport):
         self.fallback.close()
 
 
+COLD_RING_MIN_BYTES = 256 << 10
+"""Pages of at least this size that a buffered read finds outside the page cache go through
+the ring; smaller ones stay with the cold threads, which read them as fast or faster
+(docs/benchmarks.md, "Beyond memory": 64 KiB 0.85-1.0x, 1 MiB 2.2x with the ring)."""
+
+
 class ColdRingTransport(io.NativeTransport):
     """:class:`~hicache_l3.slab.io.NativeTransport` whose cold pages (those a nowait read
-    found outside the page cache) are read through the read ring, ``depth`` at a time from
-    one call, instead of by the cold threads (kept for a ring that fails)."""
+    found outside the page cache) of :data:`COLD_RING_MIN_BYTES` or more are read through
+    the read ring, ``depth`` at a time from one call, instead of by the cold threads (which
+    read smaller ones, and all of them once a ring failed)."""
 
     name = "native batch I/O (C), cold pages by io_uring"
 
@@ -228,8 +237,11 @@ class ColdRingTransport(io.NativeTransport):
         return {"io_uring_depth": self.rings.depth}
 
     def _read_cold(self, call: native.PlanRead) -> None:
-        if not self._failed:
-            self.python.metrics.count("cold_pages", call.status.count(native.AGAIN))
+        page_bytes = getattr(call.keep[-1], "slot_bytes", 0)  # (keep: ..., the plan)
+        if not self._failed and page_bytes >= COLD_RING_MIN_BYTES:
+            cold = call.status.count(native.AGAIN)
+            self.python.metrics.count("cold_pages", cold)
+            self.python.metrics.count("io_uring_pages", cold)
             bad = self.rings.read_cold(call)
             if bad >= 0 or native.AGAIN not in call.status:
                 return

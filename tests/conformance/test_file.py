@@ -148,7 +148,8 @@ class TestFileUringDirect(TestFileConnector):
         pages.wipe()
         assert conn.batch_get(keys, pages.pages) == [True] * len(keys)
         assert all(pages.matches(i, k) for i, k in enumerate(keys))
-        assert conn.stats()["ops"]["counters"].get("direct_fallback", 0) == 0
+        counters = conn.stats()["ops"]["counters"]
+        assert counters.get("direct_fallback", 0) == 0 and counters["io_uring_pages"] == 2 * len(keys)
 
 
 class TestFileFsspec(ConnectorTests):

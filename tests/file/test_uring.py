@@ -16,7 +16,7 @@ from hicache_l3.conformance.slab_backdoor import SlabBackdoor
 from hicache_l3.slab import io, uring
 
 NS = Namespace(model="m", kv_dtype="bfloat16", layout="page_first", page_size=16)
-PAGE = 64 << 10
+PAGE = uring.COLD_RING_MIN_BYTES  # cold pages this big go through the ring
 
 
 def _drop_cache(root: Path) -> int:
@@ -34,18 +34,22 @@ def _drop_cache(root: Path) -> int:
     return seen
 
 
-def test_cold_pages_are_read_through_the_ring(tmp_path: Path) -> None:
+@pytest.mark.parametrize("page_bytes", [PAGE, 64 << 10])
+def test_cold_pages_are_read_through_the_ring(tmp_path: Path, page_bytes: int) -> None:
+    """Big cold pages go through the ring; smaller ones through the cold threads."""
     with open_connector("file", NS, root=str(tmp_path), io_uring_depth=4) as conn:
         assert conn.transport.name == uring.ColdRingTransport.name  # type: ignore[attr-defined]
         keys = [f"cold-{i}" for i in range(48)]
-        pages = Pages(conn, PAGE, len(keys))
+        pages = Pages(conn, page_bytes, len(keys))
         pages.fill(keys)
         assert conn.batch_set(keys, pages.pages) == [True] * len(keys)
         assert _drop_cache(tmp_path) > 0
         pages.wipe()
         assert conn.batch_get(keys, pages.pages) == [True] * len(keys)
         assert all(pages.matches(i, k) for i, k in enumerate(keys))
-        assert conn.stats()["ops"]["counters"].get("cold_pages", 0) > 0
+        counters = conn.stats()["ops"]["counters"]
+        assert counters.get("cold_pages", 0) > 0
+        assert (counters.get("io_uring_pages", 0) > 0) == (page_bytes >= uring.COLD_RING_MIN_BYTES)
 
 
 def test_a_cold_page_rewritten_on_disk_is_a_miss(tmp_path: Path) -> None:
@@ -63,7 +67,7 @@ def test_a_cold_page_rewritten_on_disk_is_a_miss(tmp_path: Path) -> None:
         pages.wipe()
         got = conn.batch_get(keys, pages.pages)
         assert got == [j not in (3, 5) for j in range(len(keys))]
-        assert conn.stats()["ops"]["counters"].get("cold_pages", 0) > 0
+        assert conn.stats()["ops"]["counters"].get("io_uring_pages", 0) > 0
         assert conn.stats()["ops"]["get"]["failed"]["corrupt"] >= 1
 
 
