@@ -156,7 +156,10 @@ static int ring_run(struct hl3_ring *r, const struct op *ops, int n, int group, 
         atomic_store_explicit((_Atomic unsigned *)r->sq_tail, r->tail, memory_order_release);
         unsigned pending = r->tail - atomic_load_explicit((_Atomic unsigned *)r->sq_head, memory_order_acquire);
         int e = ring_enter(r->fd, pending, 1);
-        if (e < 0 && e != -EINTR && e != -EAGAIN && e != -EBUSY) {
+        if (e == -EAGAIN || e == -EBUSY) { /* the kernel short of memory, or CQ full: wait */
+            struct timespec pause = {0, 100000};
+            nanosleep(&pause, NULL);
+        } else if (e < 0 && e != -EINTR) {
             err = e;
             break;
         }
@@ -296,7 +299,7 @@ int hl3_ring_read(struct hl3_ring *r, int lo, int hi, int only, const int32_t *d
     if (c.state != NULL)
         x->free_state(c.state);
     free(marks), free(mres), free(ops), free(taken);
-    return err != 0 && m == 0 ? err : bad;
+    return err != 0 ? err : bad;
 }
 
 struct write_ctx {
@@ -315,7 +318,7 @@ static void write_done(void *vctx, const struct op *op, int res)
  * fds[j] at marker_offs[j], all of them completed, then the data of the pages whose record
  * went in, to data_fds[j] (fds[j] when NULL) at data_offs[j]. status[j]: HL3_OK,
  * HL3_SHORT, HL3_NOMEM or -errno; returns the number not OK, or -errno when the ring is
- * broken (nothing written). */
+ * broken (nothing written) or failed (the pages not done carry that -errno). */
 int hl3_ring_write(struct hl3_ring *r, int lo, int hi, const int32_t *data_fds, const int32_t *fds,
                    const int64_t *data_offs, const int64_t *marker_offs, const struct iovec *segs,
                    const int32_t *at, unsigned char *markers, int64_t mlen, int with_csum, uint64_t *csums,
@@ -388,5 +391,5 @@ int hl3_ring_write(struct hl3_ring *r, int lo, int hi, const int32_t *data_fds, 
         bad += status[j] != HL3_OK;
     }
     free(ops);
-    return err != 0 && m == 0 ? err : bad;
+    return err != 0 ? err : bad;
 }

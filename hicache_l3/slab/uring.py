@@ -180,7 +180,7 @@ class UringTransport(io.SlotTransport):
         data_fds = self._data_fds(store, cols.fds, [(me, s) for s in cols.slabs], batch.pages)
         self.metrics.count("io_uring_pages", len(pb))
         bad = self.rings.write(pb, data_fds, batch.checksum)
-        if bad < 0 and all(s == bad for s in pb.status):
+        if bad < 0:  # the ring failed: the whole batch again, by blocking calls
             self._broke(bad)
             self.fallback.write(store, batch)
             return
@@ -200,7 +200,7 @@ class UringTransport(io.SlotTransport):
         data_fds = self._data_fds(store, fds, [(e[0], e[1]) for e in entries], batch.pages)
         self.metrics.count("io_uring_pages", len(pb))
         bad = self.rings.read(pb, data_fds)
-        if bad < 0 and all(s == bad for s in pb.status):
+        if bad < 0:  # the ring failed: the whole batch again, by blocking calls
             self._broke(bad)
             self.fallback.read(store, batch)
             return
@@ -243,11 +243,15 @@ class ColdRingTransport(io.NativeTransport):
             self.python.metrics.count("cold_pages", cold)
             self.python.metrics.count("io_uring_pages", cold)
             bad = self.rings.read_cold(call)
-            if bad >= 0 or native.AGAIN not in call.status:
+            if bad >= 0:
                 return
             self._failed = True
             log.warning("io_uring failed (%s): cold pages are read by blocking calls from now on",
                         os.strerror(-bad))
+            status = call.status  # the pages the ring did not finish, again by blocking calls
+            for j in range(len(status)):
+                if status[j] == bad:
+                    status[j] = native.AGAIN
         super()._read_cold(call)
 
     def close(self) -> None:

@@ -102,6 +102,49 @@ def test_a_refused_ring_keeps_the_blocking_path(caplog: pytest.LogCaptureFixture
         cold.close()
 
 
+def _ring_fds() -> set[int]:
+    found = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}") == "anon_inode:[io_uring]":
+                found.add(int(name))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize("o_direct", [True, False])
+def test_a_ring_that_fails_falls_back(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                      o_direct: bool) -> None:
+    """A ring whose io_uring_enter fails mid-way (its descriptor made /dev/null): the batch
+    and the later ones move by blocking calls, every page right, one log line."""
+    before = _ring_fds()
+    with open_connector("file", NS, root=str(tmp_path), o_direct=o_direct, io_uring_depth=4) as conn:
+        rings = _ring_fds() - before
+        assert len(rings) == 2
+        keys = [f"fail-{i}" for i in range(16)]
+        pages = Pages(conn, PAGE, len(keys))
+        pages.fill(keys)
+        assert conn.batch_set(keys, pages.pages) == [True] * len(keys)
+        null = os.open(os.devnull, os.O_RDONLY)
+        for fd in rings:
+            os.dup2(null, fd)
+        os.close(null)
+        _drop_cache(tmp_path)
+        pages.wipe()
+        with caplog.at_level(logging.WARNING, logger="hicache_l3.slab.uring"):
+            assert conn.batch_get(keys, pages.pages) == [True] * len(keys)
+            assert all(pages.matches(i, k) for i, k in enumerate(keys))
+            more = [f"more-{i}" for i in range(16)]
+            pages.fill(more)
+            assert conn.batch_set(more, pages.pages) == [True] * len(more)
+            pages.wipe()
+            assert conn.batch_get(more, pages.pages) == [True] * len(more)
+            assert all(pages.matches(i, k) for i, k in enumerate(more))
+        failed = [r.getMessage() for r in caplog.records if "io_uring failed" in r.getMessage()]
+        assert len(failed) == 1, failed
+
+
 def test_depth_is_checked() -> None:
     from hicache_l3.common.errors import ConfigError
 
