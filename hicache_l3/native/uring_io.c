@@ -14,11 +14,53 @@
  */
 #include "batch_io.h"
 
-#include <linux/io_uring.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#if defined(__has_include)
+#if __has_include(<linux/io_uring.h>)
+#include <linux/io_uring.h>
+#endif
+#endif
+
+struct hl3_ring;
+
+/* Kernel headers older than Linux 5.6 (no IORING_OP_READ): the calls are built, and every
+ * ring is refused with ENOSYS, as a kernel without io_uring refuses it. */
+#if !defined(IORING_FEAT_RW_CUR_POS) || !defined(__NR_io_uring_setup) || !defined(__NR_io_uring_enter)
+struct hl3_ring *hl3_ring_open(int depth)
+{
+    (void)depth;
+    errno = ENOSYS;
+    return NULL;
+}
+
+void hl3_ring_close(struct hl3_ring *r)
+{
+    (void)r;
+}
+
+int hl3_ring_read(struct hl3_ring *r, int lo, int hi, int only, const int32_t *data_fds, const int32_t *fds,
+                  const int64_t *data_offs, const int64_t *marker_offs, const struct iovec *segs,
+                  const int32_t *at, const unsigned char *expect, int64_t mlen, const uint64_t *csums,
+                  const struct hl3_xxh3 *x, int32_t *status)
+{
+    (void)r, (void)lo, (void)hi, (void)only, (void)data_fds, (void)fds, (void)data_offs, (void)marker_offs;
+    (void)segs, (void)at, (void)expect, (void)mlen, (void)csums, (void)x, (void)status;
+    return -ENOSYS;
+}
+
+int hl3_ring_write(struct hl3_ring *r, int lo, int hi, const int32_t *data_fds, const int32_t *fds,
+                   const int64_t *data_offs, const int64_t *marker_offs, const struct iovec *segs,
+                   const int32_t *at, unsigned char *markers, int64_t mlen, int with_csum, uint64_t *csums,
+                   const struct hl3_xxh3 *x, int32_t *status)
+{
+    (void)r, (void)lo, (void)hi, (void)data_fds, (void)fds, (void)data_offs, (void)marker_offs, (void)segs;
+    (void)at, (void)markers, (void)mlen, (void)with_csum, (void)csums, (void)x, (void)status;
+    return -ENOSYS;
+}
+#else
 
 struct hl3_ring {
     pthread_mutex_t lock;
@@ -393,3 +435,4 @@ int hl3_ring_write(struct hl3_ring *r, int lo, int hi, const int32_t *data_fds, 
     free(ops);
     return err != 0 ? err : bad;
 }
+#endif
