@@ -171,13 +171,13 @@ typedef void (*done_fn)(void *ctx, const struct op *op, int res);
 /* Run ops[0..n) through the ring, `group` consecutive ops per page (a group's ops linked in
  * order), at most r->depth groups in flight; done(ctx, op, res) for every op, in completion
  * order. Returns 0, or -errno when the ring failed: the ring is then broken (never used
- * again) and ops not completed get done(.., -errno). */
+ * again), and the ops without a done() call are the caller's to fail. */
 static int ring_run(struct hl3_ring *r, const struct op *ops, int n, int group, done_fn done, void *ctx)
 {
     int next = 0, inflight = 0, err = 0; /* inflight: ops submitted, not completed */
     unsigned mask = *r->sq_mask, cmask = *r->cq_mask;
     while (next < n || inflight > 0) {
-        while (next < n && inflight + group <= 2 * r->depth) {
+        while (next < n && inflight + group <= group * r->depth) {
             for (int g = 0; g < group && next < n; g++, next++) {
                 const struct op *o = ops + next;
                 unsigned idx = r->tail & mask;
