@@ -91,11 +91,12 @@ def test_memcg_create_says_why_not(tmp_path: Path) -> None:
 
 
 def test_o_direct_moves_cold_read_threads_pages_at_once(tmp_path: Path) -> None:
-    """O_DIRECT reads and writes each wait on the device: the transport keeps as many in
-    flight as the cold pool would (the beyond-memory bench measures what that gives)."""
+    """O_DIRECT reads and writes each wait on the device: without io_uring the transport
+    keeps as many in flight as the cold pool would (the beyond-memory bench measures what
+    that gives)."""
     ns = Namespace(model="m", kv_dtype="uint8", layout="page_first", page_size=8192, tag="t")
     conn = open_connector("file", ns, {"root": str(tmp_path), "o_direct": "true", "io_threads": "2",
-                                       "write_threads": "2", "cold_read_threads": "8"})
+                                       "write_threads": "2", "cold_read_threads": "8", "io_uring_depth": "0"})
     try:
         transport = conn.transport  # type: ignore[attr-defined]
         assert transport.read_pool.threads == 8 and transport._write_pool.threads == 8
