@@ -145,19 +145,21 @@ def test_native_prefixed_keys_of_long_and_punctuated_keys():
         _keys.valid_keys(5)
 
 
-def test_a_missing_key_extension_is_an_import_error_naming_the_fix():
-    """The C extensions are required: without hicache_l3._keys the package does not import,
+@pytest.mark.parametrize(("extension", "module"), [("_keys", "hicache_l3.common.keys"),
+                                                   ("_host_pages", "hicache_l3.sglang.page_meta")])
+def test_a_missing_extension_is_an_import_error_naming_the_fix(extension: str, module: str) -> None:
+    """The C extensions are required: without one, the module using it does not import,
     and the error says how to get it (no silent Python path)."""
     import subprocess
     import sys
 
-    code = ("import sys; sys.modules['hicache_l3._keys'] = None\n"
+    code = (f"import importlib, sys; sys.modules['hicache_l3.{extension}'] = None\n"
             "try:\n"
-            "    from hicache_l3.common import keys\n"
+            f"    importlib.import_module('{module}')\n"
             "except ImportError as exc:\n"
-            "    assert 'hicache_l3._keys' in str(exc) and 'C compiler' in str(exc), exc\n"
+            f"    assert 'hicache_l3.{extension}' in str(exc) and 'C compiler' in str(exc), exc\n"
             "else:\n"
-            "    raise SystemExit('imported without hicache_l3._keys')\n")
+            f"    raise SystemExit('{module} imported without hicache_l3.{extension}')\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
