@@ -21,7 +21,8 @@ coalesces the markers, and the data, of adjacent slots into one call each).
 
 Transports here: :class:`PythonTransport` (``preadv``/``pwritev``, the reference) and
 :class:`NativeTransport` (the C batch library). :func:`select_transport` is the one
-selection point; a connector's ``transport.name`` says which one it uses. The NIXL
+selection point (:func:`hicache_l3.slab.uring.select_transport` puts io_uring over it for
+O_DIRECT and cold pages); a connector's ``transport.name`` says which one it uses. The NIXL
 (:mod:`hicache_l3.connectors.nixl.file`) and 3FS USRBIO (:mod:`hicache_l3.connectors.hf3fs`)
 transports live with their engines.
 """
