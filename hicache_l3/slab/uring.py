@@ -224,8 +224,6 @@ class ColdRingTransport(io.NativeTransport):
     the read ring, ``depth`` at a time from one call, instead of by the cold threads (which
     read smaller ones, and all of them once a ring failed)."""
 
-    name = "native batch I/O (C), cold pages by io_uring"
-
     def __init__(self, rings: Rings, lib: native.BatchIO, python: io.PythonTransport, write_threads: int,
                  cold_threads: int) -> None:
         super().__init__(lib, python, write_threads, max(2, cold_threads))
@@ -233,7 +231,7 @@ class ColdRingTransport(io.NativeTransport):
         self._failed = False
 
     def stats(self) -> dict[str, Any]:
-        """The ring's depth."""
+        """The ring's depth (the name stays the C library's: pages in the page cache are its)."""
         return {"io_uring_depth": self.rings.depth}
 
     def _read_cold(self, call: native.PlanRead) -> None:

@@ -38,7 +38,8 @@ def _drop_cache(root: Path) -> int:
 def test_cold_pages_are_read_through_the_ring(tmp_path: Path, page_bytes: int) -> None:
     """Big cold pages go through the ring; smaller ones through the cold threads."""
     with open_connector("file", NS, root=str(tmp_path), io_uring_depth=4) as conn:
-        assert conn.transport.name == uring.ColdRingTransport.name  # type: ignore[attr-defined]
+        assert type(conn.transport) is uring.ColdRingTransport  # type: ignore[attr-defined]
+        assert conn.stats()["engine"]["io_uring_depth"] == 4
         keys = [f"cold-{i}" for i in range(48)]
         pages = Pages(conn, page_bytes, len(keys))
         pages.fill(keys)
