@@ -3,11 +3,11 @@ once, up to a queue depth, from one C call with the GIL released.
 
 For pages that wait on the device, where a blocking call per page and thread gives the
 device a queue of one or two: O_DIRECT pages (:class:`UringTransport`) and the cold pages
-of a buffered read (:meth:`Rings.read_cold`). The rings are made when the transport is, one
-per direction, and closed with it; nothing runs between calls. Where the kernel refuses a
-ring (``io_uring_setup`` fails: ENOSYS, EPERM under a seccomp profile or
-``kernel.io_uring_disabled``), :func:`open_rings` logs one line and returns None, and the
-caller keeps the blocking path.
+of a buffered read (:class:`ColdRingTransport`). The rings, one per direction, are made
+when a transport first moves pages through them, and closed with it; nothing runs between
+calls. Where the kernel refuses a ring (``io_uring_setup`` fails: ENOSYS, EPERM under a
+seccomp profile or ``kernel.io_uring_disabled``), :class:`LazyRings` logs one line and the
+transport keeps the blocking path.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import array
 import ctypes
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -111,16 +112,38 @@ class Rings:
                 self.calls.close(ring)
 
 
-def open_rings(depth: int, what: str) -> Rings | None:
-    """:class:`Rings` of ``depth``, or None (one log line naming ``what`` keeps the blocking
-    path) when the kernel refuses io_uring; ``depth`` 0 is None without a word."""
-    if depth <= 0:
-        return None
-    try:
-        return Rings(depth)
-    except OSError as exc:
-        log.warning("%s: no io_uring (%s): pages move by blocking calls", what, exc.strerror or exc)
-        return None
+class LazyRings:
+    """:class:`Rings` of ``depth``, opened by the first :meth:`get` (a connector that never
+    moves a page through them maps no ring), or refused then: one log line naming ``what``,
+    and :meth:`get` is None from then on (the caller's blocking path). Thread-safe."""
+
+    def __init__(self, depth: int, what: str) -> None:
+        self.depth, self.what = depth, what
+        self._lock = threading.Lock()
+        self._rings: Rings | None = None
+        self._tried = self._closed = False
+
+    def get(self) -> Rings | None:
+        """The rings, or None where the kernel refused them (or after :meth:`close`)."""
+        if self._tried:
+            return self._rings
+        with self._lock:
+            if not self._tried and not self._closed:
+                try:
+                    self._rings = Rings(self.depth)
+                except OSError as exc:
+                    log.warning("%s: no io_uring (%s): pages move by blocking calls", self.what,
+                                exc.strerror or exc)
+                self._tried = True
+            return self._rings
+
+    def close(self) -> None:
+        """Tear the rings down, if opened (no call may be running)."""
+        with self._lock:
+            self._closed = self._tried = True
+            rings, self._rings = self._rings, None
+        if rings is not None:
+            rings.close()
 
 
 def _addr(fds: array.array[int] | None) -> int | None:
@@ -140,13 +163,16 @@ class UringTransport(io.SlotTransport):
     name = "io_uring O_DIRECT (C)"
     reads_plans = False
 
-    def __init__(self, rings: Rings, fallback: io.PythonTransport) -> None:
+    def __init__(self, rings: LazyRings, fallback: io.PythonTransport) -> None:
         self.rings, self.fallback, self.metrics = rings, fallback, fallback.metrics
         self._failed = False
 
     def stats(self) -> dict[str, Any]:
         """The ring's depth."""
         return {"io_uring_depth": self.rings.depth}
+
+    def _ready(self) -> Rings | None:
+        return None if self._failed else self.rings.get()
 
     def _data_fds(self, store: SlabStore, fds: Sequence[int], where: Sequence[tuple[int, int]],
                   pages: Sequence[Page]) -> array.array[int]:
@@ -169,7 +195,8 @@ class UringTransport(io.SlotTransport):
 
     def write(self, store: SlabStore, batch: io.WriteBatch) -> None:
         """Every marker record, then every page's data, through the write ring."""
-        if self._failed:
+        rings = self._ready()
+        if rings is None:
             self.fallback.write(store, batch)
             return
         cols = SlotColumns.of(batch.slots)
@@ -179,7 +206,7 @@ class UringTransport(io.SlotTransport):
         me = store.me or 0
         data_fds = self._data_fds(store, cols.fds, [(me, s) for s in cols.slabs], batch.pages)
         self.metrics.count("io_uring_pages", len(pb))
-        bad = self.rings.write(pb, data_fds, batch.checksum)
+        bad = rings.write(pb, data_fds, batch.checksum)
         if bad < 0:  # the ring failed: the whole batch again, by blocking calls
             self._broke(bad)
             self.fallback.write(store, batch)
@@ -188,7 +215,8 @@ class UringTransport(io.SlotTransport):
 
     def read(self, store: SlabStore, batch: io.ReadBatch) -> None:
         """Every page's data, each followed by its marker record, through the read ring."""
-        if self._failed:
+        rings = self._ready()
+        if rings is None:
             self.fallback.read(store, batch)
             return
         located = batch.located
@@ -199,7 +227,7 @@ class UringTransport(io.SlotTransport):
                               expected_markers(entries, batch.keys), [e[5] for e in entries], writing=False)
         data_fds = self._data_fds(store, fds, [(e[0], e[1]) for e in entries], batch.pages)
         self.metrics.count("io_uring_pages", len(pb))
-        bad = self.rings.read(pb, data_fds)
+        bad = rings.read(pb, data_fds)
         if bad < 0:  # the ring failed: the whole batch again, by blocking calls
             self._broke(bad)
             self.fallback.read(store, batch)
@@ -224,7 +252,7 @@ class ColdRingTransport(io.NativeTransport):
     the read ring, ``depth`` at a time from one call, instead of by the cold threads (which
     read smaller ones, and all of them once a ring failed)."""
 
-    def __init__(self, rings: Rings, lib: native.BatchIO, python: io.PythonTransport, write_threads: int,
+    def __init__(self, rings: LazyRings, lib: native.BatchIO, python: io.PythonTransport, write_threads: int,
                  cold_threads: int) -> None:
         super().__init__(lib, python, write_threads, max(2, cold_threads))
         self.rings = rings
@@ -236,11 +264,12 @@ class ColdRingTransport(io.NativeTransport):
 
     def _read_cold(self, call: native.PlanRead) -> None:
         page_bytes = getattr(call.keep[-1], "slot_bytes", 0)  # (keep: ..., the plan)
-        if not self._failed and page_bytes >= COLD_RING_MIN_BYTES:
+        rings = self.rings.get() if not self._failed and page_bytes >= COLD_RING_MIN_BYTES else None
+        if rings is not None:
             cold = call.status.count(native.AGAIN)
             self.python.metrics.count("cold_pages", cold)
             self.python.metrics.count("io_uring_pages", cold)
-            bad = self.rings.read_cold(call)
+            bad = rings.read_cold(call)
             if bad >= 0:
                 return
             self._failed = True
@@ -260,24 +289,20 @@ class ColdRingTransport(io.NativeTransport):
 
 def select_transport(regions: Any, metrics: Any, *, native_io: bool, direct: bool, io_threads: int,
                      write_threads: int, cold_threads: int, ring_depth: int, what: str) -> io.SlotTransport:
-    """:func:`~hicache_l3.slab.io.select_transport`, with io_uring where ``ring_depth`` > 0
-    and the kernel grants a ring (:func:`open_rings`; ``what`` names the connector in its
-    log line): with ``direct``, :class:`UringTransport`; else, where cold pages are read
-    apart (``cold_threads`` > 1), :class:`ColdRingTransport`."""
-    use = native_io and ring_depth > 0 and (direct or cold_threads > 1)
-    rings = open_rings(ring_depth, what) if use else None
-    if rings is None:
+    """:func:`~hicache_l3.slab.io.select_transport`, with io_uring where ``ring_depth`` > 0:
+    with ``direct``, :class:`UringTransport`; else, where cold pages are read apart
+    (``cold_threads`` > 1), :class:`ColdRingTransport`. Their rings open on first use
+    (:class:`LazyRings`; ``what`` names the connector in the log line of a refusal), after
+    which a refused ring leaves the blocking path."""
+    if not (native_io and ring_depth > 0 and (direct or cold_threads > 1)):
         return io.select_transport(regions, metrics, native_io=native_io, direct=direct,
                                    io_threads=io_threads, write_threads=write_threads,
                                    cold_threads=cold_threads)
-    try:
-        if direct:
-            depth = max(io_threads, write_threads, cold_threads)
-            blocking = io.PythonTransport(regions, metrics, depth, direct=True, name="Python I/O (o_direct)",
-                                          write_threads=depth)
-            return UringTransport(rings, blocking)
-        return ColdRingTransport(rings, native.library(), io.PythonTransport(regions, metrics, io_threads),
-                                 write_threads, cold_threads)
-    except BaseException:
-        rings.close()
-        raise
+    rings = LazyRings(ring_depth, what)
+    if direct:
+        depth = max(io_threads, write_threads, cold_threads)
+        blocking = io.PythonTransport(regions, metrics, depth, direct=True, name="Python I/O (o_direct)",
+                                      write_threads=depth)
+        return UringTransport(rings, blocking)
+    return ColdRingTransport(rings, native.library(), io.PythonTransport(regions, metrics, io_threads),
+                             write_threads, cold_threads)

@@ -13,7 +13,7 @@ import pytest
 from hicache_l3 import Namespace, open_connector
 from hicache_l3.conformance.pages import Pages
 from hicache_l3.conformance.slab_backdoor import SlabBackdoor
-from hicache_l3.slab import io, uring
+from hicache_l3.slab import uring
 
 NS = Namespace(model="m", kv_dtype="bfloat16", layout="page_first", page_size=16)
 PAGE = uring.COLD_RING_MIN_BYTES  # cold pages this big go through the ring
@@ -72,35 +72,59 @@ def test_a_cold_page_rewritten_on_disk_is_a_miss(tmp_path: Path) -> None:
         assert conn.stats()["ops"]["get"]["failed"]["corrupt"] >= 1
 
 
-def test_a_refused_ring_keeps_the_blocking_path(caplog: pytest.LogCaptureFixture) -> None:
-    """io_uring_setup failing (here EMFILE: no descriptor left for the ring) is one log line
-    and the transport the blocking path would have been."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    held = [os.open(os.devnull, os.O_RDONLY)]
-    resource.setrlimit(resource.RLIMIT_NOFILE, (held[0] + 8, hard))
-    try:
+class _NoDescriptors:
+    """No file descriptor left to this process while inside (RLIMIT_NOFILE at the lowest
+    free one, every one below it taken)."""
+
+    def __enter__(self) -> None:
+        self.limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+        self.held = [os.open(os.devnull, os.O_RDONLY)]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.held[0] + 8, self.limits[1]))
         try:
             while True:
-                held.append(os.dup(held[0]))
+                self.held.append(os.dup(self.held[0]))
         except OSError:
             pass
-        with caplog.at_level(logging.WARNING, logger="hicache_l3.slab.uring"):
-            direct = uring.select_transport(None, None, native_io=True, direct=True, io_threads=2,
-                                            write_threads=2, cold_threads=16, ring_depth=8, what="test")
-            cold = uring.select_transport(None, None, native_io=True, direct=False, io_threads=2,
-                                          write_threads=2, cold_threads=16, ring_depth=8, what="test")
-    finally:
-        for fd in held:
+
+    def __exit__(self, *exc: object) -> None:
+        for fd in self.held:
             os.close(fd)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    try:
-        assert type(direct) is io.PythonTransport and direct.direct
-        assert type(cold) is io.NativeTransport
+        resource.setrlimit(resource.RLIMIT_NOFILE, self.limits)
+
+
+def test_a_refused_ring_keeps_the_blocking_path(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """io_uring_setup failing at the first use of the rings (here EMFILE: no descriptor left
+    for a ring) is one log line, and the pages move by blocking calls, every one right."""
+    before = _ring_fds()
+    with open_connector("file", NS, root=str(tmp_path), io_uring_depth=4) as conn:
+        keys = [f"refused-{i}" for i in range(16)]
+        pages = Pages(conn, PAGE, len(keys))
+        pages.fill(keys)
+        assert conn.batch_set(keys, pages.pages) == [True] * len(keys)
+        _drop_cache(tmp_path)
+        pages.wipe()
+        with caplog.at_level(logging.WARNING, logger="hicache_l3.slab.uring"), _NoDescriptors():
+            assert conn.batch_get(keys, pages.pages) == [True] * len(keys)
+        assert all(pages.matches(i, k) for i, k in enumerate(keys))
+        assert _ring_fds() == before
+        counters = conn.stats()["ops"]["counters"]
+        assert counters.get("cold_pages", 0) > 0 and counters.get("io_uring_pages", 0) == 0
         lines = [r.getMessage() for r in caplog.records]
-        assert len(lines) == 2 and all("test: no io_uring" in line for line in lines), lines
+        assert len(lines) == 1 and "file connector: no io_uring" in lines[0], lines
+
+
+def test_a_refused_ring_leaves_o_direct_the_blocking_path(caplog: pytest.LogCaptureFixture) -> None:
+    transport = uring.select_transport(None, None, native_io=True, direct=True, io_threads=2, write_threads=2,
+                                       cold_threads=16, ring_depth=8, what="test")
+    try:
+        assert isinstance(transport, uring.UringTransport)
+        with caplog.at_level(logging.WARNING, logger="hicache_l3.slab.uring"), _NoDescriptors():
+            assert transport._ready() is None  # every batch then takes transport.fallback
+        assert transport._ready() is None and transport.fallback.direct
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 1 and "test: no io_uring" in lines[0], lines
     finally:
-        direct.close()
-        cold.close()
+        transport.close()
 
 
 def _ring_fds() -> set[int]:
@@ -121,12 +145,15 @@ def test_a_ring_that_fails_falls_back(tmp_path: Path, caplog: pytest.LogCaptureF
     and the later ones move by blocking calls, every page right, one log line."""
     before = _ring_fds()
     with open_connector("file", NS, root=str(tmp_path), o_direct=o_direct, io_uring_depth=4) as conn:
-        rings = _ring_fds() - before
-        assert len(rings) == 2
+        assert _ring_fds() == before  # none until pages move through them
         keys = [f"fail-{i}" for i in range(16)]
         pages = Pages(conn, PAGE, len(keys))
         pages.fill(keys)
         assert conn.batch_set(keys, pages.pages) == [True] * len(keys)
+        _drop_cache(tmp_path)
+        assert conn.batch_get(keys, pages.pages) == [True] * len(keys)  # (cold: opens the rings)
+        rings = _ring_fds() - before
+        assert len(rings) == 2
         null = os.open(os.devnull, os.O_RDONLY)
         for fd in rings:
             os.dup2(null, fd)
