@@ -29,7 +29,7 @@ SHIM = $$($(PY) -c 'from hicache_l3.engines.loopback import SHIM; print(SHIM or 
 
 # The suite with local engines, then again with engines as containers (docker/README.md).
 test: lint setup-sglang
-	LD_PRELOAD="$(SHIM)" $(PY) -m pytest -q -p no:randomly --ignore=tests/containers
+	LD_PRELOAD="$(SHIM)" $(PY) -m pytest -q -p no:randomly --durations=25 --ignore=tests/containers
 	bash scripts/test-containers.sh
 
 # The container part of `make test` alone.
