@@ -35,6 +35,20 @@ uint64_t io_checksum(const struct hl3_xxh3 *x, void **state, const struct iovec 
     return v ? v : 1; /* 0 means "no checksum" in a header */
 }
 
+/* Page j's XXH3 into csums[j] and its marker's checksum field: HL3_OK, or HL3_NOMEM when
+ * no hash state could be made. */
+int io_stamp_checksum(const struct hl3_xxh3 *x, void **state, const struct iovec *seg, int n,
+                      unsigned char *marker, uint64_t *csum)
+{
+    uint64_t c = io_checksum(x, state, seg, n);
+    if (c == 0)
+        return HL3_NOMEM;
+    *csum = c;
+    for (int b = 0; b < 8; b++)
+        marker[HL3_CSUM_AT + b] = (unsigned char)(c >> (8 * b));
+    return HL3_OK;
+}
+
 /* preadv (writing = 0) or pwritev, retried on EINTR: bytes moved, or -errno. */
 static ssize_t transfer(int writing, int fd, const struct iovec *iov, int n, off_t off)
 {
@@ -384,15 +398,9 @@ int hl3_write_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs
         for (int j = lo; j < hi; j++) {
             if (status[j] != HL3_TODO)
                 continue;
-            uint64_t c = io_checksum(x, &state, segs + at[j], at[j + 1] - at[j]);
-            if (c == 0) {
+            if (io_stamp_checksum(x, &state, segs + at[j], at[j + 1] - at[j], markers + (size_t)j * mlen,
+                                  csums + j) != HL3_OK)
                 status[j] = HL3_NOMEM;
-                continue;
-            }
-            csums[j] = c;
-            unsigned char *h = markers + (size_t)j * mlen;
-            for (int b = 0; b < 8; b++)
-                h[HL3_CSUM_AT + b] = (unsigned char)(c >> (8 * b));
         }
     }
     if (state != NULL)

@@ -38,6 +38,8 @@ enum { HL3_OK = 0, HL3_SHORT = 1, HL3_HEADER = 2, HL3_CHECKSUM = 3, HL3_NOMEM = 
 
 #define HL3_HIDDEN __attribute__((visibility("hidden")))
 HL3_HIDDEN uint64_t io_checksum(const struct hl3_xxh3 *x, void **state, const struct iovec *seg, int n);
+HL3_HIDDEN int io_stamp_checksum(const struct hl3_xxh3 *x, void **state, const struct iovec *seg, int n,
+                                 unsigned char *marker, uint64_t *csum);
 HL3_HIDDEN int io_count_bad(int lo, int hi, const int32_t *status);
 HL3_HIDDEN int io_read_plan(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
                             const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,

@@ -385,15 +385,10 @@ int hl3_ring_write(struct hl3_ring *r, int lo, int hi, const int32_t *data_fds, 
         }
         status[j] = R_TODO;
         if (with_csum) {
-            uint64_t c = io_checksum(x, &state, segs + at[j], nseg);
-            if (c == 0) {
+            if (io_stamp_checksum(x, &state, segs + at[j], nseg, markers + (size_t)j * mlen, csums + j) != HL3_OK) {
                 status[j] = HL3_NOMEM;
                 continue;
             }
-            csums[j] = c;
-            unsigned char *h = markers + (size_t)j * mlen;
-            for (int b = 0; b < 8; b++)
-                h[HL3_CSUM_AT + b] = (unsigned char)(c >> (8 * b));
         }
         ops[m++] = (struct op){IORING_OP_WRITE, 0, fds[j], (uint64_t)(uintptr_t)(markers + (size_t)j * mlen),
                                (uint32_t)mlen, marker_offs[j], j, 1, (uint64_t)mlen};
