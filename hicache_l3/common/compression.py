@@ -1,18 +1,8 @@
 """Lossless page compression: the ``compression`` setting's codec and its stored frame.
 
-A page stored compressed is a *frame*: a 16-byte header (magic, codec, transform, a
-reserved zero, the raw length) and its body. A page stored as is has no header, so it
-is written and read without a copy. A reader tells them apart by length: a stored page of
-exactly ``page_bytes`` is raw, a shorter one that starts with the magic is a frame (a page
-whose frame would not be shorter is stored raw). Readers decode frames whatever their own
-setting, so a store can hold both and writers may change the setting.
-
-Transforms, chosen from the KV dtype's element size: 2-byte elements (bf16, fp16) are
-split into byte planes; the low plane (mantissa bits, near random) is stored as is and
-only the high plane (sign, exponent: few distinct values) goes through zstd. Other sizes
-(fp8, fp32) go through zstd whole. Decoding is strict: a damaged, truncated or foreign
-frame, another raw length, or data that decompresses to more or less than the page is
-:attr:`Reason.CORRUPT`, decided before a byte of the caller's page is written.
+A compressed page is a frame (16-byte header, then the body); a raw page has no header.
+A stored object of exactly ``page_bytes`` is raw, a shorter one starting with the magic is
+a frame. Readers decode frames whatever their own setting; a bad frame is CORRUPT.
 """
 
 from __future__ import annotations
@@ -20,7 +10,7 @@ from __future__ import annotations
 import struct
 import threading
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -52,9 +42,6 @@ def element_bytes(kv_dtype: str) -> int:
 def transform_for(kv_dtype: str) -> int:
     """The transform used for pages of ``kv_dtype``: byte planes for 2-byte elements."""
     return HIGH_PLANE if element_bytes(kv_dtype) == 2 else WHOLE
-
-
-Compression = Literal["none", "zstd"]
 
 
 COMPRESSION_HELP = ("none: pages stored as they are (no copy); zstd: pages stored compressed "
@@ -212,8 +199,7 @@ def _decode(mv: memoryview, page_bytes: int, into: Any) -> Any:
 
 
 def leading_bytes(views: Sequence[memoryview], length: int) -> bytes:
-    """A copy of the first ``length`` bytes of a page made of ``views`` (a frame read into
-    the page's own memory, copied out before it is decoded into that memory)."""
+    """A copy of the first ``length`` bytes of the page made of ``views``."""
     parts, left = [], length
     for v in views:
         if left <= 0:

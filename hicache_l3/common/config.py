@@ -1,12 +1,6 @@
-"""Typed connector settings loadable from a dict, a TOML file or the environment.
-
-Each connector declares a dataclass subclass of :class:`ConnectorConfig`; a field's
-``metadata["help"]`` documents it (``hicache-l3 bench --help`` and the README show
-them). Loading is strict: an unknown key or a value of the wrong type raises
-:class:`~hicache_l3.common.errors.ConfigError` naming the key, the value and what
-was expected. Sizes accept ``65536``, ``"64KiB"``, ``"1 GB"``, ``"1.5GiB"``.
-Environment variables are ``HICACHE_L3_<CONNECTOR>_<FIELD>`` (upper case), e.g.
-``HICACHE_L3_FILE_ROOT=/mnt/nvme/kv``.
+"""Typed connector settings loadable from a dict, a TOML file or the environment
+(``HICACHE_L3_<CONNECTOR>_<FIELD>``). Loading is strict: an unknown key or a bad value
+raises :class:`~hicache_l3.common.errors.ConfigError` naming it.
 """
 
 from __future__ import annotations
@@ -54,8 +48,7 @@ def parse_size(value: int | str, name: str = "size") -> int:
 
 
 def parse_sets(items: list[str]) -> dict[str, str]:
-    """Command-line ``--set KEY=VALUE`` items as settings (values as given: the connector's
-    config coerces them); ConfigError naming an item without ``=`` or a key."""
+    """``--set KEY=VALUE`` items as settings; ConfigError naming an item without ``=`` or a key."""
     out: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")

@@ -16,9 +16,8 @@ Contract (the conformance suite in :mod:`hicache_l3.conformance` checks all of i
 * A page is a sequence of ``(address, length)`` segments (one for ``page_first``,
   several for ``layer_first``). All pages of a namespace have the same byte size
   (``page_bytes``, from config or from the first page seen).
-* ``batch_set`` of a key that is already stored returns ``True`` and skips the write:
-  the stored page is kept (pages are content-addressed: same key, same bytes), so
-  callers need no ``batch_exists`` round trip of their own before a set.
+* ``batch_set`` of a key already stored returns ``True`` and keeps the stored page
+  (same key, same bytes).
 * ``batch_get`` returning ``True`` means the page's bytes are exactly the bytes that
   were set; on ``False`` the destination memory may have been written to.
 * :meth:`Connector.leading_hits` gives the number of leading keys that exist (what
@@ -27,9 +26,8 @@ Contract (the conformance suite in :mod:`hicache_l3.conformance` checks all of i
 * Every method is thread-safe. After :meth:`Connector.close` (idempotent) every call
   raises :class:`~hicache_l3.common.errors.ConnectorClosedError`; close waits for calls
   in flight, so an engine library is never entered after it was shut down.
-* A malformed page (not a tuple/list of ``(int address, int length)`` pairs: a segment
-  of three elements, a float, None or dict) is ``False`` for its key with reason
-  ``malformed_page``, refused before any I/O on every I/O path.
+* A malformed page (not a tuple/list of ``(int address, int length)`` pairs) is ``False``
+  for its key with reason ``malformed_page``, refused before any I/O.
 * Destination pages of one ``batch_get`` that overlap are a caller error: ValueError for
   the whole call, before any I/O.
 * Exceptions are raised only for caller errors (mismatched list lengths, overlapping
@@ -45,7 +43,6 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
-import operator
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -59,14 +56,7 @@ from hicache_l3.common.errors import (
     MemoryRegistrationError,
     Reason,
 )
-from hicache_l3.common.keys import (
-    Namespace,
-    all_valid_keys,
-    common_batch,
-    is_valid_key,
-    pointer_batch,
-    prefixed_valid_keys,
-)
+from hicache_l3.common.keys import Namespace, all_valid_keys, is_valid_key, prefixed_valid_keys
 from hicache_l3.common.logs import RateLimitedLogger
 from hicache_l3.common.memory import MemoryRegion, RegionTable
 from hicache_l3.common.metrics import Metrics
@@ -74,14 +64,15 @@ from hicache_l3.common.pages import (
     FlatPages,
     Page,
     PointerPages,
+    common_batch,
     normalize_page,
     overlapping,
     page_nbytes,
-    plain_segments,
+    pointer_batch,
 )
 
 log = logging.getLogger("hicache_l3")
-_OK = Reason.OK  # an enum attribute costs a class lookup each time it is named
+_OK = Reason.OK
 _OVERLAP = ("batch_get: destination pages overlap (two keys would be read into the same "
             "bytes); give each key its own page")
 
@@ -113,15 +104,13 @@ class Capabilities:
 
 class Connector(abc.ABC, Generic[ConfigT]):
     """Base class of all connectors: validation, metrics and lifecycle around the
-    engine-specific hooks ``_set``, ``_get``, ``_exists``, ``_delete``, ``_clear``,
-    ``_register``, ``_unregister`` and ``_close``.
+    engine hooks ``_set``, ``_get``, ``_exists``, ``_delete``, ``_clear``, ``_register``,
+    ``_unregister`` and ``_close``.
 
-    Hooks receive only valid keys and pages inside registered memory, of the right
-    size, and return one :class:`Reason` per key. They must be thread-safe. A connector
-    that stores page ``k`` under ``prefix + k`` may set ``self._key_prefix = prefix`` and
-    implement :meth:`_exists_prefixed`: ``batch_exists`` then checks and prefixes a batch
-    in one pass (:func:`~hicache_l3.common.keys.prefixed_valid_keys`) instead of checking
-    the keys here and building storage keys again in ``_exists``.
+    Hooks receive only valid keys and pages inside registered memory, of the right size,
+    and return one :class:`Reason` per key; they must be thread-safe. A connector that
+    stores page ``k`` under ``prefix + k`` may set ``self._key_prefix`` and implement
+    :meth:`_exists_prefixed` (keys then checked and prefixed in one pass).
     """
 
     name: ClassVar[str] = "connector"
@@ -134,13 +123,10 @@ class Connector(abc.ABC, Generic[ConfigT]):
         self.metrics = Metrics()
         self.regions = RegionTable()
         self._log = RateLimitedLogger(log)
-        # a plain Lock (entered in C) under the Condition: _enter/_leave run twice a call
         self._state_lock = threading.Lock()
         self._state = threading.Condition(self._state_lock)
         self._inflight = 0
         self._closed = False
-        # Set by a connector that stores page ``k`` under ``_key_prefix + k`` and implements
-        # :meth:`_exists_prefixed`: batch_exists then checks and prefixes keys in one pass.
         self._key_prefix: str | None = None
 
     @classmethod
@@ -148,7 +134,6 @@ class Connector(abc.ABC, Generic[ConfigT]):
         """Build the config from ``settings`` (over the environment) and open the engine."""
         return cls(cls.config_class.load(cls.name, settings), namespace)  # type: ignore[arg-type]
 
-    # ---- capabilities -------------------------------------------------------------
     @property
     @abc.abstractmethod
     def capabilities(self) -> Capabilities:
@@ -229,7 +214,6 @@ class Connector(abc.ABC, Generic[ConfigT]):
         finally:
             self._leave()
 
-    # ---- batch operations ---------------------------------------------------------
     def batch_set(self, keys: Sequence[str], pages: Sequence[Page]) -> list[bool]:
         """Store page ``i`` under ``keys[i]``; one bool per key (see module docstring)."""
         return ok_flags(self._transfer("set", keys, pages))
@@ -285,12 +269,10 @@ class Connector(abc.ABC, Generic[ConfigT]):
             "engine": self._engine_stats(),
         }
 
-    # ---- shared validation ----------------------------------------------------------
     def batch_reasons(self, op: str, keys: Sequence[str],
                       pages: Sequence[Page] | None = None) -> list[Reason]:
-        """What ``batch_<op>`` does (``op``: set, get, exists or delete), with the
-        :class:`~hicache_l3.common.errors.Reason` of each key instead of a bool: for
-        wrappers (``faulty``) and callers that act on why a key failed."""
+        """``batch_<op>`` (set, get, exists or delete) with each key's :class:`Reason`
+        instead of a bool."""
         if op in ("set", "get"):
             if pages is None:
                 raise ValueError(f"batch_reasons({op!r}) needs pages")
@@ -314,14 +296,10 @@ class Connector(abc.ABC, Generic[ConfigT]):
                 return reasons
             reasons = [Reason.OK] * len(keys)
             valid: list[int] = []
-            normal: dict[int, Page] = {}
+            normal: list[Page] = []
             expected = self.page_bytes
             keys_ok = all_valid_keys(keys)
-            plain = plain_segments(pages)
-            if keys_ok and plain is not None and self._uniform_pages_in_one_region(pages, plain):
-                valid = list(range(len(keys)))
-                expected = self.page_bytes
-            for i, (key, page) in enumerate(zip(keys, pages) if not valid else ()):
+            for i, (key, page) in enumerate(zip(keys, pages)):
                 if not keys_ok and not is_valid_key(key):
                     reasons[i] = Reason.INVALID_KEY
                     continue
@@ -338,33 +316,23 @@ class Connector(abc.ABC, Generic[ConfigT]):
                         reasons[i] = Reason.SIZE_MISMATCH
                     else:
                         valid.append(i)
-                        normal[i] = norm
-            if op == "get" and valid and self._destinations_overlap(pages, plain, valid, normal):
+                        normal.append(norm)
+            if op == "get" and overlapping(normal):
                 raise ValueError(_OVERLAP)
             if len(valid) != len(keys):
                 self._warn_rejected(op, keys, reasons)
             if valid:
-                if len(valid) == len(keys) and not normal:
-                    vkeys, vpages = list(keys), list(pages)
-                else:
-                    vkeys = [keys[i] for i in valid]
-                    vpages = [normal[i] for i in valid]
-                results = self._call_hook(op, vkeys, vpages)
-                if len(valid) == len(keys):
-                    reasons = list(results)
-                else:
-                    for i, r in zip(valid, results):
-                        reasons[i] = r
-            moved = reasons.count(Reason.OK) * (expected or 0)
+                for i, r in zip(valid, self._call_hook(op, [keys[i] for i in valid], normal)):
+                    reasons[i] = r
+            moved = reasons.count(_OK) * (expected or 0)
             self.metrics.observe(op, reasons, moved, time.perf_counter() - start)
             return reasons
         finally:
             self._leave()
 
     def _call_hook(self, op: str, keys: list[str], pages: list[Page]) -> list[Reason]:
-        """``_set`` or ``_get`` of checked ``keys`` and ``pages``: one Reason per key,
-        engine_error for all when the hook raises or returns a wrong count (logged,
-        rate-limited)."""
+        """``_set`` or ``_get`` of checked pages; engine_error for all when it raises or
+        returns a wrong count (logged, rate-limited)."""
         try:
             hook = self._set if op == "set" else self._get
             results = hook(keys, pages)
@@ -376,16 +344,10 @@ class Connector(abc.ABC, Generic[ConfigT]):
         return results
 
     def _common_batch(self, op: str, keys: Sequence[str], pages: Sequence[Page]) -> FlatPages | None:
-        """The pages of the common batch -- every key valid, every page ``k`` plain int
-        segments of one size, ``page_bytes`` in all (learned here if unknown), all inside
-        one registered region -- checked in one C pass
-        (:data:`~hicache_l3.common.keys.common_batch`) and handed on as
-        :class:`~hicache_l3.common.pages.FlatPages` (their segments already flattened for
-        the native transport); None when the batch is not that (or the C pass is not
-        built): the key-by-key checks of :meth:`_transfer` then decide, the reference.
-        :class:`~hicache_l3.common.pages.PointerPages` are checked from their flat lists
-        (:data:`~hicache_l3.common.keys.pointer_batch`), no page built. ValueError for a
-        get whose destinations overlap, as there."""
+        """The common batch (valid keys, pages of plain int segments of one size,
+        ``page_bytes`` in all, inside one registered region) checked in one C pass, as
+        :class:`FlatPages`; None otherwise (the key-by-key checks then decide). ValueError
+        for a get whose destinations overlap."""
         if type(pages) is PointerPages and pointer_batch is not None:  # SGLang's flat lists
             checked = pointer_batch(keys, pages.ptrs, pages.sizes, pages.per)
         else:
@@ -408,7 +370,7 @@ class Connector(abc.ABC, Generic[ConfigT]):
         try:
             prefix = self._key_prefix
             skeys = None if prefix is None or op != "exists" else prefixed_valid_keys(prefix, keys)
-            if skeys is not None:  # checked and prefixed in one pass (C when built)
+            if skeys is not None:  # checked and prefixed in one pass
                 reasons = self._keyed_hook(op, skeys, self._exists_prefixed)
             elif all_valid_keys(keys):  # the common batch: no per-key Python before the hook
                 reasons = self._keyed_hook(op, list(keys))
@@ -426,9 +388,8 @@ class Connector(abc.ABC, Generic[ConfigT]):
 
     def _keyed_hook(self, op: str, keys: list[str],
                     hook: Callable[[list[str]], list[Reason]] | None = None) -> list[Reason]:
-        """``_exists`` or ``_delete`` of valid ``keys`` (or ``hook``, given, of them): one
-        Reason per key, engine_error for all when the hook raises or returns a wrong count
-        (logged, rate-limited)."""
+        """``_exists``/``_delete`` (or ``hook``) of valid keys; engine_error for all when it
+        raises or returns a wrong count (logged, rate-limited)."""
         if not keys:
             return []
         try:
@@ -441,37 +402,6 @@ class Connector(abc.ABC, Generic[ConfigT]):
         except Exception as exc:
             self._log.warning(f"{op}-exc", "%s: %s failed: %r", self.name, op, exc)
             return [Reason.ENGINE_ERROR] * len(keys)
-
-    def _uniform_pages_in_one_region(self, pages: Sequence[Page],
-                                     plain: tuple[tuple[int, ...], tuple[int, ...]]) -> bool:
-        """The common batch, checked in C-speed list operations: every page ``k`` segments
-        of one length, ``page_bytes`` in all (learned here if unknown), all segments inside
-        one registered region (page_first pools give k=1, MHA K/V halves k=2). ``plain``
-        is :func:`plain_segments` of ``pages`` (well-formed int pairs)."""
-        counts = set(map(len, pages))
-        if len(counts) != 1:
-            return False
-        per = counts.pop()
-        addresses, lengths = plain
-        size = lengths[0]
-        if size <= 0 or min(lengths) != size or max(lengths) != size or min(addresses) < 0:
-            return False
-        if self.page_bytes is None:
-            self._learn_page_bytes(per * size)
-        if per * size != self.page_bytes:
-            return False
-        low = min(addresses)
-        return self.regions.find(low, max(addresses) + size - low) is not None
-
-    @staticmethod
-    def _destinations_overlap(pages: Sequence[Page], plain: tuple[tuple[int, ...], tuple[int, ...]] | None,
-                              valid: list[int], normal: dict[int, Page]) -> bool:
-        """Whether two destination segments of a get share a byte (a caller error)."""
-        if not normal and plain is not None:  # the common batch: segments of one size
-            addresses, lengths = plain
-            ordered = sorted(addresses)
-            return len(ordered) > 1 and min(map(operator.sub, ordered[1:], ordered[:-1])) < lengths[0]
-        return overlapping([normal[i] for i in valid])
 
     def _learn_page_bytes(self, nbytes: int) -> int:
         with self._state:
@@ -522,8 +452,7 @@ class Connector(abc.ABC, Generic[ConfigT]):
         """Reason.OK for stored keys, Reason.MISS otherwise."""
 
     def _exists_prefixed(self, skeys: list[str]) -> list[Reason]:
-        """:meth:`_exists` of the storage keys ``_key_prefix + key``, for connectors that
-        set ``_key_prefix`` (the base class then checks and prefixes a batch in one pass)."""
+        """:meth:`_exists` of the storage keys ``_key_prefix + key``."""
         raise NotImplementedError(f"{self.name}: _key_prefix is set but _exists_prefixed is not")
 
     @abc.abstractmethod
@@ -544,9 +473,7 @@ class Connector(abc.ABC, Generic[ConfigT]):
 
 
 def ok_flags(reasons: list[Reason]) -> list[bool]:
-    """One bool per reason: True for :attr:`Reason.OK`. An all-OK batch (the common case)
-    costs one C-level count instead of a per-key comparison (``Reason.OK`` is an enum
-    attribute, slow to look up once per key)."""
+    """One bool per reason: True for :attr:`Reason.OK`."""
     ok = _OK
     n = len(reasons)
     if reasons.count(ok) == n:

@@ -1,12 +1,5 @@
-"""Which filesystem holds a path, and whether other nodes may share its files.
-
-A filesystem mounted by several nodes (NFS, GlusterFS, CephFS, Lustre, 3FS through FUSE,
-any FUSE filesystem) gives each node its own page cache: a node may read parts of a file
-that another node has rewritten from its own cache, older than what the server holds.
-The slab store's integrity argument needs to know when that can happen
-(:mod:`hicache_l3.slab.format`, "Across nodes"); a local filesystem (ext4, xfs, tmpfs...)
-has one page cache, coherent for every process of the machine.
-"""
+"""Which filesystem holds a path, and whether other nodes may share its files (each node
+then has a page cache of its own, possibly stale)."""
 
 from __future__ import annotations
 
@@ -21,23 +14,18 @@ LOCAL_FILESYSTEMS = frozenset({
     "ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "jfs", "reiserfs", "bcachefs",
     "tmpfs", "ramfs", "hugetlbfs", "overlay", "vfat", "exfat", "ntfs3", "squashfs",
 })
-"""Filesystems whose files only this machine's kernel caches: one coherent page cache.
-Every other type (``nfs``, ``nfs4``, ``cifs``, ``ceph``, ``lustre``, ``gpfs``,
-``fuse.glusterfs``, ``fuse.hf3fs``, any ``fuse.*``, an unknown type) may be mounted by
-other nodes too."""
+"""Filesystems only this machine's kernel caches; any other type may be shared across nodes."""
 
 
 class Mount(NamedTuple):
-    """The mount holding a path: its mount point and filesystem type (``fuse.glusterfs``
-    for a FUSE filesystem whose daemon names itself)."""
+    """The mount holding a path: its mount point and filesystem type."""
 
     point: str
     fstype: str
 
     @property
     def shared_across_nodes(self) -> bool:
-        """Whether nodes other than this one may mount this filesystem, each with a page
-        cache of its own (:data:`LOCAL_FILESYSTEMS`)."""
+        """Whether other nodes may mount this filesystem (not in :data:`LOCAL_FILESYSTEMS`)."""
         return self.fstype not in LOCAL_FILESYSTEMS
 
 
@@ -47,9 +35,8 @@ def _unescape(field: str) -> str:
 
 
 def mount_of(path: str | os.PathLike[str], mountinfo: str = MOUNTINFO) -> Mount:
-    """The mount that holds ``path`` (resolved; it must exist): the longest mount point
-    that is a prefix of it in ``mountinfo``. A path that no line covers (no ``/proc``)
-    gives ``Mount("/", "unknown")``, which counts as shared across nodes."""
+    """The mount that holds ``path`` (resolved): the longest mount point prefixing it;
+    ``Mount("/", "unknown")`` (shared) when no line covers it."""
     target = os.path.realpath(path)
     best = Mount("", "unknown")
     try:

@@ -1,12 +1,7 @@
-"""Page checksums and the key fingerprint stored in slot headers.
+"""Page checksums (XXH3-64) and the key fingerprint (XXH3-128) stored beside pages.
 
-Checksums are XXH3-64 (``xxhash``): several times faster than ``zlib.crc32`` through the
-wheel's run-time-dispatched entry point, which makes always-on checksums affordable on
-the read path (docs/benchmarks.md, "Figures behind design choices"). The
-Python binding holds the GIL while hashing, which would serialise the I/O threads of a
-batch, so :func:`page_checksum` calls the same XXH3 code of the ``xxhash`` wheel
-through ``ctypes`` (which releases the GIL) straight on the page's addresses; both give
-the same value. ``checksum="none"`` turns checksums off.
+:func:`page_checksum` hashes a page in place through ``ctypes`` (GIL released); it gives
+the same value as the ``xxhash`` binding.
 """
 
 from __future__ import annotations
@@ -20,18 +15,12 @@ import xxhash
 
 from hicache_l3.common.pages import Page
 
-CHECKSUMS = ("xxh3", "none")
-
 
 def key_fingerprint(key: str) -> bytes:
     """16-byte fingerprint of a page key (XXH3-128), stored beside the page's bytes.
 
-    Readers accept a slot only if its header carries the fingerprint of the key they
-    asked for. An index keyed by a digest of the key instead of the key (the slab
-    index's page table) stays safe against digest collisions only if that digest is *not*
-    this function (use another one, e.g. a seeded XXH3-128 or BLAKE2b): two keys whose
-    digests collide then still differ here, so the colliding lookup reads as a miss,
-    never as the other key's bytes."""
+    An index keyed by a digest of the key must use another digest than this one, so that
+    a digest collision still reads as a miss."""
     return xxhash.xxh3_128_digest(key.encode())
 
 
@@ -47,9 +36,8 @@ def buffer_checksum(views: Sequence[memoryview | bytes]) -> int:
     return value or 1
 
 
-# The XXH3 entry points of the ``xxhash`` wheel's library, by role; the first name that
-# exists wins: the *_dispatch ones pick AVX2/AVX-512 at run time (much faster than the plain ones).
-# The one place they are resolved: this module and the C batch library (slab/native.py).
+# The XXH3 entry points of the xxhash wheel's library by role; the first that exists wins
+# (the *_dispatch ones pick AVX2/AVX-512 at run time).
 XXH3_ENTRY_POINTS: dict[str, tuple[str, ...]] = {
     "one": ("XXH3_64bits_dispatch", "XXH3_64bits"),
     "create": ("XXH3_createState",),

@@ -1,20 +1,8 @@
-"""The key scheme: a namespace of everything that changes a page's bytes, plus key checks.
+"""The key scheme: page keys and the :class:`Namespace` of everything that changes a page's
+bytes (its digest prefixes every storage key, so namespaces that differ never collide).
 
-A stored page must never be read by a consumer that would misinterpret it. The
-:class:`Namespace` carries the model, KV dtype, host layout, page size (tokens), the
-tensor/pipeline/context-parallel shard, a user tag and :data:`KEY_FORMAT_VERSION`; its
-:meth:`Namespace.digest` prefixes every storage key, so instances that differ in any of
-these never collide, and instances that agree share pages.
-
-Data-parallel rank is deliberately *not* part of the namespace: DP replicas run the same
-weights on the same shard, so the KV of the same tokens is byte-identical and sharing it
-across replicas is the point of an L3 tier. With MLA, every TP rank holds the same latent
-KV, so ``mla_shared=True`` drops the TP rank (one copy serves all ranks).
-
-Page keys (SGLang's chained page hashes) are opaque strings checked by
-:func:`validate_key`: 1..:data:`MAX_KEY_LENGTH` characters of ``[A-Za-z0-9_.:=+@-]``,
-not starting with ``.`` or ``-``. No path separator, NUL or whitespace can pass, so a
-key can never name a path outside a storage root.
+Data-parallel rank is not part of the namespace (DP replicas hold byte-identical KV);
+``mla_shared=True`` drops the TP rank (every TP rank holds the same latent KV).
 """
 
 from __future__ import annotations
@@ -34,7 +22,8 @@ _KEY_RE = re.compile(r"[A-Za-z0-9_:=+@][A-Za-z0-9_.:=+@-]{0,%d}" % (MAX_KEY_LENG
 
 
 def is_valid_key(key: object) -> bool:
-    """Return True when ``key`` is acceptable as a page key (see module docstring)."""
+    """True when ``key`` is a str of 1..:data:`MAX_KEY_LENGTH` characters of
+    ``[A-Za-z0-9_.:=+@-]`` not starting with ``.`` or ``-`` (never a path outside a root)."""
     if type(key) is str and key.isalnum() and key.isascii() and len(key) <= MAX_KEY_LENGTH:
         return True  # the common case (hex page hashes), without the regex
     return isinstance(key, str) and _KEY_RE.fullmatch(key) is not None
@@ -42,43 +31,20 @@ def is_valid_key(key: object) -> bool:
 
 BUILD_HINT = ("reinstall hicache-l3 with a C compiler (cc) and the Python headers present, for this "
               "Python (scripts/setup.sh, or pip install --force-reinstall --no-deps hicache-l3)")
-"""How to get working C extensions (``hicache_l3._keys``, ``hicache_l3._batch_io``): they are
-required on Linux / CPython (docs/architecture.md, "The C library")."""
+"""How to get working C extensions (required on Linux / CPython)."""
 
 try:  # one C pass per batch (hicache_l3/native/keys.c)
-    from hicache_l3 import _keys as _native
+    from hicache_l3 import _keys as native_checks
 except ImportError as exc:
     raise ImportError(f"hicache_l3._keys is not usable ({exc}): {BUILD_HINT}",
                       name="hicache_l3._keys") from exc
 
-all_valid_keys: Callable[[Sequence[object]], bool] = _native.valid_keys
-"""``all_valid_keys(keys)``: True exactly when every key is valid (:func:`is_valid_key`);
-a whole-batch check, in one C pass over the keys."""
+all_valid_keys: Callable[[Sequence[object]], bool] = native_checks.valid_keys
+"""``all_valid_keys(keys)``: True exactly when every key is valid (one C pass)."""
 
-CommonBatch = tuple[bytes, int, int, int, int, bool]
-common_batch: Callable[[Sequence[object], Sequence[object]], CommonBatch | None] | None = _native.common_batch
-"""``common_batch(keys, pages)`` (C, one pass): for the common transfer batch -- as many
-pages as keys, all keys valid, every page ``per`` segments of plain ``(address, length)``
-int pairs of one ``size`` -- ``(segments, per, size, low, end, overlap)``: the native
-uint64 pairs of every segment, the lowest address, the end of the highest segment and
-whether two segments share a byte; else None (see ``hicache_l3/native/keys.c``). The
-connector's key-by-key checks are the reference
-(:meth:`~hicache_l3.common.connector.Connector._transfer`); a test sets this None to run
-them."""
-
-pointer_batch: Callable[[Sequence[object], Sequence[object], Sequence[object], int],
-                        CommonBatch | None] | None = _native.pointer_batch
-"""``pointer_batch(keys, ptrs, sizes, per)`` (C, one pass): :data:`common_batch` of the
-pages :class:`~hicache_l3.common.pages.PointerPages` ``(ptrs, sizes, per)`` gives, read
-from the flat lists without building a page (each page's segments put in address order,
-as the pages are). The reference is :data:`common_batch` of the materialised pages, and
-above it the connector's key-by-key checks."""
-
-prefixed_valid_keys: Callable[[str, Sequence[object]], list[str] | None] = _native.prefixed_keys
+prefixed_valid_keys: Callable[[str, Sequence[object]], list[str] | None] = native_checks.prefixed_keys
 """``prefixed_valid_keys(prefix, keys)``: ``[prefix + key for key in keys]`` when every key
-is valid, else None (then nothing tells which key is bad: check them with
-:func:`is_valid_key`), in one C pass. ``prefix`` must be ASCII (a namespace digest and a
-separator: TypeError otherwise)."""
+is valid, else None (one C pass). ``prefix`` must be ASCII (TypeError otherwise)."""
 
 
 def validate_key(key: object) -> str:
@@ -95,11 +61,9 @@ def validate_key(key: object) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Namespace:
-    """Everything that changes the bytes of a stored page; see the module docstring.
-
-    ``model``, ``kv_dtype``, ``layout`` and ``page_size`` (tokens per page) are required.
-    Shard fields default to a single, unsharded instance.
-    """
+    """Everything that changes the bytes of a stored page. ``model``, ``kv_dtype``, ``layout``
+    and ``page_size`` (tokens per page) are required; shards default to one unsharded
+    instance. ConfigError for a bad field."""
 
     model: str
     kv_dtype: str

@@ -31,17 +31,12 @@ class RateLimitedLogger:
         self._logger.warning(msg, *args)
 
 
-# Libraries that log credentials at DEBUG: botocore prints the signed request (the
-# Authorization header with the access key id, X-Amz-Security-Token with the session
-# token) and the canonical request it signs.
-CREDENTIAL_LOGGERS = ("botocore",)
+CREDENTIAL_LOGGERS = ("botocore",)  # log signed requests (credentials) at DEBUG
 
 
 def quiet_credential_loggers() -> None:
-    """Raise the loggers of :data:`CREDENTIAL_LOGGERS` to INFO (never lower one already above
-    it), so that a root logger at DEBUG does not print credentials. The bench, the replay and
-    the test suite call this; an application that sets its root logger to DEBUG should do the
-    same: ``logging.getLogger("botocore").setLevel(logging.INFO)``."""
+    """Raise the loggers of :data:`CREDENTIAL_LOGGERS` to INFO (never lower one), so that a
+    root logger at DEBUG does not print credentials."""
     for name in CREDENTIAL_LOGGERS:
         logger = logging.getLogger(name)
         if logger.level < logging.INFO:  # NOTSET (inherit the root's DEBUG) or DEBUG

@@ -1,11 +1,4 @@
-"""Host memory regions, page-aligned host buffers, and the table of registered regions.
-
-A :class:`MemoryRegion` is a span of host memory known by address; the connector
-registers it once with its engine and every transfer goes straight between it and the
-engine. :class:`HostBuffer` allocates one: pinned through torch when CUDA is present
-(as SGLang's host pool is), otherwise an anonymous ``mmap`` (page-aligned), pre-touched
-on request because first-touch faults are slow on small machines.
-"""
+"""Host memory regions, page-aligned host buffers, and the table of registered regions."""
 
 from __future__ import annotations
 
@@ -25,11 +18,7 @@ PAGE_ALIGN = mmap.PAGESIZE
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class MemoryRegion:
-    """``size`` bytes of host memory at ``address``; ``owner`` keeps the memory alive.
-
-    Build one with :meth:`from_buffer` (bytearray, mmap, numpy array: any writable
-    buffer), :meth:`from_tensor` (a CPU torch tensor) or :class:`HostBuffer`.
-    """
+    """``size`` bytes of host memory at ``address``; ``owner`` keeps the memory alive."""
 
     address: int
     size: int
@@ -78,11 +67,8 @@ class MemoryRegion:
 
 
 class HostBuffer(MemoryRegion):
-    """A page-aligned host buffer of ``size`` bytes, owned by this object.
-
-    ``pin=None`` pins through torch when CUDA is available; ``touch=True`` faults every
-    page in now so that the first transfer is not a page-fault benchmark.
-    """
+    """A page-aligned host buffer of ``size`` bytes. ``pin=None`` pins through torch when
+    CUDA is available (``pin=True`` requires it); ``touch=True`` faults every page in now."""
 
     def __init__(self, size: int, *, pin: bool | None = None, touch: bool = True, name: str = ""):
         if size <= 0:
@@ -94,10 +80,7 @@ class HostBuffer(MemoryRegion):
             pinned = owner is not None
         if not pinned:
             owner = mmap.mmap(-1, _round_up(size, PAGE_ALIGN))
-        if pinned:
-            address = owner.data_ptr()
-        else:
-            address = ctypes.addressof(ctypes.c_char.from_buffer(owner))
+        address = owner.data_ptr() if pinned else ctypes.addressof(ctypes.c_char.from_buffer(owner))
         super().__init__(address, size, owner=owner, pinned=pinned, name=name)
         if touch:
             self.touch()
@@ -127,11 +110,7 @@ def _round_up(value: int, align: int) -> int:
 
 
 class RegionTable:
-    """The regions registered with one connector; answers "is this page inside one?".
-
-    Thread-safe. Regions must not overlap. :meth:`views` turns a page into memoryviews
-    over the registered memory, for connectors that move bytes with ``preadv``/``pwritev``.
-    """
+    """The non-overlapping regions registered with one connector. Thread-safe."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -195,8 +174,7 @@ class RegionTable:
         return True
 
     def batch_views(self, pages: Sequence[Page]) -> list[list[memoryview]] | None:
-        """Views of every page at once when all their segments lie in one region (the
-        common batch; list operations only); None otherwise: use :meth:`views`."""
+        """Views of every page when all their segments lie in one region; else None."""
         if not pages or not pages[0]:
             return None
         starts, regions, views = self._starts, self._regions, self._views

@@ -1,9 +1,4 @@
-"""Per-operation counters and latency histograms, with Prometheus text exposition.
-
-Every batch call of a connector records one observation: pages, bytes moved, hits,
-misses and failures by :class:`~hicache_l3.common.errors.Reason`, and the call's
-latency in a fixed-bucket histogram (p50/p95/p99 estimated from the buckets).
-"""
+"""Per-operation counters and latency histograms, with Prometheus text exposition."""
 
 from __future__ import annotations
 
@@ -111,10 +106,9 @@ class Metrics:
         with self._lock:
             for op, m in self._ops.items():
                 base = f'{lab}op="{op}"'
-                lines.append(f"{prefix}_calls_total{{{base}}} {m.calls}")
-                lines.append(f"{prefix}_pages_total{{{base}}} {m.pages}")
-                lines.append(f"{prefix}_bytes_total{{{base}}} {m.bytes}")
-                lines.append(f"{prefix}_pages_ok_total{{{base}}} {m.ok}")
+                for metric, value in (("calls", m.calls), ("pages", m.pages), ("bytes", m.bytes),
+                                      ("pages_ok", m.ok)):
+                    lines.append(f"{prefix}_{metric}_total{{{base}}} {value}")
                 for reason, n in sorted(m.reasons.items()):
                     lines.append(f'{prefix}_pages_failed_total{{{base},reason="{reason}"}} {n}')
                 cumulative = 0

@@ -1,32 +1,41 @@
-"""Page references: a page is one or more ``(address, length)`` segments of host memory.
-
-``page_first`` host pools give one contiguous segment per page; ``layer_first`` pools
-give one segment per layer (and per K/V half), scattered through the pool. Every
-connector accepts both: a page is a ``Sequence[Segment]``.
+"""Pages: a page is one or more ``(address, length)`` segments of host memory (one for
+``page_first`` pools, one per layer and K/V half for ``layer_first``), and the one-pass
+page-batch checks of the C extension ``hicache_l3._keys``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import operator
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+
+from hicache_l3.common.keys import native_checks
 
 Segment = tuple[int, int]
 Page = Sequence[Segment]
 
 _SEQUENCES = (tuple, list)
 
+CommonBatch = tuple[bytes, int, int, int, int, bool]
+common_batch: Callable[[Sequence[object], Sequence[object]], CommonBatch | None] | None = \
+    native_checks.common_batch
+"""``common_batch(keys, pages)`` (C, one pass): for as many pages as keys, all keys valid,
+every page ``per`` plain ``(address, length)`` int pairs of one ``size``:
+``(segments, per, size, low, end, overlap)`` -- the native uint64 pairs of every segment,
+the lowest address, the end of the highest segment, whether two segments share a byte;
+else None. The connector's key-by-key checks are the reference (a test sets this None)."""
+
+pointer_batch: Callable[[Sequence[object], Sequence[object], Sequence[object], int],
+                        CommonBatch | None] | None = native_checks.pointer_batch
+"""``pointer_batch(keys, ptrs, sizes, per)`` (C, one pass): :data:`common_batch` of the pages
+of ``PointerPages(ptrs, sizes, per)``, read from the flat lists without building a page."""
+
 
 class FlatPages(Sequence[Any]):
-    """A checked batch's pages (``pages``, unchanged, indexed through) carrying every
-    segment already flattened: ``segments``, native uint64 ``(address, length)`` pairs in
-    page order, each page ``per`` segments. Built by the connector's common-batch check
-    (:meth:`~hicache_l3.common.connector.Connector._transfer`) so that a transport that
-    walks flat segments (the native one) takes them as they are instead of flattening the
-    pages again; any other code sees a sequence of pages (of :class:`PointerPages` too,
-    whose pages are then built only when indexed). A slice is a plain list: only the
-    whole batch carries ``segments``."""
+    """A checked batch's pages (indexed through) with every segment already flattened:
+    ``segments``, native uint64 ``(address, length)`` pairs, ``per`` per page. A slice is a
+    plain list: only the whole batch carries ``segments``."""
 
     __slots__ = ("pages", "per", "segments")
 
@@ -56,21 +65,12 @@ class FlatPages(Sequence[Any]):
 
 
 class PointerPages(Sequence[Page]):
-    """``len(ptrs) // per`` pages given as flat lists, the way SGLang's host pools describe
-    them (``get_page_buffer_meta``): page ``i`` is the segments
-    ``(ptrs[j], sizes[j])`` for ``j`` in ``[i * per, (i + 1) * per)``, in address order.
-
-    Address order is the order of SGLang's flat page in every layout that has one (MHA
-    ``layer_first``: all K layers, then all V layers), so a page is byte for byte what the
-    legacy copying path stores. Pages (tuples of pairs) are built only when first indexed,
-    all at once, and kept: the connector's common-batch check reads the flat lists directly
-    (:data:`~hicache_l3.common.keys.pointer_batch`), while every reference path and every
-    other connector sees ordinary pages. Values are taken as given; a page whose addresses
-    do not compare keeps the given order (the connector then refuses it as malformed).
-    ValueError when ``per < 1`` or the lists do not hold ``per`` segments per page.
-    ``ptrs``/``sizes`` may also be buffers of 8-byte integers (a numpy ``int64`` array, as
-    the SGLang adapter computes them): the check reads them as they are, without a Python
-    int per segment; pages built from them hold ints.
+    """``len(ptrs) // per`` pages given as flat lists (SGLang's ``get_page_buffer_meta``):
+    page ``i`` is the segments ``(ptrs[j], sizes[j])``, ``j`` in ``[i * per, (i + 1) * per)``,
+    in address order (a page whose addresses do not compare keeps the given order, and is
+    refused as malformed). Pages are built when first indexed, all at once, and kept.
+    ``ptrs``/``sizes`` may be buffers of 8-byte integers (numpy ``int64``). ValueError when
+    ``per < 1`` or the lists do not hold ``per`` segments per page.
     """
 
     __slots__ = ("_built", "n", "per", "ptrs", "sizes")
@@ -83,9 +83,6 @@ class PointerPages(Sequence[Page]):
         self._built: list[tuple[Segment, ...]] | None = None
 
     def _pages(self) -> list[tuple[Segment, ...]]:
-        """Every page, built on first use, all at once (C-level passes when every page is
-        already in address order), then kept: a connector that indexes pages pays what
-        building them in the adapter cost before, the native path nothing."""
         built = self._built
         if built is None:
             built = self._built = self._build()
@@ -133,13 +130,9 @@ def _ints(values: Sequence[Any]) -> Sequence[Any]:
 
 
 def normalize_page(page: Any) -> tuple[Segment, ...] | None:
-    """``page`` as a tuple of ``(address, length)`` int pairs, or None when it is malformed.
-
-    Well-formed: a tuple or list of at least one segment, each a tuple or list of exactly
-    two integers (any ``__index__`` type but bool), address >= 0 and length > 0. Anything
-    else (a segment of three elements, a float or None address, a dict, a string) is
-    malformed: the connector refuses that key before any I/O.
-    """
+    """``page`` as a tuple of ``(address, length)`` int pairs, or None when it is malformed:
+    not a non-empty tuple or list of two-item tuples or lists of integers (``__index__``,
+    not bool) with address >= 0 and length > 0."""
     if type(page) not in _SEQUENCES or not page:
         return None
     out = []
@@ -157,21 +150,6 @@ def normalize_page(page: Any) -> tuple[Segment, ...] | None:
             return None
         out.append((address, length))
     return tuple(out)
-
-
-def plain_segments(pages: Sequence[Any]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """Addresses and lengths of every segment of ``pages`` when every page is a tuple or
-    list of ``(int, int)`` pairs (plain ints, exactly two each); None otherwise. Runs in
-    C-speed list operations: the fast check of a well-formed batch."""
-    if not pages or not set(map(type, pages)) <= set(_SEQUENCES):
-        return None
-    segs = [seg for page in pages for seg in page]
-    if not segs or not set(map(type, segs)) <= set(_SEQUENCES) or set(map(len, segs)) != {2}:
-        return None
-    addresses, lengths = zip(*segs)
-    if set(map(type, addresses)) != {int} or set(map(type, lengths)) != {int}:
-        return None
-    return addresses, lengths
 
 
 def overlapping(pages: Sequence[Page]) -> bool:

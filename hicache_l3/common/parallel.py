@@ -1,11 +1,4 @@
-"""Split a batch across a small thread pool; the calling thread takes the first share
-(:meth:`BatchPool.map`), or claims chunks alongside the pool threads
-(:meth:`BatchPool.run_chunks`, for work whose results land in place; :meth:`BatchPool.run_shared`
-where a C library claims the chunks and joins the threads).
-
-``os.preadv``/``os.pwritev``, XXH3 and most engine calls release the GIL, so pages of
-one batch move in parallel.
-"""
+"""Split a batch across a small thread pool; the calling thread takes part of the work."""
 
 from __future__ import annotations
 
@@ -31,13 +24,8 @@ class BatchPool:
         )
 
     def map(self, fn: Callable[[int, int], T], n: int) -> list[T]:
-        """Results of ``fn`` per share, in order (none for ``n == 0``: ``fn`` is never
-        called on an empty share); exceptions propagate.
-
-        Whatever ends the call (an exception in a share, KeyboardInterrupt in the calling
-        thread), it returns or raises only once no share is running: shares not started
-        are cancelled and the running ones are waited for, so no pool thread touches the
-        caller's pages after the call."""
+        """Results of ``fn`` per share, in order (none for ``n == 0``); exceptions propagate.
+        Returns or raises (KeyboardInterrupt included) only once no share is running."""
         if n <= 0:
             return []
         shares = min(self.threads, max(1, n // self.min_share))
@@ -56,14 +44,9 @@ class BatchPool:
             raise
 
     def run_chunks(self, fn: Callable[[int, int], object], n: int, chunk: int) -> None:
-        """``fn(lo, hi)`` over ``[0, n)`` in chunks of ``chunk`` items, each chunk claimed by
-        whichever thread is free: the calling thread and up to ``threads - 1`` pool threads.
-        A pool thread that the scheduler starts late (the other cores busy) just takes fewer
-        chunks, instead of holding up the call with a fixed share as :meth:`map` would.
-
-        Returns once every chunk ran, or raises the first exception of a chunk (no chunk
-        is claimed after it). Either way, as with :meth:`map`, it returns or raises only
-        once no chunk is running: a pool thread not started by then runs nothing."""
+        """``fn(lo, hi)`` over ``[0, n)`` in chunks of ``chunk`` items, each claimed by
+        whichever thread is free (the caller's included). Raises the first exception of a
+        chunk; returns or raises only once no chunk is running."""
         if n <= 0:
             return
         if self._pool is None or n <= chunk:
@@ -96,20 +79,12 @@ class BatchPool:
 
     def run_shared(self, drain: Callable[[int], bool], stop: Callable[[], None], chunks: int,
                    wait_ns: int) -> None:
-        """A batch of ``chunks`` chunks whose claiming and join are native (see
-        ``hl3_share_read_plan``, hicache_l3/native/batch_io.c): ``drain(wait_ns)`` claims and runs
-        chunks until none is left, then waits up to ``wait_ns`` for the chunks other threads
-        still run, and says whether every chunk had finished; ``stop()`` makes every later
-        claim find nothing. The calling thread drains with ``wait_ns``, up to ``threads -
-        1`` pool threads with 0.
-
-        When the calling thread's drain says every chunk finished, this returns at once: a
-        pool thread still on its way out, or not started yet, claims nothing (every chunk
-        is claimed), so no pool thread touches the caller's pages after the call, as with
-        :meth:`run_chunks`, without waiting for one to take the GIL back to return. Else
-        (a chunk still running after ``wait_ns``, a drain raising, an interruption) it stops
-        the claims and waits for the pool threads, then raises the first exception of a
-        drain."""
+        """``chunks`` chunks claimed and joined natively: ``drain(wait_ns)`` runs chunks
+        until none is left, waits up to ``wait_ns`` for the others and says whether all
+        finished; ``stop()`` makes later claims find nothing. The caller drains with
+        ``wait_ns``, pool threads with 0. Returns at once when the caller's drain saw every
+        chunk finish; else stops the claims, waits for the pool threads and raises the first
+        exception of a drain."""
         if chunks <= 0:
             return
         if self._pool is None or chunks <= 1:
@@ -142,11 +117,9 @@ class BatchPool:
             self._pool.shutdown(wait=True)
 
 
-
 class _Guard:
-    """Tracks the pool shares of one ``map`` call so that an interrupted call can stop
-    the shares not started yet and wait for the running ones (a future is not enough:
-    an interruption inside ``submit`` can enqueue a share whose future is never seen)."""
+    """The pool shares of one call: an interrupted call stops those not started and waits
+    for the running ones (a future is not enough: ``submit`` itself can be interrupted)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -172,8 +145,7 @@ class _Guard:
                 self._cond.notify_all()
 
     def settle(self) -> None:
-        """No share starts any more; return once none is running, even through further
-        interruptions (a second Ctrl-C must not leave a thread in the caller's pages)."""
+        """No share starts any more; return once none is running, even if interrupted again."""
         while True:
             try:
                 with self._cond:

@@ -1,16 +1,6 @@
-"""Connector names -> classes and config classes, imported on first use, with install hints.
-
-``import hicache_l3`` never imports an engine package. The registry knows every connector
-by dotted paths (like fsspec's ``known_implementations``): the class (or factory) that
-opens it, its config class, and the pip extra that brings its engine. Config classes load
-without their engine (:func:`config_class`), so settings docs, ``sglang-args`` and the
-SGLang plugin work on a machine with no engine installed; :func:`open_connector` imports the
-connector and, if its engine package is missing, raises
-:class:`~hicache_l3.common.errors.EngineUnavailableError` saying what to install.
-
-Third parties add theirs with :func:`register_connector`, or declare them in the
-``hicache_l3.connectors`` entry-point group (``name = "package.module:Class"``), read the
-first time a name is looked up that is not built in.
+"""Connector names -> classes and config classes by dotted path, imported on first use
+(config classes without their engine), with install hints. Third parties register with
+:func:`register_connector` or the ``hicache_l3.connectors`` entry-point group.
 """
 
 from __future__ import annotations
@@ -71,14 +61,9 @@ _entry_points_read = False
 
 def register_connector(name: str, target: str, extra: str | None = None, *,
                        config: str | None = None, clobber: bool = False) -> None:
-    """Make ``open_connector(name)`` load ``target`` (``"package.module:Class"``).
-
-    ``config`` names its config class (``"package.module:Class"``) when ``target`` is a
-    factory or importing it needs the engine; ``extra`` is the pip extra named in the
-    install hint. A name already registered (built in, by an entry point or by an earlier
-    call) raises ConfigError unless ``clobber=True``; registering the same thing again is
-    a no-op.
-    """
+    """Make ``open_connector(name)`` load ``target`` (``"package.module:Class"``); ``config``
+    names its config class, ``extra`` the pip extra of the install hint. A name already
+    registered otherwise raises ConfigError unless ``clobber=True``."""
     if ":" not in target:
         raise ConfigError(f"connector {name!r}: target {target!r} must be 'package.module:Class'")
     _read_entry_points()
@@ -94,14 +79,12 @@ def register_connector(name: str, target: str, extra: str | None = None, *,
 
 
 def registration(name: str) -> KnownConnector:
-    """Where connector ``name`` lives (aliases resolved); ConfigError if unknown. A second
-    process can repeat a registration with ``register_connector(name, entry.target, ...)``."""
+    """Where connector ``name`` lives (aliases resolved); ConfigError if unknown."""
     return _KNOWN[resolve_name(name)]
 
 
 def available_connectors(builtin_only: bool = False) -> list[str]:
-    """Names accepted by :func:`open_connector` (aliases excluded); with ``builtin_only``,
-    only the connectors shipped with hicache-l3 (third-party registrations left out)."""
+    """Names accepted by :func:`open_connector` (aliases excluded), or only built-in ones."""
     if builtin_only:
         return sorted(_BUILTIN)
     _read_entry_points()
@@ -144,8 +127,7 @@ def load_connector(name: str) -> Any:
 
 
 def config_class(name: str) -> type[ConnectorConfig]:
-    """The config class of connector ``name``, without importing its engine (for built-in
-    connectors, and for registrations that name their config class)."""
+    """The config class of connector ``name``, without importing its engine where named."""
     canonical = resolve_name(name)
     entry = _KNOWN[canonical]
     found = (_import(entry.config, canonical, entry) if entry.config
@@ -156,9 +138,7 @@ def config_class(name: str) -> type[ConnectorConfig]:
 
 
 def _read_entry_points() -> None:
-    """Register the ``hicache_l3.connectors`` entry points (once; nothing is imported).
-    A name that is taken already is skipped with a warning: built-in names cannot be
-    replaced by installing a package."""
+    """Register the entry points once (nothing imported); a taken name is skipped, warned."""
     global _entry_points_read
     if _entry_points_read:
         return
@@ -182,13 +162,9 @@ def open_connector(
     settings: Mapping[str, Any] | None = None,
     **overrides: Any,
 ) -> Connector[Any]:
-    """Open connector ``name`` on ``namespace`` with ``settings`` (plus keyword overrides).
-
-    Settings not given are read from ``HICACHE_L3_<NAME>_<FIELD>`` environment
-    variables, then the field defaults. Raises ConfigError for bad settings and
-    EngineUnavailableError when the engine package is missing or the engine cannot be
-    reached.
-    """
+    """Open connector ``name`` on ``namespace`` with ``settings`` (plus keyword overrides;
+    the rest from ``HICACHE_L3_<NAME>_<FIELD>``, then defaults). ConfigError for bad
+    settings, EngineUnavailableError when the engine is missing or unreachable."""
     if not isinstance(namespace, Namespace):
         namespace = Namespace.from_dict(dict(namespace))
     factory = load_connector(name)
@@ -196,5 +172,4 @@ def open_connector(
     merged.update(overrides)
     if isinstance(factory, type) and issubclass(factory, Connector):
         return factory.open(merged, namespace)
-    connector: Connector[Any] = factory(merged, namespace)
-    return connector
+    return factory(merged, namespace)

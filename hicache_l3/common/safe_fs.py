@@ -1,31 +1,5 @@
-"""Private storage roots and private small files on a shared host.
-
-KV pages are user conversations in another form, and a page planted by another user
-changes what the model attends to. So a storage root must be a real directory (not a
-symlink) owned by the user who runs the connector, closed to group and others, reached
-through directories that no other user can rename or replace. :func:`private_root`
-creates such a root (0700 whatever the umask, missing parents too) or checks an
-existing one, repairing only what is safe to repair:
-
-- a symlink, a non-directory, or a directory owned by another uid is refused;
-- a directory of ours that other users could write (``o+w``) is refused too, since
-  pages may already have been planted in it;
-- a directory of ours open only for reading (or group-writable, as a ``umask 002`` of a
-  user-private group leaves it) is repaired to 0700, with a warning;
-- an existing parent directory owned by another non-root user, or writable by others
-  without the sticky bit (``/tmp`` has it), is refused: whoever can write there can swap
-  the root after the check (a parent of ours that only its group can write is accepted:
-  that is the user-private group of ``umask 002``).
-
-Every refusal is a :class:`~hicache_l3.common.errors.ConfigError` naming the path, its
-owner, its mode and the fix. Sharing a root between users on purpose means running those
-processes under one service uid (see README "Security").
-
-:func:`write_private_file` writes a small file (a config that may hold credentials)
-atomically with mode 0600, never through a symlink.
-
-:func:`default_root` is the per-user location used when no root is configured.
-"""
+"""Private storage roots (0700, ours, reached through directories no other user can
+replace) and private small files (0600, atomic, never through a symlink)."""
 
 from __future__ import annotations
 
@@ -119,10 +93,11 @@ def _mkdir_private(path: Path) -> None:
 
 
 def private_root(root: str | os.PathLike[str], what: str = "storage root") -> Path:
-    """Create ``root`` (and its missing parents) with mode 0700, or check an existing one,
-    as the module docstring says. Returns the absolute path (symlinks not resolved).
-    ConfigError naming the path, its owner, its mode and the fix when refused; an OSError
-    while creating is a ConfigError too. ``what`` prefixes every message."""
+    """Create ``root`` (and missing parents) with mode 0700, or check an existing one:
+    refuse a symlink, another user's directory, one writable by others, or a parent
+    another user could swap; repair a readable or group-writable directory of ours to 0700.
+    Returns the absolute path. ConfigError (prefixed ``what``) naming path, owner, mode and
+    fix when refused or when creating fails."""
     path = Path(os.path.abspath(os.fspath(root)))
     missing: list[Path] = []
     probe = path
@@ -166,7 +141,6 @@ def default_root(sub: str = "") -> Path:
     return base / sub if sub else base
 
 
-
 def write_synced(fd: int, data: bytes) -> None:
     """Write all of ``data`` at ``fd``'s offset (short writes continued) and fsync it."""
     view = memoryview(data)
@@ -174,11 +148,11 @@ def write_synced(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
     os.fsync(fd)
 
+
 def write_private_file(path: str | os.PathLike[str], data: bytes | str) -> None:
-    """Replace ``path`` with ``data`` atomically, mode 0600 whatever the umask and whatever the
-    old file's mode: a new file (``O_CREAT|O_EXCL|O_NOFOLLOW``) in the same directory, written,
-    fsynced and renamed over ``path``. A symlink at ``path`` is refused (ConfigError), never
-    written through. Missing parent directories are created 0700."""
+    """Replace ``path`` with ``data`` atomically, mode 0600 whatever the umask (a new file
+    fsynced and renamed over it). A symlink at ``path`` is refused (ConfigError); missing
+    parents are created 0700."""
     target = Path(os.path.abspath(os.fspath(path)))
     blob = data.encode() if isinstance(data, str) else data
     if target.parent != target and not target.parent.exists():

@@ -18,11 +18,11 @@ from hicache_l3.common.keys import (
     KEY_FORMAT_VERSION,
     Namespace,
     all_valid_keys,
-    common_batch,
     is_valid_key,
     validate_key,
 )
-from hicache_l3.common.pages import plain_segments
+from hicache_l3.common.pages import common_batch
+from tests.reference.pages import plain_segments
 
 BASE = Namespace(model="org/model", kv_dtype="bfloat16", layout="page_first", page_size=64)
 

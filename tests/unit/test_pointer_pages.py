@@ -20,9 +20,8 @@ from hypothesis import strategies as st
 
 from hicache_l3 import Namespace, open_connector
 from hicache_l3.common import connector as connector_mod
-from hicache_l3.common.keys import common_batch, pointer_batch
 from hicache_l3.common.memory import HostBuffer
-from hicache_l3.common.pages import FlatPages, PointerPages
+from hicache_l3.common.pages import FlatPages, PointerPages, common_batch, pointer_batch
 from tests.unit.test_keys import _reference_common
 
 NS = Namespace(model="m", kv_dtype="bf16", layout="layer_first", page_size=16)
