@@ -1,10 +1,8 @@
-"""Bench backend ``file``: the file connector against raw ``preadv``/``pwritev``.
-
-raw-posix follows the baseline rules: one ``os.pwritev`` per page into one file that
-was fully written once before timing, one ``os.preadv`` per page back, from and into
-the bench's pre-touched buffers, one thread, no fsync. The connector runs with a
-capacity of exactly one repetition's pages, so that the timed repetitions measure the
-steady state of a full cache (slots reused) rather than first writes into new files.
+"""Bench backend ``file``: the file connector against raw ``preadv``/``pwritev`` (raw-posix:
+one call per page into a file written in full once, one thread, no fsync). The connector's
+capacity is exactly one repetition's pages, so timed repetitions measure a full cache
+reusing its slots. :class:`RawPosixBatch` is the batch-at-a-time variant that
+benchmarks/sglang_controller.py uses.
 """
 
 from __future__ import annotations
@@ -18,22 +16,23 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from hicache_l3.bench.targets import BenchOptions, BenchTarget, ConnectorTarget, Pair
-from hicache_l3.common.keys import Namespace
+from hicache_l3.bench.targets import (
+    BenchOptions,
+    BenchTarget,
+    ConnectorTarget,
+    Pair,
+    bench_namespace,
+    write_file,
+)
 from hicache_l3.common.memory import MemoryRegion, RegionTable
 from hicache_l3.common.pages import Page, page_nbytes
 from hicache_l3.common.registry import open_connector
 from hicache_l3.slab.format import Geometry
 
 
-def bench_namespace(opts: BenchOptions, backend: str) -> Namespace:
-    """The namespace bench pages are stored in (one per backend and page size)."""
-    return Namespace(model="hicache-l3-bench", kv_dtype="uint8", layout="page_first",
-                     page_size=opts.page_bytes, tag=f"bench-{backend}")
-
-
 class RawPosix(BenchTarget):
-    """The machine's limit for the same pages: pwritev/preadv per page, one thread."""
+    """The machine's limit for the same pages: pwritev/preadv per page, one thread; page
+    ``i`` of a buffer at file offset ``i * page_bytes``."""
 
     backend = "raw-posix"
     ops = ("set", "get")
@@ -43,37 +42,26 @@ class RawPosix(BenchTarget):
         self.size = size
         self.fd = -1
         self.regions = RegionTable()
-        self.base = 0
 
     def prepare(self, buffers: Sequence[MemoryRegion], page_bytes: int) -> None:
-        """Register the buffers (any host memory: the bench's, SGLang's host pool) and write
-        the whole file once from the first (so timing overwrites)."""
+        """Register ``buffers`` (any host memory) and write the whole file once from the first."""
         for b in buffers:
             self.regions.add(b)
-        self.base = buffers[0].address
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        src = buffers[0].view()
-        written = 0
-        while written < self.size:
-            written += os.pwrite(self.fd, src[written : self.size], written)
+        self.fd = write_file(self.path, buffers[0], self.size)
+
+    def _offset(self, page: Page) -> int:
+        region = self.regions.find(page[0][0], page[0][1])
+        assert region is not None
+        return page[0][0] - region.address
 
     def plan(self, op: str, keys: list[str], pages: list[Page]) -> Any:
-        """Per page: the memoryview and the file offset (page i of the bench at i * size)."""
-        out = []
-        for page in pages:
-            region = self.regions.find(page[0][0], page[0][1])
-            assert region is not None
-            views = self.regions.views(page)
-            assert views is not None
-            out.append((views, page[0][0] - region.address))
-        return out
+        """Per page: its memoryviews and its file offset."""
+        return [(self.regions.views(page), self._offset(page)) for page in pages]
 
     def run(self, op: str, plan: Any) -> list[bool]:
         """pwritev or preadv, one call per page."""
-        fd = self.fd
-        if op == "set":
-            return [os.pwritev(fd, views, off) == sum(map(len, views)) for views, off in plan]
-        return [os.preadv(fd, views, off) == sum(map(len, views)) for views, off in plan]
+        call = os.pwritev if op == "set" else os.preadv
+        return [call(self.fd, views, off) == sum(map(len, views)) for views, off in plan]
 
     def close(self) -> None:
         """Close and remove the file."""
@@ -99,13 +87,11 @@ Call = tuple[Any, int, int, int]  # one vectored call: (struct iovec array, its 
 
 
 class RawPosixBatch(RawPosix):
-    """raw-posix a batch at a time (the controller benchmark's raw contenders,
-    benchmarks/README.md): one libc ``pwritev``/``preadv`` per batch instead of one ``os``
-    call per page; ctypes releases the GIL around it. :meth:`plan_at` builds the calls'
-    ``struct iovec`` arrays before the clock: the pages back to back in the file, a call cut
-    at IOV_MAX segments. ``parts`` > 1 cuts each batch into that many runs of whole pages,
-    moved at once by the caller and ``parts - 1`` helper threads and joined before
-    :meth:`move` returns: the limit of a synchronous batch call on ``parts`` threads."""
+    """raw-posix a batch at a time: one libc ``pwritev``/``preadv`` per batch (GIL released),
+    the pages back to back in the file, a call cut at IOV_MAX segments, iovec arrays built
+    before the clock. ``parts`` > 1 cuts each batch into that many runs of whole pages, moved
+    at once by the caller and ``parts - 1`` helper threads and joined before :meth:`move`
+    returns."""
 
     backend = "raw-posix-batch"
 
@@ -115,16 +101,12 @@ class RawPosixBatch(RawPosix):
         self.pool = ThreadPoolExecutor(parts - 1) if parts > 1 else None
 
     def plan(self, op: str, keys: list[str], pages: list[Page]) -> Any:
-        """The batch's calls from the file offset of its first page (its place in its
-        buffer, as raw-posix's)."""
-        region = self.regions.find(pages[0][0][0], pages[0][0][1])
-        assert region is not None
-        return self.plan_at(pages, pages[0][0][0] - region.address)
+        """The batch's calls from the file offset of its first page."""
+        return self.plan_at(pages, self._offset(pages[0]))
 
     def plan_at(self, pages: Sequence[Page], offset: int) -> list[list[Call]]:
         """The calls moving ``pages`` to or from the file from ``offset`` on, one list per part."""
-        iov_max = os.sysconf("SC_IOV_MAX")
-        step = max(1, iov_max // max(map(len, pages), default=1))  # pages a call
+        step = max(1, os.sysconf("SC_IOV_MAX") // max(map(len, pages), default=1))  # pages a call
         cuts = [len(pages) * t // self.parts for t in range(self.parts + 1)]
         parts: list[list[Call]] = []
         for a, b in itertools.pairwise(cuts):
@@ -171,15 +153,22 @@ class RawPosixBatch(RawPosix):
             self.pool.shutdown()
 
 
+def slab_pairs(opts: BenchOptions, stack: contextlib.ExitStack, backend: str,
+               **defaults: Any) -> tuple[Any, RawPosix]:
+    """A slab connector ``backend`` (capacity: one repetition's pages; ``--set`` overrides
+    win) and a raw-posix contender, both closed by ``stack``."""
+    settings: dict[str, Any] = {"root": str(opts.workdir / f"{backend}-store"),
+                                "capacity_bytes": opts.pages * Geometry(opts.page_bytes).stride,
+                                **defaults, **opts.settings.get(backend, {})}
+    conn = open_connector(backend, bench_namespace(opts, backend), settings)
+    stack.callback(conn.close)
+    suffix = "" if backend == "file" else f"-{backend}"
+    raw = RawPosix(opts.workdir / f"raw-posix{suffix}.dat", opts.pages * opts.page_bytes)
+    stack.callback(raw.close)
+    return conn, raw
+
+
 def make_pairs(opts: BenchOptions, stack: contextlib.ExitStack) -> list[Pair]:
     """The file connector in ``workdir`` (or the configured root) and raw-posix."""
-    settings: dict[str, Any] = {
-        "root": str(opts.workdir / "file-store"),
-        "capacity_bytes": opts.pages * Geometry(opts.page_bytes).stride,
-    }
-    settings.update(opts.settings.get("file", {}))
-    conn = open_connector("file", bench_namespace(opts, "file"), settings)
-    stack.callback(conn.close)
-    raw = RawPosix(opts.workdir / "raw-posix.dat", opts.pages * opts.page_bytes)
-    stack.callback(raw.close)
+    conn, raw = slab_pairs(opts, stack, "file")
     return [Pair(ConnectorTarget(conn, "file"), raw)]

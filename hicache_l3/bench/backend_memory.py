@@ -1,10 +1,6 @@
-"""Bench backend ``memory``: the reference connector against a plain dict.
-
-raw-dict follows the baseline rules with the same copies the connector makes
-(``ctypes.string_at`` out of the bench buffer on set, ``ctypes.memmove`` back on get), one
-thread, no validation, no metrics: the ratio is the cost of the base class around the
-hooks (key and page checks, per-key reasons, metrics, the lifecycle guard).
-"""
+"""Bench backend ``memory``: the reference connector against raw-dict, a plain dict making
+the same copies (``ctypes.string_at`` on set, ``ctypes.memmove`` on get) with no validation
+and no metrics: the ratio is the cost of the base class around the hooks."""
 
 from __future__ import annotations
 
@@ -12,8 +8,7 @@ import contextlib
 import ctypes
 from typing import Any
 
-from hicache_l3.bench.targets import BenchOptions, BenchTarget, ConnectorTarget, Pair
-from hicache_l3.common.keys import Namespace
+from hicache_l3.bench.targets import BenchOptions, BenchTarget, ConnectorTarget, Pair, bench_namespace
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.registry import open_connector
 
@@ -58,8 +53,7 @@ class RawDict(BenchTarget):
 
 def make_pairs(opts: BenchOptions, stack: contextlib.ExitStack) -> list[Pair]:
     """The memory connector and raw-dict."""
-    namespace = Namespace(model="hicache-l3-bench", kv_dtype="uint8", layout="page_first",
-                          page_size=opts.page_bytes, tag="bench-memory")
-    conn = open_connector("memory", namespace, {"store": "bench", **opts.settings.get("memory", {})})
+    settings = {"store": "bench", **opts.settings.get("memory", {})}
+    conn = open_connector("memory", bench_namespace(opts, "memory"), settings)
     stack.callback(conn.close)
     return [Pair(ConnectorTarget(conn, "memory"), RawDict())]

@@ -1,66 +1,45 @@
-"""Bench backend ``mooncake``: the Mooncake connector against raw ``MooncakeDistributedStore``.
+"""Bench backend ``mooncake``: the Mooncake connector against raw ``MooncakeDistributedStore``,
+in two placements on one master: ``local`` (pages in this client's own segment: in-process
+copies) and ``remote`` (no segment here: pages go to the segment holder over TCP).
 
-Two placements, each a (connector, raw-mooncake) pair on the same master:
-
-* ``local``: the client holds a segment in this process and places pages there
-  (``preferred_segment`` = its own segment): transfers are in-process copies;
-* ``remote``: the client holds no segment; pages go to the ``mooncake_client`` segment
-  holder, over TCP (loopback here).
-
-raw-mooncake follows the baseline rules: its own client with the same setup, the bench
-buffers registered once (``register_buffer``), one object per page with
-``batch_put_from``/``batch_get_into``, the key and pointer lists built in :meth:`plan`
-(untimed), one thread. Its ``exists`` is ``batch_is_exist`` of the connector's own
-storage keys (``<namespace digest>:<key>``, built in :meth:`plan`), so both ask the
-master about the same objects with keys of the same length. Every set repetition writes
-fresh keys; the keys of the repetition before are removed in ``plan`` (untimed) so that
-the segments never fill.
-
-With no ``mooncake.master_address`` setting, a local master and segment holder are
-started for the run (``--set mooncake.master_address=H:P`` uses an existing one; then
-``mooncake.metadata_server`` too, unless it is the master's default).
+raw-mooncake: its own client with the same setup, buffers registered once, one object per
+page with ``batch_put_from``/``batch_get_into``, ``batch_is_exist`` of the connector's own
+storage keys. The previous repetition's keys are removed in ``plan`` (untimed), so the
+segments never fill. Without ``mooncake.master_address`` a local master and segment holder
+are started for the run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from typing import Any
 
-from hicache_l3.bench.targets import BenchOptions, BenchTarget, ConnectorTarget, Pair
+from hicache_l3.bench.targets import BenchOptions, BenchTarget, ConnectorTarget, Pair, bench_namespace
 from hicache_l3.common.connector import Connector
 from hicache_l3.common.errors import EngineUnavailableError
-from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.pages import Page
 from hicache_l3.common.registry import open_connector
 
 
-def bench_namespace(opts: BenchOptions, placement: str) -> Namespace:
-    """The namespace bench pages are stored in (one per placement and page size)."""
-    return Namespace(model="hicache-l3-bench", kv_dtype="uint8", layout="page_first",
-                     page_size=opts.page_bytes, tag=f"bench-mooncake-{placement}")
-
-
-def _rep_of(keys: list[str]) -> str:
-    return keys[0].rsplit("-", 1)[0] if keys else ""
-
-
 class _Recycler:
     """Remembers the keys of the last set repetition; drops them when a new one starts."""
 
-    def __init__(self) -> None:
+    def __init__(self, drop: Callable[[list[str]], Any]) -> None:
+        self.drop = drop
         self.rep = ""
         self.keys: list[str] = []
 
-    def new_batch(self, keys: list[str]) -> list[str]:
-        """Record ``keys``; return the previous repetition's keys when a new one begins."""
-        rep = _rep_of(keys)
-        old: list[str] = []
+    def new_batch(self, keys: list[str]) -> None:
+        """Record ``keys``; drop the previous repetition's keys (1024 a call) when a new one begins."""
+        rep = keys[0].rsplit("-", 1)[0] if keys else ""
         if rep != self.rep:
-            old, self.keys, self.rep = self.keys, [], rep
+            for lo in range(0, len(self.keys), 1024):
+                self.drop(self.keys[lo : lo + 1024])
+            self.keys, self.rep = [], rep
         self.keys.extend(keys)
-        return old
 
 
 class MooncakeConnectorTarget(ConnectorTarget):
@@ -68,14 +47,12 @@ class MooncakeConnectorTarget(ConnectorTarget):
 
     def __init__(self, connector: Connector[Any], placement: str) -> None:
         super().__init__(connector, "mooncake", placement=placement)
-        self._recycler = _Recycler()
+        self._recycler = _Recycler(connector.delete)
 
     def plan(self, op: str, keys: list[str], pages: list[Page]) -> Any:
         """Untimed: on the first batch of a set repetition, delete the last one's pages."""
         if op == "set":
-            old = self._recycler.new_batch(keys)
-            for lo in range(0, len(old), 1024):
-                self.connector.delete(old[lo : lo + 1024])
+            self._recycler.new_batch(keys)
         return keys, pages
 
 
@@ -106,7 +83,7 @@ class RawMooncake(BenchTarget):
         if placement == "local":
             self.config.preferred_segment = self.store.get_hostname()
         self.registered: list[int] = []
-        self._recycler = _Recycler()
+        self._recycler = _Recycler(lambda old: self.store.batch_remove([self.prefix + k for k in old], True))
 
     def prepare(self, buffers: list[HostBuffer], page_bytes: int) -> None:
         """Register the bench buffers once."""
@@ -119,9 +96,7 @@ class RawMooncake(BenchTarget):
     def plan(self, op: str, keys: list[str], pages: list[Page]) -> Any:
         """Key, pointer and size lists (and, for a new set repetition, drop the last one)."""
         if op == "set":
-            old = self._recycler.new_batch(keys)
-            for lo in range(0, len(old), 1024):
-                self.store.batch_remove([self.prefix + k for k in old[lo : lo + 1024]], True)
+            self._recycler.new_batch(keys)
         prefix = self.exists_prefix if op == "exists" else self.prefix
         skeys = [prefix + k for k in keys]  # the two placements share one master
         return skeys, [p[0][0] for p in pages], [p[0][1] for p in pages]
@@ -149,7 +124,7 @@ def make_pairs(opts: BenchOptions, stack: contextlib.ExitStack) -> list[Pair]:
     """(connector, raw-mooncake) for placement ``local`` and ``remote``."""
     settings: dict[str, Any] = dict(opts.settings.get("mooncake", {}))
     os.environ.setdefault("MC_TCP_BIND_ADDRESS", settings.get("local_hostname", "127.0.0.1"))
-    # one repetition alive per target (the last is dropped before the next), plus slack
+    # one repetition alive per target, plus slack
     per_target = opts.pages * opts.page_bytes * 3 // 2 + (64 << 20)
     if not settings.get("master_address"):
         from hicache_l3.engines import MooncakeEngine
@@ -164,10 +139,10 @@ def make_pairs(opts: BenchOptions, stack: contextlib.ExitStack) -> list[Pair]:
             chosen.update(global_segment_size=per_target, preferred_segment="local")
         else:
             chosen.update(global_segment_size=0)
-        conn = open_connector("mooncake", bench_namespace(opts, placement), chosen)
+        namespace = bench_namespace(opts, f"mooncake-{placement}")
+        conn = open_connector("mooncake", namespace, chosen)
         stack.callback(conn.close)
-        raw = RawMooncake(chosen, placement,
-                          exists_prefix=bench_namespace(opts, placement).storage_key(""))
+        raw = RawMooncake(chosen, placement, exists_prefix=namespace.storage_key(""))
         stack.callback(raw.close)
         pairs.append(Pair(MooncakeConnectorTarget(conn, placement), raw))
     return pairs

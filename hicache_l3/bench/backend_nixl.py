@@ -1,74 +1,49 @@
-"""Bench backend ``nixl``: the nixl connector in file mode against raw NIXL.
+"""Bench backend ``nixl``: the nixl connector against raw NIXL.
 
-raw-nixl follows the baseline rules: its own NIXL agent with the POSIX plugin and the
-connector's POSIX engine (``posix_engine``, default the measured fastest), the bench
-buffers registered as DRAM once, one file fully written before timing and registered
-once as FILE; per batch, one NIXL transfer of the batch's pages (page ``i`` of the
-bench at file offset ``i * page_size``), descriptor lists built before the clock with
-adjacent pages joined into one row (:func:`~hicache_l3.connectors.nixl.base.coalesce`,
-which the connector applies to its own rows: NIXL's POSIX plugin is much faster with
-fewer, larger requests, so a baseline without it would flatter the connector),
-polled tightly until done, one thread, buffered, no fsync. The connector runs with a
-capacity of exactly one repetition's pages, so timed repetitions measure the steady
-state of a full cache (slots reused), as the file backend does.
-
-``--set nixl.mode=obj`` measures obj mode instead, against a local ``moto_server``
-started for the run unless ``nixl.endpoint`` is set, and raw-nixl-obj: its own agent
-with the OBJ plugin, one PUT or ranged GET per page in one transfer per batch, object
-keys registered before the clock (no commit records, no checksums).
+File mode (default): raw-nixl is its own agent with the POSIX plugin and the connector's
+``posix_engine``, buffers registered as DRAM and one file (written in full once) as FILE;
+one transfer per batch with adjacent pages joined into one row (:func:`coalesce`, as the
+connector does), polled until done. The connector's capacity is one repetition's pages.
+``--set nixl.mode=obj``: obj mode against a local ``moto_server`` (unless ``nixl.endpoint``
+is set) and raw-nixl-obj, one PUT or ranged GET per page in one transfer per batch.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hicache_l3.bench.targets import BenchOptions, BenchTarget, ConnectorTarget, Pair
-from hicache_l3.common.keys import Namespace
-from hicache_l3.common.memory import HostBuffer
+from hicache_l3.bench.backend_file import RawPosix
+from hicache_l3.bench.targets import BenchOptions, BenchTarget, ConnectorTarget, Pair, bench_namespace
+from hicache_l3.common.memory import HostBuffer, MemoryRegion
 from hicache_l3.common.pages import Page
 from hicache_l3.common.registry import open_connector
 from hicache_l3.connectors.nixl.base import Agent, NixlConfig, coalesce
 from hicache_l3.slab.format import Geometry
 
 
-def bench_namespace(opts: BenchOptions) -> Namespace:
-    """The namespace nixl bench pages are stored in."""
-    return Namespace(model="hicache-l3-bench", kv_dtype="uint8", layout="page_first",
-                     page_size=opts.page_bytes, tag="bench-nixl")
-
-
-class RawNixl(BenchTarget):
-    """The machine's limit through NIXL: one POSIX-plugin transfer per batch."""
+class RawNixl(RawPosix):
+    """The machine's limit through NIXL: one POSIX-plugin transfer per batch on raw-posix's file."""
 
     backend = "raw-nixl"
-    ops = ("set", "get")
 
     def __init__(self, path: Path, size: int, engine: str) -> None:
-        self.path = path
-        self.size = size
+        super().__init__(path, size)
         self.engine = engine
         self.extra = {"posix_engine": engine}
-        self.fd = -1
         self.agent: Agent | None = None
         self.file_reg: Any = None
-        self.buffers: list[HostBuffer] = []
 
-    def prepare(self, buffers: list[HostBuffer], page_bytes: int) -> None:
-        """Create the agent, register the buffers and the fully written file once."""
+    def prepare(self, buffers: Sequence[MemoryRegion], page_bytes: int) -> None:
+        """Write the file; create the agent, register the buffers and the file once."""
         from hicache_l3.connectors.nixl.file import posix_params
 
+        super().prepare(buffers, page_bytes)
         self.agent = Agent("POSIX", posix_params(self.engine))
-        self.buffers = list(buffers)
         for b in buffers:
             self.agent.register_dram(b)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        src = buffers[0].view()
-        written = 0
-        while written < self.size:
-            written += os.pwrite(self.fd, src[written : self.size], written)
         self.file_reg = self.agent.register([(0, self.size, self.fd, "")], "FILE")
 
     def plan(self, op: str, keys: list[str], pages: list[Page]) -> Any:
@@ -78,13 +53,12 @@ class RawNixl(BenchTarget):
         assert self.agent is not None
         local, remote = [], []
         for page in pages:
-            base = next(b.address for b in self.buffers if b.contains(page[0][0], page[0][1]))
-            offset = page[0][0] - base
+            offset = self._offset(page)
             for address, length in page:
                 local.append((address, length, 0))
                 remote.append((offset, length, self.fd))
                 offset += length
-        local, remote = coalesce(local, remote)  # adjacent pages as one row, as the connector does
+        local, remote = coalesce(local, remote)
         nx = self.agent.agent
         ldescs = nx.get_xfer_descs(np.array(local, dtype=np.uint64), "DRAM")
         rdescs = nx.get_xfer_descs(np.array(remote, dtype=np.uint64), "FILE")
@@ -103,17 +77,13 @@ class RawNixl(BenchTarget):
         return [state == "DONE"] * n
 
     def close(self) -> None:
-        """Deregister, close and remove the file, drop the agent."""
+        """Deregister and drop the agent, then close and remove the file."""
         if self.agent is not None:
             if self.file_reg is not None:
                 self.agent.deregister(self.file_reg)
             self.agent.close()
             self.agent = None
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+        super().close()
 
 
 class RawNixlObj(BenchTarget):
@@ -177,7 +147,7 @@ def _obj_pairs(opts: BenchOptions, stack: contextlib.ExitStack,
         stack.enter_context(engine)
         settings = {**engine.settings, **settings, "endpoint": engine.endpoint}
     config = NixlConfig.load("nixl", settings)
-    conn = open_connector("nixl", bench_namespace(opts), settings)
+    conn = open_connector("nixl", bench_namespace(opts, "nixl"), settings)
     stack.callback(conn.close)
     raw = RawNixlObj(config)
     stack.callback(raw.close)
@@ -197,7 +167,7 @@ def make_pairs(opts: BenchOptions, stack: contextlib.ExitStack) -> list[Pair]:
     }
     settings.update(overrides)
     config = NixlConfig.load("nixl", settings)
-    conn = open_connector("nixl", bench_namespace(opts), settings)
+    conn = open_connector("nixl", bench_namespace(opts, "nixl"), settings)
     stack.callback(conn.close)
     raw = RawNixl(opts.workdir / "raw-nixl.dat", opts.pages * opts.page_bytes, config.posix_engine)
     stack.callback(raw.close)

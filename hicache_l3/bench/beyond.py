@@ -1,14 +1,11 @@
 """``hicache-l3 bench --beyond-memory``: stores several times bigger than the page cache.
 
 A worker process joins a memory cgroup limited to ``cache_bytes`` (:mod:`.memcg`; without
-one, the machine's memory bounds the page cache and the store is sized from it), fills one
-store per contender (file and hf3fs, buffered and ``o_direct``) and a raw file of the
-same size, drops their page cache, then times random batch gets over the whole store and
-sets of fresh keys into the full store (evicting), with the raw contenders
-(:mod:`.raw_direct`: O_DIRECT from many threads, and ``fio``) interleaved round by round.
-Every page read is verified. The report puts each contender's GB/s beside the bandwidth
-above which loading a prefix's KV beats recomputing it (``kv_bytes_per_token *
-prefill_tokens_per_s``). Figures: docs/benchmarks.md, "Beyond memory".
+one the store is sized from the machine's memory), fills one store per contender (file and
+hf3fs, buffered and ``o_direct``) and a raw file, drops their page cache, then times random
+batch gets over the whole store and evicting sets of fresh keys, interleaved round by round
+with the raw contenders (:mod:`.raw_direct`). Every page read is verified. Each GB/s is put
+beside the break-even against recompute (``kv_bytes_per_token * prefill_tokens_per_s``).
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ from typing import Any
 
 from hicache_l3.bench import memcg
 from hicache_l3.bench.raw_direct import FIO_JOBS, RawDirect, fio_available, run_fio
-from hicache_l3.bench.runner import BenchError, cpu_info, describe_cpu, drop_page_cache
+from hicache_l3.bench.runner import BenchError, cpu_info, describe_cpu, drop_page_cache, fixed_width, quantile
 from hicache_l3.common.errors import ConfigError, HiCacheL3Error
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer
@@ -38,10 +35,8 @@ from hicache_l3.common.registry import open_connector
 from hicache_l3.slab.format import Geometry
 
 BODIES = 64  # distinct page bodies; page i has body i % BODIES and its index in its first 8 bytes
-# Llama-3.1-8B in bf16: 32 layers x 8 KV heads x 128 head dim x 2 (K and V) x 2 bytes
-LLAMA31_8B_KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
-# its prefill on one H100 SXM: 989 TFLOPS dense bf16 (NVIDIA's datasheet) at 50% utilization,
-# over 2 FLOPs per parameter per token (8.03e9 parameters); attention not counted
+LLAMA31_8B_KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2  # layers x KV heads x head dim x (K, V) x bf16
+# 989 TFLOPS dense bf16 at 50% utilization over 2 FLOPs per parameter per token (8.03e9)
 H100_LLAMA31_8B_PREFILL_TOKENS_PER_S = 30_000
 CONNECTORS = ("file", "hf3fs")
 MODES = ("buffered", "o_direct")
@@ -114,7 +109,6 @@ def run_beyond(opts: BeyondOptions, quiet: bool = False) -> tuple[int, dict[str,
     why = ""
     try:
         opts.validate()
-        # the limit covers the page cache and what the worker allocates after joining
         cgroup, why = memcg.create(opts.cache_bytes + CGROUP_SLACK, f"hicache-l3-bench-{os.getpid()}")
         if opts.store_bytes <= 0:
             opts.store_bytes = 4 * opts.cache_bytes if cgroup else 2 * memcg.memory_total()
@@ -172,14 +166,13 @@ def format_report(report: dict[str, Any]) -> str:
              f"whole store, {meta['rounds']} interleaved rounds, every page read verified",
              f"break-even against recompute: {even:.2f} GB/s ({meta['kv_bytes_per_token']:,} KV bytes "
              f"per token x {meta['prefill_tokens_per_s']:,.0f} prefill tokens/s)"]
-    rows = [("contender", "op", "GB/s", "p50 ms", "p99 ms", "x raw", "x break-even")]
+    rows = [["contender", "op", "GB/s", "p50 ms", "p99 ms", "x raw", "x break-even"]]
     for r in report["results"]:
-        rows.append((r["contender"], r["op"], f"{r['gb_s']:.2f}",
+        rows.append([r["contender"], r["op"], f"{r['gb_s']:.2f}",
                      "" if r.get("p50_ms") is None else f"{r['p50_ms']:.1f}",
                      "" if r.get("p99_ms") is None else f"{r['p99_ms']:.1f}",
-                     "" if r.get("x_raw") is None else f"{r['x_raw']:.2f}", f"{r['gb_s'] / even:.2f}"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+                     "" if r.get("x_raw") is None else f"{r['x_raw']:.2f}", f"{r['gb_s'] / even:.2f}"])
+    lines.append(fixed_width(rows))
     lines.append(f"(x raw: against raw-direct-{meta['raw_threads']}t of the same op in the same rounds; "
                  "x break-even > 1: a hit loads faster than recomputing)")
     return "\n".join(lines)
@@ -189,8 +182,7 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 class _Pages:
-    """The fill's page contents and their check: page ``i`` is body ``i % BODIES`` with
-    ``i`` in its first 8 bytes."""
+    """Page ``i`` is body ``i % BODIES`` with ``i`` in its first 8 bytes."""
 
     def __init__(self, page_bytes: int) -> None:
         rng = random.Random(page_bytes)
@@ -256,7 +248,6 @@ def _connector(opts: BeyondOptions, backend: str, mode: str, source: HostBuffer,
 
 def _raw(opts: BeyondOptions, source: HostBuffer, stack: contextlib.ExitStack,
          direct: bool = True) -> tuple[_Contender, RawDirect]:
-    """A raw contender on the raw file (the buffered one reads it through the page cache)."""
     raw = RawDirect(Path(opts.workdir) / "raw-direct.dat", opts.pages, opts.page_bytes, opts.raw_threads,
                     direct)
     stack.callback(raw.close)
@@ -295,7 +286,7 @@ def _timed(c: _Contender, op: str, indices: list[int]) -> None:
 
 
 def worker(opts: BeyondOptions) -> dict[str, Any]:
-    """The measures (see the module docstring); the report as a dict."""
+    """The measures (module docstring), in this process; the report as a dict."""
     pages = _Pages(opts.page_bytes)
     source = HostBuffer(opts.batch * opts.page_bytes, pin=False)
     per_round = max(1, min(opts.batches, -(-opts.pages // opts.batch)) // opts.rounds)
@@ -303,7 +294,7 @@ def worker(opts: BeyondOptions) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         raw_contender, raw = _raw(opts, source, stack)
         contenders = [_connector(opts, b, m, source, stack) for b in opts.backends for m in opts.modes]
-        if "buffered" in opts.modes:  # the kernel's buffered path on the same file, filled once
+        if "buffered" in opts.modes:  # the buffered path on the same file, filled once
             contenders.append(dataclasses.replace(_raw(opts, source, stack, direct=False)[0],
                                                   fills=False))
         contenders.append(raw_contender)
@@ -349,11 +340,10 @@ def _results(contenders: list[_Contender], fio: dict[tuple[str, str], list[dict[
     for op in ("get", "set"):
         rows: list[dict[str, Any]] = []
         for c in contenders:
-            ms = sorted(1e3 * t for t in c.latencies[op])
+            ms = [1e3 * t for t in c.latencies[op]]
             rows.append({"contender": c.name, "op": op,
                          "gb_s": c.pages[op] * opts.page_bytes / sum(c.latencies[op]) / 1e9,
-                         "p50_ms": ms[len(ms) // 2], "p99_ms": ms[min(len(ms) - 1, int(0.99 * len(ms)))],
-                         "batches": len(ms)})
+                         "p50_ms": quantile(ms, 0.5), "p99_ms": quantile(ms, 0.99), "batches": len(ms)})
         for (name, fop), figs in fio.items():
             if fop == op:
                 rows.append({"contender": name, "op": op, "p50_ms": None, "p99_ms": None,

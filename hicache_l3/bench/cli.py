@@ -29,7 +29,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hicache_l3.bench.runner import BenchError, cpu_info, describe_cpu, load_backend, run_pairs
+from hicache_l3.bench.runner import (
+    BenchError,
+    cpu_info,
+    describe_cpu,
+    fixed_width,
+    load_backend,
+    parse_settings,
+    progress,
+    run_pairs,
+)
 from hicache_l3.bench.targets import DEFAULT_OPS, OPS, BenchOptions
 from hicache_l3.common.config import parse_size
 from hicache_l3.common.errors import HiCacheL3Error
@@ -68,21 +77,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "raw baselines always use one)")
     parser.add_argument("--reps", type=int, default=6,
                         help="timed repetitions (default 6); the connector goes first in every other "
-                             "one, and the ratio takes them in pairs (an odd last one is left out of it)")
+                             "one, the ratio takes them in pairs")
     parser.add_argument("--ops", default=",".join(DEFAULT_OPS),
                         help="ops to run, from set,get,exists,mixed (default set,get,exists); "
                              "mixed = batches of gets and sets, --read-fraction of them gets")
     parser.add_argument("--read-fraction", type=float, default=0.8,
                         help="share of get batches in the mixed op (default 0.8)")
     parser.add_argument("--idle-ms", type=float, default=0.0, metavar="MS",
-                        help="sleep MS milliseconds before every timed op of every target, off the "
-                             "clock: the op then meets what a server's first get after a pause "
-                             "meets (I/O threads asleep, caches cooled) instead of the previous "
-                             "op's warm state (default 0: back to back)")
+                        help="sleep MS ms before every timed op, off the clock: what a server's "
+                             "first get after a pause meets (default 0: back to back)")
     parser.add_argument("--cache", choices=["warm", "cold", "both"], default="warm",
-                        help="warm: reads may hit the page cache; cold: the page cache of the "
-                             "store's files is dropped before every timed read (file-based "
-                             "engines; memory engines are unaffected); both: run each")
+                        help="warm: reads may hit the page cache; cold: the store files' page cache "
+                             "is dropped before every timed read; both: run each")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="BACKEND.KEY=VALUE", help="a connector setting, e.g. file.root=/mnt/kv")
     parser.add_argument("--workdir", type=Path, default=None,
@@ -94,30 +100,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--scale", action="store_true",
                         help="instead: sweep file-connector store sizes (index memory, open time, "
-                             "exists/get/set rates, eviction; see docs/benchmarks.md)")
+                             "exists/get/set rates, eviction)")
     parser.add_argument("--scale-sizes", default="1e4,1e5,1e6,1e7", metavar="N[,N]",
                         help="--scale: pages per store (default 1e4,1e5,1e6,1e7)")
     parser.add_argument("--scale-page-bytes", type=_sizes, default=[256], metavar="SIZE",
-                        help="--scale: page size (default 256 bytes: packed, 384 bytes a page "
-                             "on disk with its marker, so 10^7 pages fit the page cache; "
-                             "real page sizes such as 64KiB need 10^7 x that of disk)")
+                        help="--scale: page size (default 256 bytes, so that 10^7 pages fit the "
+                             "page cache; 64KiB pages need 10^7 x that of disk)")
     parser.add_argument("--scale-index-only", action="store_true",
-                        help="--scale: stores written as index logs over sparse slabs (no page "
-                             "bytes): open time, index memory and exists at sizes the disk "
-                             "cannot hold; no get/set")
+                        help="--scale: stores written as index logs over sparse slabs: open time, "
+                             "index memory and exists at sizes the disk cannot hold; no get/set")
     parser.add_argument("--kv", choices=["random", "real"], default="random",
-                        help="--compression: page bytes: random, or the KV of a real small model "
-                             "(SmolLM2-135M on CPU, cached under ~/.cache/hicache-l3; pip install "
-                             "'hicache-l3[kv]')")
+                        help="--compression: page bytes: random, or the KV of SmolLM2-135M run on "
+                             "CPU (cached under ~/.cache/hicache-l3; pip install 'hicache-l3[kv]')")
     parser.add_argument("--compression", action="store_true",
                         help="each backend of --compression-backends with compression=zstd against "
                              "itself with none, interleaved: stored ratio and effective GB/s")
     parser.add_argument("--compression-backends", default="memory,nixl-obj", metavar="B[,B]",
                         help="--compression: memory, nixl-obj, mooncake, file-fsspec, file")
     parser.add_argument("--beyond-memory", action="store_true",
-                        help="instead: file and hf3fs stores several times the page cache the bench "
-                             "may use (a memory cgroup), random gets and evicting sets from the device, "
-                             "against raw O_DIRECT and fio; with the break-even against recompute")
+                        help="instead: file and hf3fs stores several times the page cache allowed (a "
+                             "memory cgroup), random gets and evicting sets from the device against raw "
+                             "O_DIRECT and fio, with the break-even against recompute")
     parser.add_argument("--beyond-store", type=_sizes, default=[0], metavar="SIZE",
                         help="--beyond-memory: bytes of pages per store (default: 4x --beyond-cache; "
                              "without a cgroup, 2x the machine's memory)")
@@ -133,29 +136,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--beyond-memory: timed batches per contender and op (default 256, at "
                              "most one pass over the store)")
     parser.add_argument("--beyond-fio-seconds", type=float, default=2.0,
-                        help="--beyond-memory: seconds of each fio job per round, when fio is "
-                             "installed (default 2)")
+                        help="--beyond-memory: seconds of each fio job per round (default 2)")
     parser.add_argument("--kv-bytes-per-token", type=int, default=None,
                         help="--beyond-memory: the model's KV bytes per token (default 131072: "
                              "Llama-3.1-8B in bf16)")
     parser.add_argument("--prefill-tokens-per-s", type=float, default=None,
                         help="--beyond-memory: prefill rate of the model on its GPU (default 30000: "
-                             "Llama-3.1-8B on one H100, see docs/benchmarks.md)")
-
-
-def _settings(overrides: list[str]) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
-    for item in overrides:
-        name, sep, value = item.partition("=")
-        backend, dot, key = name.partition(".")
-        if not (sep and dot and backend and key):
-            raise HiCacheL3Error(f"--set {item!r}: expected BACKEND.KEY=VALUE, e.g. file.root=/mnt/kv")
-        out.setdefault(backend, {})[key] = value
-    return out
+                             "Llama-3.1-8B on one H100)")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the bench; print the table; write JSON/CSV/plot. Exit code 1 on failure."""
+    """Run the bench; print the table; write JSON/CSV/plot. Exit 1 on failure, 2 on bad options."""
     quiet_credential_loggers()
     if args.scale:
         return _run_scale(args)
@@ -182,11 +173,11 @@ def run(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     started = time.monotonic()
     try:
-        settings = _settings(args.overrides)
+        settings = parse_settings(args.overrides)
         caches = ["warm", "cold"] if args.cache == "both" else [args.cache]
         combos = [(p, b, t, c) for p in args.page_size for b in args.batch for t in args.threads
                   for c in caches]
-        with _progress(len(backends) * len(combos), args.quiet) as tick:
+        with progress(len(backends) * len(combos), args.quiet, "bench", "config", delay=1.0) as tick:
             for backend in backends:
                 make_pairs = load_backend(backend)
                 for page_bytes, batch, threads, cache in combos:
@@ -246,7 +237,7 @@ def _run_scale(args: argparse.Namespace) -> int:
 
     try:
         sizes = parse_counts(args.scale_sizes)
-        settings = _settings(args.overrides)
+        settings = parse_settings(args.overrides)
     except HiCacheL3Error as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
@@ -263,7 +254,7 @@ def _run_beyond(args: argparse.Namespace) -> int:
     try:
         opts = BeyondOptions(
             store_bytes=args.beyond_store[0], cache_bytes=args.beyond_cache[0], batch=args.batch[0],
-            rounds=args.beyond_rounds, batches=args.beyond_batches, settings=_settings(args.overrides),
+            rounds=args.beyond_rounds, batches=args.beyond_batches, settings=parse_settings(args.overrides),
             fio_seconds=args.beyond_fio_seconds,
             backends=tuple(b.strip() for b in args.beyond_backends.split(",") if b.strip()),
             modes=tuple(m.strip() for m in args.beyond_modes.split(",") if m.strip()),
@@ -286,20 +277,6 @@ def _run_beyond(args: argparse.Namespace) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _progress(total: int, quiet: bool) -> Any:
-    if quiet:
-        yield lambda: None
-        return
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, desc="bench", unit="config", file=sys.stderr, delay=1.0, leave=False)
-    try:
-        yield lambda: bar.update(1)
-    finally:
-        bar.close()
-
-
 COLUMNS = [("backend", "{}"), ("op", "{}"), ("cache", "{}"), ("page_size", "{}"), ("batch", "{}"),
            ("threads", "{}"), ("gib_per_s", "{:.2f}"), ("pages_per_s", "{:,.0f}"),
            ("p50_ms", "{:.3f}"), ("p99_ms", "{:.3f}"), ("ratio_to_raw", "{:.2f}")]
@@ -319,8 +296,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                 value = _human(value)
             cells.append("" if value is None else fmt.format(value))
         lines.append(cells)
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines)
+    return fixed_width(lines)
 
 
 def _human(n: int) -> str:

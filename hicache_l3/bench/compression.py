@@ -1,9 +1,7 @@
-"""``hicache-l3 bench --compression``: each connector with ``compression=zstd`` against the
-same connector with ``none``, in one run, interleaved repetition by repetition (the order
-swapped every repetition), on the same pages: random bytes or the KV of a real model
-(``--kv real``, :mod:`hicache_l3.bench.real_kv`). Reported per backend: the stored ratio
-(raw bytes over stored bytes), the effective GB/s of set and get (raw page bytes moved per
-second) for both settings, and get zstd / none (order-balanced). Every get is verified.
+"""``hicache-l3 bench --compression``: each connector with ``compression=zstd`` against itself
+with ``none``, interleaved repetition by repetition (order swapped), on random bytes or a real
+model's KV: stored ratio, effective GB/s of set and get per setting, get zstd / none. Every
+get is verified.
 """
 
 from __future__ import annotations

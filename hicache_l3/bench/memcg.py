@@ -1,12 +1,6 @@
-"""A memory cgroup that bounds the page cache a bench process may use.
-
-The beyond-memory bench (:mod:`hicache_l3.bench.beyond`) runs its worker inside one, so
-that a store a few times the limit is read from the device, not from the page cache.
-cgroup v1 (``/sys/fs/cgroup/memory``) and v2 (a ``memory`` controller in
-``/sys/fs/cgroup/cgroup.controllers``) are supported; creating one needs root. Charges a
-process made before it joined stay where they were, so a worker allocates its buffers
-first and joins after.
-"""
+"""A memory cgroup (v1 or v2; creating one needs root) that bounds the page cache a bench
+process may use. Charges made before a process joins stay where they were, so a worker
+allocates its buffers first and joins after."""
 
 from __future__ import annotations
 

@@ -14,9 +14,8 @@ def _label(row: dict[str, Any]) -> str:
     return f"{row['backend']}({row['placement']})" if row.get("placement") else str(row["backend"])
 
 
-def plot_results(rows: list[dict[str, Any]], path: Path) -> None:
-    """Write a 2x2 figure: GiB/s vs page size (at the largest batch) and vs batch (at the
-    largest page size), for set and get; medians with min-max error bars."""
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend; EngineUnavailableError without matplotlib."""
     try:
         import matplotlib
 
@@ -24,6 +23,13 @@ def plot_results(rows: list[dict[str, Any]], path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise EngineUnavailableError("--plot needs matplotlib: pip install 'hicache-l3[plot]'") from exc
+    return plt
+
+
+def plot_results(rows: list[dict[str, Any]], path: Path) -> None:
+    """Write a 2x2 figure: GiB/s vs page size (at the largest batch) and vs batch (at the
+    largest page size), for set and get; medians with min-max error bars."""
+    plt = pyplot()
     data = [r for r in rows if r["op"] in ("set", "get")]
     if not data:
         raise ValueError("no set/get rows to plot")

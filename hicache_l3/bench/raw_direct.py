@@ -1,11 +1,5 @@
-"""Raw contenders of the beyond-memory bench: the device's limit at one block size.
-
-:class:`RawDirect` reads and writes random blocks of a file with O_DIRECT from many
-threads, a batch at a time (each thread a share of the batch, joined before the batch
-ends), as a connector's batch call is timed. :func:`run_fio` runs ``fio`` on the same
-file when it is installed: a continuous random read or write at a queue depth, the
-device's figure without batch boundaries.
-"""
+"""Raw contenders of the beyond-memory bench: :class:`RawDirect` (random O_DIRECT blocks
+from many threads, a batch at a time) and :func:`run_fio` (``fio`` on the same file)."""
 
 from __future__ import annotations
 

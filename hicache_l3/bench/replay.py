@@ -1,17 +1,11 @@
 """hicache-l3 replay: an agentic workload through a simulated L1/L2 per serving instance
-and one real L3 connector, with and without the L3, and what it does to time to first token.
+and one real L3 connector, with and without the L3, and its effect on time to first token.
 
-The workload (hicache_l3/bench/workload.py; sources in docs/replay.md): agent sessions of
-think / act / observe turns over a growing context, sharing system prompts and tool
-schemas, forking sub-agents from their context, pausing on slow tools and resuming after
-their L1/L2 copy was evicted, spread over several serving instances that share one L3.
-
-Per request: the leading prompt pages found in L1, then L2 (simulated, LRU, in pages),
-then L3 (the real connector: batch_exists, then batch_get, timed, every page's bytes
-verified); the rest is recomputed. Pages computed by the request are written to L3
-(batch_set, timed, not on the TTFT path: HiCache backs up asynchronously).
-Modelled TTFT = L3 time (exists + get, measured) + recomputed tokens / --prefill-tps.
-L1/L2 hits are counted as free. The baseline replays the same requests without L3.
+Per request: the leading prompt pages found in L1, then L2 (simulated LRU), then L3 (the
+real connector: batch_exists, then batch_get, timed, every page verified); the rest is
+recomputed and written to L3 (batch_set, timed, off the TTFT path). Modelled TTFT = L3
+exists + get time + recomputed tokens / --prefill-tps; L1/L2 hits are free. The baseline
+replays the same requests without L3. Workload and defaults: docs/replay.md.
 
 Examples:
   hicache-l3 replay                                       # file connector in a temp dir
@@ -31,10 +25,11 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hicache_l3.bench.runner import parse_settings, progress, quantile
 from hicache_l3.bench.tiers import InstanceCache, L3Tier, LoadResult
 from hicache_l3.bench.workload import Request, Workload, WorkloadParams, generate
 from hicache_l3.common.config import parse_size
@@ -50,22 +45,7 @@ HIT_FIELDS = ("index", "instance", "agent", "event", "prompt_tokens", "pages_nee
 
 @dataclasses.dataclass(frozen=True)
 class ReplayConfig:
-    """The tiers and the TTFT model. Defaults (documented in docs/replay.md):
-
-    - ``page_tokens`` 64: SGLang's recommended ``--page-size`` with HiCache storage;
-    - ``page_bytes`` 64 KiB: the real bytes moved per page here; a real page of the
-      reference model is ``page_tokens * ref_kv_bytes_per_token`` (8 MiB), too big for a
-      one-minute run on a small machine, hence the projection in the summary;
-    - ``l1_pages`` 512 per instance: the smallest power of two that holds the longest
-      prompt of the default workload (the GPU must hold the request it prefills), so
-      that L1 is under pressure; ``l2_pages`` 1024 = 2 x L1, SGLang's default
-      ``--hicache-ratio 2``; both far below the working set (reported);
-    - ``prefill_tps`` 20,000 tokens/s: the assumed recompute throughput (order of
-      magnitude of an 8B model's prefill on one H100);
-    - ``batch`` 128 pages per L3 call (SGLang's prefetch batch);
-    - ``ref_kv_bytes_per_token`` 128 KiB: Llama-3.1-8B in bf16 (2 x 32 layers x 8 KV
-      heads x 128 dims x 2 bytes).
-    """
+    """The tiers and the TTFT model (defaults and their sources: docs/replay.md)."""
 
     page_tokens: int = 64
     page_bytes: int = 64 << 10
@@ -154,13 +134,6 @@ def check_baseline(with_l3: Sequence[dict[str, Any]], without: Sequence[dict[str
         raise HiCacheL3Error("baseline has a different number of requests")
 
 
-def _pct(values: Sequence[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def _ratio(a: float, b: float) -> float:
     return a / b if b else 0.0
 
@@ -206,11 +179,11 @@ def summarize(rows: Sequence[dict[str, Any]], config: ReplayConfig,
         "token_hit_rate_no_l3": 1 - _ratio(tot("recompute_tokens_no_l3"), tot("prompt_tokens")),
         "token_hit_rate_with_l3": 1 - _ratio(tot("recompute_tokens"), tot("prompt_tokens")),
         "ttft_mean_no_l3_s": mean_base, "ttft_mean_s": mean,
-        "ttft_p50_no_l3_s": _pct(base, 0.5), "ttft_p50_s": _pct(ttft, 0.5),
-        "ttft_p90_no_l3_s": _pct(base, 0.9), "ttft_p90_s": _pct(ttft, 0.9),
-        "ttft_p99_no_l3_s": _pct(base, 0.99), "ttft_p99_s": _pct(ttft, 0.99),
+        "ttft_p50_no_l3_s": quantile(base, 0.5), "ttft_p50_s": quantile(ttft, 0.5),
+        "ttft_p90_no_l3_s": quantile(base, 0.9), "ttft_p90_s": quantile(ttft, 0.9),
+        "ttft_p99_no_l3_s": quantile(base, 0.99), "ttft_p99_s": quantile(ttft, 0.99),
         "ttft_reduction_mean": 1 - _ratio(mean, mean_base),
-        "ttft_reduction_p50": 1 - _ratio(_pct(ttft, 0.5), _pct(base, 0.5)),
+        "ttft_reduction_p50": 1 - _ratio(quantile(ttft, 0.5), quantile(base, 0.5)),
         "l3_bytes_loaded": l3_bytes, "l3_get_s": get_s, "l3_exists_s": exists_s,
         "l3_read_gib_per_s": _ratio(l3_bytes, get_s) / 2**30,
         "l3_set_pages": tot("l3_set_pages"), "l3_set_s": set_s,
@@ -276,17 +249,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def _settings(backend: str, overrides: Sequence[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _settings(backend: str, overrides: list[str]) -> dict[str, Any]:
+    parsed = parse_settings(overrides)
     for item in overrides:
-        name, sep, value = item.partition("=")
-        prefix, dot, key = name.partition(".")
-        if not (sep and dot and prefix and key):
-            raise ConfigError(f"--set {item!r}: expected BACKEND.KEY=VALUE, e.g. file.root=/mnt/kv")
-        if prefix != backend:
+        if item.partition(".")[0] != backend:
             raise ConfigError(f"--set {item!r}: the replay runs backend {backend!r} only")
-        out[key] = value
-    return out
+    return parsed.get(backend, {})
 
 
 def _env_configured(name: str, field: str = "") -> bool:
@@ -344,21 +312,6 @@ def open_l3(
     return tier, shown
 
 
-@contextlib.contextmanager
-def _progress(total: int, quiet: bool, desc: str) -> Iterator[Callable[[], None]]:
-    if quiet:
-        yield lambda: None
-        return
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, desc=desc, unit="req", file=sys.stderr, delay=1.0, leave=False,
-               mininterval=0.5)
-    try:
-        yield lambda: bar.update(1)
-    finally:
-        bar.close()
-
-
 def run(args: argparse.Namespace) -> int:
     """Generate the workload, replay it with and without L3, print and write results."""
     quiet_credential_loggers()
@@ -375,7 +328,8 @@ def run(args: argparse.Namespace) -> int:
             settings = _settings(args.backend, args.overrides)
             tier, shown = open_l3(args.backend, settings, params.instances,
                                   args.connectors == "shared", config, stack, workdir)
-            with _progress(len(workload.requests), args.quiet, "replay") as tick:
+            with progress(len(workload.requests), args.quiet, "replay", "req", delay=1.0,
+                          mininterval=0.5) as tick:
                 result = replay(workload, config, tier, tick)
         baseline = replay(workload, config, None)
         check_baseline(result.rows, baseline.rows)
@@ -462,11 +416,9 @@ def plot_replay(rows: Sequence[dict[str, Any]], summary: dict[str, Any], path: P
                 page_tokens: int) -> None:
     """Three panels: where pages came from by turn, TTFT distribution with and without
     L3, and the running hit rate over the replay."""
-    import matplotlib
+    from hicache_l3.bench.plot import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
     main = [r for r in rows if r["kind"] == "main"]
     xs = list(range(turns))

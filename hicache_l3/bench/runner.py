@@ -1,12 +1,6 @@
 """Runs bench pairs: the connector and its raw baseline interleaved, repetition by
-repetition, on the same pre-touched pages; verifies the bytes after timing.
-
-Per repetition and op, each target moves all ``pages`` in batches of ``batch`` (split
-across ``threads`` client threads for connectors; raw baselines use one thread).
-Reported per target and op: median GiB/s and pages/s over repetitions (with min/max),
-p50/p95/p99 of per-batch latency over all repetitions, and for connectors the ratio to
-the raw baseline, order-balanced (:func:`balanced_ratio`).
-"""
+repetition, on the same pre-touched pages, bytes verified after timing; and the helpers
+every bench mode shares (CPU line, quantiles, tables, progress bars, ``--set`` parsing)."""
 
 from __future__ import annotations
 
@@ -15,9 +9,10 @@ import importlib
 import math
 import os
 import statistics
+import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -36,9 +31,8 @@ CPU_FLAGS = ("avx2", "avx512f")  # the SIMD levels checksums and copies depend o
 
 
 def cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
-    """The machine's CPU, so a reader knows where figures come from: ``{"model": str,
-    "avx2": bool, "avx512f": bool, "cores": int}`` ("model name" and flags of the first
-    processor in ``cpuinfo``; the platform's processor string and no flags without it)."""
+    """``{"model", "avx2", "avx512f", "cores"}`` of the first processor in ``cpuinfo`` (the
+    platform's processor string and no flags without it)."""
     import platform
 
     model, flags = "", set[str]()
@@ -53,8 +47,6 @@ def cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
             model = value.strip()
         elif name == "flags" and not flags:
             flags = set(value.split())
-        if model and flags:
-            break
     info: dict[str, Any] = {"model": model or platform.processor() or platform.machine() or "unknown"}
     info.update({flag: flag in flags for flag in CPU_FLAGS})
     info["cores"] = os.cpu_count() or 0
@@ -67,15 +59,56 @@ def describe_cpu(info: dict[str, Any]) -> str:
     return f"cpu: {info['model']} ({info.get('cores', 0)} cores; {flags})"
 
 
+def quantile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (nearest rank below) of ``values``; 0.0 when empty."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def fixed_width(lines: list[list[str]]) -> str:
+    """Rows of cells as right-aligned columns, two spaces apart."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines)
+
+
+@contextlib.contextmanager
+def progress(total: int, quiet: bool, desc: str, unit: str, **tqdm_args: Any) -> Iterator[Callable[..., Any]]:
+    """A tqdm bar on stderr (nothing when ``quiet``); yields ``update(n=1)``."""
+    if quiet:
+        yield lambda n=1: None
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False, **tqdm_args)
+    try:
+        yield bar.update
+    finally:
+        bar.close()
+
+
+def parse_settings(overrides: list[str]) -> dict[str, dict[str, Any]]:
+    """``--set BACKEND.KEY=VALUE`` items as ``{backend: {key: value}}``; ConfigError on a bad one."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in overrides:
+        name, sep, value = item.partition("=")
+        backend, dot, key = name.partition(".")
+        if not (sep and dot and backend and key):
+            raise ConfigError(f"--set {item!r}: expected BACKEND.KEY=VALUE, e.g. file.root=/mnt/kv")
+        out.setdefault(backend, {})[key] = value
+    return out
+
+
 def load_backend(name: str) -> Callable[[BenchOptions, contextlib.ExitStack], list[Pair]]:
-    """The ``make_pairs`` of bench backend ``name``."""
+    """The ``make_pairs`` of bench backend ``name`` (ConfigError when it has none)."""
     from hicache_l3.common.registry import resolve_name
 
-    canonical = resolve_name(name)
+    module_name = f"hicache_l3.bench.backend_{resolve_name(name)}"
     try:
-        module = importlib.import_module(f"hicache_l3.bench.backend_{canonical}")
+        module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name == f"hicache_l3.bench.backend_{canonical}":
+        if exc.name == module_name:
             raise ConfigError(f"no bench backend for connector {name!r} yet") from None
         raise
     make: Callable[[BenchOptions, contextlib.ExitStack], list[Pair]] = module.make_pairs
@@ -84,8 +117,6 @@ def load_backend(name: str) -> Callable[[BenchOptions, contextlib.ExitStack], li
 
 def fill(buffer: HostBuffer, page_bytes: int) -> None:
     """Distinct, incompressible-looking bytes in every page (1 MiB random block + page id)."""
-    import os
-
     view = buffer.view()
     block = os.urandom(min(1 << 20, buffer.size))
     for off in range(0, buffer.size, len(block)):
@@ -106,7 +137,6 @@ class Measure:
 
 def _mixed_plans(target: BenchTarget, keys: list[str], src: list[Page], dst: list[Page],
                  batch: int, read_fraction: float) -> list[tuple[str, Any]]:
-    """Batches of gets (of stored ``keys``) and sets (of fresh keys), ``read_fraction`` gets."""
     plans = []
     for j, lo in enumerate(range(0, len(keys), batch)):
         if int((j + 1) * read_fraction) > int(j * read_fraction):
@@ -130,7 +160,7 @@ def drop_page_cache(directory: Path) -> None:
 
 
 def _time_op(target: BenchTarget, op: str, keys: list[str], pages: list[Page], batch: int,
-             threads: int, measure: Measure, plans: list[tuple[str, Any]] | None = None) -> float:
+             threads: int, measure: Measure, plans: list[tuple[str, Any]] | None = None) -> None:
     if plans is None:
         plans = [(op, target.plan(op, keys[lo : lo + batch], pages[lo : lo + batch]))
                  for lo in range(0, len(keys), batch)]
@@ -151,28 +181,16 @@ def _time_op(target: BenchTarget, op: str, keys: list[str], pages: list[Page], b
     else:
         with ThreadPoolExecutor(threads) as pool:
             failed = sum(pool.map(work, [plans[t::threads] for t in range(threads)]))
-    elapsed = time.perf_counter() - start
-    measure.rep_seconds.append(elapsed)
+    measure.rep_seconds.append(time.perf_counter() - start)
     measure.batch_seconds.extend(lat)
     measure.failures += failed
-    return elapsed
-
-
-def _quantile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def balanced_ratio(ratios: list[float]) -> float:
-    """The ratio a bench row reports from the per-repetition ratios connector / raw
-    (throughput; the connector goes first in even repetitions, raw in odd ones): the
-    median over consecutive pairs of repetitions (0 and 1, 2 and 3, ...) of each pair's
-    geometric mean. Whoever runs first after the op before pays for it (the first of two
-    Mooncake ``exists`` after a set ran markedly slower, whichever target it was); a plain
-    median of an odd count lands on the connector-first side. An odd last repetition is
-    left out; a single one is returned as it is."""
+    """The row's ratio from per-repetition ratios connector / raw (the connector first in
+    even repetitions): the median over pairs of repetitions (0 and 1, 2 and 3, ...) of each
+    pair's geometric mean, so that a first-runner penalty cancels. An odd last repetition is
+    left out; a single one is returned as is; ValueError when empty."""
     if not ratios:
         raise ValueError("balanced_ratio: no repetitions")
     if len(ratios) == 1:
@@ -180,9 +198,10 @@ def balanced_ratio(ratios: list[float]) -> float:
     return statistics.median(math.sqrt(a * b) for a, b in zip(ratios[0::2], ratios[1::2]))
 
 
-def run_pairs(pairs: list[Pair], opts: BenchOptions, ops: tuple[str, ...],
-              progress: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
-    """Measure every pair; returns one JSON row per target and op."""
+def run_pairs(pairs: list[Pair], opts: BenchOptions, ops: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Measure every pair (one untimed warm-up, then ``opts.reps`` repetitions, the order
+    swapped every other one); one JSON row per target and op. BenchError on a failed page
+    or wrong bytes."""
     src = HostBuffer(opts.pages * opts.page_bytes, name="bench-src")
     dst = HostBuffer(opts.pages * opts.page_bytes, name="bench-dst")
     fill(src, opts.page_bytes)
@@ -193,8 +212,7 @@ def run_pairs(pairs: list[Pair], opts: BenchOptions, ops: tuple[str, ...],
         t.prepare([src, dst], opts.page_bytes)
     run_id = uuid.uuid4().hex[:8]
     measures = {(id(t), op): Measure() for t in targets for op in ops}
-    # one untimed warm-up repetition: fills slabs / segments, faults in everything
-    for t in targets:
+    for t in targets:  # warm-up: fills slabs / segments, faults in everything
         keys = [f"{run_id}-warm-{i}" for i in range(opts.pages)]
         for op in ("set", "get"):
             if op in t.ops and (op in ops or "mixed" in ops):
@@ -214,19 +232,15 @@ def run_pairs(pairs: list[Pair], opts: BenchOptions, ops: tuple[str, ...],
                 for t in order:
                     if not t.supports(op):
                         continue
-                    pages = src_pages if op == "set" else dst_pages
                     plans = None
                     if op == "mixed":
-                        plans = _mixed_plans(t, keys, src_pages, dst_pages, opts.batch,
-                                             opts.read_fraction)
+                        plans = _mixed_plans(t, keys, src_pages, dst_pages, opts.batch, opts.read_fraction)
                     if opts.cache == "cold" and op in ("get", "mixed"):
                         drop_page_cache(opts.workdir)
                     if opts.idle_s:
                         time.sleep(opts.idle_s)
-                    _time_op(t, op, keys, pages, opts.batch, opts.threads,
-                             measures[(id(t), op)], plans)
-                    if progress:
-                        progress(1)
+                    _time_op(t, op, keys, src_pages if op == "set" else dst_pages, opts.batch,
+                             opts.threads, measures[(id(t), op)], plans)
                     if op == "get":
                         _verify(t, src, dst, opts)
     rows = []
@@ -241,8 +255,8 @@ def run_pairs(pairs: list[Pair], opts: BenchOptions, ops: tuple[str, ...],
                     raise BenchError(f"{t.backend} {op}: {m.failures} pages failed during timing")
                 row = _row(t, op, m, opts)
                 if t is pair.connector and raw_m is not None and raw_m.rep_seconds:
-                    ratios = [r / c for c, r in zip(m.rep_seconds, raw_m.rep_seconds)]
-                    row["ratio_to_raw"] = balanced_ratio(ratios)
+                    row["ratio_to_raw"] = balanced_ratio([r / c for c, r in zip(m.rep_seconds,
+                                                                                  raw_m.rep_seconds)])
                     row["raw_backend"] = pair.raw.backend if pair.raw else None
                 rows.append(row)
     return rows
@@ -251,33 +265,26 @@ def run_pairs(pairs: list[Pair], opts: BenchOptions, ops: tuple[str, ...],
 def _verify(target: BenchTarget, src: HostBuffer, dst: HostBuffer, opts: BenchOptions) -> None:
     a, b = src.view(), dst.view()
     if a != b:
-        bad = next(i for i in range(opts.pages)
-                   if a[i * opts.page_bytes : (i + 1) * opts.page_bytes]
-                   != b[i * opts.page_bytes : (i + 1) * opts.page_bytes])
+        pb = opts.page_bytes
+        bad = next(i for i in range(opts.pages) if a[i * pb : (i + 1) * pb] != b[i * pb : (i + 1) * pb])
         raise BenchError(f"{target.backend}: page {bad} read back differs from what was written")
     b[:] = bytes(len(b))  # the next get must write every byte again
 
 
 def _row(t: BenchTarget, op: str, m: Measure, opts: BenchOptions) -> dict[str, Any]:
-    nbytes = opts.pages * opts.page_bytes
-    gibs = [nbytes / s / 2**30 for s in m.rep_seconds]
-    pps = [opts.pages / s for s in m.rep_seconds]
+    gibs = [opts.pages * opts.page_bytes / s / 2**30 for s in m.rep_seconds]
+    moves = op != "exists"
     row: dict[str, Any] = {
-        "backend": t.backend,
-        "op": op,
-        "page_size": opts.page_bytes,
-        "batch": opts.batch,
-        "pages": opts.pages,
-        "threads": 1 if t.backend.startswith("raw-") else opts.threads,
-        "cache": opts.cache,
-        "reps": len(m.rep_seconds),
-        "gib_per_s": statistics.median(gibs) if op != "exists" else 0.0,
-        "gib_per_s_min": min(gibs) if op != "exists" else 0.0,
-        "gib_per_s_max": max(gibs) if op != "exists" else 0.0,
-        "pages_per_s": statistics.median(pps),
-        "p50_ms": _quantile(m.batch_seconds, 0.50) * 1e3,
-        "p95_ms": _quantile(m.batch_seconds, 0.95) * 1e3,
-        "p99_ms": _quantile(m.batch_seconds, 0.99) * 1e3,
+        "backend": t.backend, "op": op, "page_size": opts.page_bytes, "batch": opts.batch,
+        "pages": opts.pages, "threads": 1 if t.backend.startswith("raw-") else opts.threads,
+        "cache": opts.cache, "reps": len(m.rep_seconds),
+        "gib_per_s": statistics.median(gibs) if moves else 0.0,
+        "gib_per_s_min": min(gibs) if moves else 0.0,
+        "gib_per_s_max": max(gibs) if moves else 0.0,
+        "pages_per_s": statistics.median(opts.pages / s for s in m.rep_seconds),
+        "p50_ms": quantile(m.batch_seconds, 0.50) * 1e3,
+        "p95_ms": quantile(m.batch_seconds, 0.95) * 1e3,
+        "p99_ms": quantile(m.batch_seconds, 0.99) * 1e3,
     }
     if op == "mixed":
         row["read_fraction"] = opts.read_fraction

@@ -1,17 +1,11 @@
 """``hicache-l3 bench --scale``: how the file connector's costs grow with the store size.
 
-For each store size N (``--scale-sizes``), one process fills a fresh file-connector store
-with N pages (``--scale-page-bytes``) and a capacity of ``N + S`` slots (``S = min(N,
-16384)`` rounded up to whole batches of 128). Then fresh subprocesses open it and report
-their memory growth and open time; the filling process measures ``exists``, ``get``
-(first and warm, each beside a raw ``os.preadv`` contender batch for batch), ``set`` to
-capacity and the evicting ``set``, after letting the fill's index work end (``settle_s``)
-so that it lands in none of them. ``--scale-index-only`` writes each store as one log
-over sparse slabs and measures only open, memory and ``exists``. Columns and current
-figures: docs/benchmarks.md, "``hicache-l3 bench --scale``".
-
-Every op must succeed for every key (a miss or a failed set is a :class:`BenchError`).
-The figures are medians of one pass, meaningful only on a quiet machine.
+Per store size N: one process fills a fresh store with N pages (capacity ``N + S`` slots,
+``S`` = :func:`sample_size`); fresh subprocesses open it and report memory growth and open
+time; the filling process then times ``exists``, ``get`` (first and warm, each beside a raw
+``os.preadv`` contender batch for batch), ``set`` to capacity and the evicting ``set``.
+``--scale-index-only`` writes each store as one log over sparse slabs and measures only
+open, memory and ``exists``. Every op must succeed for every key (else :class:`BenchError`).
 """
 
 from __future__ import annotations
@@ -26,11 +20,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hicache_l3.bench.runner import BenchError, cpu_info, describe_cpu
+from hicache_l3.bench.runner import BenchError, cpu_info, describe_cpu, fixed_width, progress, quantile
 from hicache_l3.common.errors import ConfigError, HiCacheL3Error
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer
@@ -130,8 +124,7 @@ def run_sweep(sizes: list[int], page_bytes: int, workdir: Path, settings: dict[s
 
 def write_index_only_store(store: Path, n: int, page_bytes: int) -> None:
     """A store whose one writer's log publishes ``n`` pages (keys :func:`key`) in sparse
-    slab files that hold no bytes: enough to open it and answer ``exists``, at sizes whose
-    pages would not fit on the disk."""
+    slab files: enough to open it and answer ``exists``."""
     from hicache_l3.slab.files import make_dir, open_file, slab_file_name
     from hicache_l3.slab.format import PUT, Entry, encode_record, namespace_dir, write_namespace_file
 
@@ -161,8 +154,6 @@ def write_index_only_store(store: Path, n: int, page_bytes: int) -> None:
 
 def _measure_index_only(n: int, page_bytes: int, root: Path, settings: dict[str, Any],
                         progress: bool) -> dict[str, Any]:
-    """A row of ``--scale-index-only``: the store is written as a log (no page bytes), its
-    checkpoint by a process that opened it; then the opens and ``exists``."""
     from hicache_l3.slab.store import SlabStore
 
     s = sample_size(n)
@@ -201,8 +192,8 @@ def _without_root(settings: dict[str, Any]) -> dict[str, Any]:
 
 def _probe_all(row: dict[str, Any], store: Path, page_bytes: int, settings: dict[str, Any],
                last_key: str) -> None:
-    """Open ``store`` in fresh processes: :data:`OPENS` times as a process does, once with
-    the index checkpoint ignored (a full log replay); the figures go into ``row``."""
+    """Open ``store`` in fresh processes, :data:`OPENS` times and once ignoring the index
+    checkpoint (a full log replay); the figures go into ``row``."""
     n = row["pages"]
     probes = [_probe(store, page_bytes, settings, last_key) for _ in range(OPENS)]
     row["open_s"] = statistics.median(p["open_s"] for p in probes)
@@ -213,15 +204,13 @@ def _probe_all(row: dict[str, Any], store: Path, page_bytes: int, settings: dict
     row["index_node_bytes_per_page"] = (row["index_shared_bytes_per_page"]
                                         + PROCS_PER_NODE * row["index_rss_bytes_per_page"])
     row["open_s_all"] = [p["open_s"] for p in probes]
-    # how the opens built their index: pages loaded from the checkpoint (-1: none),
-    # and log records replayed (the tail written since the checkpoint)
     row["open_checkpoint_pages"] = statistics.median(p["checkpoint_pages"] for p in probes)
     row["open_replayed_records"] = statistics.median(p["replayed_records"] for p in probes)
     row["open_full_replay_s"] = _probe(store, page_bytes, settings, last_key, replay=True)["open_s"]
 
 
 def _measure_size(n: int, page_bytes: int, root: Path, settings: dict[str, Any],
-                  progress: bool) -> dict[str, Any]:
+                  show_progress: bool) -> dict[str, Any]:
     s = sample_size(n)
     store_settings = {**settings, "root": str(root / "store"),
                       "capacity_bytes": (n + s) * Geometry(page_bytes).stride}
@@ -232,7 +221,7 @@ def _measure_size(n: int, page_bytes: int, root: Path, settings: dict[str, Any],
     with contextlib.closing(open_connector("file", scale_namespace(page_bytes), store_settings)) as conn:
         conn.register(buffer)
         started = time.perf_counter()
-        with _bar(n, f"fill {n:,}", progress) as tick:
+        with progress(n, not show_progress, f"fill {n:,}", "page", unit_scale=True) as tick:
             for lo in range(0, n, FILL_BATCH):
                 count = min(FILL_BATCH, n - lo)
                 ok = conn.batch_set([key(i) for i in range(lo, lo + count)],
@@ -240,11 +229,7 @@ def _measure_size(n: int, page_bytes: int, root: Path, settings: dict[str, Any],
                 _all_ok(ok, f"fill of {n:,} pages")
                 tick(count)
         row["fill_s"] = time.perf_counter() - started
-        # the fill's writeback is not what the measures below measure: a store bigger than
-        # the page cache (10^7 pages: 41 GiB) leaves minutes of it, which starves them
-        os.sync()
-        # the opening processes are configured as the writer is (its capacity included),
-        # as every process of a deployment would be
+        os.sync()  # the fill's writeback out of the measures
         _probe_all(row, root / "store", page_bytes, _without_root(store_settings), key(n - 1))
         row["settle_s"] = _settle(conn)
         pages = contiguous_pages(buffer.address, page_bytes, range(BATCH))
@@ -256,12 +241,9 @@ def _measure_size(n: int, page_bytes: int, root: Path, settings: dict[str, Any],
         def get(ks: list[str]) -> list[bool]:
             return conn.batch_get(ks, pages)
 
-        # the connector's keys and the raw contender's others, batch for batch
         first = _rates([("get", stored, get, "get"),
                         ("raw_get", others, _raw_reader(conn, page_bytes, others), "raw get")], row)
-        # the same keys again: their slots are in the page cache now, so this is the index's
-        # and the connector's cost at this size without the disk's (a store bigger than the
-        # page cache reads the first pass from the disk)
+        # the same keys again: their slots in the page cache, the index's cost without the disk's
         warm = _rates([("get_warm", stored, get, "get (warm)"),
                        ("raw_get_warm", stored, _raw_reader(conn, page_bytes, stored), "raw get (warm)")],
                       row)
@@ -280,11 +262,8 @@ def _measure_size(n: int, page_bytes: int, root: Path, settings: dict[str, Any],
 
 
 def _settle(conn: Any, timeout: float = SETTLE_TIMEOUT) -> float:
-    """Let the index work the fill made due end before any measure (the fill's last
-    checkpoint written off the lock and adopted): at 10^7 pages it takes seconds of a core
-    and of the disk, and would land in whichever measure it overlaps (the first refresh
-    after the fill starts it). Seconds it took (``settle_s``); :class:`BenchError` past
-    ``timeout``."""
+    """Let the index work the fill made due (its last checkpoint) end before any measure;
+    seconds it took. :class:`BenchError` past ``timeout``."""
     store = conn._store_for_io()
     started = time.perf_counter()
     store.refresh()  # starts what the fill made due
@@ -306,18 +285,16 @@ Contender = tuple[str, list[str], Callable[[list[str]], list[bool]], str]  # nam
 
 def _rate(keys: list[str], call: Callable[[list[str]], list[bool]], what: str,
           row: dict[str, Any] | None = None, name: str = "", seconds: float = 0.0) -> float:
-    """Keys per second of ``call`` over ``keys`` in batches of :data:`BATCH`, pass after pass
-    until ``seconds`` have gone by (one pass at least, :data:`MAX_PASSES` at most); every
-    key must succeed. With ``row``: the batches' latencies go into ``row[name +
-    "_batch_ms"]`` (p50, p99, max) and the passes into ``row[name + "_passes"]``."""
+    """Keys per second of ``call`` over ``keys`` in batches of :data:`BATCH`, passes repeated
+    for ``seconds`` (at least one); every key must succeed. With ``row``: the batch
+    latencies in ``row[name + "_batch_ms"]`` (p50, p99, max), the passes in ``name + "_passes"``."""
     return _rates([(name, keys, call, what)], row, seconds)[name]
 
 
 def _rates(contenders: list[Contender], row: dict[str, Any] | None = None,
            seconds: float = 0.0) -> dict[str, float]:
     """:func:`_rate` of several contenders (each its own keys, equally many) interleaved
-    batch by batch, the order turning every batch, so that each meets the page cache, the
-    disk and the machine's load as the others do. Keys per second per name."""
+    batch by batch, the order turning every batch; keys per second per name."""
     results: dict[str, list[bool]] = {name: [] for name, *_ in contenders}
     latencies: dict[str, list[float]] = {name: [] for name, *_ in contenders}
     clock = time.perf_counter
@@ -339,18 +316,15 @@ def _rates(contenders: list[Contender], row: dict[str, Any] | None = None,
         _all_ok(results[name], what)
         out[name] = passes * len(keys) / sum(latencies[name])
         if row is not None:
-            ms = sorted(1e3 * t for t in latencies[name])
-            row[f"{name}_batch_ms"] = {"p50": ms[len(ms) // 2],
-                                       "p99": ms[min(len(ms) - 1, int(0.99 * len(ms)))], "max": ms[-1]}
+            ms = [1e3 * t for t in latencies[name]]
+            row[f"{name}_batch_ms"] = {"p50": quantile(ms, 0.5), "p99": quantile(ms, 0.99), "max": max(ms)}
             row[f"{name}_passes"] = passes
     return out
 
 
 def _raw_reader(conn: Any, page_bytes: int, keys: list[str]) -> Callable[[list[str]], list[bool]]:
-    """The raw contender of ``conn``'s gets of ``keys``: for a batch of them, ``os.preadv``
-    of each page's data area into one buffer, one call per page, in the batch's order (as
-    ``bench``'s raw-posix does). The slots are looked up here, before any clock. True per
-    page read whole."""
+    """The raw contender of ``conn``'s gets of ``keys``: ``os.preadv`` of each page's data area
+    into one buffer, one call per page, slots looked up before any clock; True per page read."""
     store = conn._store_for_io()
     geometry = store.geometry
     where = {k: (loc[0], geometry.data_offset(loc[1][2])) for k, loc in zip(keys, store.lookup(keys))
@@ -362,20 +336,6 @@ def _raw_reader(conn: Any, page_bytes: int, keys: list[str]) -> Callable[[list[s
         return [at is not None and preadv(at[0], into, at[1]) == page_bytes for at in map(where.get, batch)]
 
     return read
-
-
-@contextlib.contextmanager
-def _bar(total: int, desc: str, enabled: bool) -> Iterator[Callable[[int], None]]:
-    if not enabled:
-        yield lambda k: None
-        return
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, desc=desc, unit="page", unit_scale=True, file=sys.stderr, leave=False)
-    try:
-        yield bar.update
-    finally:
-        bar.close()
 
 
 def _probe(store: Path, page_bytes: int, settings: dict[str, Any], last_key: str,
@@ -409,16 +369,10 @@ def _shared_mappings() -> int:
 
 
 def probe_main(argv: list[str]) -> int:
-    """Fresh-process side of a probe: ``STORE PAGE_BYTES SETTINGS_JSON KEY [replay]``.
-
-    Opens a throw-away store first (so that code, libraries and threads the open needs are
-    loaded before measuring), then measures opening ``STORE`` and answering whether KEY
-    exists (it must); prints ``{"open_s", "rss_bytes", "private_bytes", "shared_bytes",
-    "checkpoint_pages", "replayed_records"}`` as one JSON line: resident bytes the open
-    added, of them those not shared with other processes (the checkpoint's mapped table
-    image is shared), and bytes of shared mappings it added. With ``replay`` the index checkpoint is not
-    read (this process replays every log from its start, as without one).
-    """
+    """Fresh-process side of a probe: ``STORE PAGE_BYTES SETTINGS_JSON KEY [replay]``. After
+    opening a throw-away store (imports, threads), times opening STORE and finding KEY; prints
+    ``{"open_s", "rss_bytes", "private_bytes", "shared_bytes", "checkpoint_pages",
+    "replayed_records"}`` as one JSON line. ``replay``: the index checkpoint is ignored."""
     import gc
 
     if argv[4:] == ["replay"]:
@@ -460,26 +414,16 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
             ("get_warm_pages_per_s", "{:,.0f}"), ("raw_get_pages_per_s", "{:,.0f}"),
             ("raw_get_warm_pages_per_s", "{:,.0f}"), ("set_pages_per_s", "{:,.0f}"),
             ("evict_set_pages_per_s", "{:,.0f}")]
-    lines = [[name for name, _ in cols]]
-    lines += [["-" if row[name] is None else fmt.format(row[name]) for name, fmt in cols]
-              for row in rows]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(cols))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines)
+    return fixed_width([[name for name, _ in cols]] + [
+        ["-" if row[name] is None else fmt.format(row[name]) for name, fmt in cols] for row in rows])
 
 
 def plot_scale(rows: list[dict[str, Any]], path: Path) -> None:
-    """PNG: one panel per measure against the store size (log x). Rates (``*_per_s``) on a
-    linear y axis from 0, so that "flat within 2x" reads off the panel; sizes and times
-    on a log y axis (they span decades)."""
-    from hicache_l3.common.errors import EngineUnavailableError
+    """PNG: one panel per measure against the store size (log x); rates on a linear y axis
+    from 0, sizes and times on a log y axis."""
+    from hicache_l3.bench.plot import pyplot
 
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise EngineUnavailableError("--plot needs matplotlib: pip install 'hicache-l3[plot]'") from exc
+    plt = pyplot()
     fig, axes = plt.subplots(4, 3, figsize=(14, 13), squeeze=False)
     xs = [r["pages"] for r in rows]
     for ax in axes.flat[len(MEASURES):]:

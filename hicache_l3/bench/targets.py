@@ -1,23 +1,23 @@
 """What the bench measures: a :class:`BenchTarget` is a connector or a raw engine baseline.
 
-A backend ``NAME`` is benchmarked by the module ``hicache_l3.bench.backend_NAME``, which
-provides ``make_pairs(opts: BenchOptions, stack: contextlib.ExitStack) -> list[Pair]``:
-one or more (connector, raw baseline) pairs over the same pages, engines started on
-``stack`` when no address is configured. Rules every raw baseline follows, so that a
-ratio means what it says: the same pages, memory registered once before timing, request
-lists built before the clock (:meth:`BenchTarget.plan`), fresh keys for every set
-repetition, one thread unless stated, bytes verified after timing.
+Backend ``NAME`` is benchmarked by ``hicache_l3.bench.backend_NAME``, which provides
+``make_pairs(opts, stack) -> list[Pair]`` (engines started on ``stack`` when no address is
+configured). Every raw baseline moves the same pages, registers memory once before timing,
+builds its request lists before the clock (:meth:`BenchTarget.plan`), uses one thread unless
+stated; bytes are verified after timing.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
 from hicache_l3.common.connector import Connector
-from hicache_l3.common.memory import HostBuffer
+from hicache_l3.common.keys import Namespace
+from hicache_l3.common.memory import HostBuffer, MemoryRegion
 from hicache_l3.common.pages import Page
 
 OPS = ("set", "get", "exists", "mixed")
@@ -37,7 +37,23 @@ class BenchOptions:
     settings: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # per backend
     cache: str = "warm"  # "cold": drop the page cache of the workdir's files before reads
     read_fraction: float = 0.8  # share of get batches in the "mixed" op
-    idle_s: float = 0.0  # sleep before every timed op, off the clock (a server's op after a pause)
+    idle_s: float = 0.0  # sleep before every timed op, off the clock
+
+
+def bench_namespace(opts: BenchOptions, tag: str) -> Namespace:
+    """The namespace bench pages of ``opts.page_bytes`` are stored in, tagged ``bench-<tag>``."""
+    return Namespace(model="hicache-l3-bench", kv_dtype="uint8", layout="page_first",
+                     page_size=opts.page_bytes, tag=f"bench-{tag}")
+
+
+def write_file(path: Path, source: MemoryRegion, size: int) -> int:
+    """Create ``path`` and write its first ``size`` bytes from ``source``; its open fd."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    src = source.view()
+    written = 0
+    while written < size:
+        written += os.pwrite(fd, src[written:size], written)
+    return fd
 
 
 class BenchTarget(abc.ABC):
@@ -54,16 +70,15 @@ class BenchTarget(abc.ABC):
 
     @abc.abstractmethod
     def prepare(self, buffers: list[HostBuffer], page_bytes: int) -> None:
-        """Called once before any timing: register the bench ``buffers`` (the source
-        pages of sets and the destination pages of gets), open files, warm up."""
+        """Once before timing: register ``buffers`` (set sources, get destinations), open files."""
 
     def plan(self, op: str, keys: list[str], pages: list[Page]) -> Any:
-        """Untimed: build whatever request lists ``run`` needs for one batch."""
+        """Untimed: the request lists ``run`` needs for one batch."""
         return keys, pages
 
     @abc.abstractmethod
     def run(self, op: str, plan: Any) -> list[bool]:
-        """Timed: perform one batch of ``op`` ("set", "get" or "exists")."""
+        """Timed: one batch of ``op`` ("set", "get" or "exists"); success per page."""
 
     def close(self) -> None:  # noqa: B027 - optional
         """Release everything (called once at the end)."""

@@ -1,16 +1,7 @@
-"""The tiers of the replay: a simulated L1/L2 per serving instance in front of one real L3.
-
-L1 (GPU) and L2 (host) only track page keys, under a capacity in pages. Both are LRU
-over the same accesses, so L1 is always a subset of L2 (the LRU stack property), as
-SGLang's write-through HiCache keeps a host copy of every device page. A request touches
-its pages from the last to the first, so within one sequence the *later* pages are the
-older ones and are evicted first: leaf-first eviction, as in SGLang's radix tree, which
-never evicts a prefix before its suffix.
-
-L3 is a real connector (any backend). :class:`L3Tier` moves real bytes between one
-registered host buffer and the engine: every stored page holds bytes derived from its
-key (:func:`page_pattern`), and every page a ``batch_get`` returns is compared with
-them byte for byte before it counts as a hit.
+"""The tiers of the replay: a simulated L1/L2 per serving instance (LRU over page keys, L1 a
+subset of L2, a request's pages touched last first so that suffixes are evicted before
+prefixes) in front of one real L3 connector (:class:`L3Tier`: real bytes derived from each
+key, every page a ``batch_get`` returns verified before it counts as a hit).
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """The agentic workload behind ``hicache-l3 replay``: a deterministic stream of prefill
-requests from agent sessions, with their page keys chained like SGLang's.
-
-Shape (every number is a :class:`WorkloadParams` field; ``docs/replay.md`` gives each
-default and its source): sessions pick one of a few byte-identical *profiles* (system
-prompt and tool schemas) with Zipf-like popularity, then run ``turns`` think / act /
-observe turns whose prompt is the whole context so far; a slow tool call *pauses* a
-session for ``pause_s`` (it resumes on its home instance, or with ``migrate_p`` on the
-least loaded one); a turn may fork ``subagents`` whose summaries become the parent's next
-observation; sessions arrive as a Poisson process over ``instances`` serving instances.
-
-Requests are ordered by simulated time (ties by creation order). The clock only
-orders requests; it does not depend on cache state, so the same seed gives the same
-request stream whatever the cache does. Token contents are random bytes (4 per token)
-from per-session generators; only their identity matters, through the page keys.
-
-Page keys: the key of page ``i`` is ``blake2b(key[i-1] || tokens of page i)``, so a
-page's key depends on every token before it (SGLang's chained page hashes). Only full
-pages have keys; the last partial page of a prompt is always recomputed.
+requests from agent sessions (think / act / observe turns over a growing context, shared
+profiles, pauses, migrations, forked sub-agents; every number a :class:`WorkloadParams`
+field, sources in docs/replay.md), ordered by simulated time independent of cache state.
+Page ``i``'s key is ``blake2b(key[i-1] || tokens of page i)``, as SGLang chains them; only
+full pages have keys.
 """
 
 from __future__ import annotations
@@ -101,12 +88,8 @@ class WorkloadParams:
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-    """One prefill request of the replay.
-
-    ``keys`` are the page keys of the prompt's full pages; ``out_keys`` the keys of
-    the pages that become full once the output (thought + tool call) is appended: the
-    serving instance caches both after the request.
-    """
+    """One prefill request: ``keys`` of the prompt's full pages, ``out_keys`` of the pages
+    the output fills (the instance caches both after the request)."""
 
     index: int
     time: float
@@ -131,14 +114,6 @@ class Workload:
     requests: list[Request]
     profile_tokens: list[int]
     counts: dict[str, int]
-
-    def unique_pages(self) -> int:
-        """Distinct page keys over all requests (prompts and outputs)."""
-        seen: set[str] = set()
-        for r in self.requests:
-            seen.update(r.keys)
-            seen.update(r.out_keys)
-        return len(seen)
 
 
 def page_key(prev: str, tokens: bytes | memoryview) -> str:
