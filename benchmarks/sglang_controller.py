@@ -1,76 +1,22 @@
 """SGLang's in-tree ``file`` backend, hicache-l3's file connector and raw ``pwritev``/``preadv``
-of the same pages, driven the way SGLang's HiCacheController drives them. Run with the SGLang
-venv (``make setup-sglang``; ``--help`` alone runs in ``.venv``); benchmarks/README.md::
+of the same pages, driven the way SGLang's HiCacheController drives them (benchmarks/README.md
+says what each contender and output line is). Run with the SGLang venv (``make setup-sglang``;
+``--help`` alone runs in ``.venv``)::
 
     .venv-sglang/bin/python benchmarks/sglang_controller.py [--pages 1024] [--reps 5]
         [--layers 4] [--steady-state] [--no-checksum] [--no-raw] [--no-stages]
         [--sglang-pointers] [--idle-ms 0] [--warmup 1] [--workdir DIR] [--json]
 
-One real MHA host pool (CPU, ``page_first``; 16 KiB of K and V per layer and page, so 64 KiB
-pages with the default ``--layers 4`` and 1 MiB pages with ``--layers 64``). SGLang's ``file``
-backend (``HiCacheFile``, as ``--hicache-storage-backend file`` builds it) is called through
-``HiCacheController._generic_page_set`` / ``_generic_page_get`` and ours (the ``dynamic``
-backend with ``interface_v1``) through ``_page_set_zero_copy`` / ``_page_get_zero_copy``:
-the controller's own methods, called on a stand-in object holding the real host pool and
-backend, in batches of SGLang's STORAGE_BATCH_SIZE (128) pages as its backup and prefetch
-threads send them.
-
-Raw contenders (``raw-1t``, ``raw-2t``; the bench's ``RawPosixBatch``,
-hicache_l3/bench/backend_file.py): the exact page pointers SGLang's host pool gives
-(``get_page_buffer_meta``), one ``pwritev``/``preadv`` per 128-page batch (libc through
-ctypes, GIL released; iovecs built before the clock), batches dealt round-robin to 1 or 2
-threads. ``raw-2t-batch``: each batch cut in two halves of whole pages, read or written
-by two threads at once and joined before the next batch, as a synchronous batch call
-(SGLang's, ours) must: the limit of two threads on SGLang's one-batch-at-a-time path,
-where ``raw-2t`` keeps two batches in flight. No contender sets a thread's CPU affinity:
-the scheduler places its threads. Sets are timed twice: ``overwrite`` into one fully
-written file (what a store at capacity reusing its slots does), and ``fresh`` into a new
-file fallocated before the clock (what a store growing into new space does); gets read
-the overwrite file.
-
-``--idle-ms N`` sleeps N ms between each contender's set and its get, off the clock: a
-server's get comes after idle time, when I/O threads have gone to sleep (where the
-scheduler wakes them matters: batch_io.c ``readers_step_aside``) and caches have cooled.
-
-``--no-checksum`` adds ``hicache-l3-file-nocsum``: our connector in a fresh store with
-``checksum=none`` (no XXH3 written or verified; the slot markers still checked), for the
-price of the checksum in the same run (``nocsum_*`` ratios).
-
-``--steady-state`` adds ``hicache-l3-file-steady``: our connector with ``capacity_bytes``
-of exactly ``--pages`` slots, filled by the warm-up, so every timed set evicts and reuses
-slots. It is compared with raw overwrite; the default (fresh-store, unbounded) connector
-with raw fresh.
-
-Every repetition uses fresh keys and fresh random page bytes, runs the contenders one
-after the other (the order rotating every repetition) with an untimed ``sync()`` before
-each (so the dirty pages one contender left are not written back inside the next one's
-clock: without it, fresh sets moved between 0.35 and 4.5 GB/s for every contender, with
-the dirty-page throttle), zeroes the pages between set and get,
-and verifies the bytes read back. One untimed warm-up repetition of all comes first
-(``--warmup``). Reported: per repetition each contender's GB/s; then medians, the median of
-per-repetition ratios ours/SGLang and ours/raw (speed over speed, > 1 = ours faster) with
-the lowest and highest repetition's (``ratio_spreads`` in the JSON), and
-(unless ``--no-stages``) a per-stage breakdown of our path from one extra, untimed-for-the-
-table pass with timers wrapped around the stages (exclusive time, ms per 1024 pages):
-SGLang's controller method itself, its pointer lists (``get_page_buffer_meta``: none on our
-path while the adapter computes them from the pool's learned pointer model,
-hicache_l3/sglang/page_meta.py; ``--sglang-pointers`` makes it ask SGLang for every batch,
-the reference path), our adapter, the connector's validation, planning (slot reservation /
-index lookup), the I/O, the index commit (set) or LRU touch (get), and metrics. The timers
-are installed on the objects by this script only and removed after the pass. The CPU model is printed and in
-the JSON (``cpu``).
-
-Fresh-store sets and the guest's memory. Our fresh-store connector grows: every
-repetition's pages land in page-cache memory the run has not used before, and so do raw's
-fresh files, which are kept until the end (deleting each one would hand its page-cache
-memory to the next repetition, used already, and raw alone would skip what a growing store
-pays). On a VM whose host backs guest memory only when it is first touched, and takes freed
-memory back, that first touch can bound both: measured on a Firecracker VM, 0.19-0.40 GB/s
-for new memory against ~90 GB/s for the same pages again; fresh sets, ours and raw's,
-0.12-0.32 GB/s there, and ours 3.5-6.4 GB/s right after 14 GiB had been touched and freed
-(a minute later the host had taken it back: touching memory beforehand is no remedy). The
-run prints the guest's first-touch rate (64 MiB of new anonymous memory;
-``first_touch_gbps`` in the JSON) so that a reader knows what bounds the fresh column.
+One real MHA host pool on the CPU (``page_first``; a page is ``--layers`` x 16 KiB). SGLang's
+``file`` backend goes through ``HiCacheController._generic_page_set`` / ``_generic_page_get``,
+ours (the ``dynamic`` backend, ``interface_v1``) through ``_page_set_zero_copy`` /
+``_page_get_zero_copy``, in batches of STORAGE_BATCH_SIZE (128) pages. Raw contenders
+(``raw-1t``, ``raw-2t``, ``raw-2t-batch``) are the bench's ``RawPosixBatch`` over the pointers
+SGLang's pool gives. Every repetition: fresh keys and bytes, contenders in a rotating order,
+an untimed ``sync()`` before each, pages zeroed between set and get, bytes verified. Reported:
+per-repetition GB/s, medians, median ratios ours / theirs with their spread, the guest's
+first-touch rate (it bounds fresh sets), and (unless ``--no-stages``) a per-stage breakdown
+of one extra instrumented pass.
 """
 
 from __future__ import annotations
@@ -228,12 +174,9 @@ def run_one(name: str, standin: StandIn, zero_copy: bool, keys: list[str], indic
 
 # ---- raw pwritev / preadv of SGLang's own page pointers ------------------------------------
 class RawContender:
-    """``raw-1t``, ``raw-2t`` or ``raw-2t-batch`` (module docstring): the bench's
-    :class:`~hicache_l3.bench.backend_file.RawPosixBatch` over the page pointers SGLang's
-    host pool gives (``get_page_buffer_meta``), one call per 128-page batch planned before
-    any clock (``raw-2t-batch``: two halves, two threads), its overwrite file written in
-    full once. Page ``i`` lives at offset ``i * page_bytes`` of a file. ``raw-2t`` deals the
-    batches round-robin to two threads of its own."""
+    """``raw-1t``, ``raw-2t`` (batches dealt round-robin to two threads) or ``raw-2t-batch``
+    (each batch in two halves on two threads): the bench's ``RawPosixBatch`` over the page
+    pointers SGLang's host pool gives, one call per 128-page batch planned before any clock."""
 
     def __init__(self, work: str, host: Any, indices: torch.Tensor, pages: int, page_bytes: int,
                  threads: int, per_batch: bool = False) -> None:
@@ -265,10 +208,8 @@ class RawContender:
 
     def run(self, pages: torch.Tensor, expected: torch.Tensor, rep: int,
             idle_s: float = 0.0) -> dict[str, float]:
-        """Time set into a fresh fallocated file, set over the overwrite file, then get
-        (``idle_s`` of sleep before it, off the clock). The fresh file is kept until
-        :meth:`close`, as a growing store keeps its slabs (module docstring: the next
-        repetition's fresh writes need new memory too)."""
+        """Time set into a fresh fallocated file (kept until :meth:`close`, as a growing store
+        keeps its slabs), set over the overwrite file, then get (after ``idle_s``, off the clock)."""
         fresh = os.path.join(self.dir, f"{self.name}-fresh-{rep}")
         fd = os.open(fresh, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         self.fresh.append(fresh)
