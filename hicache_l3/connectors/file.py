@@ -1,31 +1,9 @@
-"""The file connector: pages in preallocated slab files on any POSIX path.
-
-Our answer to SGLang's ``HiCacheFile`` (a file per page, written through a staging copy):
-
-* zero-copy: ``preadv``/``pwritev`` move bytes straight between registered host memory
-  and the slab file; no staging buffer, no per-page allocation of page bytes;
-* each share of a batch (``io_threads`` for reads, ``write_threads`` for writes) is moved
-  by one call of the C batch library (:class:`~hicache_l3.slab.io.NativeTransport`:
-  syscalls, marker record check and XXH3 with the GIL released once), or, with
-  ``native_io=false`` (the reference the tests run), by the pure-Python path
-  (:class:`~hicache_l3.slab.io.PythonTransport`: ``os.preadv``/``os.pwritev`` and a
-  ctypes XXH3 per page), which writes and reads the same bytes;
-* pages live in the shared slab store (:mod:`hicache_l3.slab`): a few large
-  preallocated files per writer process, reused under a byte capacity with LRU
-  eviction, instead of millions of files in one directory;
-* a torn, stale, recycled or (with checksums, the default) corrupted slot is a miss;
-* ``exists`` is answered from the shared index and sees other processes' pages.
-
-``o_direct=true`` moves page data with O_DIRECT (bypassing the page cache) when a page
-is one segment whose address and length are 4 KiB aligned; other pages take the
-buffered path (counted as ``direct_fallback``). ``fsync``: ``none`` (default; pages
-survive a process crash, not a power loss), ``data`` (slabs are synced before a batch's
-index records are published), ``always`` (the index log is synced too).
-
-Roots that are URLs (``s3://``, ``gcs://``, ``memory://``, ``file://``...) go through
-fsspec instead (:mod:`hicache_l3.connectors.fsspec_root`): one object per page, read and
-written with a copy through Python bytes. That path is slower by design and documented
-as such.
+"""The file connector: pages in preallocated slab files on any POSIX path (the shared slab
+store, :mod:`hicache_l3.slab`), moved zero-copy between registered memory and the slabs by
+the C batch library, a share of a batch per call; a torn, stale, recycled or corrupted slot
+is a miss. ``o_direct=true`` moves a page of one 4 KiB-aligned segment with O_DIRECT, other
+pages through the page cache (counted ``direct_fallback``). Roots that are URLs go through
+fsspec instead (:mod:`hicache_l3.connectors.fsspec_root`).
 """
 
 from __future__ import annotations
@@ -59,12 +37,12 @@ class FileConfig(ConnectorConfig):
         "0 = half the free space of the filesystem at open", size=True,
     )
     slab_bytes: int = setting(256 << 20, "size of one preallocated slab file", size=True)
-    io_threads: int = setting(2, "threads reading the pages of one batch in parallel (with native_io, "
-                              "a batch of under 1 MiB is read by the calling thread alone)")
+    io_threads: int = setting(2, "threads reading the pages of one batch in parallel (a batch of "
+                              "under 1 MiB is read by the calling thread alone)")
     cold_read_threads: int = setting(
-        16, "threads reading the pages of a batch that are not in the page cache (with native_io: "
-        "each waits on the disk, so this is the batch's queue depth on a store bigger than the "
-        "page cache; 0 or 1: they are read by the io_threads, one or two at a time)")
+        16, "threads reading the pages of a batch that are not in the page cache (each waits on the "
+        "disk, so this is the batch's queue depth on a store bigger than the page cache; 0 or 1: "
+        "they are read by the io_threads, one or two at a time)")
     io_uring_depth: int = setting(
         128, "pages in flight at once through io_uring (one C call per batch, no thread per page) "
         "for O_DIRECT pages and for pages of 256 KiB or more that a read finds outside the page "
@@ -72,8 +50,7 @@ class FileConfig(ConnectorConfig):
         "refuses io_uring (ENOSYS, EPERM under seccomp) one log line says so and the blocking path "
         "is kept (docs/benchmarks.md, 'Beyond memory')")
     write_threads: int = setting(
-        2, "threads writing the pages of one batch (with native_io, a batch of 1 MiB or more; the "
-        "Python path measured slower with more than one, and uses one)")
+        2, "threads writing the pages of one batch of 1 MiB or more")
     checksum: Literal["xxh3", "none"] = setting(
         "xxh3", "page checksum written on set, verified on every get; with xxh3 a page another "
         "writer stored without one (checksum=none) is a miss (unverified) and is stored again, "
@@ -89,13 +66,8 @@ class FileConfig(ConnectorConfig):
     o_direct: bool = setting(
         False, "move aligned pages with O_DIRECT, bypassing the page cache, io_uring_depth at once "
         "(io_uring_depth=0: max(io_threads, write_threads, cold_read_threads) threads); for a store "
-        "bigger than memory it reads about as fast as the buffered default at 64 KiB, 1.5x at 1 MiB, "
-        "and leaves the page cache to others (docs/benchmarks.md, 'Beyond memory'); slower whenever "
-        "the page cache would have held the pages, and for sets")
-    native_io: bool = setting(
-        True, "move each share of a batch in one call of the C batch library (hicache_l3._batch_io) "
-        "when it is built; false: the pure-Python path (the reference; ~2x slower on 64 KiB pages). "
-        "The one switch: in the environment, HICACHE_L3_FILE_NATIVE_IO / HICACHE_L3_HF3FS_NATIVE_IO")
+        "bigger than memory, leaves the page cache to others (docs/benchmarks.md, 'Beyond memory'); "
+        "slower whenever the page cache would have held the pages, and for sets")
 
     def validate(self) -> None:
         """Check values that types alone cannot."""
@@ -140,8 +112,7 @@ class FileConnector(SlabConnector, Connector[FileConfig]):
         super().__init__(config, namespace)
         self.checksum_writes = config.checksum != "none"
         self.transport = select_transport(
-            self.regions, self.metrics, native_io=config.native_io,
-            direct=config.o_direct, io_threads=config.io_threads,
+            self.metrics, direct=config.o_direct, io_threads=config.io_threads,
             write_threads=config.write_threads,
             cold_threads=config.cold_read_threads, ring_depth=config.io_uring_depth,
             what=f"{self.name} connector",

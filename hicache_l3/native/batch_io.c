@@ -287,14 +287,14 @@ int io_count_bad(int lo, int hi, const int32_t *status)
  * the checksum: a slot rewritten meanwhile is a miss, not corruption), HL3_CHECKSUM when only
  * the checksum does. status[j]: HL3_* or -errno; returns the number not OK. The records
  * read land in markers[(j - base) * mlen ..]. */
-static int read_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
+static int read_pages(int lo, int hi, const int32_t *data_fds, const int32_t *fds, const int64_t *data_offs,
                       const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
                       unsigned char *markers, int base, const unsigned char *expect, int64_t mlen,
                       const uint64_t *csums, const struct hl3_xxh3 *x, int32_t *status, int nowait)
 {
     void *state = NULL;
     check_segments(lo, hi, at, status);
-    move_pages(0, lo, hi, fds, data_offs, segs, at, status, HL3_TODO, HL3_STEP, HL3_READ_RUN, csums, x,
+    move_pages(0, lo, hi, data_fds, data_offs, segs, at, status, HL3_TODO, HL3_STEP, HL3_READ_RUN, csums, x,
                &state, nowait);
     /* a page that failed its checksum still has its marker read: a marker that differs
      * (the slot was rewritten meanwhile) makes it a miss of the torn kind, not corruption */
@@ -322,8 +322,19 @@ int hl3_read_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
                    unsigned char *markers, const unsigned char *expect, int64_t mlen,
                    const uint64_t *csums, const struct hl3_xxh3 *x, int32_t *status)
 {
-    return read_pages(lo, hi, fds, data_offs, marker_offs, segs, at, markers, 0, expect, mlen, csums, x,
+    return read_pages(lo, hi, fds, fds, data_offs, marker_offs, segs, at, markers, 0, expect, mlen, csums, x,
                       status, 0);
+}
+
+/* hl3_read_pages with page j's data read from data_fds[j] (an O_DIRECT descriptor of the
+ * slab, for an aligned page) and its marker record from fds[j]. */
+int hl3_read_pages_apart(int lo, int hi, const int32_t *data_fds, const int32_t *fds,
+                         const int64_t *data_offs, const int64_t *marker_offs, const struct iovec *segs,
+                         const int32_t *at, unsigned char *markers, const unsigned char *expect, int64_t mlen,
+                         const uint64_t *csums, const struct hl3_xxh3 *x, int32_t *status)
+{
+    return read_pages(lo, hi, data_fds, fds, data_offs, marker_offs, segs, at, markers, 0, expect, mlen, csums,
+                      x, status, 0);
 }
 
 /* hl3_read_pages of a planned get (hicache_l3/slab/plan.py: the plan's arrays and the
@@ -344,7 +355,7 @@ int io_read_plan(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
             status[j] = HL3_NOMEM;
         return hi - lo;
     }
-    int bad = read_pages(lo, hi, fds, data_offs, marker_offs, segs, at, markers, lo, expect, mlen, csums,
+    int bad = read_pages(lo, hi, fds, fds, data_offs, marker_offs, segs, at, markers, lo, expect, mlen, csums,
                          x, status, nowait);
     free(markers);
     return bad;
@@ -377,10 +388,10 @@ int hl3_read_plan_nowait(int lo, int hi, const int32_t *fds, const int64_t *data
  * failed writes no data), each call coalescing adjacent pages. Checksummed pages bigger
  * than HL3_READ_RUN go through all of that one page at a time. status[j]: HL3_OK,
  * HL3_SHORT, HL3_NOMEM or -errno; returns the number not OK. */
-int hl3_write_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
-                    const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
-                    unsigned char *markers, int64_t mlen, int with_csum, uint64_t *csums,
-                    const struct hl3_xxh3 *x, int32_t *status)
+static int write_pages(int lo, int hi, const int32_t *data_fds, const int32_t *fds, const int64_t *data_offs,
+                       const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
+                       unsigned char *markers, int64_t mlen, int with_csum, uint64_t *csums,
+                       const struct hl3_xxh3 *x, int32_t *status)
 {
     if (with_csum && hi - lo > 1 && iov_bytes(segs + at[lo], at[lo + 1] - at[lo]) > HL3_READ_RUN) {
         /* pages bigger than one coalesced read: one at a time, each hashed, then its record
@@ -388,8 +399,8 @@ int hl3_write_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs
          * of the share first */
         int bad = 0;
         for (int j = lo; j < hi; j++)
-            bad += hl3_write_pages(j, j + 1, fds, data_offs, marker_offs, segs, at, markers, mlen, with_csum,
-                                   csums, x, status);
+            bad += write_pages(j, j + 1, data_fds, fds, data_offs, marker_offs, segs, at, markers, mlen,
+                               with_csum, csums, x, status);
         return bad;
     }
     void *state = NULL;
@@ -406,8 +417,28 @@ int hl3_write_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs
     if (state != NULL)
         x->free_state(state);
     move_markers(1, lo, hi, fds, marker_offs, markers, 0, mlen, status, HL3_TODO, HL3_STEP);
-    move_pages(1, lo, hi, fds, data_offs, segs, at, status, HL3_STEP, HL3_OK, 0, NULL, x, NULL, 0);
+    move_pages(1, lo, hi, data_fds, data_offs, segs, at, status, HL3_STEP, HL3_OK, 0, NULL, x, NULL, 0);
     return io_count_bad(lo, hi, status);
+}
+
+int hl3_write_pages(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
+                    const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
+                    unsigned char *markers, int64_t mlen, int with_csum, uint64_t *csums,
+                    const struct hl3_xxh3 *x, int32_t *status)
+{
+    return write_pages(lo, hi, fds, fds, data_offs, marker_offs, segs, at, markers, mlen, with_csum, csums, x,
+                       status);
+}
+
+/* hl3_write_pages with page j's data written to data_fds[j] (an O_DIRECT descriptor of
+ * the slab, for an aligned page) and its marker record to fds[j]. */
+int hl3_write_pages_apart(int lo, int hi, const int32_t *data_fds, const int32_t *fds,
+                          const int64_t *data_offs, const int64_t *marker_offs, const struct iovec *segs,
+                          const int32_t *at, unsigned char *markers, int64_t mlen, int with_csum,
+                          uint64_t *csums, const struct hl3_xxh3 *x, int32_t *status)
+{
+    return write_pages(lo, hi, data_fds, fds, data_offs, marker_offs, segs, at, markers, mlen, with_csum, csums,
+                       x, status);
 }
 
 

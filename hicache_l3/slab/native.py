@@ -255,6 +255,10 @@ class BatchIO:
         self._write = lib.hl3_write_pages
         self._write.restype = ctypes.c_int
         self._write.argtypes = [_i32, _i32, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _i32, _vp, _vp, _vp]
+        self._read_apart, self._write_apart = lib.hl3_read_pages_apart, lib.hl3_write_pages_apart
+        self._read_apart.restype = self._write_apart.restype = ctypes.c_int
+        self._read_apart.argtypes = [_i32, _i32, _vp, *self._read.argtypes[2:]]
+        self._write_apart.argtypes = [_i32, _i32, _vp, *self._write.argtypes[2:]]
         self._read_plan, self._read_plan_nowait = lib.hl3_read_plan, lib.hl3_read_plan_nowait
         for fn in (self._read_plan, self._read_plan_nowait):
             fn.restype = ctypes.c_int
@@ -272,21 +276,28 @@ class BatchIO:
         self._xxh3 = xxh3_entry_points()
         self._xxh3_at = ctypes.addressof(self._xxh3)
 
-    def read(self, batch: PageBatch, lo: int, hi: int) -> int:
+    def read(self, batch: PageBatch, lo: int, hi: int, data_fds: array.array[int] | None = None) -> int:
         """Read pages ``lo..hi-1`` of a read batch (data, then marker records, then the
-        checks); the number not OK (0 for an empty share)."""
+        checks), page ``j``'s data from ``data_fds[j]`` when given (int32: an O_DIRECT
+        descriptor); the number not OK (0 for an empty share)."""
         if not _share(batch, lo, hi, "read", not batch.writing):
             return 0
-        return int(self._read(lo, hi, *batch.addresses, batch.expect_at, batch.marker_len,
-                              batch.checksums_at, self._xxh3_at, batch.status_at))
+        tail = (*batch.addresses, batch.expect_at, batch.marker_len, batch.checksums_at, self._xxh3_at,
+                batch.status_at)
+        if data_fds is None:
+            return int(self._read(lo, hi, *tail))
+        return int(self._read_apart(lo, hi, _address(data_fds), *tail))
 
-    def write(self, batch: PageBatch, lo: int, hi: int, checksum: bool) -> int:
-        """Write pages ``lo..hi-1`` of a write batch (marker records first, then the data),
-        checksumming them first when ``checksum``; the number not OK (0 for an empty
-        share)."""
+    def write(self, batch: PageBatch, lo: int, hi: int, checksum: bool,
+              data_fds: array.array[int] | None = None) -> int:
+        """Write pages ``lo..hi-1`` of a write batch (marker records first, then the data,
+        to ``data_fds[j]`` when given), checksumming them first when ``checksum``; the
+        number not OK (0 for an empty share)."""
         if not _share(batch, lo, hi, "write", batch.writing):
             return 0
-        return int(self._write(lo, hi, *self._write_tail(batch, checksum)))
+        if data_fds is None:
+            return int(self._write(lo, hi, *self._write_tail(batch, checksum)))
+        return int(self._write_apart(lo, hi, _address(data_fds), *self._write_tail(batch, checksum)))
 
     def plan_read(self, plan: PlannedRead, pages: Sequence[Page]) -> PlanRead:
         """The call :meth:`read_plan` makes for ``plan``'s ``plan.count`` pages into

@@ -1,13 +1,8 @@
-"""Slot I/O through io_uring (``hicache_l3/native/uring_io.c``): a batch's pages in flight at
-once, up to a queue depth, from one C call with the GIL released.
-
-For pages that wait on the device, where a blocking call per page and thread gives the
-device a queue of one or two: O_DIRECT pages (:class:`UringTransport`) and the cold pages
-of a buffered read (:class:`ColdRingTransport`). The rings, one per direction, are made
-when a transport first moves pages through them, and closed with it; nothing runs between
-calls. Where the kernel refuses a ring (``io_uring_setup`` fails: ENOSYS, EPERM under a
-seccomp profile or ``kernel.io_uring_disabled``), :class:`LazyRings` logs one line and the
-transport keeps the blocking path.
+"""Slot I/O through io_uring (``hicache_l3/native/uring_io.c``): a batch's pages in flight
+at once, up to a queue depth, from one C call with the GIL released; for O_DIRECT pages
+(:class:`UringTransport`) and the cold pages of a buffered read (:class:`ColdRingTransport`).
+The rings open on first use (:class:`LazyRings`); where the kernel refuses one, one log line
+and the blocking path. :func:`select_transport` picks every local slab transport.
 """
 
 from __future__ import annotations
@@ -17,14 +12,9 @@ import ctypes
 import logging
 import os
 import threading
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from hicache_l3.common.pages import Page
 from hicache_l3.slab import io, native
-from hicache_l3.slab.format import ALIGN, RECORD_BYTES, expected_markers
-from hicache_l3.slab.records import write_markers
-from hicache_l3.slab.slots import SlotColumns
 
 if TYPE_CHECKING:
     from hicache_l3.slab.store import SlabStore
@@ -150,20 +140,15 @@ def _addr(fds: array.array[int] | None) -> int | None:
     return fds.buffer_info()[0] if fds else None
 
 
-def _aligned(page: Page) -> bool:
-    return len(page) == 1 and page[0][0] % ALIGN == 0 and page[0][1] % ALIGN == 0
-
-
 class UringTransport(io.SlotTransport):
-    """O_DIRECT slot I/O through :class:`Rings`: a batch's aligned pages move with
-    O_DIRECT, ``depth`` at a time, from one C call; a page that is not one aligned segment
-    moves through the page cache in the same call (counted ``direct_fallback``). Should
-    a ring fail, this and later batches take ``fallback`` (the blocking O_DIRECT path)."""
+    """O_DIRECT slot I/O through :class:`Rings`, ``depth`` pages in flight from one C call
+    (data descriptors as :func:`~hicache_l3.slab.io.direct_fds`). Where the ring is refused
+    or fails, this and later batches take ``fallback``, the blocking O_DIRECT path."""
 
     name = "io_uring O_DIRECT (C)"
     reads_plans = False
 
-    def __init__(self, rings: LazyRings, fallback: io.PythonTransport) -> None:
+    def __init__(self, rings: LazyRings, fallback: io.DirectTransport) -> None:
         self.rings, self.fallback, self.metrics = rings, fallback, fallback.metrics
         self._failed = False
 
@@ -173,19 +158,6 @@ class UringTransport(io.SlotTransport):
 
     def _ready(self) -> Rings | None:
         return None if self._failed else self.rings.get()
-
-    def _data_fds(self, store: SlabStore, fds: Sequence[int], where: Sequence[tuple[int, int]],
-                  pages: Sequence[Page]) -> array.array[int]:
-        out = array.array("i", fds)
-        unaligned = 0
-        for j, page in enumerate(pages):
-            if _aligned(page):
-                out[j] = store.fd(where[j][0], where[j][1], direct=True)
-            else:
-                unaligned += 1
-        if unaligned:
-            self.metrics.count("direct_fallback", unaligned)
-        return out
 
     def _broke(self, err: int) -> None:
         if not self._failed:
@@ -199,12 +171,9 @@ class UringTransport(io.SlotTransport):
         if rings is None:
             self.fallback.write(store, batch)
             return
-        cols = SlotColumns.of(batch.slots)
-        made = write_markers(batch.keys, cols.gens, cols.slots, batch.geometry)
-        pb = native.PageBatch.for_write(RECORD_BYTES, cols.fds, made.data_offsets, made.marker_offsets,
-                                        batch.pages, made.records)
+        pb, cols = io.write_page_batch(batch)
         me = store.me or 0
-        data_fds = self._data_fds(store, cols.fds, [(me, s) for s in cols.slabs], batch.pages)
+        data_fds = io.direct_fds(store, self.metrics, cols.fds, [(me, s) for s in cols.slabs], batch.pages)
         self.metrics.count("io_uring_pages", len(pb))
         bad = rings.write(pb, data_fds, batch.checksum)
         if bad < 0:  # the ring failed: the whole batch again, by blocking calls
@@ -219,13 +188,9 @@ class UringTransport(io.SlotTransport):
         if rings is None:
             self.fallback.read(store, batch)
             return
-        located = batch.located
-        entries = [loc[1] for loc in located]
-        data_at, marker_at = batch.geometry.offsets(e[2] for e in entries)
-        fds = [loc[0] for loc in located]
-        pb = native.PageBatch(RECORD_BYTES, fds, data_at, marker_at, batch.pages,
-                              expected_markers(entries, batch.keys), [e[5] for e in entries], writing=False)
-        data_fds = self._data_fds(store, fds, [(e[0], e[1]) for e in entries], batch.pages)
+        pb = io.read_page_batch(batch)
+        data_fds = io.direct_fds(store, self.metrics, pb.fds, [(e[0], e[1]) for _fd, e in batch.located],
+                                 batch.pages)
         self.metrics.count("io_uring_pages", len(pb))
         bad = rings.read(pb, data_fds)
         if bad < 0:  # the ring failed: the whole batch again, by blocking calls
@@ -242,24 +207,22 @@ class UringTransport(io.SlotTransport):
 
 COLD_RING_MIN_BYTES = 256 << 10
 """Pages of at least this size that a buffered read finds outside the page cache go through
-the ring; smaller ones stay with the cold threads, which read them as fast or faster
-(docs/benchmarks.md, "Beyond memory": 64 KiB 0.85-1.0x, 1 MiB 2.2x with the ring)."""
+the ring; smaller ones stay with the cold threads (docs/benchmarks.md, "Beyond memory")."""
 
 
 class ColdRingTransport(io.NativeTransport):
-    """:class:`~hicache_l3.slab.io.NativeTransport` whose cold pages (those a nowait read
-    found outside the page cache) of :data:`COLD_RING_MIN_BYTES` or more are read through
-    the read ring, ``depth`` at a time from one call, instead of by the cold threads (which
-    read smaller ones, and all of them once a ring failed)."""
+    """:class:`~hicache_l3.slab.io.NativeTransport` whose cold pages of
+    :data:`COLD_RING_MIN_BYTES` or more are read through the read ring, ``depth`` at a time
+    from one call (smaller ones, and all once a ring failed, by the cold threads)."""
 
-    def __init__(self, rings: LazyRings, lib: native.BatchIO, python: io.PythonTransport, write_threads: int,
-                 cold_threads: int) -> None:
-        super().__init__(lib, python, write_threads, max(2, cold_threads))
+    def __init__(self, rings: LazyRings, lib: native.BatchIO, metrics: Any, io_threads: int,
+                 write_threads: int, cold_threads: int) -> None:
+        super().__init__(lib, metrics, io_threads, write_threads, max(2, cold_threads))
         self.rings = rings
         self._failed = False
 
     def stats(self) -> dict[str, Any]:
-        """The ring's depth (the name stays the C library's: pages in the page cache are its)."""
+        """The ring's depth."""
         return {"io_uring_depth": self.rings.depth}
 
     def _read_cold(self, call: native.PlanRead) -> None:
@@ -267,8 +230,8 @@ class ColdRingTransport(io.NativeTransport):
         rings = self.rings.get() if not self._failed and page_bytes >= COLD_RING_MIN_BYTES else None
         if rings is not None:
             cold = call.status.count(native.AGAIN)
-            self.python.metrics.count("cold_pages", cold)
-            self.python.metrics.count("io_uring_pages", cold)
+            self.metrics.count("cold_pages", cold)
+            self.metrics.count("io_uring_pages", cold)
             bad = rings.read_cold(call)
             if bad >= 0:
                 return
@@ -287,22 +250,20 @@ class ColdRingTransport(io.NativeTransport):
         super().close()
 
 
-def select_transport(regions: Any, metrics: Any, *, native_io: bool, direct: bool, io_threads: int,
-                     write_threads: int, cold_threads: int, ring_depth: int, what: str) -> io.SlotTransport:
-    """:func:`~hicache_l3.slab.io.select_transport`, with io_uring where ``ring_depth`` > 0:
-    with ``direct``, :class:`UringTransport`; else, where cold pages are read apart
-    (``cold_threads`` > 1), :class:`ColdRingTransport`. Their rings open on first use
-    (:class:`LazyRings`; ``what`` names the connector in the log line of a refusal), after
-    which a refused ring leaves the blocking path."""
-    if not (native_io and ring_depth > 0 and (direct or cold_threads > 1)):
-        return io.select_transport(regions, metrics, native_io=native_io, direct=direct,
-                                   io_threads=io_threads, write_threads=write_threads,
-                                   cold_threads=cold_threads)
-    rings = LazyRings(ring_depth, what)
+def select_transport(metrics: Any, *, direct: bool, io_threads: int, write_threads: int, cold_threads: int,
+                     ring_depth: int, what: str) -> io.SlotTransport:
+    """The one selection point for local slab I/O, all of it in the C library (ImportError
+    naming the fix when it is not built): with ``direct``, :class:`UringTransport` (its
+    fallback, and with ``ring_depth`` 0 the transport itself,
+    :class:`~hicache_l3.slab.io.DirectTransport` on max(threads) threads); else
+    :class:`ColdRingTransport` where ``ring_depth`` > 0 and cold pages are read apart
+    (``cold_threads`` > 1), else :class:`~hicache_l3.slab.io.NativeTransport`. Rings open
+    on first use; ``what`` names the connector in the log line of a refusal."""
+    lib = native.library()
     if direct:
-        depth = max(io_threads, write_threads, cold_threads)
-        blocking = io.PythonTransport(regions, metrics, depth, direct=True, name="Python I/O (o_direct)",
-                                      write_threads=depth)
-        return UringTransport(rings, blocking)
-    return ColdRingTransport(rings, native.library(), io.PythonTransport(regions, metrics, io_threads),
-                             write_threads, cold_threads)
+        blocking = io.DirectTransport(lib, metrics, max(io_threads, write_threads, cold_threads))
+        return UringTransport(LazyRings(ring_depth, what), blocking) if ring_depth > 0 else blocking
+    if ring_depth > 0 and cold_threads > 1:
+        return ColdRingTransport(LazyRings(ring_depth, what), lib, metrics, io_threads, write_threads,
+                                 cold_threads)
+    return io.NativeTransport(lib, metrics, io_threads, write_threads, cold_threads)

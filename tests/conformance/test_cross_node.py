@@ -18,13 +18,6 @@ class TestFileAcrossNodes(CrossNodeTests):
         return {"root": root, "capacity_bytes": "256MiB", "slab_bytes": "8MiB"}
 
 
-class TestFilePythonIOAcrossNodes(CrossNodeTests):
-    connector_name = "file"
-
-    def node_settings(self, root: str) -> dict[str, Any]:
-        return {"root": root, "capacity_bytes": "256MiB", "slab_bytes": "8MiB", "native_io": False}
-
-
 class TestHf3fsPosixAcrossNodes(CrossNodeTests):
     connector_name = "hf3fs"
 

@@ -118,13 +118,14 @@ class TestFileConnector(SlabIntegrityTests, ConnectorTests):
         assert meta["slot_bytes"] == self.page_bytes
 
 
-class TestFilePythonIO(TestFileConnector):
-    """The same suite on the pure-Python I/O path (``native_io=false``): the reference the
-    C batch library must match, and what runs where that library is not built."""
+class TestFileDirectBlocking(TestFileConnector):
+    """The same suite with ``o_direct=true`` and no ring: pages move by blocking C calls,
+    aligned data through the slab's O_DIRECT descriptor."""
 
     @pytest.fixture
     def settings(self, tmp_path: Path) -> dict[str, Any]:
-        return {"root": str(tmp_path / "store"), "capacity_bytes": "1GiB", "native_io": False}
+        return {"root": str(tmp_path / "store"), "capacity_bytes": "1GiB", "o_direct": True,
+                "io_uring_depth": 0}
 
 
 class TestFileUringDirect(TestFileConnector):

@@ -1,7 +1,7 @@
 """Fills a small filesystem through the file connector; run by test_disk_full.py inside a
 private mount namespace holding a 2 MiB tmpfs at ROOT.
 
-    disk_full_child.py ROOT NATIVE(0|1)
+    disk_full_child.py ROOT
 
 Prints one line ``REPORT {json}`` with what each step returned.
 """
@@ -18,11 +18,10 @@ PAGE = 64 << 10
 
 
 def main() -> int:
-    root, native = sys.argv[1], sys.argv[2] == "1"
+    root = sys.argv[1]
     ns = Namespace(model="m", kv_dtype="bfloat16", layout="page_first", page_size=16)
     out: dict[str, object] = {}
-    with open_connector("file", ns, root=root, capacity_bytes="1GiB", slab_bytes="1MiB",
-                        native_io=native) as conn:
+    with open_connector("file", ns, root=root, capacity_bytes="1GiB", slab_bytes="1MiB") as conn:
         keys = [f"k{i:03d}" for i in range(64)]
         pages = Pages(conn, PAGE, len(keys))
         pages.fill(keys)

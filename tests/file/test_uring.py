@@ -13,7 +13,7 @@ import pytest
 from hicache_l3 import Namespace, open_connector
 from hicache_l3.conformance.pages import Pages
 from hicache_l3.conformance.slab_backdoor import SlabBackdoor
-from hicache_l3.slab import uring
+from hicache_l3.slab import io, uring
 
 NS = Namespace(model="m", kv_dtype="bfloat16", layout="page_first", page_size=16)
 PAGE = uring.COLD_RING_MIN_BYTES  # cold pages this big go through the ring
@@ -114,13 +114,13 @@ def test_a_refused_ring_keeps_the_blocking_path(tmp_path: Path, caplog: pytest.L
 
 
 def test_a_refused_ring_leaves_o_direct_the_blocking_path(caplog: pytest.LogCaptureFixture) -> None:
-    transport = uring.select_transport(None, None, native_io=True, direct=True, io_threads=2, write_threads=2,
-                                       cold_threads=16, ring_depth=8, what="test")
+    transport = uring.select_transport(None, direct=True, io_threads=2, write_threads=2, cold_threads=16,
+                                       ring_depth=8, what="test")
     try:
         assert isinstance(transport, uring.UringTransport)
         with caplog.at_level(logging.WARNING, logger="hicache_l3.slab.uring"), _NoDescriptors():
             assert transport._ready() is None  # every batch then takes transport.fallback
-        assert transport._ready() is None and transport.fallback.direct
+        assert transport._ready() is None and isinstance(transport.fallback, io.DirectTransport)
         lines = [r.getMessage() for r in caplog.records]
         assert len(lines) == 1 and "test: no io_uring" in lines[0], lines
     finally:

@@ -103,17 +103,15 @@ def _wreck(store: Any, keys: list[str]) -> None:
 def _get(root: Path, ns: Namespace, keys: list[str], path: str, checksum: str,
          segments: int = 1) -> tuple[list[Reason], bytes, list[bool], int, int]:
     """A fresh reader's get of ``keys`` (pages of ``segments`` segments each) through
-    ``path``: "planned" (read_plan), "located" (the lookup and NixlTransport.read with
-    the C helpers) or "python" (native_io=false: every step in Python, the reference).
+    ``path``: "planned" (read_plan) or "located" (the lookup and NixlTransport.read).
     (reasons, destination bytes, exists afterwards, plans made, planned reads)."""
     dst = HostBuffer(N * P)
     step = P // segments
     pages = [tuple((dst.address + i * P + s * step, step) for s in range(segments))
              for i in range(len(keys))]
-    with _open(root, ns, checksum=checksum, native_io=path != "python") as r:
+    with _open(root, ns, checksum=checksum) as r:
         r.register(dst)
-        assert r.transport.reads_plans is (path != "python")
-        assert r.stats()["engine"]["planned_get"] is (path != "python")
+        assert r.transport.reads_plans and r.stats()["engine"]["planned_get"]
         assert r.batch_exists(keys[:1]) is not None  # opens the store
         store = r._store
         _wreck(store, keys)
@@ -144,14 +142,13 @@ def test_planned_get_agrees_with_the_reference(tmp_path: Path, checksum: str, se
     keys, src = _damaged_store(tmp_path, ns)
     planned = _get(tmp_path, ns, keys, "planned", checksum, segments)
     located = _get(tmp_path, ns, keys, "located", checksum, segments)
-    python = _get(tmp_path, ns, keys, "python", checksum, segments)
-    assert planned[3:] == (1, 1) and located[3:] == (0, 0) and python[3:] == (0, 0)  # paths taken
-    assert planned[0] == located[0] == python[0] == EXPECTED[checksum]
+    assert planned[3:] == (1, 1) and located[3:] == (0, 0)  # paths taken
+    assert planned[0] == located[0] == EXPECTED[checksum]
     for i, r in enumerate(EXPECTED[checksum]):
         if r is HIT:
             assert planned[1][i * P:(i + 1) * P] == src[i * P:(i + 1) * P], i
-    assert planned[1] == located[1] == python[1]
-    assert planned[2] == located[2] == python[2]  # the same keys dropped from the index
+    assert planned[1] == located[1]
+    assert planned[2] == located[2]  # the same keys dropped from the index
     dropped = [2, 3, 4, 8, 9] + ([5] if checksum == "xxh3" else [])
     assert [i for i, e in enumerate(planned[2]) if not e] == sorted(dropped)
 
@@ -309,18 +306,17 @@ def test_write_markers_puts_each_record_at_its_offset(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("checksum", ["xxh3", "none"])
 def test_a_set_writes_the_reference_records_and_bytes(tmp_path: Path, checksum: str) -> None:
-    """The same batch set through the C helpers and through native_io=false (every step
-    in Python) leaves byte-identical slots: records (fingerprints, checksums) and data."""
+    """The same batch set by nixl file mode and by the file connector leaves byte-identical
+    slots: records (fingerprints, checksums) and data."""
     ns = _ns()
     buf = HostBuffer(N * P)
     buf.view()[:] = random.Random(6).randbytes(N * P)
     keys = [f"w-{i}" for i in range(N)]
     pages = [((buf.address + i * P, P),) for i in range(N)]
     slots = {}
-    for path in ("c", "python"):
+    for path in ("nixl", "file"):
         root = tmp_path / path
-        with _open(root, ns, checksum=checksum, native_io=path == "c") as w:
-            assert w.transport.reads_plans is (path == "c")
+        with open_connector(path, ns, {"root": str(root), "checksum": checksum}) as w:
             w.register(buf)
             assert w.batch_set(keys, pages) == [True] * N
         got = []
@@ -331,8 +327,8 @@ def test_a_set_writes_the_reference_records_and_bytes(tmp_path: Path, checksum: 
             with open(file, "rb") as f:
                 got.append((os.pread(f.fileno(), RECORD_BYTES, marker), os.pread(f.fileno(), length, offset)))
         slots[path] = got
-    assert slots["c"] == slots["python"]
-    assert all(d == bytes(buf.view()[i * P:(i + 1) * P]) for i, (_, d) in enumerate(slots["c"]))
+    assert slots["nixl"] == slots["file"]
+    assert all(d == bytes(buf.view()[i * P:(i + 1) * P]) for i, (_, d) in enumerate(slots["nixl"]))
 
 
 @settings(max_examples=100, deadline=None)

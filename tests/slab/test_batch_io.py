@@ -167,17 +167,18 @@ def test_a_library_of_another_format_is_refused() -> None:
         batch_io.BatchIO(spec.origin)
 
 
-@pytest.mark.parametrize("writer_native, reader_native", [(True, False), (False, True)])
-def test_native_and_python_paths_read_each_others_pages(tmp_path: Path, writer_native: bool,
-                                                         reader_native: bool) -> None:
-    """One slab format: pages written by either path are read back exactly by the other."""
+@pytest.mark.parametrize("writer, reader", [({}, {"o_direct": True, "io_uring_depth": 0}),
+                                            ({"o_direct": True, "io_uring_depth": 0}, {})])
+def test_buffered_and_o_direct_paths_read_each_others_pages(tmp_path: Path, writer: dict[str, object],
+                                                            reader: dict[str, object]) -> None:
+    """One slab format: pages written by either C path are read back exactly by the other."""
     ns = Namespace(model="m", kv_dtype="bfloat16", layout="page_first", page_size=16)
     keys = [f"x{i}" for i in range(40)]
-    with open_connector("file", ns, root=str(tmp_path), native_io=writer_native) as w:
+    with open_connector("file", ns, root=str(tmp_path), **writer) as w:
         pages = Pages(w, 16 << 10, len(keys))
         pages.fill(keys)
         assert w.batch_set(keys, pages.pages) == [True] * len(keys)
-    with open_connector("file", ns, root=str(tmp_path), native_io=reader_native) as r:
+    with open_connector("file", ns, root=str(tmp_path), **reader) as r:
         got = Pages(r, 16 << 10, len(keys))
         assert r.batch_get(keys, got.pages) == [True] * len(keys)
         assert all(got.matches(i, k) for i, k in enumerate(keys))
@@ -195,8 +196,8 @@ def test_stats_name_the_io_path(tmp_path: Path) -> None:
     ns = Namespace(model="m", kv_dtype="bfloat16", layout="page_first", page_size=16)
     with open_connector("file", ns, root=str(tmp_path)) as conn:
         assert conn.stats()["engine"]["io_path"] == batch_io.describe()
-    with open_connector("file", ns, root=str(tmp_path), native_io=False) as conn:
-        assert conn.stats()["engine"]["io_path"] == "Python I/O"
+    with open_connector("file", ns, root=str(tmp_path), o_direct=True, io_uring_depth=0) as conn:
+        assert conn.stats()["engine"]["io_path"] == "native O_DIRECT (C)"
 
 
 _ORDER_SCRIPT = r"""

@@ -132,10 +132,6 @@ class NixlConfig(ConnectorConfig):
         "the last gets' times; two agents read one slab file in parallel), a set split by "
         "slab file (the store puts a batch's slots in two files; writes to one file "
         "serialise); 1 = the caller's agent alone; on one CPU there are no lanes")
-    native_io: bool = setting(
-        True, "file mode: the slot marker records of a batch in one call of "
-        "the C batch library (hicache_l3._batch_io) when it is built; false: an os.pwrite / "
-        "os.pread per marker (the reference)")
     # ---- obj mode
     endpoint: str = setting("", "obj mode: S3 endpoint (http://host:port); empty = AWS for the region")
     bucket: str = setting("", "obj mode: bucket holding the pages (must exist)")

@@ -24,7 +24,6 @@ import array
 import ctypes
 import functools
 import importlib
-import sys
 from typing import Any
 
 from hicache_l3.connectors.nixl.base import Desc, coalesce
@@ -204,10 +203,7 @@ flatten = flat_segments  # the batch library's spelling (rows take what a PageBa
 _loaded = LoadedOnce(NixlBatchLib, _self_test, "the nixl batch helpers of hicache_l3._batch_io refused")
 
 
-def library() -> NixlBatchLib | None:
-    """The helpers, loaded and self-tested on first call (ImportError naming the fix when
-    the library is not built or refused); None on a host that is not a 64-bit
-    little-endian one (the arrays' layout)."""
-    if sys.byteorder != "little" or ctypes.sizeof(ctypes.c_size_t) != 8:
-        return None
+def library() -> NixlBatchLib:
+    """The helpers, loaded and self-tested on first call; ImportError naming the fix when
+    the library is not built or refused."""
     return _loaded.get()

@@ -11,11 +11,8 @@ bytes move:
   pages adjacent both in host memory and in their slab (consecutive slots of a group)
   move as one row (:func:`~hicache_l3.connectors.nixl.base.coalesce`);
 * slot marker records (128 bytes each, in the group tables of slab format 2, apart from
-  the data): all records of a batch in one call of the C batch library
-  (:meth:`~hicache_l3.slab.native.BatchIO.write_markers`,
-  :meth:`~hicache_l3.slab.native.BatchIO.read_markers`; GIL released once, adjacent
-  records in one syscall), or with ``native_io=false`` or no library built, an
-  ``os.pwrite``/``os.pread`` per record. So the NIXL descriptors cover the page data
+  the data): all records of a batch in one call of the C batch library (GIL released
+  once, adjacent records in one syscall). So the NIXL descriptors cover the page data
   only, exactly as raw NIXL's do. The slot protocol needs an order that one NIXL
   transfer does not give (its descriptors complete in any order): a set writes the
   marker records, then the data (NIXL); a get reads the data (NIXL), then the marker
@@ -24,13 +21,11 @@ bytes move:
   torn-slot argument"). A reader overlapping a reuse of the slot sees a new record and
   misses; a torn or recycled slot is a miss, never somebody else's bytes.
 
-With the C batch library (and its nixl helpers, :mod:`~hicache_l3.connectors.nixl.batch_lib`)
-no Python runs per page on the common batch: a get reads the batch's
-:class:`~hicache_l3.slab.plan.GetPlan` (:meth:`NixlTransport.read_plan`: descriptors,
-offsets, expected records and checksums from one C call), its NIXL rows built and joined
-in C, its records and checksums checked in C; a set encodes its records, key
-fingerprints included, in one C call. With ``native_io=false`` every step is the per-page
-Python path: the reference the tests compare with (tests/nixl/test_nixl_plan.py).
+No Python runs per page on the common batch (the C helpers,
+:mod:`~hicache_l3.connectors.nixl.batch_lib`): a get reads the batch's
+:class:`~hicache_l3.slab.plan.GetPlan` (:meth:`NixlTransport.read_plan`), its NIXL rows
+built and joined in C, its records and checksums checked in C; a set encodes its records,
+key fingerprints included, in one C call.
 
 A batch of 4 MiB or more is shared by the lanes (:mod:`~hicache_l3.connectors.nixl.lanes`,
 ``transfer_agents``): one part moved by the caller's agent, the others by agents on
@@ -56,17 +51,16 @@ checksum threads to wake.
 from __future__ import annotations
 
 import array
-import errno
 import functools
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from itertools import pairwise, repeat
 from typing import Any
 
 from hicache_l3.common.connector import Capabilities
 from hicache_l3.common.errors import Reason
-from hicache_l3.common.integrity import key_fingerprint, page_checksum
+from hicache_l3.common.integrity import page_checksum
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import MemoryRegion
 from hicache_l3.common.pages import Page
@@ -75,7 +69,6 @@ from hicache_l3.connectors.nixl import batch_lib
 from hicache_l3.connectors.nixl.base import (
     MERGE_MAX_BYTES,
     Agent,
-    Desc,
     NixlConfig,
     NixlConnector,
     TransferError,
@@ -85,7 +78,7 @@ from hicache_l3.connectors.nixl.base import (
 from hicache_l3.connectors.nixl.lanes import SHARE_MIN_BYTES, Balance, Lanes, by_file, row_lengths, split_rows
 from hicache_l3.slab import native
 from hicache_l3.slab.connector import SlabConnector
-from hicache_l3.slab.format import RECORD_BYTES, Entry, encode_markers, expected_markers
+from hicache_l3.slab.format import RECORD_BYTES, Entry, expected_markers
 from hicache_l3.slab.io import (
     CHECKSUM,
     FAILED,
@@ -95,7 +88,6 @@ from hicache_l3.slab.io import (
     ReadBatch,
     SlotTransport,
     WriteBatch,
-    verify,
 )
 from hicache_l3.slab.plan import GetPlan
 from hicache_l3.slab.records import write_markers
@@ -159,13 +151,6 @@ def _page_bounds(n: int, parts: int, first: float) -> list[int]:
     return [0, *(head + (n - head) * k // (parts - 1) for k in range(parts - 1)), n] if parts > 1 else [0, n]
 
 
-def _records(gens: Iterable[int], nbytes: int, sums: list[int] | None, keys: list[str]) -> bytearray:
-    """The marker records of a set's slots, back to back (Python: one struct pack and one
-    fingerprint per key; the C helpers' ``encode_markers`` is the same bytes)."""
-    return bytearray(b"".join(encode_markers(gens, repeat(nbytes), sums if sums is not None else repeat(0),
-                                             map(key_fingerprint, keys))))
-
-
 Transfer = Callable[[Any, Any], None]  # one transfer of rows (local, remote) on some agent
 PagesJob = Callable[[int, int, Transfer], None]  # job(lo, hi, transfer): pages lo..hi-1, moved by transfer
 # share(n, size, job): a get's pages 0..n-1 of size bytes cut in consecutive parts, job of each
@@ -186,8 +171,8 @@ class NixlTransport(SlotTransport):
     name = "NIXL POSIX transfers"
 
     def __init__(self, transfer: Callable[[str], Callable[[list[Any], list[Any]], None]],
-                 max_descs: int, checksum_threads: int, lib: native.BatchIO | None = None,
-                 helpers: batch_lib.NixlBatchLib | None = None,
+                 max_descs: int, checksum_threads: int, lib: native.BatchIO,
+                 helpers: batch_lib.NixlBatchLib,
                  share_read: Callable[[Any, Any], bool] | None = None,
                  share_write: Callable[[Any, Any], bool] | None = None,
                  share_read_pages: SharePages | None = None) -> None:
@@ -195,65 +180,31 @@ class NixlTransport(SlotTransport):
         self._share_read, self._share_write = share_read, share_write
         self._share_read_pages = share_read_pages
         self._pool = BatchPool(checksum_threads, "hicache-nixl-csum", min_share=4)
-        if lib is not None:
-            self.name = f"{self.name}, markers by the C batch library"
-        # planned gets (read_plan) and the set's records and rows in C need the helpers;
-        # without them (native_io=false, or a host that is not 64-bit little-endian) the
-        # per-page Python paths run: the reference
-        self.reads_plans = helpers is not None and lib is not None
+        self.name = f"{self.name}, markers by the C batch library"
+        self.reads_plans = True
 
     def _checksums(self, pages: list[Page]) -> list[int]:
         """XXH3 of each page, over ``checksum_threads`` threads (the hash releases the GIL)."""
         shares = self._pool.map(lambda lo, hi: [page_checksum(p) for p in pages[lo:hi]], len(pages))
         return [c for share in shares for c in share]
 
-    @staticmethod
-    def _descriptors(pages: list[Page], fds: Sequence[int], offsets: Sequence[int],
-                     ) -> tuple[list[Desc], list[Desc], list[int] | None]:
-        """The local (DRAM) and remote (FILE) rows moving ``pages[j]`` to or from
-        ``offsets[j]`` of ``fds[j]``, and the unit bounds for :func:`run_flat` (None: one
-        row per page, the common batch, built with no Python call per page)."""
-        try:  # every page one segment: one row each
-            local = [(address, length, 0) for ((address, length),) in pages]
-        except ValueError:
-            pass
-        else:
-            return local, [(o, row[1], fd) for o, row, fd in zip(offsets, local, fds)], None
-        local, remote, bounds = [], [], [0]
-        for page, fd, offset in zip(pages, fds, offsets):
-            for address, length in page:
-                local.append((address, length, 0))
-                remote.append((offset, length, fd))
-                offset += length
-            bounds.append(len(local))
-        return local, remote, bounds
-
     def write(self, store: SlabStore, batch: WriteBatch) -> None:
         """Every page's marker record (one library call), then the data of every page
-        whose marker was written (one NIXL transfer). With the C helpers, the offsets and
-        the records (key fingerprints included) are one C call each, on arrays."""
-        geometry, slots, status, pages = batch.geometry, batch.slots, batch.status, batch.pages
-        n, nbytes = len(slots), geometry.slot_bytes
+        whose marker was written (one NIXL transfer); the offsets and the records (key
+        fingerprints included) one C call each, on arrays."""
+        slots, status, pages = batch.slots, batch.status, batch.pages
+        n = len(slots)
         if not n:
             return
         sums = self._checksums(pages) if batch.checksum else None
-        helpers = self.helpers
-        fds: Sequence[int]
-        data_at: Sequence[int]
-        if helpers is not None and self.lib is not None:
-            cols = SlotColumns.of(slots)  # the reserve's columns, as they are: no tuple per page
-            fds = cols.fds
-            # the local write's call (slab/records.py): records with checksum 0, and offsets
-            made = write_markers(batch.keys, cols.gens, cols.slots, geometry)
-            records, data_at, marker_at = made
-            if sums is not None:  # each record's checksum field: its fourth uint64
-                memoryview(records).cast("Q")[3::RECORD_BYTES // 8] = array.array("Q", sums)
-            marks: Sequence[int] = helpers.write_markers(fds, marker_at, records)
-        else:  # the reference
-            data_at, marker_list = geometry.offsets([s[2] for s in slots])
-            fds = [s[0] for s in slots]
-            records = _records([s[3] for s in slots], nbytes, sums, batch.keys)
-            marks = self._put_markers(fds, marker_list, records)
+        cols = SlotColumns.of(slots)  # the reserve's columns, as they are: no tuple per page
+        fds: Sequence[int] = cols.fds
+        # the local write's call (slab/records.py): records with checksum 0, and offsets
+        records, offsets, marker_at = write_markers(batch.keys, cols.gens, cols.slots, batch.geometry)
+        data_at: Sequence[int] = offsets
+        if sums is not None:  # each record's checksum field: its fourth uint64
+            memoryview(records).cast("Q")[3::RECORD_BYTES // 8] = array.array("Q", sums)
+        marks: Sequence[int] = self.helpers.write_markers(cols.fds, marker_at, records)
         if marks.count(OK) == n:  # the common batch: every marker written
             staged: list[int] = list(range(n))
         else:
@@ -331,8 +282,8 @@ class NixlTransport(SlotTransport):
         C call per share); one status per page, a failed transfer's Reason in
         ``reasons[j]``."""
         helpers = self.helpers
-        if helpers is None or not self.reads_plans:
-            raise NotImplementedError(f"{self.name} reads get plans only with the C helpers")
+        if not self.reads_plans:
+            raise NotImplementedError(f"{self.name}: planned gets turned off")
         n = plan.count
         if len(pages) != n:
             raise ValueError(f"read_plan: {len(pages)} pages for a plan of {n}")
@@ -375,7 +326,6 @@ class NixlTransport(SlotTransport):
         an engine error (or rows past ``max_descs``): then the batch is read again the
         reference way, which isolates the failing pages."""
         helpers = self.helpers
-        assert helpers is not None
         n = plan.count
         size = plan.slot_bytes or _flat_bytes(segments) // n
         scratch = bytearray(RECORD_BYTES * n)  # the records read, every run's share of it
@@ -423,12 +373,8 @@ class NixlTransport(SlotTransport):
 
     def _move(self, op: str, pages: list[Page], fds: Sequence[int], offsets: Sequence[int]) -> list[Reason]:
         """Move ``pages[j]`` to or from ``offsets[j]`` of ``fds[j]`` (``op`` "READ" or
-        "WRITE"), adjacent rows joined; one Reason per page. Rows built in C with the
-        helpers, by :meth:`_descriptors` and :func:`run_flat` without (the reference)."""
+        "WRITE"), adjacent rows joined (built in C); one Reason per page."""
         transfer, reread = self._transfer(op), op == "READ"
-        if self.helpers is None:
-            local, remote, bounds = self._descriptors(pages, fds, offsets)
-            return run_flat(transfer, local, remote, bounds, self.max_descs, reread=reread, merge=True)
         segments, at = batch_lib.flatten(pages)
         results = self._move_flat(transfer, reread, segments, at, array.array("i", fds),
                                   array.array("q", offsets))
@@ -444,7 +390,6 @@ class NixlTransport(SlotTransport):
         fails every page, as one transfer). None when every page moved, else one Reason
         per page."""
         helpers = self.helpers
-        assert helpers is not None
         n = len(fds)
         if not n:
             return None
@@ -466,43 +411,17 @@ class NixlTransport(SlotTransport):
         """:meth:`_move_flat` once its joined rows failed: the rows one per segment, on the
         caller's agent, through :func:`run_flat`, which isolates the failing pages."""
         helpers = self.helpers
-        assert helpers is not None
         n = len(fds)
         local, remote = helpers.rows(segments, at, fds, offsets, 0)
         bounds = None if at[n] == n else at.tolist()  # every page at least one segment
         results = run_flat(transfer, local, remote, bounds, self.max_descs, reread=reread)
         return None if results.count(Reason.OK) == n else results
 
-    def _put_markers(self, fds: list[int], offsets: list[int], records: bytearray) -> list[int]:
-        """Write marker record ``j`` (``records[128 j : 128 (j + 1)]``) at ``offsets[j]`` of
-        ``fds[j]``; one status per record (OK, SHORT or -errno)."""
-        if self.lib is not None:
-            return list(self.lib.write_markers(fds, offsets, bytes(records), RECORD_BYTES))
-        out = []
-        for j, (fd, offset) in enumerate(zip(fds, offsets)):
-            try:
-                record = records[RECORD_BYTES * j: RECORD_BYTES * (j + 1)]
-                out.append(OK if os.pwrite(fd, record, offset) == RECORD_BYTES else SHORT)
-            except OSError as exc:
-                out.append(-(exc.errno or errno.EIO))
-        return out
-
     def _check_markers(self, fds: list[int], offsets: list[int], entries: list[Entry],
                        keys: list[str]) -> list[int]:
         """Per slot ``k``: OK when the marker record at ``offsets[k]`` of ``fds[k]``
-        carries ``entries[k]`` and ``keys[k]`` (:func:`~hicache_l3.slab.io.verify`),
+        carries ``entries[k]`` and ``keys[k]`` ,
         HEADER when not or cut short, -errno."""
-        if self.lib is None:
-            record = memoryview(bytearray(RECORD_BYTES))
-            out = []
-            for fd, offset, entry, key in zip(fds, offsets, entries, keys):
-                try:
-                    ok = os.preadv(fd, [record], offset) == RECORD_BYTES
-                except OSError as exc:
-                    out.append(-(exc.errno or errno.EIO))
-                    continue
-                out.append(verify(record, entry, key, None) if ok else HEADER)
-            return out
         got = self.lib.read_markers(fds, offsets, b"".join(expected_markers(entries, keys)), RECORD_BYTES)
         return [code if code <= 0 else HEADER for code in got]
 
@@ -522,11 +441,10 @@ class NixlFileConnector(SlabConnector, NixlConnector):
         self._agent_params = posix_params(config.posix_engine)
         self._renew_lock = threading.Lock()
         self.agent = Agent("POSIX", self._agent_params, abandon_on_timeout=True)
-        lib = native.library() if config.native_io else None
-        helpers = batch_lib.library() if lib is not None else None
-        # the lanes share a batch's bytes (lanes.py); they serve the rows the C helpers build
+        lib, helpers = native.library(), batch_lib.library()
+        # the lanes share a batch's bytes (lanes.py)
         self._lanes: Lanes | None = None
-        if helpers is not None and config.transfer_agents > 1 and len(os.sched_getaffinity(0)) > 1:
+        if config.transfer_agents > 1 and len(os.sched_getaffinity(0)) > 1:
             self._lanes = Lanes([Agent("POSIX", self._agent_params, abandon_on_timeout=True)
                                      for _ in range(config.transfer_agents - 1)], self._renew_agent)
         self._read_balance = Balance(config.transfer_agents)  # the caller's share of a shared get
