@@ -160,7 +160,7 @@ def slab_pairs(opts: BenchOptions, stack: contextlib.ExitStack, backend: str,
     settings: dict[str, Any] = {"root": str(opts.workdir / f"{backend}-store"),
                                 "capacity_bytes": opts.pages * Geometry(opts.page_bytes).stride,
                                 **defaults, **opts.settings.get(backend, {})}
-    conn = open_connector(backend, bench_namespace(opts, backend), settings)
+    conn = open_connector(backend, bench_namespace(opts.page_bytes, f"bench-{backend}"), settings)
     stack.callback(conn.close)
     suffix = "" if backend == "file" else f"-{backend}"
     raw = RawPosix(opts.workdir / f"raw-posix{suffix}.dat", opts.pages * opts.page_bytes)

@@ -54,6 +54,6 @@ class RawDict(BenchTarget):
 def make_pairs(opts: BenchOptions, stack: contextlib.ExitStack) -> list[Pair]:
     """The memory connector and raw-dict."""
     settings = {"store": "bench", **opts.settings.get("memory", {})}
-    conn = open_connector("memory", bench_namespace(opts, "memory"), settings)
+    conn = open_connector("memory", bench_namespace(opts.page_bytes, "bench-memory"), settings)
     stack.callback(conn.close)
     return [Pair(ConnectorTarget(conn, "memory"), RawDict())]

@@ -139,7 +139,7 @@ def make_pairs(opts: BenchOptions, stack: contextlib.ExitStack) -> list[Pair]:
             chosen.update(global_segment_size=per_target, preferred_segment="local")
         else:
             chosen.update(global_segment_size=0)
-        namespace = bench_namespace(opts, f"mooncake-{placement}")
+        namespace = bench_namespace(opts.page_bytes, f"bench-mooncake-{placement}")
         conn = open_connector("mooncake", namespace, chosen)
         stack.callback(conn.close)
         raw = RawMooncake(chosen, placement, exists_prefix=namespace.storage_key(""))

@@ -147,7 +147,7 @@ def _obj_pairs(opts: BenchOptions, stack: contextlib.ExitStack,
         stack.enter_context(engine)
         settings = {**engine.settings, **settings, "endpoint": engine.endpoint}
     config = NixlConfig.load("nixl", settings)
-    conn = open_connector("nixl", bench_namespace(opts, "nixl"), settings)
+    conn = open_connector("nixl", bench_namespace(opts.page_bytes, "bench-nixl"), settings)
     stack.callback(conn.close)
     raw = RawNixlObj(config)
     stack.callback(raw.close)
@@ -167,7 +167,7 @@ def make_pairs(opts: BenchOptions, stack: contextlib.ExitStack) -> list[Pair]:
     }
     settings.update(overrides)
     config = NixlConfig.load("nixl", settings)
-    conn = open_connector("nixl", bench_namespace(opts, "nixl"), settings)
+    conn = open_connector("nixl", bench_namespace(opts.page_bytes, "bench-nixl"), settings)
     stack.callback(conn.close)
     raw = RawNixl(opts.workdir / "raw-nixl.dat", opts.pages * opts.page_bytes, config.posix_engine)
     stack.callback(raw.close)

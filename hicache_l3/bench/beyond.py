@@ -27,8 +27,8 @@ from typing import Any
 from hicache_l3.bench import memcg
 from hicache_l3.bench.raw_direct import FIO_JOBS, RawDirect, fio_available, run_fio
 from hicache_l3.bench.runner import BenchError, cpu_info, describe_cpu, drop_page_cache, fixed_width, quantile
+from hicache_l3.bench.targets import bench_namespace
 from hicache_l3.common.errors import ConfigError, HiCacheL3Error
-from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.pages import contiguous_pages
 from hicache_l3.common.registry import open_connector
@@ -220,15 +220,13 @@ class _Contender:
 
 def _connector(opts: BeyondOptions, backend: str, mode: str, source: HostBuffer,
                stack: contextlib.ExitStack) -> _Contender:
-    namespace = Namespace(model="hicache-l3-bench", kv_dtype="uint8", layout="page_first",
-                          page_size=opts.page_bytes, tag=f"beyond-{backend}")
     settings: dict[str, Any] = {"root": str(Path(opts.workdir) / f"{backend}-{mode}"),
                                 "capacity_bytes": opts.pages * Geometry(opts.page_bytes).stride,
                                 "o_direct": mode == "o_direct"}
     if backend == "hf3fs":
         settings["max_writers"] = 1
     settings.update(opts.settings.get(backend, {}))
-    conn = open_connector(backend, namespace, settings)
+    conn = open_connector(backend, bench_namespace(opts.page_bytes, f"beyond-{backend}"), settings)
     stack.callback(conn.close)
     dst = HostBuffer(opts.batch * opts.page_bytes, pin=False)
     conn.register(source)

@@ -38,18 +38,15 @@ from hicache_l3.bench.runner import (
     parse_settings,
     progress,
     run_pairs,
+    size_arg,
 )
 from hicache_l3.bench.targets import DEFAULT_OPS, OPS, BenchOptions
-from hicache_l3.common.config import parse_size
 from hicache_l3.common.errors import HiCacheL3Error
 from hicache_l3.common.logs import quiet_credential_loggers
 
 
 def _sizes(text: str) -> list[int]:
-    try:
-        return [parse_size(v.strip(), "size") for v in text.split(",") if v.strip()]
-    except HiCacheL3Error as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return [size_arg(v.strip()) for v in text.split(",") if v.strip()]
 
 
 def _ints(text: str) -> list[int]:

@@ -29,10 +29,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hicache_l3.bench.runner import parse_settings, progress, quantile
+from hicache_l3.bench.runner import parse_settings, progress, quantile, size_arg
 from hicache_l3.bench.tiers import InstanceCache, L3Tier, LoadResult
 from hicache_l3.bench.workload import Request, Workload, WorkloadParams, generate
-from hicache_l3.common.config import parse_size
 from hicache_l3.common.errors import ConfigError, HiCacheL3Error
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.logs import quiet_credential_loggers
@@ -208,13 +207,6 @@ def summarize(rows: Sequence[dict[str, Any]], config: ReplayConfig,
 
 
 # ---- command line ----------------------------------------------------------------------
-def _size(text: str) -> int:
-    try:
-        return parse_size(text, "size")
-    except HiCacheL3Error as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The replay's command-line options (defaults: :class:`ReplayConfig`, WorkloadParams)."""
     d, w = ReplayConfig(), WorkloadParams()
@@ -232,12 +224,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"simulated host cache per instance, pages ({d.l2_pages})")
     parser.add_argument("--page-tokens", type=int, default=d.page_tokens,
                         help=f"tokens per page ({d.page_tokens})")
-    parser.add_argument("--page-bytes", type=_size, default=d.page_bytes,
+    parser.add_argument("--page-bytes", type=size_arg, default=d.page_bytes,
                         help="real bytes moved per page (64KiB)")
     parser.add_argument("--prefill-tps", type=float, default=d.prefill_tps,
                         help=f"recompute throughput, tokens/s ({d.prefill_tps:.0f})")
     parser.add_argument("--batch", type=int, default=d.batch, help=f"pages per L3 call ({d.batch})")
-    parser.add_argument("--ref-kv-bytes-per-token", type=_size, default=d.ref_kv_bytes_per_token,
+    parser.add_argument("--ref-kv-bytes-per-token", type=size_arg, default=d.ref_kv_bytes_per_token,
                         help="KV bytes per token of the reference model, for the projection "
                              "to real page sizes (128KiB: Llama-3.1-8B bf16)")
     parser.add_argument("--connectors", choices=["per-instance", "shared"], default="per-instance",
@@ -343,7 +335,7 @@ def run(args: argparse.Namespace) -> int:
     meta = {
         "backend": args.backend, "settings": shown, "seed": args.seed,
         "connectors": args.connectors, "replay": dataclasses.asdict(config),
-        "workload": params.describe(), "workload_counts": workload.counts,
+        "workload": dataclasses.asdict(params), "workload_counts": workload.counts,
         "profile_tokens": workload.profile_tokens,
         "ttft_model": "L3 exists+get time (measured) + recompute_tokens / prefill_tps; "
                       "L1/L2 hits free; L3 writes asynchronous (not in TTFT)",

@@ -88,6 +88,18 @@ def progress(total: int, quiet: bool, desc: str, unit: str, **tqdm_args: Any) ->
         bar.close()
 
 
+def size_arg(text: str) -> int:
+    """An argparse type: a size such as ``64KiB`` in bytes."""
+    import argparse
+
+    from hicache_l3.common.config import parse_size
+
+    try:
+        return parse_size(text, "size")
+    except HiCacheL3Error as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parse_settings(overrides: list[str]) -> dict[str, dict[str, Any]]:
     """``--set BACKEND.KEY=VALUE`` items as ``{backend: {key: value}}``; ConfigError on a bad one."""
     out: dict[str, dict[str, Any]] = {}

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hicache_l3.bench.runner import BenchError, cpu_info, describe_cpu, fixed_width, progress, quantile
+from hicache_l3.bench.targets import bench_namespace
 from hicache_l3.common.errors import ConfigError, HiCacheL3Error
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer
@@ -70,8 +71,7 @@ def parse_counts(text: str) -> list[int]:
 
 def scale_namespace(page_bytes: int) -> Namespace:
     """The namespace the sweep's pages are stored in."""
-    return Namespace(model="hicache-l3-bench", kv_dtype="uint8", layout="page_first",
-                     page_size=page_bytes, tag="bench-scale")
+    return bench_namespace(page_bytes, "bench-scale")
 
 
 def sample_size(pages: int) -> int:

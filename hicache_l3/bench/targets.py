@@ -40,10 +40,10 @@ class BenchOptions:
     idle_s: float = 0.0  # sleep before every timed op, off the clock
 
 
-def bench_namespace(opts: BenchOptions, tag: str) -> Namespace:
-    """The namespace bench pages of ``opts.page_bytes`` are stored in, tagged ``bench-<tag>``."""
+def bench_namespace(page_bytes: int, tag: str) -> Namespace:
+    """The namespace bench pages of ``page_bytes`` are stored in, tagged ``tag``."""
     return Namespace(model="hicache-l3-bench", kv_dtype="uint8", layout="page_first",
-                     page_size=opts.page_bytes, tag=f"bench-{tag}")
+                     page_size=page_bytes, tag=tag)
 
 
 def write_file(path: Path, source: MemoryRegion, size: int) -> int:

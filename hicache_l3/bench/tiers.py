@@ -30,7 +30,6 @@ class LRUTier:
             raise ValueError(f"tier capacity must be >= 1 page, got {capacity}")
         self.capacity = capacity
         self._pages: collections.OrderedDict[str, None] = collections.OrderedDict()
-        self.evictions = 0
 
     def __contains__(self, key: str) -> bool:
         return key in self._pages
@@ -47,7 +46,6 @@ class LRUTier:
         pages[key] = None
         if len(pages) > self.capacity:
             pages.popitem(last=False)
-            self.evictions += 1
 
 
 class InstanceCache:

@@ -14,7 +14,6 @@ import heapq
 import math
 import random
 from collections.abc import Iterator
-from typing import Any
 
 TOKEN_BYTES = 4
 
@@ -80,10 +79,6 @@ class WorkloadParams:
                 raise ValueError(f"workload: {name} must be (lo, hi) with 1 <= lo <= hi")
         if self.decode_tps <= 0 or self.arrival_s < 0:
             raise ValueError("workload: decode_tps must be > 0 and arrival_s >= 0")
-
-    def describe(self) -> dict[str, Any]:
-        """The parameters as plain JSON values."""
-        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
