@@ -45,13 +45,17 @@ from hicache_l3.common.errors import HiCacheL3Error
 from hicache_l3.common.logs import quiet_credential_loggers
 
 
+def _items(text: str) -> list[str]:
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
 def _sizes(text: str) -> list[int]:
-    return [size_arg(v.strip()) for v in text.split(",") if v.strip()]
+    return [size_arg(v) for v in _items(text)]
 
 
 def _ints(text: str) -> list[int]:
     try:
-        values = [int(v) for v in text.split(",") if v.strip()]
+        values = [int(v) for v in _items(text)]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if not values or min(values) < 1:
@@ -160,12 +164,12 @@ def run(args: argparse.Namespace) -> int:
     if not 0.0 <= args.idle_ms <= 60_000:
         print(f"bench: --idle-ms must lie in [0, 60000], got {args.idle_ms:g}", file=sys.stderr)
         return 2
-    ops = tuple(o.strip() for o in args.ops.split(",") if o.strip())
+    ops = tuple(_items(args.ops))
     bad = [o for o in ops if o not in OPS]
     if bad:
         print(f"bench: unknown op(s) {bad}; choose from {list(OPS)}", file=sys.stderr)
         return 2
-    backends = [b.strip() for b in args.backend.split(",") if b.strip()]
+    backends = _items(args.backend)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="hicache-l3-bench-"))
     rows: list[dict[str, Any]] = []
     started = time.monotonic()
@@ -215,7 +219,7 @@ def _run_compression(args: argparse.Namespace) -> int:
 
     rows = []
     try:
-        for backend in (b.strip() for b in args.compression_backends.split(",") if b.strip()):
+        for backend in _items(args.compression_backends):
             rows.append(run_backend(backend, args.page_size[0], args.pages, args.batch[0],
                                     args.reps, args.kv))
     except (HiCacheL3Error, OSError) as exc:
@@ -253,8 +257,7 @@ def _run_beyond(args: argparse.Namespace) -> int:
             store_bytes=args.beyond_store[0], cache_bytes=args.beyond_cache[0], batch=args.batch[0],
             rounds=args.beyond_rounds, batches=args.beyond_batches, settings=parse_settings(args.overrides),
             fio_seconds=args.beyond_fio_seconds,
-            backends=tuple(b.strip() for b in args.beyond_backends.split(",") if b.strip()),
-            modes=tuple(m.strip() for m in args.beyond_modes.split(",") if m.strip()),
+            backends=tuple(_items(args.beyond_backends)), modes=tuple(_items(args.beyond_modes)),
             workdir=str(args.workdir or ""))
     except HiCacheL3Error as exc:
         print(f"bench: {exc}", file=sys.stderr)
