@@ -76,6 +76,13 @@ _OK = Reason.OK
 _OVERLAP = ("batch_get: destination pages overlap (two keys would be read into the same "
             "bytes); give each key its own page")
 
+_REFUSED = {
+    Reason.INVALID_KEY: "not a valid key",
+    Reason.MALFORMED_PAGE: "a page must be a sequence of (int address, int length) pairs",
+    Reason.UNREGISTERED: "page lies outside registered memory (call register() on its buffer first)",
+    Reason.SIZE_MISMATCH: "page size differs from page_bytes={page_bytes}",
+}
+
 ConfigT = TypeVar("ConfigT", bound=ConnectorConfig)
 
 
@@ -411,26 +418,10 @@ class Connector(abc.ABC, Generic[ConfigT]):
 
     def _warn_rejected(self, op: str, keys: Sequence[str], reasons: list[Reason]) -> None:
         for key, r in zip(keys, reasons):
-            if r is Reason.INVALID_KEY:
-                self._log.warning(
-                    f"{op}-key", "%s: %s refused invalid key %.80r", self.name, op, key
-                )
-            elif r is Reason.MALFORMED_PAGE:
-                self._log.warning(
-                    f"{op}-page", "%s: %s of key %s refused: a page must be a sequence of "
-                    "(int address, int length) pairs", self.name, op, key,
-                )
-            elif r is Reason.UNREGISTERED:
-                self._log.warning(
-                    f"{op}-mem",
-                    "%s: %s of key %s refused: page lies outside registered memory "
-                    "(call register() on its buffer first)", self.name, op, key,
-                )
-            elif r is Reason.SIZE_MISMATCH:
-                self._log.warning(
-                    f"{op}-size", "%s: %s of key %s refused: page size differs from "
-                    "page_bytes=%s", self.name, op, key, self.page_bytes,
-                )
+            why = _REFUSED.get(r)
+            if why is not None:
+                self._log.warning(f"{op}-{r.value}", "%s: %s of key %.80r refused: %s", self.name, op, key,
+                                  why.format(page_bytes=self.page_bytes))
 
     # ---- engine hooks -------------------------------------------------------------
     def _register(self, region: MemoryRegion) -> None:

@@ -1,24 +1,7 @@
-"""``faulty``: a connector that wraps another one and injects faults (seeded).
-
-Like SGLang's ``HiCacheStorageFailureInjector`` and LMCache's fault-inject adapter: every
-connector, the bench and SGLang can be run under failures without touching the engine.
-Usable by name (``open_connector("faulty", ns, {"inner": "file", "root": ..., "get_failure":
-0.1})``; every setting that is not one of :class:`FaultConfig`'s goes to the inner
-connector) or around an open connector (:func:`wrap`).
-
-Faults, drawn per key from ``random.Random(seed)`` in call order (same seed, same calls:
-same faults):
-
-* ``delay_s``: sleep before every batch call (a slow engine);
-* ``set_failure`` / ``get_failure`` / ``exists_failure``: the probability that one key of
-  the call fails with reason ``engine_error`` (set: not stored; get: not loaded, the
-  destination untouched; exists: reported absent);
-* ``drop_keys`` (comma-separated) and ``drop_rate``: keys that read as misses on get and
-  exists, whatever the inner connector holds (a lost page).
-
-Injected faults are counted in ``stats()["engine"]["injected"]``; the inner connector's
-own stats are under ``stats()["engine"]["inner"]``. Wrong bytes are never injected: the
-contract forbids them, and the suite's tests exist to find them.
+"""``faulty``: a connector wrapping another one and injecting seeded faults (delays,
+failed keys, dropped keys; never wrong bytes). Open it by name (settings not in
+:class:`FaultConfig` go to the inner connector) or around an open connector (:func:`wrap`).
+Injected faults are counted in ``stats()["engine"]["injected"]``.
 """
 
 from __future__ import annotations
@@ -52,8 +35,7 @@ class FaultConfig(ConnectorConfig):
     drop_rate: float = setting(0.0, "probability that one key of a get reads as a miss")
 
     def validate(self) -> None:
-        """Probabilities in [0, 1], a non-negative delay, and an inner connector that is
-        not this one; messages name the setting."""
+        """Probabilities in [0, 1], a delay >= 0, an inner connector other than faulty."""
         super().validate()
         for name in ("set_failure", "get_failure", "exists_failure", "drop_rate"):
             value = getattr(self, name)
@@ -66,8 +48,7 @@ class FaultConfig(ConnectorConfig):
 
 
 def open_faulty_connector(settings: dict[str, Any], namespace: Namespace) -> FaultyConnector:
-    """Open the inner connector with the settings that are not :class:`FaultConfig`'s, and
-    wrap it."""
+    """Open the inner connector with the settings not :class:`FaultConfig`'s, and wrap it."""
     from hicache_l3.common.registry import open_connector
 
     own = {f.name for f in dataclasses.fields(FaultConfig)}

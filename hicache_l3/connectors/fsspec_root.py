@@ -1,13 +1,6 @@
-"""The file connector over an fsspec URL root (``s3://``, ``gcs://``, ``memory://``,
-``file://``...): one object per page, copied through Python bytes.
-
-``root`` URLs given to the ``file`` connector land here (its registry factory,
-:func:`hicache_l3.connectors.file.open_file_connector`, dispatches on ``://``). Slower than
-the slab path by design: it is for roots that are not local paths. Its settings are its
-own (:class:`FsspecConfig`): the slab store's (``capacity_bytes``, ``slab_bytes``,
-``o_direct``, ``fsync``, ``native_io``, ``write_threads``) mean nothing here; given, they
-are ignored with a warning naming them. Environment variables keep the file connector's
-prefix (``HICACHE_L3_FILE_<FIELD>``).
+"""The file connector over an fsspec URL root (``s3://``, ``memory://``, ``file://``...):
+one object per page, copied through Python bytes. The slab store's settings are ignored
+here with a warning; environment variables keep the ``HICACHE_L3_FILE_`` prefix.
 """
 
 from __future__ import annotations
@@ -32,7 +25,7 @@ from hicache_l3.slab.format import MARKER, START, START_MAGIC, encode_start
 log = logging.getLogger("hicache_l3.fsspec")
 
 # Settings of the slab file connector that an fsspec root has no use for.
-SLAB_ONLY = ("capacity_bytes", "slab_bytes", "write_threads", "fsync", "o_direct", "native_io")
+SLAB_ONLY = ("capacity_bytes", "slab_bytes", "write_threads", "fsync", "o_direct")
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:
@@ -60,16 +53,9 @@ class FsspecConfig(ConnectorConfig):
 
 
 class FsspecConnector(Connector[FsspecConfig]):
-    """The file connector over an fsspec URL: one object per page, copied through
-    Python bytes (slower than the slab path; for roots that are not local paths).
-
-    Object layout: ``<root>/ns-<digest>/<fp[:2]>/<key>.page``, each a 64-byte header
-    (the slab start header: length, checksum, key fingerprint) then the stored bytes:
-    the page, or its compressed frame (:mod:`hicache_l3.common.compression`); the
-    header's length and checksum are those of the stored bytes.
-    Writes go to a temporary name and are moved into place, so a reader never sees a
-    partial object where the filesystem's move is atomic (local and ``file://``; on
-    object stores a single PUT is atomic already).
+    """One object per page at ``<root>/ns-<digest>/<fp[:2]>/<key>.page``: a 64-byte header
+    (length, checksum of the stored bytes, key fingerprint), then the page or its frame.
+    Written to a temporary name and moved into place.
     """
 
     name = "file"
@@ -77,8 +63,7 @@ class FsspecConnector(Connector[FsspecConfig]):
 
     @classmethod
     def open(cls, settings: dict[str, Any], namespace: Namespace) -> Connector[Any]:
-        """Drop the slab store's settings with a warning naming them (one config file may
-        serve both kinds of root), then open as every connector does."""
+        """Drop the slab store's settings with a warning naming them, then open."""
         wasted = sorted(set(settings) & set(SLAB_ONLY))
         if wasted:
             log.warning("file connector: %s mean nothing for an fsspec root (%r) and are ignored",

@@ -1,19 +1,6 @@
-"""The reference connector: pages as ``bytes`` in a dict of this process.
-
-The smallest complete connector (like zarr's ``MemoryStore``): the executable form of the
-contract in :mod:`hicache_l3.common.connector` and the template of ``docs/connectors.md``
-("Writing a connector"). The conformance suite runs it (``tests/conformance/test_memory.py``).
-
-* A store is named by the ``store`` setting; connectors of one process that name the same
-  store and namespace share its pages. The pages of a namespace live while a connector of
-  it is open: when the last one closes they are dropped (``persistent=False``), and no
-  other process sees them (``shared_across_processes=False``).
-* ``_set`` copies a page's segments out of registered memory with ``ctypes.string_at``;
-  ``_get`` copies them back with ``ctypes.memmove``. A stored value whose length is not
-  the page's is a miss (``size_mismatch``), never a partial page.
-* No checksums and no capacity: ``detects_corruption=False``, ``evicts=False``.
-* ``compression="zstd"`` stores a page's frame (:mod:`hicache_l3.common.compression`)
-  where it is shorter; gets read raw pages and frames whatever the setting.
+"""The reference connector: pages as ``bytes`` in a dict of this process, the smallest
+complete connector. Connectors of one process naming the same ``store`` and namespace
+share its pages, dropped when the last one closes.
 """
 
 from __future__ import annotations
@@ -54,14 +41,13 @@ _STORES_LOCK = threading.Lock()
 
 
 def stored_pages(store: str, namespace: Namespace) -> dict[str, bytes] | None:
-    """The live dict (key -> page bytes) of a (store, namespace) while a connector of it is
-    open, else None: the conformance suite's backdoor."""
+    """The live dict (key -> page bytes) of a (store, namespace) while open, else None."""
     pages = _STORES.get((store, namespace.digest()))
     return None if pages is None else pages.data
 
 
 class MemoryConnector(Connector[MemoryConfig]):
-    """Pages in a dict of this process; see the module docstring."""
+    """Pages in a dict of this process."""
 
     name = "memory"
     config_class = MemoryConfig

@@ -1,37 +1,8 @@
-"""The Mooncake Store connector: pages as objects in a Mooncake distributed store.
-
-``mooncake_master`` keeps the object index; every client may contribute a memory segment
-(``global_segment_size``) and objects live in whichever segment the master picks, so a
-page set by one SGLang instance is read by every other. The connector is a client:
-
-* zero-copy: every host region is registered once with ``register_buffer`` (undone on
-  close); pages move with ``batch_put_from``/``batch_get_into`` from and into page
-  addresses (``..._multi_buffers`` for scattered ``layer_first`` pages);
-* one object per page, under ``namespace.storage_key(key)``; a set is ``True`` only for
-  keys ``batch_is_exist`` then finds complete (Mooncake answers 0 for a key it holds, but
-  also for one another client is still putting or died putting);
-* per-key results mapped from Mooncake's codes (:data:`CODE_REASONS`), each raw code also
-  counted as ``mooncake_<code>``;
-* ``checksum="xxh3"`` appends a 32-byte trailer (magic, length, XXH3-64, key fingerprint)
-  verified on get (``detects_corruption``); off by default: it costs a pass over every
-  page (docs/benchmarks.md, "Figures behind design choices");
-* ``compression="zstd"``: a page that zstd shrinks is put as its frame
-  (:mod:`hicache_l3.common.compression`, with its trailer when checksummed) from registered
-  scratch memory. Every reader gets into the page itself: an object shorter than the page
-  (the count ``batch_get_into`` returns) is a frame in the page's first bytes, checked and
-  decoded in place; a raw page stays zero-copy whatever the setting. A get into several
-  buffers (a trailer, ``layer_first`` pages) of a shorter object fails in Mooncake: such
-  keys are read again into one registered scratch buffer;
-* a master that stops answering gives ``engine_down`` for every key; while it stays down,
-  later calls probe its TCP port (``connect_timeout``) and fail at once.
-
-Lifecycle: the library crashes the process (SIGSEGV) when ``batch_is_exist`` runs after
-``close()``; this module drops its store handle in ``_close``, and the base class refuses
-calls after close, so nothing reaches the library then. Network exposure (loopback by
-default, what Mooncake binds to all interfaces, the loopback shim): README "Security".
-Settings (``MooncakeConfig``), lowest first: SGLang's ``MOONCAKE_*`` variables, the JSON
-file named by ``SGLANG_HICACHE_MOONCAKE_CONFIG_PATH``, ``HICACHE_L3_MOONCAKE_<FIELD>``
-variables, then the settings passed in (:data:`SGLANG_ENV`, :data:`SGLANG_JSON`).
+"""The Mooncake Store connector: one object per page in a Mooncake distributed store,
+moved zero-copy from and into registered host memory. Per-key results come from
+Mooncake's codes (:data:`CODE_REASONS`). Settings, lowest first: SGLang's ``MOONCAKE_*``
+variables, the JSON file at ``SGLANG_HICACHE_MOONCAKE_CONFIG_PATH``,
+``HICACHE_L3_MOONCAKE_<FIELD>``, then the settings passed in.
 """
 
 from __future__ import annotations
@@ -60,16 +31,12 @@ from hicache_l3.common.pages import Page
 log = logging.getLogger("hicache_l3.mooncake")
 
 
-
 def load_mooncake_store() -> tuple[Any, Any]:
-    """``(MooncakeDistributedStore, ReplicateConfig)`` from ``mooncake.store``, imported when a
-    connector opens (so that :class:`MooncakeConfig` loads without the engine);
-    EngineUnavailableError with the install hint when it is not importable."""
-    try:  # the CPU build (mooncake-transfer-engine-non-cuda) and the CUDA build share it
+    """``(MooncakeDistributedStore, ReplicateConfig)``; EngineUnavailableError with the
+    install hint when ``mooncake.store`` is not importable."""
+    try:
         from mooncake.store import MooncakeDistributedStore, ReplicateConfig
     except ImportError as exc:
-        # a missing system library (libibverbs.so.1...) gets the whole message, which says
-        # what to install
         raise EngineUnavailableError(
             f"mooncake connector: mooncake.store is not importable ({exc}); pip install "
             "'hicache-l3[mooncake]' (CPU build) or 'hicache-l3[mooncake-cuda]'; Mooncake also "
@@ -135,8 +102,8 @@ SGLANG_UNSUPPORTED = {
 
 @dataclasses.dataclass
 class MooncakeConfig(ConnectorConfig):
-    """Settings of the Mooncake connector (``HICACHE_L3_MOONCAKE_<FIELD>``; SGLang's
-    ``MOONCAKE_*`` variables and JSON file are read too, see the module docstring)."""
+    """Settings of the Mooncake connector (SGLang's ``MOONCAKE_*`` variables and JSON file
+    are read too)."""
 
     master_address: str = setting("", "host:port of mooncake_master's RPC service (required)")
     metadata_server: str = setting(
@@ -267,8 +234,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def _listening() -> set[tuple[str, int]]:
-    """(host, port) of this process's listening TCP sockets, from /proc (empty where /proc
-    cannot be read)."""
+    """(host, port) of this process's listening TCP sockets, from /proc (empty without it)."""
     inodes = set()
     try:
         for fd in os.listdir("/proc/self/fd"):
@@ -317,8 +283,7 @@ def _probe(address: str, timeout: float) -> str | None:
 
 
 class _Trailers:
-    """Per-thread registered scratch memory: checksum trailers (one slot per page), or
-    frames (``slot=1``: ``get`` takes a byte count)."""
+    """Per-thread registered scratch memory of ``count`` slots (trailers, or bytes with ``slot=1``)."""
 
     def __init__(self, store: Any, slot: int = TRAILER.size) -> None:
         self._store = store
@@ -328,7 +293,7 @@ class _Trailers:
         self._buffers: list[HostBuffer] = []
 
     def get(self, count: int) -> HostBuffer:
-        """A registered buffer of at least ``count`` trailer slots, private to this thread."""
+        """A registered buffer of at least ``count`` slots, private to this thread."""
         buf: HostBuffer | None = getattr(self._local, "buf", None)
         if buf is None or buf.size < count * self._slot:
             new = HostBuffer(max(count, 256) * self._slot, pin=False)
@@ -352,7 +317,7 @@ class _Trailers:
 
 
 class MooncakeConnector(Connector[MooncakeConfig]):
-    """Pages as objects in Mooncake Store; see the module docstring."""
+    """Pages as objects in Mooncake Store."""
 
     name = "mooncake"
     config_class = MooncakeConfig
@@ -408,8 +373,7 @@ class MooncakeConnector(Connector[MooncakeConfig]):
 
     @staticmethod
     def _warn_exposed(exposed: list[str], advertised: str) -> None:
-        """Warn when the transfer engine (the listeners that appeared during setup) listens
-        beyond loopback although this client advertises a loopback address."""
+        """Warn when listeners that appeared during setup are beyond loopback."""
         if exposed:
             log.warning(
                 "mooncake connector: its transfer engine listens beyond loopback on %s while "
@@ -421,12 +385,8 @@ class MooncakeConnector(Connector[MooncakeConfig]):
 
     @property
     def capabilities(self) -> Capabilities:
-        """Shared; persistent only when this process holds no segment (its pages then
-        live in other processes' segments); corruption detected with checksums. Mooncake
-        evicts in the background at a watermark and refuses puts into a full store
-        (``no_space``) rather than evicting synchronously: ``evicts`` is declared only
-        with ``capacity_bytes`` set, where this connector deletes its own least recently
-        used pages to stay within it."""
+        """Shared; persistent only without a segment of this process; corruption detected
+        with checksums; evicts only with ``capacity_bytes`` (its own LRU pages)."""
         return Capabilities(
             persistent=self.config.global_segment_size == 0,
             shared_across_processes=True,
@@ -498,13 +458,7 @@ class MooncakeConnector(Connector[MooncakeConfig]):
             todo = list(first.values())
             skeys = [skeys[i] for i in todo]
             pages = [pages[i] for i in todo]
-        codes: list[int] = []
-        step = self.config.max_batch
-        for lo in range(0, len(skeys), step):
-            if lo and self._master_unreachable():
-                codes += [RPC_FAIL] * (len(skeys) - lo)
-                break
-            codes += self._put(skeys[lo : lo + step], pages[lo : lo + step])
+        codes = self._chunked(self._put, skeys, pages)
         done = [Reason.OK if c in (0, OBJECT_ALREADY_EXISTS) else _reason(c) for c in codes]
         self._confirm_stored(skeys, done)
         if todo is None:
@@ -513,14 +467,9 @@ class MooncakeConnector(Connector[MooncakeConfig]):
         return [done[where[first[self._prefix + key]]] for key in keys]
 
     def _confirm_stored(self, skeys: list[str], done: list[Reason]) -> None:
-        """A put is a success only once the object is complete and readable. Mooncake's
-        client answers 0 for a put of a key whose object already exists, also when that
-        object is still being put by another client, or was left half-put by a client that
-        was killed (never readable; the master discards it after
-        ``put_start_discard_timeout_sec``, 30 s by default). One ``batch_is_exist`` per
-        batch (one RPC; its cost in docs/benchmarks.md) tells them apart: such keys get
-        ``engine_error``, counted as ``mooncake_put_pending_elsewhere``; a later set stores
-        them once the master has discarded the dead writer's object."""
+        """A put succeeds only once the object is complete: Mooncake answers 0 also for an
+        object another client is still putting or died putting. One ``batch_is_exist``
+        tells them apart; such keys get ``engine_error`` (``mooncake_put_pending_elsewhere``)."""
         put = [i for i, r in enumerate(done) if r is Reason.OK]
         if not put:
             return
@@ -536,9 +485,7 @@ class MooncakeConnector(Connector[MooncakeConfig]):
         if self._codec.enabled:
             frames = self._encode(pages)
             if any(f is not None for f in frames):
-                codes = self._put_framed(skeys, pages, frames)
-                self._note_codes(codes)
-                return codes
+                return self._put_framed(skeys, pages, frames)
         if self._checksum:
             ptrs, sizes = self._with_trailers(skeys, pages)
             codes = self._store.batch_put_from_multi_buffers(skeys, ptrs, sizes, self._replicate)
@@ -546,15 +493,11 @@ class MooncakeConnector(Connector[MooncakeConfig]):
             codes = self._store.batch_put_from(
                 skeys, [p[0][0] for p in pages], [self.page_bytes or 0] * len(pages), self._replicate)
         else:
-            codes = self._store.batch_put_from_multi_buffers(
-                skeys, [[a for a, _ in p] for p in pages], [[s for _, s in p] for p in pages],
-                self._replicate)
-        self._note_codes(codes)
+            codes = self._store.batch_put_from_multi_buffers(skeys, *_buffers(pages), self._replicate)
         return list(codes)
 
     def _encode(self, pages: list[Page]) -> list[bytes | None]:
-        """Each page's frame, or None where it is stored raw (a frame must leave room for
-        the trailer inside the page: a reader finds both in its page)."""
+        """Each page's frame, or None where it is stored raw (a frame leaves room for the trailer)."""
         room = (self.page_bytes or 0) - TRAILER.size
         out: list[bytes | None] = []
         for page in pages:
@@ -564,8 +507,7 @@ class MooncakeConnector(Connector[MooncakeConfig]):
         return out
 
     def _put_framed(self, skeys: list[str], pages: list[Page], frames: list[bytes | None]) -> list[int]:
-        """Put a batch some of whose pages are frames: those from registered scratch
-        (frame, then its trailer when checksummed), the others from the page."""
+        """Put frames from registered scratch (with their trailers), raw pages from the page."""
         extra = TRAILER.size if self._checksum else 0
         assert self._frames is not None
         stage = self._frames.get(sum(len(f) + extra for f in frames if f is not None))
@@ -574,8 +516,7 @@ class MooncakeConnector(Connector[MooncakeConfig]):
         if raw and self._checksum:
             rptrs, rsizes = self._with_trailers([skeys[j] for j in raw], [pages[j] for j in raw])
         else:
-            rptrs = [[a for a, _ in pages[j]] for j in raw]
-            rsizes = [[s for _, s in pages[j]] for j in raw]
+            rptrs, rsizes = _buffers([pages[j] for j in raw])
         ptrs: list[list[int]] = []
         sizes: list[list[int]] = []
         r = off = 0
@@ -597,8 +538,7 @@ class MooncakeConnector(Connector[MooncakeConfig]):
         return list(self._store.batch_put_from_multi_buffers(skeys, ptrs, sizes, self._replicate))
 
     def _from_stored(self, skey: str, page: Page, stored: bytes | memoryview) -> Reason:
-        """The whole object ``stored`` (a raw page or a frame, then the trailer when
-        checksummed), checked, copied or decoded into ``page``."""
+        """The whole object ``stored`` (raw or a frame, then any trailer), checked, into ``page``."""
         views = self.regions.views(page)
         if views is None:
             return Reason.UNREGISTERED
@@ -615,8 +555,7 @@ class MooncakeConnector(Connector[MooncakeConfig]):
         return read_stored(stored, views)
 
     def _get_staged(self, skeys: list[str], pages: list[Page]) -> list[Reason]:
-        """Get whole objects (up to a page and a trailer) into registered scratch, one
-        buffer each, then check and copy or decode them into their pages."""
+        """Get whole objects into registered scratch, then check them into their pages."""
         slot = (self.page_bytes or 0) + TRAILER.size
         stage = self._frames.get(slot * len(skeys))
         got = self._store.batch_get_into(skeys, [stage.address + j * slot for j in range(len(skeys))],
@@ -676,8 +615,7 @@ class MooncakeConnector(Connector[MooncakeConfig]):
         elif max(map(len, pages)) == 1:
             got = self._store.batch_get_into(skeys, [p[0][0] for p in pages], expected)
         else:
-            got = self._store.batch_get_into_multi_buffers(
-                skeys, [[a for a, _ in p] for p in pages], [[s for _, s in p] for p in pages])
+            got = self._store.batch_get_into_multi_buffers(skeys, *_buffers(pages))
         self._note_codes(got)
         if got == expected and scratch is None:  # the common case, compared in C
             return [Reason.OK] * n
@@ -713,17 +651,11 @@ class MooncakeConnector(Connector[MooncakeConfig]):
         return Reason.OK
 
     def _exists(self, keys: list[str]) -> list[Reason]:
-        """:meth:`_exists_prefixed` of the storage keys of ``keys`` (the base class calls
-        :meth:`_exists_prefixed` itself for a batch of valid keys)."""
         prefix = self._prefix
         return self._exists_prefixed([prefix + k for k in keys])
 
     def _exists_prefixed(self, skeys: list[str]) -> list[Reason]:
-        """One ``batch_is_exist`` per ``max_batch`` storage keys (built by the base class
-        while it checks the page keys): 1 -> ok, 0 -> miss, an error code -> its reason. A
-        batch of one call that finds every key, while the master is not marked down (the
-        prefetch query's common case), returns after one C-level count: no code can be
-        negative then, so there is nothing for :meth:`_note_codes`."""
+        """One ``batch_is_exist`` per ``max_batch`` storage keys: 1 ok, 0 miss, else its reason."""
         if self._down_since is not None and self._master_unreachable():
             return [Reason.ENGINE_DOWN] * len(skeys)
         if len(skeys) <= self.config.max_batch:
@@ -735,7 +667,6 @@ class MooncakeConnector(Connector[MooncakeConfig]):
             codes = self._chunked(self._store.batch_is_exist, skeys)
         return [Reason.OK if c == 1 else Reason.MISS if c == 0 else _reason(c) for c in codes]
 
-    # ---- this connector's own capacity (capacity_bytes > 0) -----------------------------
     def _lru_stored(self, keys: list[str], reasons: list[Reason]) -> None:
         """Record stored keys as most recent; delete the least recent beyond capacity."""
         assert self._lru is not None
@@ -772,13 +703,14 @@ class MooncakeConnector(Connector[MooncakeConfig]):
                               [self._prefix + k for k in keys])
         return [Reason.OK if c == 0 else _reason(c) for c in codes]
 
-    def _chunked(self, call: Any, skeys: list[str]) -> list[int]:
+    def _chunked(self, call: Any, skeys: list[str], *more: list[Any]) -> list[int]:
+        """``call`` of every ``max_batch`` storage keys (and the same slice of ``more``)."""
         codes: list[int] = []
         step = self.config.max_batch
         for lo in range(0, len(skeys), step):
             if lo and self._master_unreachable():
                 return codes + [RPC_FAIL] * (len(skeys) - lo)
-            part = call(skeys[lo : lo + step])
+            part = call(skeys[lo : lo + step], *(m[lo : lo + step] for m in more))
             self._note_codes(part)
             codes += part
         return codes
@@ -819,3 +751,8 @@ class MooncakeConnector(Connector[MooncakeConfig]):
 
 def _reason(code: int) -> Reason:
     return CODE_REASONS.get(code, Reason.ENGINE_ERROR)
+
+
+def _buffers(pages: list[Page]) -> tuple[list[list[int]], list[list[int]]]:
+    """Each page's segment addresses and lengths, for Mooncake's multi-buffer calls."""
+    return [[a for a, _ in p] for p in pages], [[s for _, s in p] for p in pages]

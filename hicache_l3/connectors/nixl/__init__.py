@@ -1,12 +1,5 @@
-"""The nixl connector: pages moved by NIXL agents, in one of two modes (``mode``):
-
-* ``file`` (:mod:`.file`): NIXL's POSIX plugin on the shared slab store;
-* ``obj`` (:mod:`.obj`): NIXL's OBJ plugin, one S3 object per page.
-
-:mod:`.base` holds what both share (settings, the agent, transfers) and imports neither
-mode; :func:`open_nixl_connector` (the registry's target) picks the mode. The NIXL package
-itself is imported only when a connector opens.
-"""
+"""The nixl connector: pages moved by NIXL agents, ``mode`` ``file`` (POSIX plugin on the
+slab store) or ``obj`` (OBJ plugin, one S3 object per page)."""
 
 from __future__ import annotations
 

@@ -1,31 +1,6 @@
-"""Lanes of nixl file mode: extra NIXL agents, each on a resident thread of its own,
-that move a share of one batch's bytes while the caller's agent moves the rest.
-
-Why. NIXL's POSIX plugin runs a transfer in the thread that posts it, and an agent in
-strict sync mode serialises its callers, but two agents reading one slab file do run in
-parallel (reads take the inode's lock shared). Writes to one file serialise in the
-kernel whatever the agents; to two files they run at once, so the slab store puts a
-set's slots in two files (:class:`~hicache_l3.slab.clock.Clocks`). Figures:
-docs/benchmarks.md, "Figures behind design choices" (NIXL lanes).
-
-How. A get: :func:`split_rows` cuts its rows into parts, the caller's of
-:attr:`Balance.share` of the bytes and the lanes' of equal bytes, the share learnt from
-how long the last gets' parts took (a lane starts after the caller, and on some machines
-moves bytes slower: with equal parts the caller waited for it). A set: :func:`by_file`
-deals its rows out by slab file. :meth:`Lanes.run` hands part ``i + 1`` to lane ``i`` and
-runs part 0 on the caller, then waits for every lane. A lane sleeps on a semaphore
-between batches; shares below :data:`SHARE_MIN_BYTES` are not split.
-
-Rules a batch relies on:
-
-* ``run`` returns, or raises, only once no lane is still moving bytes of its call: an
-  interruption of the caller waits for the lanes first, so nothing writes into the
-  caller's pages after the get ends (the conformance suite's interrupted-get test);
-* one caller at a time: a batch that finds the lanes taken (another thread's) is told so
-  and moves alone, as does a forked child (the threads are the parent's);
-* a lane whose agent timed out or was interrupted (poisoned: never called again, see
-  :class:`~hicache_l3.connectors.nixl.base.Agent`) gets a fresh agent before its next
-  share, from the connector's ``renew``.
+"""Lanes of nixl file mode: extra NIXL agents, each on a resident thread, that move a
+share of one batch's bytes while the caller's agent moves the rest (a get's rows cut by
+:func:`split_rows`, a set's dealt out by slab file by :func:`by_file`).
 """
 
 from __future__ import annotations
@@ -40,25 +15,22 @@ from typing import Any
 
 from hicache_l3.connectors.nixl.base import Agent
 
-SHARE_MIN_BYTES = 2 << 20  # a get moving less than this per lane goes alone (the wake-up would dominate)
+SHARE_MIN_BYTES = 2 << 20  # a get moving less than this per lane goes alone
 ALIGN = 4096  # parts are cut on this byte boundary of the transfer
 
 
 def _column(rows: Any, k: int) -> list[int]:
-    """Column ``k`` of transfer rows -- an ``m x 3`` numpy array or a list of ``(address
-    or offset, length, device)`` tuples, as the C helpers give them
-    (:meth:`~hicache_l3.connectors.nixl.batch_lib.NixlBatchLib.rows`) -- as Python ints."""
+    """Column ``k`` of transfer rows (``m x 3`` numpy array or list of 3-tuples) as ints."""
     return rows[:, k].tolist() if hasattr(rows, "shape") else [row[k] for row in rows]
 
 
 def row_lengths(rows: Any) -> list[int]:
-    """The lengths (column 1) of transfer rows (:func:`_column`)."""
+    """The lengths (column 1) of transfer rows."""
     return _column(rows, 1)
 
 
 def _trimmed(rows: Any, skip: int, over: int) -> Any:
-    """A copy of ``rows`` (a slice of a part's rows) whose first row starts ``skip`` bytes
-    later and whose last ends ``over`` bytes earlier (the same row when there is one)."""
+    """A copy of ``rows`` whose first row starts ``skip`` bytes later and last ends ``over`` earlier."""
     if hasattr(rows, "shape"):
         rows = rows.copy()
         if skip or over:
@@ -77,15 +49,11 @@ def _trimmed(rows: Any, skip: int, over: int) -> Any:
 
 def split_rows(local: Any, remote: Any, parts: int, align: int = ALIGN,
                first: float | None = None) -> list[tuple[Any, Any]]:
-    """``local`` and ``remote`` (the same rows' two sides, lengths in column 1: ``m x 3``
-    uint64 numpy arrays, or lists of 3-tuples) cut into at most ``parts`` transfers of the
-    same kind, cut on multiples of ``align`` bytes of the transfer (a row crossing a cut is
-    split in two rows): the first of about ``first`` of the bytes (0 < first < 1; None:
-    1 / parts), the others of about equal bytes. Together the parts move exactly the
-    bytes of the rows, to the same places. Fewer parts when the rows hold fewer than
-    ``parts`` aligned pieces. The inputs are left as they were."""
-    # the row arithmetic on Python ints, numpy only to slice and adjust the parts: a batch
-    # coalesces to a row or a few, where each numpy call costs more than the sum
+    """``local`` and ``remote`` (the same rows' two sides, lengths in column 1) cut on
+    multiples of ``align`` bytes into at most ``parts`` transfers moving exactly the rows'
+    bytes: the first of about ``first`` of the bytes (None: 1 / parts), the others equal.
+    The inputs are left as they were."""
+    # row arithmetic on Python ints: a batch coalesces to a few rows, where numpy costs more
     lengths = row_lengths(local)
     ends = list(itertools.accumulate(lengths))
     total = ends[-1] if ends else 0
@@ -108,13 +76,8 @@ def split_rows(local: Any, remote: Any, parts: int, align: int = ALIGN,
 
 
 def by_file(local: Any, remote: Any, parts: int) -> list[tuple[Any, Any]]:
-    """``local`` and ``remote`` (the same rows' two sides, the remote device (a slab
-    file's descriptor) in column 2: ``m x 3`` uint64 numpy arrays, or lists of 3-tuples)
-    grouped into at most ``parts`` transfers of the same kind, each file's rows in one of
-    them (in their order), the files dealt out so that the parts' bytes are as even as a
-    greedy deal makes them: what writes, which serialise per file, can run at once."""
-    # grouped on Python ints, numpy only to take each part's rows: a set batch has a row
-    # or a few per file, where numpy's unique and masks cost more than the deal itself
+    """``local`` and ``remote`` grouped into at most ``parts`` transfers, each remote file's
+    rows (column 2) in one part, in order, files dealt greedily to even the parts' bytes."""
     per_file: dict[int, list[int]] = {}  # fd -> its rows, in order
     arrays = hasattr(remote, "shape")
     for row, fd in enumerate(_column(remote, 2)):
@@ -166,26 +129,12 @@ class _Lane:
 
 
 class Balance:
-    """The caller's share of a shared get's bytes (:attr:`share`), learnt so that its part
-    and the lanes' end together. After each shared get, :meth:`observe` takes how long
-    the caller's part took and how long after the start the last lane ended (its wake-up
-    included), computes the share at which both would have ended at once (each side's
-    bytes per second taken as they were) and moves :attr:`share` a quarter of the way
-    there, within [:attr:`LOW`, :attr:`HIGH`]: one slow get moves it little, a lasting
-    difference (a CPU whose second agent is slower, a lane's wake-up) is followed within a
-    few gets. Starts at ``1 / parts`` (equal parts).
-
-    "Together" allows for the hand-back: a caller that waits for a lane gets on only
-    tens of microseconds after the lane's end (a futex wake, then the GIL), a tenth of a
-    64 KiB-page part or so. :meth:`waited` learns that
-    delay (:attr:`handoff`) and :meth:`observe` counts it in the lanes' time, so the
-    lanes end about that much before the caller's part and the caller finds them done.
-    A get whose caller found the lanes done shrinks the estimate a little
-    (:attr:`DECAY`): one grown too big (a caller preempted while it waited) would
-    otherwise never be corrected, since a caller that never waits never measures it."""
+    """The caller's share of a shared get's bytes (:attr:`share`, starting at ``1 / parts``),
+    learnt so that its part and the lanes' end together, counting the hand-back delay
+    (:attr:`handoff`) in the lanes' time."""
 
     LOW, HIGH, STEP = 0.1, 0.9, 0.25
-    HANDOFF_MAX = 200e-6  # a longer hand-back is a preempted caller, not the wake-up: capped
+    HANDOFF_MAX = 200e-6  # a longer hand-back is a preempted caller: capped
     DECAY = 0.05  # the share of :attr:`handoff` a get without a wait takes off
 
     def __init__(self, parts: int) -> None:
@@ -194,20 +143,17 @@ class Balance:
         self.handoff = 0.0  # seconds
 
     def waited(self, handoff_s: float | None) -> None:
-        """After a shared get: ``handoff_s``, how long after the last lane's end the
-        caller, waiting for it, got on; None when the caller found every lane done.
-        :attr:`handoff` moves a quarter of the way to a hand-back seen (at most
-        :data:`HANDOFF_MAX`; a negative one is ignored), and loses :data:`DECAY` of
-        itself when there was none."""
+        """``handoff_s``: how long after the last lane's end the waiting caller got on (None:
+        it found every lane done, and :attr:`handoff` decays)."""
         if handoff_s is None:
             self.handoff *= 1.0 - self.DECAY
         elif handoff_s > 0:
             self.handoff += self.STEP * (min(handoff_s, self.HANDOFF_MAX) - self.handoff)
 
     def observe(self, own_s: float, lanes_s: float) -> None:
-        """A shared get's times: the caller's part ``own_s``, the lanes' ``lanes_s``
-        (from the start to the last lane's end, to which :attr:`handoff` is added);
-        ignored unless both are positive."""
+        """Move :attr:`share` a quarter of the way to where the caller's part (``own_s``) and
+        the lanes (``lanes_s`` + :attr:`handoff`) would have ended at once, within
+        [:attr:`LOW`, :attr:`HIGH`]; ignored unless both times are positive."""
         if own_s <= 0 or lanes_s <= 0:
             return
         lanes_s += self.handoff
@@ -219,9 +165,7 @@ class Balance:
 
 
 class Lanes:
-    """``len(agents)`` lanes (module docstring). ``renew(agent)`` gives a fresh agent for
-    a poisoned one (the connector's, with every host region registered); ``renewals``
-    counts them."""
+    """``len(agents)`` lanes; ``renew(agent)`` gives a fresh agent for a poisoned one."""
 
     def __init__(self, agents: Sequence[Agent], renew: Callable[[Agent], Agent]) -> None:
         self._renew = renew
@@ -242,13 +186,10 @@ class Lanes:
 
     def run(self, own: Callable[[], None], shares: Sequence[Callable[[Agent], None]],
             balance: Balance | None = None) -> bool:
-        """Run ``shares[i]`` on lane ``i`` (with its agent) and ``own`` on the calling
-        thread, all at once; False, having run nothing, when the lanes are taken, closed,
-        too few, or this process is a fork of the one that made them. Returns only once
-        every share has ended; then raises the caller's own exception if ``own`` raised,
-        else the first lane's. When every part ended well, ``balance`` observes how long
-        the caller's part and the lanes took (:meth:`Balance.observe`), and how long the
-        caller took to get on after a lane it waited for (:meth:`Balance.waited`)."""
+        """Run ``shares[i]`` on lane ``i`` and ``own`` on the caller at once; False, having run
+        nothing, when the lanes are taken, closed, too few, or this is a forked child.
+        Returns or raises (own's exception first, else the first lane's) only once every
+        share has ended; ``balance`` then learns from the parts' times."""
         if len(shares) > len(self._lanes) or self._closed or os.getpid() != self._pid \
                 or not self._taken.acquire(blocking=False):
             return False
@@ -307,8 +248,7 @@ class Lanes:
 
 
 def _wait_all(lanes: Sequence[_Lane]) -> BaseException | None:
-    """Wait until every lane of ``lanes`` has ended its share, through interruptions (the
-    first is returned, to be raised once the lanes are done)."""
+    """Wait for every lane's share through interruptions; return the first interruption."""
     pending: BaseException | None = None
     for lane in lanes:
         while True:

@@ -1,64 +1,21 @@
 """NIXL obj mode: one S3 object per page, moved by NIXL's OBJ plugin.
 
-Layout in the bucket, under ``<prefix><namespace digest>/``:
-
-* ``d/<key>``: the page, exactly its bytes, written and read zero-copy between the
-  registered host regions and S3 (a multi-segment page is read straight into its
-  segments with ranged GETs; S3 cannot write at an offset, so a multi-segment page is
-  gathered into a registered staging buffer before its PUT, counted as ``staged``);
-* ``h/<key>`` (with checksums, the default ``checksum=auto``): a 64-byte commit record
-  (length, XXH3 checksum, key fingerprint) written only after the page's PUT
-  succeeded. ``exists`` asks for the records, so a page whose PUT failed, or an object
-  somebody else left under the key, is not a hit; ``get`` reads record and page in the
-  same transfer and accepts the page only if length, fingerprint and checksum agree.
-
-With ``compression="zstd"`` a page that zstd shrinks is stored as its frame
-(:mod:`hicache_l3.common.compression`): ``d/<key>`` holds the frame, PUT from a registered
-staging buffer, and its record the frame's length and checksum. Every reader reads a
-one-segment page straight into the page as above: a record shorter than the page means a
-frame, decoded from the page's first bytes. A ranged GET past a frame's end fails, so a
-multi-segment page is read by a ``zstd`` reader into a staging buffer (one GET of up to
-the page's length; the record says how many bytes are the object) and decoded or copied
-from there; a ``none`` reader reads it again that way when its GET failed although its
-objects exist. A frame needs the
-record (its length), so ``compression=zstd`` with ``checksum=none`` is a ConfigError.
-
-With ``checksum=none`` there is no record: ``exists`` asks for the page objects
-themselves, and ``get`` reads a page's last byte with a GET of its own, so an object
-that is empty or shorter than the page fails that GET and is a miss (a ranged GET of a
-short object otherwise succeeds with fewer bytes).
-
-A set always writes (pages are content-addressed: same key, same bytes), since another
-process may have deleted the key meanwhile. A failed ranged GET may leave the SDK's
-error body in the destination page (allowed: that key's result is False); pages of
-the batch that succeeded are read once more when any failed, in case the batch named
-the same memory twice.
-
-Object keys are registered with NIXL once (a device id per key, cached, bounded by
-``REG_CACHE`` entries). ``exists`` is one batched ``query_memory`` (HEAD requests).
-NIXL's OBJ plugin cannot delete, so ``delete``, ``clear`` and eviction use boto3
-(control plane only), with ``connect_timeout_s`` bounds and one attempt per call.
-
-Capacity: with ``capacity_bytes`` set, this process keeps an LRU of the namespace's
-pages (seeded at open from a listing, oldest first) and deletes the least recently
-used beyond the capacity. Each process bounds what it knows; with several writers, or
-with ``capacity_bytes=0`` (unbounded), the bucket's lifecycle rules must bound it.
-
-Reachability: at open the endpoint is probed with a TCP connect bounded by
-``connect_timeout_s`` (the SDK's own retries take far longer on a dead endpoint), and
-the bucket with one bounded HEAD. Later, every transfer is bounded by ``timeout_s``.
+Under ``<prefix><namespace digest>/``: ``d/<key>``, the page (or its zstd frame); with
+checksums, ``h/<key>``, a commit record (length, XXH3, key fingerprint) written after the
+page's PUT, required by ``exists`` and checked by ``get``. Delete, clear and eviction
+(``capacity_bytes``, a per-process LRU) use boto3.
 """
 
 from __future__ import annotations
 
 import collections
-import ctypes
 import itertools
 import queue
 import socket
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 from hicache_l3.common.compression import PageCodec, leading_bytes, read_stored
@@ -123,7 +80,7 @@ def probe(host: str, port: int, timeout: float) -> None:
 
 
 class NixlObjConnector(NixlConnector):
-    """Pages as S3 objects through NIXL's OBJ plugin (see the module docstring)."""
+    """Pages as S3 objects through NIXL's OBJ plugin."""
 
     def __init__(self, config: NixlConfig, namespace: Namespace) -> None:
         super().__init__(config, namespace)
@@ -168,7 +125,6 @@ class NixlObjConnector(NixlConnector):
                             detects_corruption=self._checksum,
                             evicts=self.config.capacity_bytes > 0, compresses=True)
 
-    # ---- control plane (boto3) -----------------------------------------------------------
     def _control_client(self, scheme: str, read_timeout: float) -> Any:
         """A boto3 client (one attempt per call, bounded connect and read)."""
         try:
@@ -237,9 +193,7 @@ class NixlObjConnector(NixlConnector):
         """Delete the records (first) and the page objects of ``keys``."""
         names = [self.base + "h/" + k for k in keys] if self._checksum else []
         names += [self.base + "d/" + k for k in keys]
-        for lo in range(0, len(names), 1000):
-            batch = [{"Key": n} for n in names[lo : lo + 1000]]
-            self._s3.delete_objects(Bucket=self.config.bucket, Delete={"Objects": batch, "Quiet": True})
+        self._delete_objects(names)
         with self._reg_lock:
             for n in names:
                 reg = self._regs.pop(n, None)
@@ -266,7 +220,6 @@ class NixlObjConnector(NixlConnector):
                 self._log.warning("evict", "nixl (obj): eviction of %d pages failed: %s",
                                   len(victims), type(exc).__name__)
 
-    # ---- object registration ------------------------------------------------------------
     def _devs(self, names: list[str], length: int) -> list[int]:
         """Device ids of object keys, registering the ones not cached (bounded LRU)."""
         out = []
@@ -289,12 +242,8 @@ class NixlObjConnector(NixlConnector):
         return out
 
     def _query(self, names: list[str]) -> list[bool]:
-        """HEAD the objects (``query_memory``), bounded by ``timeout_s``.
-
-        The SDK retries a dead endpoint for ~25 s per object; the query runs in its own
-        thread (NIXL releases the GIL), so the caller gets TransferError(TIMEOUT) in
-        time while the abandoned query finishes in the background.
-        """
+        """HEAD the objects (``query_memory``) in a thread of its own: TransferError(TIMEOUT)
+        after ``timeout_s`` while an abandoned query finishes in the background."""
         descs = [(0, 0, 0, n) for n in names]
         box: dict[str, Any] = {}
         agent = self.agent
@@ -318,8 +267,7 @@ class NixlObjConnector(NixlConnector):
         return [a is not None for a in box["answers"]]
 
     def _down(self) -> bool:
-        """After a failure, a TCP probe (bounded by connect_timeout_s) before the next call:
-        True (every key fails with ENGINE_DOWN) while the endpoint refuses connections."""
+        """After a failure, True (ENGINE_DOWN) while a TCP probe of the endpoint fails."""
         if not self._suspect:
             return False
         try:
@@ -341,7 +289,6 @@ class NixlObjConnector(NixlConnector):
 
         return go
 
-    # ---- hooks --------------------------------------------------------------------------
     def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
         if self._down():
             return [Reason.ENGINE_DOWN] * len(keys)
@@ -409,8 +356,7 @@ class NixlObjConnector(NixlConnector):
 
     def _set_staged(self, pages: list[Page], devs: list[int], items: list[tuple[int, int]],
                     reasons: list[Reason], frames: dict[int, bytes] | None = None) -> None:
-        """PUT multi-segment pages, or the frames of compressed pages (``frames``: page index
-        -> frame), from a staging buffer (S3 cannot write at offsets)."""
+        """PUT multi-segment pages, or ``frames`` (page index -> frame), from a staging buffer."""
         n = self.page_bytes
         assert n is not None
         with self._stage_lock:
@@ -481,17 +427,8 @@ class NixlObjConnector(NixlConnector):
                         remote.append((n - 1, 1, devs[j]))
                 units.append(Unit(local, remote))
             results = run_units(self._xfer("READ", "OBJ"), units, self.config.max_descs, reread=True)
-            failed = [j for j, r in enumerate(results) if r is not Reason.OK]
-            failed = [j for j in failed if results[j] is not Reason.TIMEOUT]
-            if failed:
-                self._classify_failures(keys, [idx[j] for j in failed],
-                                        [results[j] for j in failed], reasons)
-            for j, i in enumerate(idx):
-                if results[j] is Reason.TIMEOUT:
-                    reasons[i] = Reason.TIMEOUT
-                elif results[j] is Reason.OK:
-                    reasons[i] = (Reason.OK if scratch is None
-                                  else self._check_record(scratch, j, keys[i], pages[i], n))
+            failed = self._settle(keys, idx, results, reasons, lambda j, i: (
+                Reason.OK if scratch is None else self._check_record(scratch, j, keys[i], pages[i])))
         finally:
             if scratch is not None:
                 self._scratch.put(scratch)
@@ -516,38 +453,33 @@ class NixlObjConnector(NixlConnector):
 
     def _get_staged(self, keys: list[str], pages: list[Page], items: list[int],
                     reasons: list[Reason]) -> None:
-        """Read pages ``items`` (record and object, a GET of up to ``page_bytes``) into a
-        staging buffer, then check each and copy or decode it into its page."""
+        """Read pages ``items`` (record and object) into a staging buffer, then check each into its page."""
+        for lo in range(0, len(items), STAGE_PAGES):
+            self._get_staged_part(keys, pages, items[lo : lo + STAGE_PAGES], reasons)
+
+    def _get_staged_part(self, keys: list[str], pages: list[Page], part: list[int],
+                         reasons: list[Reason]) -> None:
         n = self.page_bytes
         assert n is not None
-        for lo in range(0, len(items), STAGE_PAGES):
-            part = items[lo : lo + STAGE_PAGES]
-            stage, scratch = self._take_read_stage(), self._scratch.get()
-            try:
-                devs = self._devs([self.base + "d/" + keys[i] for i in part], n)
-                hdevs = self._devs([self.base + "h/" + keys[i] for i in part], MARKER)
-                scratch.view()[: len(part) * MARKER] = bytes(len(part) * MARKER)
-                units = [Unit([(stage.address + s * n, n, 0), (scratch.address + s * MARKER, MARKER, 0)],
-                              [(0, n, devs[s]), (0, MARKER, hdevs[s])]) for s in range(len(part))]
-                results = run_units(self._xfer("READ", "OBJ"), units, self.config.max_descs, reread=True)
-                failed = [s for s, r in enumerate(results) if r not in (Reason.OK, Reason.TIMEOUT)]
-                if failed:
-                    self._classify_failures(keys, [part[s] for s in failed],
-                                            [results[s] for s in failed], reasons)
-                view = stage.view()
-                for s, i in enumerate(part):
-                    if results[s] is Reason.TIMEOUT:
-                        reasons[i] = Reason.TIMEOUT
-                    elif results[s] is Reason.OK:
-                        record = bytes(scratch.view()[s * MARKER : (s + 1) * MARKER])
-                        reasons[i] = self._stored_into(record, view[s * n : (s + 1) * n], keys[i], pages[i])
-            finally:
-                self._scratch.put(scratch)
-                self._read_stages.put(stage)
+        stage, scratch = self._take_read_stage(), self._scratch.get()
+        try:
+            devs = self._devs([self.base + "d/" + keys[i] for i in part], n)
+            hdevs = self._devs([self.base + "h/" + keys[i] for i in part], MARKER)
+            records = scratch.view()
+            records[: len(part) * MARKER] = bytes(len(part) * MARKER)
+            units = [Unit([(stage.address + s * n, n, 0), (scratch.address + s * MARKER, MARKER, 0)],
+                          [(0, n, devs[s]), (0, MARKER, hdevs[s])]) for s in range(len(part))]
+            results = run_units(self._xfer("READ", "OBJ"), units, self.config.max_descs, reread=True)
+            got = stage.view()
+            self._settle(keys, part, results, reasons, lambda s, i: self._stored_into(
+                bytes(records[s * MARKER : (s + 1) * MARKER]), got[s * n : (s + 1) * n], keys[i], pages[i]))
+        finally:
+            self._scratch.put(scratch)
+            self._read_stages.put(stage)
 
     def _stored_into(self, record: bytes, got: memoryview, key: str, page: Page) -> Reason:
-        """Check the stored bytes ``got`` (its first ``length`` bytes are the object)
-        against their commit record, then copy or decode them into ``page``."""
+        """Check ``got`` (the object is its first ``length`` bytes) against its commit record,
+        then copy or decode it into ``page``."""
         magic, _, _, _, length, checksum, fp = START.unpack_from(record)
         if magic != START_MAGIC:
             return Reason.MISS  # no commit record: the page was never fully stored
@@ -558,6 +490,20 @@ class NixlObjConnector(NixlConnector):
             return Reason.CORRUPT
         views = self.regions.views(page)
         return Reason.UNREGISTERED if views is None else read_stored(stored, views)
+
+    def _settle(self, keys: list[str], idx: list[int], results: list[Reason], reasons: list[Reason],
+                ok: Callable[[int, int], Reason]) -> list[int]:
+        """Results of transfer ``j`` (page ``idx[j]``) into ``reasons``: ``ok(j, i)`` for a done
+        transfer, TIMEOUT as is, the others classified; returns the classified ``j``."""
+        failed = [j for j, r in enumerate(results) if r is not Reason.OK and r is not Reason.TIMEOUT]
+        if failed:
+            self._classify_failures(keys, [idx[j] for j in failed], [results[j] for j in failed], reasons)
+        for j, i in enumerate(idx):
+            if results[j] is Reason.TIMEOUT:
+                reasons[i] = Reason.TIMEOUT
+            elif results[j] is Reason.OK:
+                reasons[i] = ok(j, i)
+        return failed
 
     def _classify_failures(self, keys: list[str], failed: list[int], results: list[Reason],
                            reasons: list[Reason]) -> None:
@@ -574,27 +520,21 @@ class NixlObjConnector(NixlConnector):
             there = present[m] and (not self._checksum or present[k + m])
             reasons[i] = results[m] if there else Reason.MISS
 
-    @staticmethod
-    def _check_record(scratch: HostBuffer, j: int, key: str, page: Page, n: int) -> Reason:
+    def _check_record(self, scratch: HostBuffer, j: int, key: str, page: Page) -> Reason:
         record = bytes(scratch.view()[j * MARKER : (j + 1) * MARKER])
         magic, _, _, _, length, checksum, fp = START.unpack_from(record)
         if magic != START_MAGIC:
             return Reason.MISS  # no commit record: the page was never fully stored
-        if length < n:  # a frame: its bytes are the page's first ones
-            views = NixlObjConnector._page_views(page)
-            stored = leading_bytes(views, length)
-            if fp != key_fingerprint(key) or buffer_checksum([stored]) != checksum:
-                return Reason.CORRUPT
-            return read_stored(stored, views)
-        if length != n:
+        if length < (self.page_bytes or 0):  # a frame: its bytes are the page's first ones
+            views = self.regions.views(page)
+            if views is None:
+                return Reason.UNREGISTERED
+            return self._stored_into(record, memoryview(leading_bytes(views, length)), key, page)
+        if length != self.page_bytes:
             return Reason.SIZE_MISMATCH
         if fp != key_fingerprint(key) or page_checksum(page) != checksum:
             return Reason.CORRUPT
         return Reason.OK
-
-    @staticmethod
-    def _page_views(page: Page) -> list[memoryview]:
-        return [memoryview((ctypes.c_char * n).from_address(a)).cast("B") for a, n in page]
 
     def _exists(self, keys: list[str]) -> list[Reason]:
         if self._down():
@@ -621,11 +561,14 @@ class NixlObjConnector(NixlConnector):
         pager = self._s3.get_paginator("list_objects_v2")
         for page in pager.paginate(Bucket=self.config.bucket, Prefix=self.base):
             names.extend(obj["Key"] for obj in page.get("Contents", []))
-        for lo in range(0, len(names), 1000):
-            batch = [{"Key": k} for k in names[lo : lo + 1000]]
-            self._s3.delete_objects(Bucket=self.config.bucket, Delete={"Objects": batch, "Quiet": True})
+        self._delete_objects(names)
         with self._lru_lock:
             self._lru.clear()
+
+    def _delete_objects(self, names: list[str]) -> None:
+        for lo in range(0, len(names), 1000):
+            batch = [{"Key": n} for n in names[lo : lo + 1000]]
+            self._s3.delete_objects(Bucket=self.config.bucket, Delete={"Objects": batch, "Quiet": True})
 
     def _close(self) -> None:
         with self._reg_lock:
