@@ -1,16 +1,8 @@
-/* LD_PRELOAD shim: a listening socket asked for "any address" gets loopback instead.
- *
- * Mooncake's transfer engine binds its handshake port to 0.0.0.0 and its TCP data port
- * to [::] (dual stack) with no setting to change either (README "Security"). Preloaded
- * into a process, this library rewrites bind() calls on the wildcard address:
+/* LD_PRELOAD shim (hicache_l3/engines/loopback.py): bind() on the wildcard address gets
+ * loopback instead (for Mooncake, which binds 0.0.0.0 and [::] with no setting):
  *   AF_INET  0.0.0.0 -> 127.0.0.1
- *   AF_INET6 ::      -> ::ffff:127.0.0.1 (a dual-stack socket then takes IPv4 loopback
- *                       connections, which is what clients advertising 127.0.0.1 make),
- *                       or ::1 when the socket is IPv6-only.
- * Binds to any other address pass through unchanged. The engine launcher preloads it
- * into the processes it starts; an operator may do the same:
- *   LD_PRELOAD=$(python -c 'from hicache_l3.engines.loopback import SHIM; print(SHIM)') CMD...
- * Built by pip as the optional extension hicache_l3._loopback_bind (no Python C API).
+ *   AF_INET6 ::      -> ::ffff:127.0.0.1 on a dual-stack socket, ::1 when IPv6-only.
+ * Binds to any other address pass through unchanged.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>

@@ -1,23 +1,8 @@
-/* Batch page I/O for the slab connectors: one call moves a share of a batch (preadv /
- * pwritev of the data, the slots' marker records, their check, XXH3 checksums) with the
- * GIL released once, instead of several ctypes / os calls per page; adjacent slots move
- * in one syscall. Loaded with ctypes (no Python C API): see
- * hicache_l3/slab/native.py. Threads sharing one batch: batch_share.c; the NIXL file
- * transport's helpers: nixl_rows.c.
- *
- * XXH3 is not compiled in: the caller passes the entry points of the xxhash wheel's
- * own library, so checksums are bit-identical to xxhash.xxh3_64 (a test checks it).
+/* Batch page I/O for the slab connectors (hicache_l3/slab/native.py, loaded with ctypes):
+ * one call moves a share of a batch (the data, the slots' marker records, their check,
+ * XXH3 checksums) with the GIL released once; adjacent slots move in one syscall.
  */
 #include "batch_io.h"
-
-/* The bytes of n iovecs. */
-static size_t iov_bytes(const struct iovec *iov, int n)
-{
-    size_t t = 0;
-    for (int i = 0; i < n; i++)
-        t += iov[i].iov_len;
-    return t;
-}
 
 uint64_t io_checksum(const struct hl3_xxh3 *x, void **state, const struct iovec *seg, int n)
 {
@@ -35,8 +20,6 @@ uint64_t io_checksum(const struct hl3_xxh3 *x, void **state, const struct iovec 
     return v ? v : 1; /* 0 means "no checksum" in a header */
 }
 
-/* Page j's XXH3 into csums[j] and its marker's checksum field: HL3_OK, or HL3_NOMEM when
- * no hash state could be made. */
 int io_stamp_checksum(const struct hl3_xxh3 *x, void **state, const struct iovec *seg, int n,
                       unsigned char *marker, uint64_t *csum)
 {
@@ -59,41 +42,42 @@ static ssize_t transfer(int writing, int fd, const struct iovec *iov, int n, off
     return r < 0 ? -errno : r;
 }
 
-/* preadv2 with RWF_NOWAIT: what the page cache holds now, without waiting for the disk
- * (-EAGAIN, or fewer bytes, when some are not there); -EOPNOTSUPP where unsupported. */
-static ssize_t read_nowait(int fd, const struct iovec *iov, int n, off_t off)
+/* A read of `want` bytes (as transfer). With nowait, only what the page cache holds
+ * (preadv2 RWF_NOWAIT, where supported): *again set when that is not all of it. */
+static ssize_t read_iov(int fd, const struct iovec *iov, int n, off_t off, int nowait, size_t want, int *again)
 {
+    *again = 0;
 #ifdef RWF_NOWAIT
-    ssize_t r;
-    do {
-        r = preadv2(fd, iov, n, off, RWF_NOWAIT);
-    } while (r < 0 && errno == EINTR);
-    return r < 0 ? -errno : r;
+    if (nowait) {
+        ssize_t r;
+        do {
+            r = preadv2(fd, iov, n, off, RWF_NOWAIT);
+        } while (r < 0 && errno == EINTR);
+        r = r < 0 ? -errno : r;
+        if (r != -EOPNOTSUPP && r != -EINVAL) {
+            *again = r != (ssize_t)want;
+            return r;
+        }
+    }
 #else
-    (void)fd, (void)iov, (void)n, (void)off;
-    return -EOPNOTSUPP;
+    (void)nowait, (void)want;
 #endif
+    return transfer(0, fd, iov, n, off);
 }
-
-/* Internal page states within one call (never returned: every page ends HL3_* or -errno). */
-enum { HL3_TODO = 100, HL3_STEP = 101, HL3_BADSUM = 102 };
 
 #ifndef HL3_READ_RUN
 #define HL3_READ_RUN (256 << 10) /* most bytes of one coalesced read: hashed while in cache */
 #endif
 
-/* The ABI of this file's calls (slab format 2: marker records apart from the data); the
- * Python side refuses a library without it or with another value. */
+/* The ABI of this library's calls (slab format 2: marker records apart from the data). */
 int hl3_abi(void)
 {
     return 2;
 }
 
 /* Move the slot markers of items lo..hi-1 whose status is `from`, each len bytes at offs[j]
- * of fds[j] and in bufs[(j - base) * len ..]: items with consecutive indices, the same fd and
- * adjacent offsets go in one pread / pwrite (the marker records of a group's consecutive
- * slots are adjacent). A moved item's status becomes `to`; a failed one's HL3_SHORT or
- * -errno (a coalesced call that fails is retried item by item, for exact statuses). */
+ * of fds[j] and in bufs[(j - base) * len ..], adjacent ones in one call. A moved item's
+ * status becomes `to`; a failed one's HL3_SHORT or -errno (retried item by item). */
 static void move_markers(int writing, int lo, int hi, const int32_t *fds, const int64_t *offs,
                          unsigned char *bufs, int base, int64_t len, int32_t *status, int32_t from,
                          int32_t to)
@@ -123,13 +107,9 @@ static void move_markers(int writing, int lo, int hi, const int32_t *fds, const 
     }
 }
 
-/* Read one page (its nseg segments segs[..]) from fd at off in pieces of at most `piece`
- * bytes, hashing each piece right after its read when want != 0 (XXH3 streamed over the
- * pieces: the same value as over the whole page). A page read whole and hashed after
- * leaves little of itself in cache by then, and hashing it runs far slower (docs/benchmarks.md,
- * "Figures behind design choices"). Returns `to` (read; its hash matches or
- * none is wanted), HL3_CHECKSUM, HL3_NOMEM, HL3_SHORT, -errno, or with nowait HL3_AGAIN
- * when the page cache does not hold it all (as move_pages). */
+/* Read one page (its nseg segments) from fd at off in pieces of at most `piece` bytes,
+ * hashing each right after its read when want != 0. Returns `to` (read; its hash matches
+ * or none is wanted), HL3_CHECKSUM, HL3_NOMEM, HL3_SHORT, -errno, or HL3_AGAIN (nowait). */
 static int32_t read_in_pieces(int fd, int64_t off, const struct iovec *segs, int nseg, size_t piece,
                               uint64_t want, const struct hl3_xxh3 *x, void **state, int nowait, int32_t to)
 {
@@ -158,16 +138,10 @@ static int32_t read_in_pieces(int fd, int64_t off, const struct iovec *segs, int
                 in = 0;
             }
         }
-        ssize_t r;
-        if (nowait) {
-            r = read_nowait(fd, part, m, off);
-            if (r == -EOPNOTSUPP || r == -EINVAL)
-                r = transfer(0, fd, part, m, off);
-            else if (r != (ssize_t)got)
-                return HL3_AGAIN;
-        } else {
-            r = transfer(0, fd, part, m, off);
-        }
+        int again;
+        ssize_t r = read_iov(fd, part, m, off, nowait, got, &again);
+        if (again)
+            return HL3_AGAIN;
         if (r < 0)
             return (int32_t)r;
         if ((size_t)r != got)
@@ -184,15 +158,13 @@ static int32_t read_in_pieces(int fd, int64_t off, const struct iovec *segs, int
 }
 
 /* Move the data of pages lo..hi-1 whose status is `from`: page j's segments
- * segs[at[j] .. at[j+1]) at offs[j] of fds[j]. Pages with consecutive indices, the same fd
- * and each starting where the previous one ends in the file go in one preadv / pwritev
- * (their iovecs are already adjacent in segs), up to HL3_MAX_IOV iovecs and, when
- * max_bytes > 0, until a call holds max_bytes or more. A moved page's status becomes `to`;
- * a failed one's HL3_SHORT or -errno (retried page by page). Where csums is not NULL (a
- * read), each moved page with csums[i] != 0 is hashed right after its call: HL3_CHECKSUM
- * (or HL3_NOMEM) when the XXH3 differs, `to` when it matches; such a page bigger than
- * max_bytes is read and hashed in pieces (read_in_pieces). With nowait (reads only),
- * a call that cannot be served whole from the page cache leaves its pages HL3_AGAIN. */
+ * segs[at[j] .. at[j+1]) at offs[j] of fds[j]; pages adjacent in the file go in one call
+ * of up to HL3_MAX_IOV iovecs and (max_bytes > 0) until it holds max_bytes. A moved page's
+ * status becomes `to`; a failed one's HL3_SHORT or -errno (retried page by page). Where
+ * csums is not NULL (a read), each moved page with csums[i] != 0 is hashed right after
+ * its call (HL3_CHECKSUM or HL3_NOMEM when bad); such a page bigger than max_bytes is
+ * read in pieces. With nowait (reads only), a call the page cache cannot serve whole
+ * leaves its pages HL3_AGAIN. */
 static void move_pages(int writing, int lo, int hi, const int32_t *fds, const int64_t *offs,
                        const struct iovec *segs, const int32_t *at, int32_t *status, int32_t from,
                        int32_t to, int64_t max_bytes, const uint64_t *csums,
@@ -222,21 +194,15 @@ static void move_pages(int writing, int lo, int hi, const int32_t *fds, const in
             k++;
         }
         ssize_t r;
-        if (nowait && !writing) {
-            /* a read that would wait for the disk is left to a blocking call (HL3_AGAIN) */
-            r = read_nowait(fds[j], segs + at[j], nv, offs[j]);
-            if (r == -EOPNOTSUPP || r == -EINVAL) /* (no RWF_NOWAIT here: a plain read) */
-                r = transfer(0, fds[j], segs + at[j], nv, offs[j]);
-            else if (r != end - offs[j]) {
-                for (int i = j; i < k; i++)
-                    status[i] = HL3_AGAIN;
-                j = k;
-                continue;
-            }
-        } else {
-            r = transfer(writing, fds[j], segs + at[j], nv, offs[j]);
-        }
-        if (r == end - offs[j]) {
+        int again = 0;
+        if (writing)
+            r = transfer(1, fds[j], segs + at[j], nv, offs[j]);
+        else
+            r = read_iov(fds[j], segs + at[j], nv, offs[j], nowait, (size_t)(end - offs[j]), &again);
+        if (again) {
+            for (int i = j; i < k; i++)
+                status[i] = HL3_AGAIN;
+        } else if (r == end - offs[j]) {
             for (int i = j; i < k; i++)
                 status[i] = to;
         } else {
@@ -247,15 +213,10 @@ static void move_pages(int writing, int lo, int hi, const int32_t *fds, const in
                 status[i] = r < 0 ? (int32_t)r : (size_t)r == want ? to : HL3_SHORT;
             }
         }
-        if (csums != NULL) {
-            /* a read: hash the run's pages now, while their bytes are still in cache */
-            for (int i = j; i < k; i++) {
-                if (status[i] != to || csums[i] == 0)
-                    continue;
-                uint64_t c = io_checksum(x, state, segs + at[i], at[i + 1] - at[i]);
-                status[i] = c == 0 ? HL3_NOMEM : c == csums[i] ? to : HL3_CHECKSUM;
-            }
-        }
+        if (csums != NULL) /* a read: hash the run's pages while their bytes are in cache */
+            for (int i = j; i < k; i++)
+                if (status[i] == to && csums[i] != 0)
+                    status[i] = io_verify(x, state, segs + at[i], at[i + 1] - at[i], csums[i], to, HL3_CHECKSUM);
         j = k;
     }
 }
@@ -263,10 +224,8 @@ static void move_pages(int writing, int lo, int hi, const int32_t *fds, const in
 /* HL3_TODO for pages lo..hi-1 whose segment count fits one call, -EINVAL for the others. */
 static void check_segments(int lo, int hi, const int32_t *at, int32_t *status)
 {
-    for (int j = lo; j < hi; j++) {
-        int n = at[j + 1] - at[j];
-        status[j] = n < 1 || n >= HL3_MAX_IOV ? -EINVAL : HL3_TODO;
-    }
+    for (int j = lo; j < hi; j++)
+        status[j] = nseg_ok(at[j + 1] - at[j]) ? HL3_TODO : -EINVAL;
 }
 
 int io_count_bad(int lo, int hi, const int32_t *status)
@@ -277,16 +236,13 @@ int io_count_bad(int lo, int hi, const int32_t *status)
     return bad;
 }
 
-/* Pages lo..hi-1 of a read batch (slab format 2, hicache_l3/slab/format.py "The torn-slot
- * argument"): first the data of every page (segments segs[at[j] .. at[j+1]) from fds[j] at
- * data_offs[j]; adjacent pages in one call of up to HL3_READ_RUN bytes, whose pages are
- * hashed right after it, while their bytes are in cache), then every page's marker record
- * (mlen bytes at marker_offs[j], into markers[j * mlen ..]; adjacent ones in one call). A
- * page is HL3_OK when its record equals expect[j * mlen ..] and, where csums[j] != 0, the
- * XXH3 of its segments equals csums[j]; HL3_HEADER when the record differs (whatever the
- * the checksum: a slot rewritten meanwhile is a miss, not corruption), HL3_CHECKSUM when only
- * the checksum does. status[j]: HL3_* or -errno; returns the number not OK. The records
- * read land in markers[(j - base) * mlen ..]. */
+/* Pages lo..hi-1 of a read batch (slab format 2, slab/format.py "The torn-slot argument"):
+ * first the data of every page (segments segs[at[j] .. at[j+1]) from fds[j] at
+ * data_offs[j]), then every page's marker record (mlen bytes at marker_offs[j], into
+ * markers[(j - base) * mlen ..]). A page is HL3_OK when its record equals expect[j * mlen
+ * ..] and, where csums[j] != 0, the XXH3 of its segments equals csums[j]; HL3_HEADER when
+ * the record differs (whatever the checksum), HL3_CHECKSUM when only the checksum does.
+ * status[j]: HL3_* or -errno; returns the number not OK. */
 static int read_pages(int lo, int hi, const int32_t *data_fds, const int32_t *fds, const int64_t *data_offs,
                       const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
                       unsigned char *markers, int base, const unsigned char *expect, int64_t mlen,
@@ -296,8 +252,7 @@ static int read_pages(int lo, int hi, const int32_t *data_fds, const int32_t *fd
     check_segments(lo, hi, at, status);
     move_pages(0, lo, hi, data_fds, data_offs, segs, at, status, HL3_TODO, HL3_STEP, HL3_READ_RUN, csums, x,
                &state, nowait);
-    /* a page that failed its checksum still has its marker read: a marker that differs
-     * (the slot was rewritten meanwhile) makes it a miss of the torn kind, not corruption */
+    /* a page that failed its checksum still has its marker read: it may be a torn miss */
     for (int j = lo; j < hi; j++)
         if (status[j] == HL3_CHECKSUM)
             status[j] = HL3_BADSUM;
@@ -312,8 +267,7 @@ static int read_pages(int lo, int hi, const int32_t *data_fds, const int32_t *fd
         else
             status[j] = s == HL3_TODO ? HL3_OK : HL3_CHECKSUM;
     }
-    if (state != NULL)
-        x->free_state(state);
+    xxh_free(x, state);
     return io_count_bad(lo, hi, status);
 }
 
@@ -337,11 +291,8 @@ int hl3_read_pages_apart(int lo, int hi, const int32_t *data_fds, const int32_t 
                       x, status, 0);
 }
 
-/* hl3_read_pages of a planned get (hicache_l3/slab/plan.py: the plan's arrays and the
- * batch's flat segments as they are), the records read landing in scratch memory of this
- * call's own instead of a caller's buffer: one call per share, nothing built per batch but
- * the status array. Every page HL3_NOMEM when the scratch cannot be had; returns the
- * number not OK. */
+/* hl3_read_pages of a planned get (slab/plan.py), the records read into scratch memory of
+ * its own (every page HL3_NOMEM when it cannot be had); returns the number not OK. */
 int io_read_plan(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
                      const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
                      const unsigned char *expect, int64_t mlen, const uint64_t *csums,
@@ -370,9 +321,7 @@ int hl3_read_plan(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
 }
 
 /* hl3_read_plan of what the page cache holds: a page whose data would wait for the disk
- * is not read and left HL3_AGAIN (its marker not read either), for a blocking call on
- * another thread (slab/io.py: the cold pages of a batch, many at once); the others as
- * hl3_read_plan. Returns the number not OK, HL3_AGAIN included. */
+ * is left HL3_AGAIN (nothing of it read), for a blocking call. Returns the number not OK. */
 int hl3_read_plan_nowait(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
                          const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
                          const unsigned char *expect, int64_t mlen, const uint64_t *csums,
@@ -382,11 +331,9 @@ int hl3_read_plan_nowait(int lo, int hi, const int32_t *fds, const int64_t *data
 }
 
 /* Pages lo..hi-1 of a write batch (slab format 2): where with_csum, the XXH3 of page j's
- * segments goes into csums[j] and into its marker record markers[j * mlen ..]
- * (little-endian at HL3_CSUM_AT); then every page's marker record is written at
- * marker_offs[j], and only then every page's data at data_offs[j] (a page whose marker
- * failed writes no data), each call coalescing adjacent pages. Checksummed pages bigger
- * than HL3_READ_RUN go through all of that one page at a time. status[j]: HL3_OK,
+ * segments goes into csums[j] and its marker record markers[j * mlen ..]; then every
+ * page's marker record is written at marker_offs[j], and only then every page's data at
+ * data_offs[j] (not where its marker failed), adjacent pages coalesced. status[j]: HL3_OK,
  * HL3_SHORT, HL3_NOMEM or -errno; returns the number not OK. */
 static int write_pages(int lo, int hi, const int32_t *data_fds, const int32_t *fds, const int64_t *data_offs,
                        const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
@@ -394,9 +341,7 @@ static int write_pages(int lo, int hi, const int32_t *data_fds, const int32_t *f
                        const struct hl3_xxh3 *x, int32_t *status)
 {
     if (with_csum && hi - lo > 1 && iov_bytes(segs + at[lo], at[lo + 1] - at[lo]) > HL3_READ_RUN) {
-        /* pages bigger than one coalesced read: one at a time, each hashed, then its record
-         * and its data written while it is still in cache, faster than hashing every page
-         * of the share first */
+        /* big checksummed pages: one at a time, written while still in cache */
         int bad = 0;
         for (int j = lo; j < hi; j++)
             bad += write_pages(j, j + 1, data_fds, fds, data_offs, marker_offs, segs, at, markers, mlen,
@@ -414,8 +359,7 @@ static int write_pages(int lo, int hi, const int32_t *data_fds, const int32_t *f
                 status[j] = HL3_NOMEM;
         }
     }
-    if (state != NULL)
-        x->free_state(state);
+    xxh_free(x, state);
     move_markers(1, lo, hi, fds, marker_offs, markers, 0, mlen, status, HL3_TODO, HL3_STEP);
     move_pages(1, lo, hi, data_fds, data_offs, segs, at, status, HL3_STEP, HL3_OK, 0, NULL, x, NULL, 0);
     return io_count_bad(lo, hi, status);
@@ -442,13 +386,10 @@ int hl3_write_pages_apart(int lo, int hi, const int32_t *data_fds, const int32_t
 }
 
 
-/* Slot markers lo..hi-1 of a batch, each len bytes: marker j is at offs[j] of fds[j] and
- * in bufs[j * len ..]. writing: pwrite each. Reading: pread each into bufs and, where
- * expect is not NULL, compare it with expect[j * len ..] (HL3_HEADER when it differs).
- * Adjacent markers move in one call. status[j]: HL3_OK, HL3_SHORT, HL3_HEADER or
- * -errno; returns the number not OK. For the NIXL file transport, whose page data move
- * in one NIXL transfer per batch while the marker records move here, with the GIL
- * released once per batch. */
+/* Slot markers lo..hi-1 of a batch, each len bytes at offs[j] of fds[j] and in bufs[j *
+ * len ..]: written, or read and (expect not NULL) compared with expect[j * len ..]
+ * (HL3_HEADER when it differs). status[j]: HL3_OK, HL3_SHORT, HL3_HEADER or -errno;
+ * returns the number not OK. */
 int hl3_markers(int writing, int lo, int hi, const int32_t *fds, const int64_t *offs,
                 unsigned char *bufs, const unsigned char *expect, int64_t len, int32_t *status)
 {

@@ -1,21 +1,11 @@
 /* One batch of page I/O shared by threads, joined without the GIL. */
 #include "batch_io.h"
 
-
 /* A batch of n pages shared by the calling thread and the I/O pool's
- * (hicache_l3/common/parallel.py BatchPool.run_shared): each thread claims the next pages
- * from `next` until none is left: `chunk` pages at a time, or, where `parts` > 0 (reads),
- * what is left / parts and at least `chunk` pages, so that the first chunks are big (few
- * calls) and the last small, and a thread the scheduler starts late, or a chunk that ends
- * late, holds up the batch by a small chunk only; `done` counts the pages of finished
- * chunks.
- * The calling thread then waits here, spinning without the GIL, for the chunks the others
- * still run: joining through Python (a pool thread taking the GIL back to return, then
- * waking the caller from a condition variable) cost tens of microseconds a batch, a visible
- * share of a 64 KiB-page get. Once `done` reaches n no
- * chunk is running and none can start (every page is claimed): the pages are the
- * caller's. Python allocates it (an int64 array of six) and keeps it alive while any
- * thread may still be inside a call on it. */
+ * (hicache_l3/common/parallel.py BatchPool.run_shared): each thread claims chunks from
+ * `next` until none is left; the caller then spins without the GIL until `done` reaches
+ * n (no chunk running, none can start). Python allocates it (an int64 array of six) and
+ * keeps it alive while any thread may still be inside a call on it. */
 struct hl3_share {
     int64_t next;    /* the first page not claimed yet (hl3_share_stop: past the last) */
     int64_t done;    /* pages of finished chunks */
@@ -27,11 +17,9 @@ struct hl3_share {
 
 #define HL3_NO_MORE_CHUNKS (INT64_MAX / 2)
 
-/* The next chunk [*lo, *hi) of s (0 when none is left). Fixed chunks are handed out from
- * the two halves of the batch in turn (0, h, 1, h + 1, ... for h the chunks of the first
- * half): a set's slots lie in two slab files, one per half (slab/clock.py Clocks), and the
- * kernel serialises writes to one file, so two threads that take chunks in batch order
- * would wait for each other. */
+/* The next chunk [*lo, *hi) of s (0 when none is left): `chunk` pages, handed out from the
+ * two halves of the batch in turn (0, h, 1, h + 1, ...: a set's two slab files); or, where
+ * parts > 0, what is left / parts and at least `chunk` pages. */
 static int share_claim(struct hl3_share *s, int *lo, int *hi)
 {
     int64_t a = __atomic_load_n(&s->next, __ATOMIC_ACQUIRE);
@@ -74,9 +62,8 @@ static int64_t now_ns(void)
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-/* 1 once every chunk finished, waiting up to wait_ns for the running ones (a busy wait:
- * the chunks left run on other cores, for about one chunk's time); 0 when they did not
- * finish in time (the caller then waits for the pool threads as it would without this). */
+/* 1 once every chunk finished, spinning up to wait_ns for the running ones; 0 when they
+ * did not finish in time. */
 static int share_wait(struct hl3_share *s, int64_t wait_ns)
 {
     if (__atomic_load_n(&s->done, __ATOMIC_ACQUIRE) >= s->n)
@@ -99,16 +86,14 @@ static int share_wait(struct hl3_share *s, int64_t wait_ns)
     }
 }
 
-/* No chunk of s is claimed from now on (an interrupted caller: it then waits for the
- * running ones). */
+/* No chunk of s is claimed from now on. */
 void hl3_share_stop(struct hl3_share *s)
 {
     __atomic_store_n(&s->next, HL3_NO_MORE_CHUNKS, __ATOMIC_RELEASE);
 }
 
-/* hl3_read_plan (nowait: hl3_read_plan_nowait) of every chunk of s this thread claims;
- * then, where wait_ns > 0, the wait of share_wait. Returns 1 when every chunk of s had
- * finished on return, else 0. */
+/* hl3_read_plan (nowait: hl3_read_plan_nowait) of every chunk of s this thread claims,
+ * then share_wait: 1 when every chunk of s had finished on return, else 0. */
 int hl3_share_read_plan(struct hl3_share *s, int64_t wait_ns, int nowait, const int32_t *fds,
                         const int64_t *data_offs, const int64_t *marker_offs, const struct iovec *segs,
                         const int32_t *at, const unsigned char *expect, int64_t mlen, const uint64_t *csums,

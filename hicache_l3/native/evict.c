@@ -1,14 +1,9 @@
 /* The eviction take of the slab store's writer (hicache_l3/slab/evict.py): the pages of a
- * run of consecutive slots of one slab removed from the C page table (page_table.c) in one
- * call, as the CLOCK hands them out (slab/clock.py evict_runs), instead of a (writer,
- * slab, slot) tuple per page flattened for hl3_pt_at_many, then hl3_pt_get_many and
- * hl3_pt_pop_many. The result is exactly SlabIndex's take_at_many of those slots: the
- * digests and entries of the pages there were, in slot order (tests check both agree). */
+ * run of slots of one slab removed from the page table in one call, exactly as
+ * SlabIndex's take_at_many of those slots. */
 #include <stddef.h>
 #include <stdint.h>
 
-/* page_table.c's call (hl3_pt_at then hl3_pt_pop of that digest, one probe); its table
- * is opaque here */
 int hl3_pt_take_at(void *t, uint64_t w, uint64_t s, uint64_t sl, uint8_t *digest, uint64_t *v);
 
 /* Remove the pages in slots first .. first + n - 1 of (writer, slab): their digests land

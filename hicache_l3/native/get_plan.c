@@ -13,38 +13,10 @@ typedef struct {
 
 enum { HL3_PLAN_READ = 0, HL3_PLAN_MISS = 1, HL3_PLAN_SIZE = 2, HL3_PLAN_UNVERIFIED = 3 };
 
-static void put_le16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
-static void put_le64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); } /* little-endian hosts only */
-
-static void canonical128(hl3_xxh128 h, uint8_t *out) /* xxhash's xxh3_128_digest byte order */
-{
-    uint64_t hi = __builtin_bswap64(h.high64), lo = __builtin_bswap64(h.low64);
-    memcpy(out, &hi, 8);
-    memcpy(out + 8, &lo, 8);
-}
-
-/* The marker record (128 bytes, slab/format.py MARKER_RECORD: START "<4sHHQQQ16s16x" then
- * END "<4s4xQ16s32x") a slot holding generation gen, length and checksum for the key of
- * fingerprint fp carries. */
-static void marker_record(uint8_t *r, uint64_t gen, uint64_t length, uint64_t csum, const uint8_t *fp)
-{
-    memset(r, 0, 128);
-    memcpy(r, "HL3S", 4);
-    put_le16(r + 4, 2); /* FORMAT_VERSION */
-    put_le64(r + 8, gen);
-    put_le64(r + 16, length);
-    put_le64(r + 24, csum);
-    memcpy(r + 32, fp, 16);
-    memcpy(r + 64, "HL3E", 4);
-    put_le64(r + 72, gen);
-    memcpy(r + 80, fp, 16);
-}
-
-/* Everything a get batch needs before its I/O, in one call (slab/index.py SlabIndex.plan).
- * ``keys`` holds the batch's n keys, ASCII, each followed by one '\n' (valid page keys
- * never contain one: common/keys.py). Per key i: its digest (XXH3-128 with ``seed``) is
- * probed in the table; its fingerprint is XXH3-128 with seed 0 (= xxhash's unseeded
- * xxh3_128, common/integrity.key_fingerprint). code[i] is HL3_PLAN_MISS (not indexed),
+/* Everything a get batch needs before its I/O (slab/index.py SlabIndex.plan). ``keys``
+ * holds the batch's n keys, each followed by one '\n'. Per key i: its digest (XXH3-128
+ * with ``seed``) is probed in the table; its fingerprint is XXH3-128 with seed 0
+ * (common/integrity.key_fingerprint). code[i] is HL3_PLAN_MISS (not indexed),
  * HL3_PLAN_SIZE (indexed with another length than g->slot_bytes), HL3_PLAN_UNVERIFIED
  * (``verified_only`` and the entry has no checksum) or HL3_PLAN_READ; for every indexed
  * key values[6 i ..] holds its entry (Entry's order). For the keys to read, packed in
@@ -61,9 +33,7 @@ long hl3_pt_plan_get(const hl3_table *t, size_t n, const uint8_t *keys, size_t k
                      uint8_t *expect, uint64_t *csums, int32_t *where, int32_t *slab_of,
                      uint64_t *slabs, size_t *nslabs)
 {
-    /* Pass 1: split the keys, hash them and prefetch their buckets; pass 2: probe. A batch
-     * follows its data (megabytes) through the cache: probing right after hashing would
-     * wait for one bucket's cache miss at a time. */
+    /* pass 1: split the keys, hash them and prefetch their buckets; pass 2: probe */
     size_t *at = malloc((n + 1) * sizeof(size_t));
     uint8_t *digests = malloc(16 * (n ? n : 1));
     if (at == NULL || digests == NULL) {
@@ -74,13 +44,12 @@ long hl3_pt_plan_get(const hl3_table *t, size_t n, const uint8_t *keys, size_t k
     size_t pos = 0, read = 0, m = 0;
     long out = -1;
     for (size_t i = 0; i < n; i++) {
-        const uint8_t *key = keys + pos;
-        const uint8_t *nl = pos < keys_len ? memchr(key, '\n', keys_len - pos) : NULL;
-        if (nl == NULL)
-            goto done;
+        size_t len;
         at[i] = pos;
-        pos += (size_t)(nl - key) + 1;
-        canonical128(hash(key, (size_t)(nl - key), seed), digests + 16 * i);
+        const uint8_t *key = next_key(keys, keys_len, &pos, &len);
+        if (key == NULL)
+            goto done;
+        canonical128(hash(key, len, seed), digests + 16 * i);
         prefetch_page(t, digests + 16 * i);
     }
     if (pos != keys_len)
@@ -96,9 +65,7 @@ long hl3_pt_plan_get(const hl3_table *t, size_t n, const uint8_t *keys, size_t k
         }
         uint64_t *p = values + 6 * i; /* its entry: writer, slab, slot, gen, length, checksum */
         unpack(h, bucket, p);
-        /* the slab of every indexed key (a batch's pages share few: look back at the distinct
-         * ones seen so far): the caller opens each, and an unopenable one makes its keys
-         * miss whatever else they are, as SlabIndex.lookup does */
+        /* the slab of every indexed key (a batch's share few: the last one, else a scan) */
         size_t k = m;
         if (m > 0 && slabs[2 * (m - 1)] == p[0] && slabs[2 * (m - 1) + 1] == p[1])
             k = m - 1;
@@ -139,9 +106,8 @@ done:
     return out;
 }
 
-/* The descriptor of every page of a get plan: fds[j] = by_slab[slab_of[where[j]]] for j <
- * count (hl3_pt_plan_get's where and slab_of, by_slab the descriptor Python opened for each
- * distinct slab); what a batch over several slabs would otherwise map page by page. */
+/* fds[j] = by_slab[slab_of[where[j]]] for j < count (hl3_pt_plan_get's where and slab_of;
+ * by_slab: the descriptor opened for each distinct slab). */
 void hl3_plan_fds(size_t count, const int32_t *where, const int32_t *slab_of, const int32_t *by_slab,
                   int32_t *fds)
 {

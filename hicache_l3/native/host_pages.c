@@ -1,26 +1,18 @@
 /* SGLang host-pool page addresses in one pass (hicache_l3._host_pages): the pointer
- * arithmetic of hicache_l3/sglang/page_meta.py's PointerModel, which keeps the numpy path
- * as the reference and the fallback when this module is not built.
- *
- *   model_pointers(address, n, page_tokens, divide, limit, terms) -> array('q') | None
- *       The segment addresses of n pages by a learned pointer model, read from their
- *       host indices in memory (see the function).
- */
+ * arithmetic of hicache_l3/sglang/page_meta.py's PointerModel (its numpy path is the
+ * reference). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 
 static PyObject *array_type;
 
-/* model_pointers(address, n, page_tokens, divide, limit, terms) -> array('q') | None
- * The addresses of n pages' segments from their host indices by a learned pointer model
- * (hicache_l3/sglang/page_meta.py PointerModel.pointers_at, whose numpy path is the
- * reference): page i's first host index is s = ((const int64_t *)address)[i * page_tokens],
- * its column c = s / page_tokens when divide, else s, and segment j of it is at
- * terms[2j] + c * terms[2j + 1] (terms: a bytes of native int64 (base, multiplier) pairs).
- * None when a start is negative, >= limit or not a multiple of page_tokens (the caller
- * asks SGLang then). The caller guarantees (n - 1) * page_tokens + 1 readable int64s at
- * address (a contiguous CPU tensor it holds). */
+/* model_pointers(address, n, page_tokens, divide, limit, terms) -> array('q') | None:
+ * page i's first host index is s = ((const int64_t *)address)[i * page_tokens], its
+ * column c = s / page_tokens when divide, else s, and its segment j is at terms[2j] + c *
+ * terms[2j + 1] (terms: native int64 (base, multiplier) pairs). None when a start is
+ * negative, >= limit or not a multiple of page_tokens. The caller guarantees (n - 1) *
+ * page_tokens + 1 readable int64s at address. */
 static PyObject *model_pointers(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;

@@ -1,32 +1,7 @@
 /* Page-key checks and storage-key prefixing for a whole batch in one pass
- * (hicache_l3._keys). The rule is hicache_l3.common.keys.is_valid_key's: a str of
- * 1..256 ASCII characters of [A-Za-z0-9_.:=+@-], not starting with '.' or '-'.
- * hicache_l3/common/keys.py keeps the pure-Python functions as the reference and the
- * fallback when this module is not built (tests check both agree).
- *
- *   valid_keys(keys) -> bool
- *       True when every key of the sequence is valid (an empty batch is valid).
- *   prefixed_keys(prefix, keys) -> list[str] | None
- *       [prefix + key for key in keys] when every key is valid, else None;
- *       prefix must be an ASCII str (TypeError otherwise).
- *   common_batch(keys, pages) -> (segments, per, size, low, end, overlap) | None
- *       The common transfer batch checked in one pass (common/connector.py _transfer):
- *       as many pages as keys (at least one), every key valid, every page a tuple or
- *       list of `per` >= 1 segments, every segment a tuple or list of two plain ints
- *       (address >= 0, length == size > 0, both below 2**64). Then: `segments`, a bytes
- *       of the native uint64 pairs (address, length) of every segment in order (what
- *       the C batch I/O walks), the lowest address, the end of the highest segment, and
- *       whether two segments share a byte. None when any of it does not hold (the
- *       caller checks key by key then).
- *   pointer_batch(keys, ptrs, sizes, per) -> the same as common_batch | None
- *       common_batch of the pages hicache_l3.common.pages.PointerPages(ptrs, sizes, per)
- *       materialises, read from the flat lists directly (exact tuples or lists of
- *       len(keys) * per items): page i is the segments i*per .. i*per+per-1 put in
- *       address order (sorted in place in `segments` when the pool gave them otherwise,
- *       as the page's own sort does), so `segments` are the pages' segments, flattened.
- *       `ptrs` and `sizes` may also be one-dimensional C-contiguous buffers of 8-byte
- *       integers (a numpy int64 array: the adapter's computed pointers, no Python int
- *       per segment); a negative signed value refuses the batch as a negative int does.
+ * (hicache_l3._keys; tests/reference/keys.py is the reference). A valid key is
+ * hicache_l3.common.keys.is_valid_key's: a str of 1..256 ASCII characters of
+ * [A-Za-z0-9_.:=+@-], not starting with '.' or '-'.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -56,9 +31,8 @@ static void init_allowed(void)
         allowed[(unsigned char)*c] = 1;
 }
 
-/* 1 when every byte of s[0..n) is allowed. Hex page hashes (the common key) pass the
- * SSE2 test of 16 bytes at a time for [0-9A-Za-z]; anything else (a tail, a key with
- * punctuation) is decided by the table. */
+/* 1 when every byte of s[0..n) is allowed: 16 bytes at a time while they are all
+ * [0-9A-Za-z] (SSE2), the table for the rest. */
 static int allowed_bytes(const unsigned char *s, Py_ssize_t n)
 {
     Py_ssize_t i = 0;
@@ -101,22 +75,29 @@ static const unsigned char *valid_key(PyObject *key, Py_ssize_t *len)
     return s;
 }
 
+static int all_valid(PyObject **items, Py_ssize_t n)
+{
+    Py_ssize_t len;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (valid_key(items[i], &len) == NULL)
+            return 0;
+    return 1;
+}
+
+/* valid_keys(keys) -> bool: every key of the sequence is valid (an empty batch is). */
 static PyObject *valid_keys(PyObject *self, PyObject *arg)
 {
     (void)self;
     PyObject *seq = PySequence_Fast(arg, "valid_keys: keys must be a sequence");
     if (seq == NULL)
         return NULL;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    Py_ssize_t len;
-    int ok = 1;
-    for (Py_ssize_t i = 0; i < count && ok; i++)
-        ok = valid_key(items[i], &len) != NULL;
+    int ok = all_valid(PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq));
     Py_DECREF(seq);
     return PyBool_FromLong(ok);
 }
 
+/* prefixed_keys(prefix, keys) -> [prefix + key for key in keys] when every key is valid,
+ * else None; TypeError unless prefix is an ASCII str. */
 static PyObject *prefixed_keys(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
@@ -145,15 +126,12 @@ static PyObject *prefixed_keys(PyObject *self, PyObject *const *args, Py_ssize_t
     for (Py_ssize_t i = 0; i < count; i++) {
         Py_ssize_t len;
         const unsigned char *s = valid_key(items[i], &len);
-        if (s == NULL) {
-            Py_DECREF(out);
-            Py_DECREF(seq);
-            Py_RETURN_NONE;
-        }
-        PyObject *skey = PyUnicode_New(plen + len, 127);
+        PyObject *skey = s == NULL ? NULL : PyUnicode_New(plen + len, 127);
         if (skey == NULL) {
             Py_DECREF(out);
             Py_DECREF(seq);
+            if (s == NULL)
+                Py_RETURN_NONE;
             return NULL;
         }
         unsigned char *d = PyUnicode_1BYTE_DATA(skey);
@@ -179,11 +157,10 @@ static int cmp_pair(const void *a, const void *b)
     return x[1] < y[1] ? -1 : x[1] > y[1];
 }
 
-/* 1 when the n pages of `per` segments (each `size` bytes, no end past 2**64) are disjoint
- * by columns: segment j of each page at least `size` above segment j of the page before,
- * and the spans of the columns pairwise disjoint -- a batch of ascending pool pages in any
- * layout (page_first's K and V halves, layer_first's layers); 0 when that does not hold,
- * which proves nothing (the caller sorts then); -1 on no memory. */
+/* 1 when the n pages of `per` segments (each `size` bytes) are disjoint by columns:
+ * segment j of each page at least `size` above segment j of the page before, and the
+ * columns' spans pairwise disjoint (ascending pool pages in any layout); 0 proves nothing;
+ * -1 on no memory. */
 static int columns_disjoint(const uint64_t *flat, Py_ssize_t n, Py_ssize_t per, uint64_t size)
 {
     uint64_t *spans = PyMem_Malloc((size_t)per * 2 * sizeof(uint64_t));
@@ -303,6 +280,12 @@ static PyObject *batch_result(PyObject *out, Py_ssize_t n, Py_ssize_t per, uint6
                          (unsigned long long)(high + size), overlap ? Py_True : Py_False);
 }
 
+/* common_batch(keys, pages) -> (segments, per, size, low, end, overlap) | None: as many
+ * pages as keys (at least one), every key valid, every page a tuple or list of `per` >= 1
+ * segments, each a tuple or list of two plain ints (address, length == size > 0, below
+ * 2**64). `segments`: a bytes of the native uint64 (address, length) pairs in order; low:
+ * the lowest address; end: the end of the highest segment; overlap: whether two segments
+ * share a byte. None when any of it does not hold. */
 static PyObject *common_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
@@ -310,14 +293,11 @@ static PyObject *common_batch(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_TypeError, "common_batch(keys, pages) takes 2 arguments");
         return NULL;
     }
-    Py_ssize_t n, nk, per, len;
+    Py_ssize_t n = 0, nk = 0, per;
     PyObject **pages = exact_items(args[1], &n);
     PyObject **keys = exact_items(args[0], &nk);
-    if (pages == NULL || keys == NULL || n != nk || n == 0)
+    if (pages == NULL || keys == NULL || n != nk || n == 0 || !all_valid(keys, n))
         Py_RETURN_NONE;
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (valid_key(keys[i], &len) == NULL)
-            Py_RETURN_NONE;
     if (exact_items(pages[0], &per) == NULL || per < 1 || per > PY_SSIZE_T_MAX / 16 / n)
         Py_RETURN_NONE;
     PyObject *out = PyBytes_FromStringAndSize(NULL, n * per * 16);
@@ -390,6 +370,10 @@ static void u64_close(u64_source *src)
         PyBuffer_Release(&src->view);
 }
 
+/* pointer_batch(keys, ptrs, sizes, per) -> as common_batch | None, for the pages of
+ * common.pages.PointerPages(ptrs, sizes, per) read from the flat lists (exact tuples or
+ * lists, or 1-D C-contiguous buffers of 8-byte ints; a negative value refuses the batch):
+ * page i's segments i*per .. i*per+per-1, put in address order. */
 static PyObject *pointer_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
@@ -397,41 +381,32 @@ static PyObject *pointer_batch(PyObject *self, PyObject *const *args, Py_ssize_t
         PyErr_SetString(PyExc_TypeError, "pointer_batch(keys, ptrs, sizes, per) takes 4 arguments");
         return NULL;
     }
-    Py_ssize_t n, len;
+    Py_ssize_t n = 0;
     PyObject **keys = exact_items(args[0], &n);
     Py_ssize_t per = PyLong_AsSsize_t(args[3]);
     if (per == -1 && PyErr_Occurred())
         return NULL;
-    if (keys == NULL || n == 0 || per < 1 || per > PY_SSIZE_T_MAX / 16 / n)
+    if (keys == NULL || n == 0 || per < 1 || per > PY_SSIZE_T_MAX / 16 / n || !all_valid(keys, n))
         Py_RETURN_NONE;
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (valid_key(keys[i], &len) == NULL)
-            Py_RETURN_NONE;
-    u64_source ptrs, sizes;
-    if (!u64_open(args[1], &ptrs))
-        Py_RETURN_NONE;
-    if (!u64_open(args[2], &sizes)) {
-        u64_close(&ptrs);
-        Py_RETURN_NONE;
-    }
-    Py_ssize_t np = ptrs.n;
+    u64_source ptrs, sizes = {0};
     PyObject *out = NULL;
-    if (np != n * per || sizes.n != np)
-        goto refuse;
-    if ((out = PyBytes_FromStringAndSize(NULL, np * 16)) == NULL) {
-        u64_close(&ptrs);
-        u64_close(&sizes);
-        return NULL;
-    }
-    uint64_t *flat = (uint64_t *)PyBytes_AS_STRING(out);
     uint64_t size = 0, low = UINT64_MAX, high = 0;
-    for (Py_ssize_t j = 0; j < np; j++) {
+    int ok = u64_open(args[1], &ptrs) && u64_open(args[2], &sizes) && ptrs.n == n * per && sizes.n == ptrs.n;
+    if (ok && (out = PyBytes_FromStringAndSize(NULL, ptrs.n * 16)) == NULL)
+        ok = -1;
+    uint64_t *flat = ok == 1 ? (uint64_t *)PyBytes_AS_STRING(out) : NULL;
+    for (Py_ssize_t j = 0; ok == 1 && j < ptrs.n; j++) {
         uint64_t *f = flat + 2 * j;
-        if (!u64_at(&ptrs, j, &f[0]) || !u64_at(&sizes, j, &f[1]) || !take_segment(f, &size, &low, &high))
-            goto refuse;
+        ok = u64_at(&ptrs, j, &f[0]) && u64_at(&sizes, j, &f[1]) && take_segment(f, &size, &low, &high);
     }
     u64_close(&ptrs);
     u64_close(&sizes);
+    if (ok != 1) {
+        Py_XDECREF(out);
+        if (ok < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
     if (per > 1)
         for (Py_ssize_t i = 0; i < n; i++) {
             uint64_t *page = flat + 2 * i * per;
@@ -442,11 +417,6 @@ static PyObject *pointer_batch(PyObject *self, PyObject *const *args, Py_ssize_t
                 }
         }
     return batch_result(out, n, per, size, low, high);
-refuse:
-    u64_close(&ptrs);
-    u64_close(&sizes);
-    Py_XDECREF(out);
-    Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {

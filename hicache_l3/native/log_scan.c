@@ -1,15 +1,13 @@
 /* Live PUT records of an index log (a compaction keeps them), and their write. */
 #include "page_table.h"
 
+#define HL3_GEN 3 /* the highest record kind */
 
-/* zlib.crc32 (records.c: slicing by 8, its tables made on first use) */
-uint32_t hl3_crc32(const unsigned char *p, size_t n);
-
-static uint64_t le64(const uint8_t *p)
+static uint64_t le64(const uint8_t *p) /* little-endian hosts only */
 {
     uint64_t v;
     memcpy(&v, p, 8);
-    return v; /* little-endian hosts only: the Python side checks sys.byteorder */
+    return v;
 }
 
 static uint32_t le32(const uint8_t *p)
@@ -19,16 +17,11 @@ static uint32_t le32(const uint8_t *p)
     return v;
 }
 
-#define HL3_RECORD 48 /* slab/format.py RECORD: crc, kind, pad, key length, w, slab, slot, pad, gen, length, checksum */
-#define HL3_PUT 1
-#define HL3_GEN 3
-
 /* Walk ``n`` bytes of index log records (slab/format.py). When they are all whole records
- * with a good CRC, a known kind and an ASCII key (what decode_records reads without its
- * slow path), writes the start and end offsets of every PUT record whose key's digest
- * (XXH3-128 with ``seed``, through ``hash``) the table maps to exactly that (writer, slab,
- * slot, generation), and returns how many (at most ``max``, n / 48 always suffices).
- * Returns -1 when any byte is not such a record: the caller decodes the log in Python. */
+ * with a good CRC, a known kind and an ASCII key, writes the start and end offsets of every
+ * PUT record whose key's digest (XXH3-128 with ``seed``) the table maps to exactly that
+ * (writer, slab, slot, generation) and returns how many (at most ``max``; n / 48 always
+ * suffices). -1 when any byte is not such a record (the caller decodes it in Python). */
 long hl3_pt_live_puts(const hl3_table *t, const uint8_t *data, size_t n, uint64_t seed,
                       hl3_xxh128_fn hash, uint64_t *starts, uint64_t *ends, size_t max)
 {
@@ -48,23 +41,14 @@ long hl3_pt_live_puts(const hl3_table *t, const uint8_t *data, size_t n, uint64_
         if (hl3_crc32(r + 4, HL3_RECORD - 4 + keylen) != le32(r))
             return -1;
         if (kind == HL3_PUT) {
-            /* Live: the table's page of the key's digest is this record's (writer, slab,
-             * slot, generation). Asked from the slot's side -- the page in the record's
-             * slot has its generation and the key's digest -- which is the same page by
-             * the inverse's invariants (one page per slot and per digest, over both
-             * layers): most records of a log to compact are dead, their slot holds a
-             * newer page, and that answer needs neither the key's hash nor the page
-             * map's probe for a digest it does not hold. */
+            /* live: the page in the record's slot has its generation and the key's digest */
             uint64_t w = le32(r + 8), slab = le32(r + 12), slot = le32(r + 16), gen = le64(r + 24);
             const hl3_page *p = NULL;
             if (w < HL3_PT_WRITERS && slab < HL3_PT_SLABS && slot < HL3_PT_SLOTS)
                 p = pt_page_at(t, pack_location(w, slab, slot));
             if (p != NULL && p->genlen >> 16 == gen) {
-                hl3_xxh128 h = hash(key, keylen, seed);
-                uint8_t digest[16]; /* the canonical (big-endian) form, as xxhash.xxh3_128_digest */
-                uint64_t hi = __builtin_bswap64(h.high64), lo = __builtin_bswap64(h.low64);
-                memcpy(digest, &hi, 8);
-                memcpy(digest + 8, &lo, 8);
+                uint8_t digest[16];
+                canonical128(hash(key, keylen, seed), digest);
                 if (memcmp(p->digest, digest, 16) == 0) {
                     if (live >= max)
                         return -1;
@@ -79,10 +63,8 @@ long hl3_pt_live_puts(const hl3_table *t, const uint8_t *data, size_t n, uint64_
     return (long)live;
 }
 
-/* Write the ``n`` byte spans [starts[k], ends[k]) of ``data`` (hl3_pt_live_puts' answer:
- * in order, inside data) one after another to ``fd`` at its file offset, adjacent spans
- * as one iovec, HL3_SPAN_IOVS iovecs a call, short writes resumed: what a compaction
- * writes, without an object per record or a buffer of them all. The bytes written, or
+/* Write the ``n`` byte spans [starts[k], ends[k]) of ``data`` (in order, inside data) one
+ * after another to ``fd`` at its file offset, short writes resumed: the bytes written, or
  * -errno (-EIO: a write that moved nothing). */
 #define HL3_SPAN_IOVS 1024 /* Linux's IOV_MAX */
 long hl3_write_spans(int fd, const uint8_t *data, const uint64_t *starts, const uint64_t *ends, size_t n)

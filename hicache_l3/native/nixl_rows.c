@@ -1,15 +1,11 @@
 /* The NIXL file transport's batch helpers (hicache_l3/connectors/nixl/file.py). */
 #include "batch_io.h"
 
-/* The NIXL transfer rows of pages 0..n-1: page j's segments segs[at[j] .. at[j+1]) move
- * to / from offs[j] of fds[j] onward, one row per segment, local (address, length, 0) and
- * remote (offset, length, fd), 3 uint64 each, written to local[3 m ..] and remote[3 m ..]
- * (room for at[n] rows). A row that continues the previous one on both sides (the local
- * address and the remote offset start where the previous row ends, in the same fd) is
- * joined into it while the joined row stays within max_bytes (max_bytes <= 0: no row is
- * joined, one per segment). The same rows, in the same order, as
- * connectors/nixl/base.py coalesce() of one row per segment (a test compares them).
- * Returns m, the number of rows. */
+/* The NIXL transfer rows of pages 0..n-1 (page j's segments segs[at[j] .. at[j+1]) to /
+ * from offs[j] of fds[j] onward): local (address, length, 0) and remote (offset, length,
+ * fd) at local[3 m ..] and remote[3 m ..] (room for at[n] rows), a row continuing the
+ * previous one on both sides joined into it within max_bytes (<= 0: none joined). The
+ * rows of connectors/nixl/base.py coalesce(). Returns m, the number of rows. */
 int64_t hl3_join_rows(int n, const struct iovec *segs, const int32_t *at, const int32_t *fds,
                       const int64_t *offs, uint64_t *local, uint64_t *remote, int64_t max_bytes)
 {
@@ -42,24 +38,17 @@ int64_t hl3_join_rows(int n, const struct iovec *segs, const int32_t *at, const 
     return m;
 }
 
-/* The checksums of pages lo..hi-1 whose data and marker record were read (status[j] ==
- * HL3_OK) and whose csums[j] != 0: the XXH3 of segs[at[j] .. at[j+1]) must equal
- * csums[j] (HL3_CHECKSUM when not, HL3_NOMEM when no hash state could be made); other
- * pages keep their status. For a read whose data moved elsewhere (a NIXL transfer) and
- * whose records were checked (hl3_markers): the last step of the torn-slot check, the
- * data hashed after its record vouched for it. Returns the number not OK. */
+/* The checksums of pages lo..hi-1 with status[j] == HL3_OK and csums[j] != 0: the XXH3 of
+ * segs[at[j] .. at[j+1]) must equal csums[j] (HL3_CHECKSUM when not, HL3_NOMEM when no
+ * hash state could be made). Returns the number not OK. */
 int hl3_check_sums(int lo, int hi, const struct iovec *segs, const int32_t *at, const uint64_t *csums,
                    const struct hl3_xxh3 *x, int32_t *status)
 {
     void *state = NULL;
-    for (int j = lo; j < hi; j++) {
-        if (status[j] != HL3_OK || csums[j] == 0)
-            continue;
-        uint64_t c = io_checksum(x, &state, segs + at[j], at[j + 1] - at[j]);
-        status[j] = c == 0 ? HL3_NOMEM : c == csums[j] ? HL3_OK : HL3_CHECKSUM;
-    }
-    if (state != NULL)
-        x->free_state(state);
+    for (int j = lo; j < hi; j++)
+        if (status[j] == HL3_OK && csums[j] != 0)
+            status[j] = io_verify(x, &state, segs + at[j], at[j + 1] - at[j], csums[j], HL3_OK, HL3_CHECKSUM);
+    xxh_free(x, state);
     return io_count_bad(lo, hi, status);
 }
 

@@ -16,11 +16,8 @@ void *pt_map_zero(size_t bytes)
     return p == MAP_FAILED ? NULL : p;
 }
 
-/* map_zero for an array that is filled whole at once (a copy, a rebuild): big ones asked
- * for transparent huge pages (a no-op where THP is off), so that making one takes a fault
- * per 2 MiB instead of per 4 KiB -- most of a snapshot's time under the lock -- and
- * random probes into it miss the TLB less. Small ones, and sparse ones, stay 4 KiB paged:
- * a huge page would make their untouched parts resident. */
+/* pt_map_zero for an array filled whole at once (a copy, a rebuild): big ones ask for
+ * transparent huge pages; sparse and small ones stay 4 KiB paged. */
 #define HL3_HUGE_MIN (8u << 20)
 void *pt_map_dense(size_t bytes)
 {
@@ -38,8 +35,6 @@ void pt_unmap(void *p, size_t bytes)
         munmap(p, mapped(bytes));
 }
 
-
-
 /* The class of ``length``, added when new; -1 when HL3_PT_CLASSES are taken. */
 static long class_of(hl3_header *h, uint32_t length)
 {
@@ -53,8 +48,8 @@ static long class_of(hl3_header *h, uint32_t length)
     return (long)h->nclasses++;
 }
 
-/* Forget the classes from ``keep`` on (added by a call that is refused), newest first:
- * no probe run of an older class passes through a newer one, so none is cut. */
+/* Forget the classes from ``keep`` on (added by a refused call), newest first: no probe
+ * run of an older class passes through a newer one. */
 static void drop_classes(hl3_header *h, uint64_t keep)
 {
     while (h->nclasses > keep) {
@@ -73,18 +68,26 @@ void pt_unmap_arrays(hl3_page *pages, uint32_t *inv, uint16_t *meta, uint64_t ca
     pt_unmap(meta, cap * sizeof(uint16_t));
 }
 
+/* Zeroed arrays for ``cap`` buckets: 0, or HL3_PT_NOMEM (none left mapped). */
+int pt_map_arrays(uint64_t cap, hl3_page **pages, uint32_t **inv, uint16_t **meta)
+{
+    *pages = pt_map_dense(cap * sizeof(hl3_page));
+    *inv = pt_map_dense(cap * sizeof(uint32_t));
+    *meta = pt_map_dense(cap * sizeof(uint16_t));
+    if (*pages != NULL && *inv != NULL && *meta != NULL)
+        return 0;
+    pt_unmap_arrays(*pages, *inv, *meta, cap);
+    return HL3_PT_NOMEM;
+}
+
 /* Move every page into new arrays of ``cap`` buckets (>= len / 0.8) and build their inverse. */
 static int rebuild(hl3_table *t, uint64_t cap)
 {
-    if (cap > HL3_PT_MAX_CAP)
+    hl3_page *pages;
+    uint32_t *inv;
+    uint16_t *meta;
+    if (cap > HL3_PT_MAX_CAP || pt_map_arrays(cap, &pages, &inv, &meta) != 0)
         return HL3_PT_NOMEM;
-    hl3_page *pages = pt_map_dense(cap * sizeof(hl3_page));
-    uint32_t *inv = pt_map_dense(cap * sizeof(uint32_t));
-    uint16_t *meta = pt_map_dense(cap * sizeof(uint16_t));
-    if (pages == NULL || inv == NULL || meta == NULL) {
-        pt_unmap_arrays(pages, inv, meta, cap);
-        return HL3_PT_NOMEM;
-    }
     hl3_page *old = t->pages;
     uint64_t oldcap = old == NULL ? 0 : t->h->cap;
     for (size_t i = 0; i < oldcap; i++) {
@@ -112,13 +115,10 @@ static int rebuild(hl3_table *t, uint64_t cap)
     return 0;
 }
 
-
 static inline uint64_t cap_of(uint64_t pages) { return (pages * 5 + 3) / 4; } /* load 0.8 */
 
-/* The capacity to rebuild at, for pages that need ``need`` buckets and would get ``cap``:
- * the expected capacity instead when it holds them and ``cap`` passes it or is within
- * one growth step of it (the table reaches it without a last rebuild, nor the load of a
- * step past it). */
+/* The capacity to rebuild at for pages needing ``need`` buckets that would get ``cap``:
+ * the expected one instead when it holds them and ``cap`` passes it or is within a step. */
 static inline uint64_t toward_expected(const hl3_header *h, uint64_t need, uint64_t cap)
 {
     uint64_t e = h->expect;
@@ -152,16 +152,10 @@ hl3_table *hl3_pt_new(void)
     return t;
 }
 
-
-void pt_free_base(hl3_table *b);
-
 void hl3_pt_journal_stop(hl3_table *t)
 {
-    if (t->journal != NULL) {
-        free(t->journal->records);
-        free(t->journal);
-        t->journal = NULL;
-    }
+    hl3_pt_journal_free(t->journal);
+    t->journal = NULL;
 }
 
 void hl3_pt_free(hl3_table *t)
@@ -178,9 +172,8 @@ void hl3_pt_free(hl3_table *t)
     free(t);
 }
 
-/* Presize both arrays for ``pages`` pages at load <= 0.8 now (never shrinks; the
- * expected capacity instead when that is within one growth step): 0, or HL3_PT_NOMEM
- * (the table is unchanged). */
+/* Presize both arrays for ``pages`` pages at load <= 0.8 (never shrinks; the expected
+ * capacity instead when within one growth step): 0, or HL3_PT_NOMEM (table unchanged). */
 int hl3_pt_reserve(hl3_table *t, uint64_t pages)
 {
     if (fits(pages, t->h->cap))
@@ -190,12 +183,8 @@ int hl3_pt_reserve(hl3_table *t, uint64_t pages)
     return rebuild(t, toward_expected(t->h, cap_of(pages), cap_of(pages)));
 }
 
-/* The table is expected to hold at most ``pages`` pages (a capacity hint; 0: none):
- * nothing is allocated now, but a growth (or reserve) that comes within one 1.5x step
- * of that capacity goes to it, so that a table at the expected capacity is at load 0.8
- * and was not rebuilt past it. Presizing at once instead would cost a store far below
- * its capacity a memory page per indexed page (digests spread over the whole array)
- * until every page of the arrays is touched. */
+/* The table is expected to hold at most ``pages`` pages (0: no hint): nothing is
+ * allocated now, but a growth or reserve within one 1.5x step of that capacity goes to it. */
 void hl3_pt_expect(hl3_table *t, uint64_t pages)
 {
     t->h->expect = pages > HL3_PT_MAX_CAP || cap_of(pages) > HL3_PT_MAX_CAP ? 0 : cap_of(pages);
@@ -210,8 +199,8 @@ size_t hl3_pt_len(const hl3_table *t)
 /* Pages in the delta (this process's own arrays) alone. */
 size_t hl3_pt_delta_len(const hl3_table *t) { return t->h->len; }
 
-/* Private bytes mapped for the table (header and the two bucket arrays; with a base, its
- * header copy and the dead bits too): not the base's shared file mapping. */
+/* Private bytes mapped for the table (with a base: its header copy and dead bits too, not
+ * its shared file mapping). */
 size_t hl3_pt_nbytes(const hl3_table *t)
 {
     uint64_t cap = t->h->cap;
@@ -261,8 +250,8 @@ static size_t inv_find(const hl3_table *t, uint64_t location, int *found)
     return i;
 }
 
-/* The inverse bucket naming page bucket ``page`` (whose location is ``location``): it is
- * there, by the invariant. Compares indices only, so it holds while a page is copied. */
+/* The inverse bucket naming page bucket ``page`` (at ``location``): there by the
+ * invariant. Compares indices only, so it holds while a page is copied. */
 static size_t inv_of(const hl3_table *t, uint64_t location, size_t page)
 {
     uint64_t cap = t->h->cap;
@@ -308,18 +297,7 @@ static void inv_place(hl3_table *t, uint64_t location, size_t page, size_t j)
     t->meta[j] = inv_meta(inv_tag(location), inv_home(location, t->h->cap), j, t->h->cap);
 }
 
-static void inv_insert(hl3_table *t, uint64_t location, size_t page)
-{
-    int found;
-    inv_place(t, location, page, inv_find(t, location, &found));
-}
-
-static void page_delete_with(hl3_table *t, size_t i, size_t inv);
-
-/* Remove page bucket ``i`` and its inverse entry. */
-static void page_delete_at(hl3_table *t, size_t i) { page_delete_with(t, i, inv_of(t, t->pages[i].location, i)); }
-
-/* page_delete_at, its inverse bucket ``inv`` known (the one naming ``i``). */
+/* Remove page bucket ``i`` and its inverse entry ``inv`` (the one naming ``i``). */
 static void page_delete_with(hl3_table *t, size_t i, size_t inv)
 {
     uint64_t cap = t->h->cap;
@@ -339,6 +317,8 @@ static void page_delete_with(hl3_table *t, size_t i, size_t inv)
     memset(&t->pages[i], 0, sizeof(hl3_page));
     t->h->len--;
 }
+
+static void page_delete_at(hl3_table *t, size_t i) { page_delete_with(t, i, inv_of(t, t->pages[i].location, i)); }
 
 /* ---- the two layers ------------------------------------------------------------------- */
 
@@ -387,8 +367,8 @@ const hl3_page *pt_page_at(const hl3_table *t, uint64_t location)
     return j < 0 ? NULL : &t->base->pages[j];
 }
 
-/* Before the delta takes ``digest`` at ``location``: the base's live page of that digest
- * and its live page in that slot are removed (the invariant of struct hl3_table). */
+/* Before the delta takes ``digest`` at ``location``: the base's live pages of that digest
+ * and in that slot are removed. */
 static void kill_base_of(hl3_table *t, const uint8_t *digest, uint64_t location)
 {
     if (t->base == NULL)
@@ -401,7 +381,6 @@ static void kill_base_of(hl3_table *t, const uint8_t *digest, uint64_t location)
     if (j >= 0)
         kill(t, (size_t)j);
 }
-
 
 /* ---- the journal ---------------------------------------------------------------------- */
 
@@ -488,15 +467,13 @@ static void put_one(hl3_table *t, const uint8_t *digest, const uint64_t *v, uint
     p->checksum = v[5];
     if (!moved)
         return;
-    if (!in_slot && !found) /* the inverse is as inv_find left it: j ends the slot's probe run */
-        inv_place(t, location, i, j);
-    else
-        inv_insert(t, location, i);
+    if (in_slot || found) /* else the inverse is as inv_find left it: j ends the probe run */
+        j = inv_find(t, location, &in_slot);
+    inv_place(t, location, i, j);
 }
 
 /* Put pages ``i`` (digest ``digests + 16 i``, values ``values + 6 i``) in order, each
- * superseding the slot's page and the key's former slot. 0, or a negative HL3_PT_*
- * code (nothing applied). */
+ * superseding the slot's page and the key's former slot. 0, or HL3_PT_* (nothing applied). */
 int hl3_pt_put_many(hl3_table *t, size_t n, const uint8_t *digests, const uint64_t *values)
 {
     for (size_t i = 0; i < n; i++)
@@ -538,8 +515,8 @@ int hl3_pt_put_many(hl3_table *t, size_t n, const uint8_t *digests, const uint64
     return 0;
 }
 
-/* found[i] = 1 where digest i has a page (its values land in values + 6 i when values is
- * not NULL), else 0; the number found. Probes are prefetched a few keys ahead. */
+/* found[i] = 1 where digest i has a page (its values at values + 6 i when values is not
+ * NULL), else 0; the number found. */
 size_t hl3_pt_get_many(const hl3_table *t, size_t n, const uint8_t *digests, uint64_t *values,
                        uint8_t *found)
 {
@@ -577,52 +554,39 @@ int hl3_pt_pop(hl3_table *t, const uint8_t *digest, uint64_t *v) { return pt_pop
 /* The digest of the page in slot (writer, slab, slot): 1 (copied to ``digest``) or 0. */
 int hl3_pt_at(const hl3_table *t, uint64_t w, uint64_t s, uint64_t sl, uint8_t *digest)
 {
-    if (w >= HL3_PT_WRITERS || s >= HL3_PT_SLABS || sl >= HL3_PT_SLOTS)
-        return 0;
-    int found;
-    uint64_t location = pack_location(w, s, sl);
-    size_t i = inv_find(t, location, &found);
-    if (found) {
-        memcpy(digest, t->pages[t->inv[i] - 1].digest, 16);
-        return 1;
-    }
-    long j = base_at(t, location);
-    if (j < 0)
-        return 0;
-    memcpy(digest, t->base->pages[j].digest, 16);
-    return 1;
+    const hl3_page *p = slot_in_range(w, s, sl) ? pt_page_at(t, pack_location(w, s, sl)) : NULL;
+    if (p != NULL)
+        memcpy(digest, p->digest, 16);
+    return p != NULL;
 }
 
-/* hl3_pt_at of slot (writer, slab, slot) then hl3_pt_pop of the digest found, with one
- * probe for both (the slot's inverse bucket names the page to remove): 1 (the digest at
- * ``digest``, the values at ``v``) or 0 (no page there, nothing changed). The eviction
- * take of a run of slots (evict.c) calls it per slot. */
+/* hl3_pt_at of slot (writer, slab, slot) then hl3_pt_pop of the digest found, in one
+ * probe: 1 (the digest at ``digest``, the values at ``v``) or 0 (no page there). */
 int hl3_pt_take_at(hl3_table *t, uint64_t w, uint64_t s, uint64_t sl, uint8_t *digest, uint64_t *v)
 {
-    if (w >= HL3_PT_WRITERS || s >= HL3_PT_SLABS || sl >= HL3_PT_SLOTS)
+    if (!slot_in_range(w, s, sl))
         return 0;
     int found;
     uint64_t location = pack_location(w, s, sl);
-    size_t j = inv_find(t, location, &found);
-    if (found) { /* the delta's page (pop_one's first case) */
-        size_t i = t->inv[j] - 1;
-        memcpy(digest, t->pages[i].digest, 16);
-        if (t->journal != NULL)
-            journal_add(t, 2, digest, NULL);
-        unpack(t->h, &t->pages[i], v);
-        page_delete_with(t, i, j);
-        return 1;
+    size_t j = inv_find(t, location, &found), i;
+    const hl3_table *layer = t; /* the delta's page, else the base's live one */
+    if (found) {
+        i = t->inv[j] - 1;
+    } else {
+        long b = base_at(t, location);
+        if (b < 0)
+            return 0;
+        layer = t->base;
+        i = (size_t)b;
     }
-    long b = base_at(t, location);
-    if (b < 0)
-        return 0;
-    /* the base's live page: the delta holds no page of its digest (struct hl3_table's
-     * invariant), so pop_one of that digest journals it and kills this bucket */
-    memcpy(digest, t->base->pages[b].digest, 16);
+    memcpy(digest, layer->pages[i].digest, 16);
     if (t->journal != NULL)
         journal_add(t, 2, digest, NULL);
-    unpack(t->base->h, &t->base->pages[b], v);
-    kill(t, (size_t)b);
+    unpack(layer->h, &layer->pages[i], v);
+    if (found)
+        page_delete_with(t, i, j);
+    else
+        kill(t, i);
     return 1;
 }
 
@@ -639,9 +603,9 @@ size_t hl3_pt_at_many(const hl3_table *t, size_t n, const uint64_t *where, uint8
     return hits;
 }
 
-/* The pages of ``writer`` (all when negative) in ``slab`` (any when negative), in bucket
- * order: digests and values copied out (up to ``max``) when ``digests`` is not NULL; how
- * many match (all of them, also past ``max``). */
+/* The pages of ``writer`` (any when negative) in ``slab`` (any when negative) in bucket
+ * order, counted from ``n``: copied out (up to ``max``) when ``digests`` is not NULL;
+ * returns ``n`` + how many match (also past ``max``). */
 size_t pt_select_layer(const hl3_table *t, const hl3_table *layer, int64_t writer, int64_t slab,
                            uint8_t *digests, uint64_t *values, size_t n, size_t max)
 {
@@ -700,10 +664,8 @@ size_t hl3_pt_slots(const hl3_table *t, uint64_t *where, uint8_t *digests, size_
     return n;
 }
 
-/* The table's invariants, for tests: 0 when they hold, else which failed (1: a page is
- * not found from its home, 2: an inverse entry is not found from its home or names a
- * free bucket, 3: the counts disagree (pages, inverse entries, len), 4: a page's length
- * class is not a class). */
+/* One layer's invariants: 0, or 1 (a page not found from its home), 2 (an inverse entry
+ * not found from its home or naming a free bucket), 3 (counts disagree), 4 (a bad class). */
 static int check_layer(const hl3_table *t)
 {
     uint64_t cap = t->h->cap, pages = 0, entries = 0;
@@ -733,8 +695,8 @@ static int check_layer(const hl3_table *t)
     return pages == entries && pages == t->h->len ? 0 : 3;
 }
 
-/* hl3_pt_check's layer checks (5: a dead bit is set on a free base bucket, or their count
- * is not ndead; 6: a live base page has the digest or the slot of a delta page). */
+/* The table's invariants, for tests: 0, check_layer's codes, 5 (a dead bit on a free base
+ * bucket, or ndead wrong) or 6 (a live base page has a delta page's digest or slot). */
 int hl3_pt_check(const hl3_table *t)
 {
     int bad = check_layer(t);

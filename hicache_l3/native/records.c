@@ -1,22 +1,12 @@
-/* Index log records for the slab store's commit (hicache_l3/slab/records.py): the PUT
- * records of a batch -- header, key bytes and the CRC-32 of each -- encoded in one call
- * instead of a struct pack, a zlib.crc32 and two list appends per page in Python. The
- * bytes are exactly those of hicache_l3/slab/format.py encode_puts (the reference, and
- * the fallback: the Python side checks this library against it when it loads).
+/* The records of a set batch (hicache_l3/slab/records.py): its index log PUT records, byte
+ * for byte slab/format.py encode_puts', its key digests and its marker records.
  *
  * Record (little endian, slab/format.py RECORD "<IBBHIIIIQQQ", 48 bytes, then the key):
  *   crc u32 | kind u8 | 0 u8 | key length u16 | writer u32 | slab u32 | slot u32 | 0 u32 |
  *   gen u64 | length u64 | checksum u64 | key bytes
- * the CRC (zlib's CRC-32, IEEE polynomial) covering everything after it. Little-endian
- * hosts only: the self-test refuses the library elsewhere.
+ * the CRC (zlib's CRC-32) covering everything after it.
  */
-#include <stddef.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-#define HL3_RECORD_BYTES 48
-#define HL3_PUT 1
+#include "page_table.h"
 
 static uint32_t crc_table[8][256];
 static int crc_ready;
@@ -32,13 +22,11 @@ static void crc_init(void)
     for (uint32_t i = 0; i < 256; i++)
         for (int t = 1; t < 8; t++)
             crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
-    /* racing first calls compute the same tables (harmless); the release store makes them
-     * visible before the flag to a thread that loads it with acquire */
+    /* racing first calls compute the same tables; the flag is published after them */
     __atomic_store_n(&crc_ready, 1, __ATOMIC_RELEASE);
 }
 
-/* zlib's crc32(0, p, n), slicing by 8 (little endian); its tables made on first use. The
- * one CRC of the library: page_table.c's compaction scan checks records with it too. */
+/* zlib's crc32(0, p, n), slicing by 8; its tables made on first use. */
 uint32_t hl3_crc32(const unsigned char *p, size_t n)
 {
     if (!__atomic_load_n(&crc_ready, __ATOMIC_ACQUIRE))
@@ -79,17 +67,16 @@ static int encode_one(unsigned char *r, const char *key, uint64_t keylen, const 
     memcpy(r + 24, &v[3], 8);
     memcpy(r + 32, &v[4], 8);
     memcpy(r + 40, &v[5], 8);
-    memcpy(r + HL3_RECORD_BYTES, key, keylen);
-    uint32_t crc = hl3_crc32(r + 4, HL3_RECORD_BYTES - 4 + keylen);
+    memcpy(r + HL3_RECORD, key, keylen);
+    uint32_t crc = hl3_crc32(r + 4, HL3_RECORD - 4 + keylen);
     memcpy(r, &crc, 4);
     return 0;
 }
 
 /* The PUT records of n pages into out (cap bytes): page j's key is keys[key_ends[j-1] ..
- * key_ends[j]) (key_ends[-1] = 0), its entry the six values[6j .. 6j+6) (writer, slab,
- * slot, gen, length, checksum). Returns the bytes written (48 n + the keys' bytes), -1
- * when out is too small or key_ends decrease, -2 when a value does not fit its field
- * (the Python reference then raises its own error); nothing is promised of out then. */
+ * key_ends[j]) (key_ends[-1] = 0), its entry values[6j .. 6j+6). Returns the bytes
+ * written, -1 when out is too small or key_ends decrease, -2 when a value does not fit
+ * its field; nothing is promised of out then. */
 long hl3_encode_puts(size_t n, const char *keys, const uint64_t *key_ends, const uint64_t *values,
                      char *out, size_t cap)
 {
@@ -100,98 +87,63 @@ long hl3_encode_puts(size_t n, const char *keys, const uint64_t *key_ends, const
         if (end < start)
             return -1;
         uint64_t keylen = end - start;
-        if (pos + HL3_RECORD_BYTES + keylen > cap)
+        if (pos + HL3_RECORD + keylen > cap)
             return -1;
         if (encode_one((unsigned char *)out + pos, keys + start, keylen, values + 6 * j) != 0)
             return -2;
-        pos += HL3_RECORD_BYTES + keylen;
+        pos += HL3_RECORD + keylen;
         start = end;
     }
     return (long)pos;
 }
 
-/* hl3_encode_puts with the keys as one buffer of n '\n'-ended keys (keys_len bytes, as
- * slab/records.py _key_blob makes them: no end offsets to build per batch). Returns the
- * bytes written, -1 when out is too small or keys is not n '\n'-ended keys, -2 as
- * hl3_encode_puts. */
+/* hl3_encode_puts with the keys as one buffer of n '\n'-ended keys (keys_len bytes).
+ * Returns the bytes written, -1 when out is too small or keys is not n '\n'-ended keys,
+ * -2 as hl3_encode_puts. */
 long hl3_encode_puts_nl(size_t n, const char *keys, size_t keys_len, const uint64_t *values, char *out,
                         size_t cap)
 {
-    size_t pos = 0, at = 0;
+    size_t pos = 0, at = 0, keylen;
     for (size_t j = 0; j < n; j++) {
-        const char *nl = at < keys_len ? memchr(keys + at, '\n', keys_len - at) : NULL;
-        if (nl == NULL)
+        const uint8_t *key = next_key((const uint8_t *)keys, keys_len, &at, &keylen);
+        if (key == NULL || pos + HL3_RECORD + keylen > cap)
             return -1;
-        uint64_t keylen = (uint64_t)(nl - keys) - at;
-        if (pos + HL3_RECORD_BYTES + keylen > cap)
-            return -1;
-        if (encode_one((unsigned char *)out + pos, keys + at, keylen, values + 6 * j) != 0)
+        if (encode_one((unsigned char *)out + pos, (const char *)key, keylen, values + 6 * j) != 0)
             return -2;
-        pos += HL3_RECORD_BYTES + keylen;
-        at = (size_t)(nl - keys) + 1;
+        pos += HL3_RECORD + keylen;
     }
     return at == keys_len ? (long)pos : -1;
 }
 
-/* ---- the key hashes and marker records of a set batch (slab/records.py) ---------------- */
-
-/* xxhash's XXH3_128bits_withSeed (the wheel's library; slab/table.py passes its address). */
-typedef struct {
-    uint64_t low64, high64;
-} hl3_rec_xxh128;
-typedef hl3_rec_xxh128 (*hl3_rec_xxh128_fn)(const void *, size_t, uint64_t);
-
-static void rec_canonical128(hl3_rec_xxh128 h, unsigned char *out) /* xxh3_128_digest's bytes */
-{
-    uint64_t hi = __builtin_bswap64(h.high64), lo = __builtin_bswap64(h.low64);
-    memcpy(out, &hi, 8);
-    memcpy(out + 8, &lo, 8);
-}
-
 /* What a set batch writes before its data (slab/io.py NativeTransport.write): for page j
  * of n, in slot slots[j] with generation gens[j], its data offset, its marker offset and
- * its marker record (128 bytes at records + 128 j, slab/format.py MARKER_RECORD: START
- * "<4sHHQQQ16s16x" then END "<4s4xQ16s32x", checksum 0: the write fills it in), the key
- * fingerprint being XXH3-128 with seed 0 of key j (common/integrity.key_fingerprint).
- * geo: shift (log2 GROUP_SLOTS), table, data_stride, span (GROUP_SLOTS * data_stride),
- * record (RECORD_BYTES), as slab/format.py Geometry.offsets computes them.
- * 0, or -1 when keys is not n '\n'-ended keys. */
-long hl3_write_markers(size_t n, const unsigned char *keys, size_t keys_len, hl3_rec_xxh128_fn hash,
+ * its marker record at records + 128 j (checksum 0: the write fills it in; fingerprint:
+ * XXH3-128 with seed 0 of key j). geo: shift, table, data_stride, span, record, as
+ * slab/format.py Geometry.offsets. 0, or -1 when keys is not n '\n'-ended keys. */
+long hl3_write_markers(size_t n, const unsigned char *keys, size_t keys_len, hl3_xxh128_fn hash,
                        const uint64_t *gens, const uint64_t *slots, uint64_t length,
                        const int64_t *geo, unsigned char *records, int64_t *data_offs,
                        int64_t *marker_offs)
 {
     uint64_t shift = (uint64_t)geo[0], table = (uint64_t)geo[1], stride = (uint64_t)geo[2];
     uint64_t span = (uint64_t)geo[3], record = (uint64_t)geo[4];
-    size_t pos = 0;
+    size_t pos = 0, len;
     for (size_t j = 0; j < n; j++) {
-        const unsigned char *nl = pos < keys_len ? memchr(keys + pos, '\n', keys_len - pos) : NULL;
-        if (nl == NULL)
+        const uint8_t *key = next_key(keys, keys_len, &pos, &len);
+        if (key == NULL)
             return -1;
-        unsigned char fp[16], *r = records + 128 * j;
-        rec_canonical128(hash(keys + pos, (size_t)(nl - keys) - pos, 0), fp);
-        pos = (size_t)(nl - keys) + 1;
-        uint64_t s = slots[j], gen = gens[j], zero = 0;
-        uint16_t version = 2; /* FORMAT_VERSION */
+        uint8_t fp[16];
+        canonical128(hash(key, len, 0), fp);
+        uint64_t s = slots[j];
         data_offs[j] = (int64_t)(((s >> shift) + 1) * table + s * stride);
         marker_offs[j] = (int64_t)((s >> shift) * span + s * record);
-        memset(r, 0, 128);
-        memcpy(r, "HL3S", 4);
-        memcpy(r + 4, &version, 2);
-        memcpy(r + 8, &gen, 8);
-        memcpy(r + 16, &length, 8);
-        memcpy(r + 24, &zero, 8);
-        memcpy(r + 32, fp, 16);
-        memcpy(r + 64, "HL3E", 4);
-        memcpy(r + 72, &gen, 8);
-        memcpy(r + 80, fp, 16);
+        marker_record(records + 128 * j, gens[j], length, 0, fp);
     }
     return pos == keys_len ? 0 : -1;
 }
 
 /* Whether the n digests (16 bytes each) are all different: 1, 0 (one repeats), or -1 (no
- * memory for the check). An open-addressing set of their indices, keyed by a digest's
- * first 8 bytes (uniform: they are hash output). */
+ * memory). An open-addressing set of their indices keyed by a digest's first 8 bytes. */
 static int all_distinct(size_t n, const unsigned char *ds)
 {
     size_t cap = 16;
@@ -221,22 +173,19 @@ static int all_distinct(size_t n, const unsigned char *ds)
     return distinct;
 }
 
-/* The page-table digests of n '\n'-ended keys (slab/table.py digest: XXH3-128 with
- * ``seed`` of each key's bytes, in xxh3_128_digest's byte order) at out + 16 j: one call
- * for a set batch's keys instead of a hash call and a bytes object per key. Returns 0
- * when the n digests are all different (so are the keys), 1 when one repeats (the keys
+/* The page-table digests (slab/table.py digest: XXH3-128 with ``seed``) of n '\n'-ended
+ * keys at out + 16 j. Returns 0 when they are all different, 1 when one repeats (the keys
  * may: the caller compares them), 2 when that could not be checked (no memory), -1 when
  * keys is not n '\n'-ended keys. */
-long hl3_key_digests(size_t n, const unsigned char *keys, size_t keys_len, hl3_rec_xxh128_fn hash,
+long hl3_key_digests(size_t n, const unsigned char *keys, size_t keys_len, hl3_xxh128_fn hash,
                      uint64_t seed, unsigned char *out)
 {
-    size_t pos = 0;
+    size_t pos = 0, len;
     for (size_t j = 0; j < n; j++) {
-        const unsigned char *nl = pos < keys_len ? memchr(keys + pos, '\n', keys_len - pos) : NULL;
-        if (nl == NULL)
+        const uint8_t *key = next_key(keys, keys_len, &pos, &len);
+        if (key == NULL)
             return -1;
-        rec_canonical128(hash(keys + pos, (size_t)(nl - keys) - pos, seed), out + 16 * j);
-        pos = (size_t)(nl - keys) + 1;
+        canonical128(hash(key, len, seed), out + 16 * j);
     }
     if (pos != keys_len)
         return -1;

@@ -2,10 +2,9 @@
  * replayed onto a table built from one. */
 #include "page_table.h"
 
-/* An image (little-endian hosts only: the Python side checks sys.byteorder): this header,
- * the length classes (nclasses uint32, padded to 8 bytes), then the page array (cap
- * 40-byte buckets), the inverse (cap uint32) and its tags and distances (cap uint16), each
- * exactly as in memory, so that a read-only mapping of the file is a table to probe. */
+/* An image (little-endian hosts only): this header, the length classes (nclasses uint32,
+ * padded to 8 bytes), the page array, the inverse and its meta, each exactly as in memory,
+ * so that a read-only mapping of the file is a table to probe. */
 typedef struct {
     char magic[8]; /* "HL3PTIMG" */
     uint32_t version;
@@ -85,12 +84,8 @@ void pt_free_base(hl3_table *b)
 }
 
 /* The image of ``bytes`` bytes at ``offset`` (a multiple of 8) of ``fd``, mapped read-only
- * and shared, as a table to probe (never written: a write would fault), or NULL (*err:
- * HL3_PT_BADIMAGE, HL3_PT_NOMEM). The checks make every probe safe whatever the bytes:
- * the counts agree and leave a free bucket to end every probe run, inverse entries name
- * occupied page buckets, length classes are in range. (Damage that keeps them, a page
- * not found from its home, gives wrong answers, not a fault: the caller checks the
- * image's hash first, and readers check every slot's header.) */
+ * and shared, as a table to probe, or NULL (*err: HL3_PT_BADIMAGE, HL3_PT_NOMEM). The
+ * checks make every probe safe (no fault) whatever the bytes. */
 static hl3_table *map_base(int fd, uint64_t offset, uint64_t bytes, int *err)
 {
     *err = HL3_PT_BADIMAGE;
@@ -152,10 +147,8 @@ bad:
 }
 
 /* The empty table ``t`` takes the image at ``offset`` of ``fd`` (``bytes`` long) as its
- * base: its pages are then the image's, read through a shared read-only mapping (the
- * file may be renamed over or unlinked meanwhile: the mapping keeps it). 0, or
- * HL3_PT_BADIMAGE, HL3_PT_NOMEM, HL3_PT_BADVALUE (``t`` is not empty); ``t`` unchanged
- * on failure. */
+ * base (the mapping outlives a rename or unlink of the file). 0, or HL3_PT_BADIMAGE,
+ * HL3_PT_NOMEM, HL3_PT_BADVALUE (``t`` is not empty); ``t`` unchanged on failure. */
 int hl3_pt_attach(hl3_table *t, int fd, uint64_t offset, uint64_t bytes)
 {
     if (t->h->len != 0 || t->base != NULL)
@@ -175,18 +168,17 @@ int hl3_pt_attach(hl3_table *t, int fd, uint64_t offset, uint64_t bytes)
     return 0;
 }
 
-static int same_page(const hl3_header *ha, const hl3_page *a, const hl3_header *hb, const hl3_page *b)
+/* Whether page ``p`` (of header ``h``) has the values ``v``. */
+static int same_page(const hl3_header *h, const hl3_page *p, const uint64_t *v)
 {
-    uint64_t va[6], vb[6];
-    unpack(ha, a, va);
-    unpack(hb, b, vb);
-    return memcmp(va, vb, sizeof(va)) == 0;
+    uint64_t u[6];
+    unpack(h, p, u);
+    return memcmp(u, v, sizeof(u)) == 0;
 }
 
 /* Move ``t``'s pages onto the image at ``offset`` of ``fd`` as their new base, without
- * changing them: the new delta holds exactly the pages the image lacks or holds
- * otherwise, and the image's pages ``t`` lacks or holds otherwise are dead. (What lets a
- * process drop its delta when another writes a newer checkpoint.) 0, or HL3_PT_BADIMAGE,
+ * changing them: the delta holds the pages the image lacks or holds otherwise, and the
+ * image's pages ``t`` lacks or holds otherwise are dead. 0, or HL3_PT_BADIMAGE,
  * HL3_PT_NOMEM; ``t`` unchanged on failure. */
 int hl3_pt_rebase(hl3_table *t, int fd, uint64_t offset, uint64_t bytes)
 {
@@ -200,8 +192,7 @@ int hl3_pt_rebase(hl3_table *t, int fd, uint64_t offset, uint64_t bytes)
     uint8_t *ds = malloc(16 * (total ? total : 1));
     uint64_t *vs = malloc(48 * (total ? total : 1));
     if (n == NULL || dead == NULL || ds == NULL || vs == NULL) {
-        if (n != NULL)
-            hl3_pt_free(n);
+        hl3_pt_free(n);
         pt_unmap(dead, dead_bytes(b->h->cap));
         pt_free_base(b);
         free(ds);
@@ -215,12 +206,8 @@ int hl3_pt_rebase(hl3_table *t, int fd, uint64_t offset, uint64_t bytes)
     for (size_t k = 0; k < all; k++) { /* t's pages the image lacks or holds otherwise */
         int found;
         size_t i = pt_page_find(b, ds + 16 * k, &found);
-        if (found) {
-            uint64_t v[6];
-            unpack(b->h, &b->pages[i], v);
-            if (memcmp(v, vs + 6 * k, sizeof(v)) == 0)
-                continue;
-        }
+        if (found && same_page(b->h, &b->pages[i], vs + 6 * k))
+            continue;
         memmove(ds + 16 * m, ds + 16 * k, 16);
         memmove(vs + 6 * m, vs + 6 * k, 48);
         m++;
@@ -237,7 +224,9 @@ int hl3_pt_rebase(hl3_table *t, int fd, uint64_t offset, uint64_t bytes)
             continue;
         const hl3_header *h;
         const hl3_page *p = pt_lookup(t, b->pages[i].digest, &h);
-        if (p == NULL || !same_page(h, p, b->h, &b->pages[i]))
+        uint64_t v[6];
+        unpack(b->h, &b->pages[i], v);
+        if (p == NULL || !same_page(h, p, v))
             kill(n, i);
     }
     hl3_table old = *t;
@@ -263,22 +252,25 @@ static int apply_journal(hl3_table *dst, const hl3_journal *j)
 }
 
 /* Apply the changes ``src`` recorded since its journal started, in order, to ``dst`` (a
- * table holding what ``src`` held then), and stop ``src``'s journal: ``dst`` then holds
- * what ``src`` holds. 0, or HL3_PT_NOJOURNAL (``src`` kept none, or lost a record:
- * ``dst`` is unchanged), HL3_PT_NOMEM (``dst`` is partly changed: drop it). */
+ * table holding what ``src`` held then), and stop ``src``'s journal. 0, or
+ * HL3_PT_NOJOURNAL (none kept or a record lost: ``dst`` unchanged), HL3_PT_NOMEM (``dst``
+ * partly changed: drop it). */
 int hl3_pt_journal_replay(hl3_table *dst, hl3_table *src)
 {
     hl3_journal *j = src->journal;
-    if (j == NULL || j->failed) {
-        hl3_pt_journal_stop(src);
-        return HL3_PT_NOJOURNAL;
-    }
-    int rc = apply_journal(dst, j);
+    int rc = j == NULL || j->failed ? HL3_PT_NOJOURNAL : apply_journal(dst, j);
     hl3_pt_journal_stop(src);
     return rc;
 }
 
-void hl3_pt_journal_free(hl3_journal *j);
+/* Free a taken journal without applying it. */
+void hl3_pt_journal_free(hl3_journal *j)
+{
+    if (j != NULL) {
+        free(j->records);
+        free(j);
+    }
+}
 
 /* Whether ``t`` keeps a journal (hl3_pt_journal_start). */
 int hl3_pt_journal_has(const hl3_table *t) { return t->journal != NULL; }
@@ -286,10 +278,8 @@ int hl3_pt_journal_has(const hl3_table *t) { return t->journal != NULL; }
 /* Records in ``t``'s journal (0: none, or no journal). */
 size_t hl3_pt_journal_len(const hl3_table *t) { return t->journal != NULL ? t->journal->n : 0; }
 
-/* The records ``t``'s journal holds, handed over: ``t`` journals on from none (what
- * lets a long catch-up be replayed in parts, each but the last off the caller's lock,
- * by hl3_pt_journal_apply). NULL when ``t`` keeps no journal, or it lost a record
- * (then it stops: a catch-up is impossible), or out of memory (the journal stays). */
+/* ``t``'s journal, handed over (``t`` journals on from none). NULL when ``t`` keeps none,
+ * or it lost a record (then it stops), or out of memory (the journal stays). */
 hl3_journal *hl3_pt_journal_take(hl3_table *t)
 {
     hl3_journal *j = t->journal, *fresh;
@@ -312,15 +302,6 @@ int hl3_pt_journal_apply(hl3_table *dst, hl3_journal *j)
     return rc;
 }
 
-/* Free a taken journal without applying it. */
-void hl3_pt_journal_free(hl3_journal *j)
-{
-    if (j != NULL) {
-        free(j->records);
-        free(j);
-    }
-}
-
 /* A table (no base, no journal) whose arrays are copies of ``src``'s own, expecting
  * ``expect`` buckets (hl3_pt_expect); NULL when out of memory. */
 static hl3_table *copy_arrays(const hl3_table *src, uint64_t expect)
@@ -330,13 +311,8 @@ static hl3_table *copy_arrays(const hl3_table *src, uint64_t expect)
     if (c == NULL)
         return NULL;
     c->h = pt_map_zero(sizeof(hl3_header));
-    c->pages = pt_map_dense(cap * sizeof(hl3_page));
-    c->inv = pt_map_dense(cap * sizeof(uint32_t));
-    c->meta = pt_map_dense(cap * sizeof(uint16_t));
-    if (c->h == NULL || c->pages == NULL || c->inv == NULL || c->meta == NULL) {
-        if (c->h != NULL)
-            pt_unmap(c->h, sizeof(hl3_header));
-        pt_unmap_arrays(c->pages, c->inv, c->meta, cap);
+    if (c->h == NULL || pt_map_arrays(cap, &c->pages, &c->inv, &c->meta) != 0) {
+        pt_unmap(c->h, sizeof(hl3_header));
         free(c);
         return NULL;
     }
@@ -353,12 +329,9 @@ static hl3_table *copy_arrays(const hl3_table *src, uint64_t expect)
     return c;
 }
 
-/* A copy of ``t`` (no journal) over the same base: its own copies of the delta's arrays
- * and of the dead bits, the base's read-only mapping shared (counted: it stays mapped
- * while either table holds it, whatever the other does). What a snapshot has to cost
- * under the caller's lock: the delta and a bit per base bucket, not the base (57 B a
- * page); hl3_pt_flatten of the fork then makes the image off the lock. A table without
- * a base is copied whole. NULL when out of memory. */
+/* A copy of ``t`` (no journal) over the same base: copies of the delta's arrays and dead
+ * bits, the base's mapping shared (reference counted). A table without a base is copied
+ * whole. NULL when out of memory. */
 hl3_table *hl3_pt_fork(const hl3_table *t)
 {
     hl3_table *c = copy_arrays(t, t->h->expect);
@@ -379,11 +352,8 @@ hl3_table *hl3_pt_fork(const hl3_table *t)
 }
 
 /* A standalone copy (no base, no journal) of ``t``'s pages with the ``n`` pages of
- * ``digests``/``values`` put after them: what a checkpoint's image is written from. A
- * copy of the arrays (the base's, then its dead pages removed and the delta's pages put;
- * or t's own) rather than a rebuild page by page: about a memcpy of the table. Called
- * on a fork (hl3_pt_fork) off the lock, without the GIL. NULL when out of memory or a
- * value is refused. */
+ * ``digests``/``values`` put after them (a checkpoint's image). Called on a fork off the
+ * lock, without the GIL. NULL when out of memory or a value is refused. */
 hl3_table *hl3_pt_flatten(const hl3_table *t, size_t n, const uint8_t *digests, const uint64_t *values)
 {
     const hl3_table *src = t->base != NULL ? t->base : t;

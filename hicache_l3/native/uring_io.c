@@ -1,16 +1,8 @@
-/* Batch page I/O through io_uring: a batch's pages in flight at once, up to the ring's depth,
- * from one call on the caller's thread with the GIL released; for pages that wait on the
- * device (O_DIRECT, or cold pages beyond the page cache), where one blocking call per page
- * and thread leaves the device a queue of one or two.
- *
- * Raw syscalls (io_uring_setup, io_uring_enter, mmap of the rings): no liburing. A ring is
- * made per transport and direction (hl3_ring_open), used by one call at a time (its mutex),
- * and torn down by hl3_ring_close; between calls nothing runs (no SQPOLL thread).
- *
- * The order of slab format 2 (hicache_l3/slab/format.py, "The torn-slot argument") holds:
- * a read links each page's marker read after its data read (IOSQE_IO_LINK: the marker read
- * starts only once the data are in); a write puts every marker record first and waits for
- * them all, then the data. Checks and statuses are batch_io.c's read_pages / hl3_write_pages'.
+/* Batch page I/O through io_uring (hicache_l3/slab/uring.py): a batch's pages in flight at
+ * once, up to the ring's depth, from one call with the GIL released. Raw syscalls, no
+ * liburing; a ring is used by one call at a time (its mutex). Slab format 2's order holds:
+ * a read links each page's marker read after its data read; a write puts every marker
+ * record first and waits for them all, then the data. Checks and statuses are batch_io.c's.
  */
 #include "batch_io.h"
 
@@ -26,28 +18,22 @@
 
 struct hl3_ring;
 
-/* Kernel headers older than Linux 5.6 (no IORING_OP_READ): the calls are built, and every
- * ring is refused with ENOSYS, as a kernel without io_uring refuses it. */
+/* Kernel headers older than Linux 5.6: every ring is refused with ENOSYS. */
 #if !defined(IORING_FEAT_RW_CUR_POS) || !defined(__NR_io_uring_setup) || !defined(__NR_io_uring_enter)
+#pragma GCC diagnostic ignored "-Wunused-parameter"
 struct hl3_ring *hl3_ring_open(int depth)
 {
-    (void)depth;
     errno = ENOSYS;
     return NULL;
 }
 
-void hl3_ring_close(struct hl3_ring *r)
-{
-    (void)r;
-}
+void hl3_ring_close(struct hl3_ring *r) {}
 
 int hl3_ring_read(struct hl3_ring *r, int lo, int hi, int only, const int32_t *data_fds, const int32_t *fds,
                   const int64_t *data_offs, const int64_t *marker_offs, const struct iovec *segs,
                   const int32_t *at, const unsigned char *expect, int64_t mlen, const uint64_t *csums,
                   const struct hl3_xxh3 *x, int32_t *status)
 {
-    (void)r, (void)lo, (void)hi, (void)only, (void)data_fds, (void)fds, (void)data_offs, (void)marker_offs;
-    (void)segs, (void)at, (void)expect, (void)mlen, (void)csums, (void)x, (void)status;
     return -ENOSYS;
 }
 
@@ -56,8 +42,6 @@ int hl3_ring_write(struct hl3_ring *r, int lo, int hi, const int32_t *data_fds, 
                    const int32_t *at, unsigned char *markers, int64_t mlen, int with_csum, uint64_t *csums,
                    const struct hl3_xxh3 *x, int32_t *status)
 {
-    (void)r, (void)lo, (void)hi, (void)data_fds, (void)fds, (void)data_offs, (void)marker_offs, (void)segs;
-    (void)at, (void)markers, (void)mlen, (void)with_csum, (void)csums, (void)x, (void)status;
     return -ENOSYS;
 }
 #else
@@ -99,7 +83,7 @@ void hl3_ring_close(struct hl3_ring *r)
 }
 
 /* A ring for `depth` pages in flight (2 entries each: data and marker), or NULL with errno
- * set (ENOSYS, EPERM under a seccomp profile or io_uring_disabled, EINVAL, ENOMEM...). */
+ * set (ENOSYS, EPERM, EINVAL, ENOMEM...). */
 struct hl3_ring *hl3_ring_open(int depth)
 {
     if (depth < 1 || depth > 4096) {
@@ -168,10 +152,9 @@ struct op {
 
 typedef void (*done_fn)(void *ctx, const struct op *op, int res);
 
-/* Run ops[0..n) through the ring, `group` consecutive ops per page (a group's ops linked in
- * order), at most r->depth groups in flight; done(ctx, op, res) for every op, in completion
- * order. Returns 0, or -errno when the ring failed: the ring is then broken (never used
- * again), and the ops without a done() call are the caller's to fail. */
+/* Run ops[0..n) through the ring, `group` consecutive ops per page, at most r->depth groups
+ * in flight; done(ctx, op, res) for every op, in completion order. Returns 0, or -errno
+ * when the ring failed: it is then broken, and the ops without a done() are the caller's. */
 static int ring_run(struct hl3_ring *r, const struct op *ops, int n, int group, done_fn done, void *ctx)
 {
     int next = 0, inflight = 0, err = 0; /* inflight: ops submitted, not completed */
@@ -217,11 +200,8 @@ static int ring_run(struct hl3_ring *r, const struct op *ops, int n, int group, 
                 done(ctx, ops + k, res);
         }
     }
-    if (err == 0)
-        return 0;
-    /* the ring failed while ops may still be in flight: no further use of it; what it never
-     * completed fails (closing the ring makes the kernel cancel and reap them) */
-    r->broken = 1;
+    if (err != 0)
+        r->broken = 1; /* ops may be in flight: closing the ring reaps them */
     return err;
 }
 
@@ -237,9 +217,6 @@ struct read_ctx {
     int lo;
 };
 
-/* Internal page states (batch_io.c's): data to read; data in and good; data in, bad sum. */
-enum { R_TODO = 100, R_STEP = 101, R_BADSUM = 102 };
-
 static void read_done(void *vctx, const struct op *op, int res)
 {
     struct read_ctx *c = vctx;
@@ -253,21 +230,36 @@ static void read_done(void *vctx, const struct op *op, int res)
     } else if ((uint64_t)res != op->want) {
         c->status[j] = HL3_SHORT;
     } else if (c->csums != NULL && c->csums[j] != 0) {
-        uint64_t s = io_checksum(c->x, &c->state, c->segs + c->at[j], c->at[j + 1] - c->at[j]);
-        c->status[j] = s == 0 ? HL3_NOMEM : s == c->csums[j] ? R_STEP : R_BADSUM;
+        c->status[j] = io_verify(c->x, &c->state, c->segs + c->at[j], c->at[j + 1] - c->at[j], c->csums[j],
+                                 HL3_STEP, HL3_BADSUM);
     } else {
-        c->status[j] = R_STEP;
+        c->status[j] = HL3_STEP;
     }
 }
 
-/* Read pages lo..hi-1 (only those whose status is `only`, or all when only < 0) as
- * batch_io.c's read_pages does: page j's data (segments segs[at[j] .. at[j+1])) from
- * data_fds[j] (fds[j] when data_fds is NULL) at data_offs[j], then, linked after it, its
- * marker record from fds[j] at marker_offs[j], compared with expect[j * mlen ..]; with
- * csums[j] != 0, its XXH3 checked. status[j]: HL3_* or -errno (a page not taken is left
- * as it was). Returns the number not OK among the pages taken, or -errno when the ring
- * cannot run (already broken: nothing read) or failed (then every page not done is
- * -errno). */
+/* The op moving page j's data (segments segs[at[j] .. at[j+1]), nseg of them) at off of fd. */
+static struct op data_op(uint8_t one, uint8_t vec, uint8_t link, int32_t fd, const struct iovec *segs,
+                         const int32_t *at, int j, int64_t off)
+{
+    int nseg = at[j + 1] - at[j];
+    size_t len = iov_bytes(segs + at[j], nseg);
+    return (struct op){nseg == 1 ? one : vec, link, fd,
+                       nseg == 1 ? (uint64_t)(uintptr_t)segs[at[j]].iov_base : (uint64_t)(uintptr_t)(segs + at[j]),
+                       nseg == 1 ? (uint32_t)len : (uint32_t)nseg, off, j, 0, len};
+}
+
+/* The op moving page j's marker record (mlen bytes at buf) at off of fd. */
+static struct op marker_op(uint8_t opcode, int32_t fd, unsigned char *buf, int64_t mlen, int j, int64_t off)
+{
+    return (struct op){opcode, 0, fd, (uint64_t)(uintptr_t)buf, (uint32_t)mlen, off, j, 1, (uint64_t)mlen};
+}
+
+/* Read pages lo..hi-1 (those whose status is `only`, or all when only < 0) as batch_io.c's
+ * read_pages: page j's data from data_fds[j] (fds[j] when data_fds is NULL) at
+ * data_offs[j], then, linked after it, its marker record from fds[j] at marker_offs[j].
+ * status[j]: HL3_* or -errno (a page not taken is left as it was). Returns the number not
+ * OK among the pages taken, or -errno when the ring is broken (nothing read) or failed
+ * (then every page not done is -errno). */
 int hl3_ring_read(struct hl3_ring *r, int lo, int hi, int only, const int32_t *data_fds, const int32_t *fds,
                   const int64_t *data_offs, const int64_t *marker_offs, const struct iovec *segs,
                   const int32_t *at, const unsigned char *expect, int64_t mlen, const uint64_t *csums,
@@ -293,22 +285,14 @@ int hl3_ring_read(struct hl3_ring *r, int lo, int hi, int only, const int32_t *d
             continue;
         taken[j - lo] = 1;
         mres[j - lo] = INT32_MIN;
-        int nseg = at[j + 1] - at[j];
-        if (nseg < 1 || nseg >= HL3_MAX_IOV) {
+        if (!nseg_ok(at[j + 1] - at[j])) {
             status[j] = -EINVAL;
             continue;
         }
-        size_t len = 0;
-        for (int s = at[j]; s < at[j + 1]; s++)
-            len += segs[s].iov_len;
-        status[j] = R_TODO;
-        ops[m++] = (struct op){nseg == 1 ? IORING_OP_READ : IORING_OP_READV, 1,
-                               data_fds != NULL ? data_fds[j] : fds[j],
-                               nseg == 1 ? (uint64_t)(uintptr_t)segs[at[j]].iov_base
-                                         : (uint64_t)(uintptr_t)(segs + at[j]),
-                               nseg == 1 ? (uint32_t)len : (uint32_t)nseg, data_offs[j], j, 0, len};
-        ops[m++] = (struct op){IORING_OP_READ, 0, fds[j], (uint64_t)(uintptr_t)(marks + (size_t)(j - lo) * mlen),
-                               (uint32_t)mlen, marker_offs[j], j, 1, (uint64_t)mlen};
+        status[j] = HL3_TODO;
+        ops[m++] = data_op(IORING_OP_READ, IORING_OP_READV, 1, data_fds != NULL ? data_fds[j] : fds[j], segs, at,
+                           j, data_offs[j]);
+        ops[m++] = marker_op(IORING_OP_READ, fds[j], marks + (size_t)(j - lo) * mlen, mlen, j, marker_offs[j]);
     }
     struct read_ctx c = {segs, at, csums, x, NULL, status, mres, lo};
     int err = 0;
@@ -323,9 +307,9 @@ int hl3_ring_read(struct hl3_ring *r, int lo, int hi, int only, const int32_t *d
         if (!taken[j - lo])
             continue;
         int32_t s = status[j], mr = mres[j - lo];
-        if (s == R_TODO || (err != 0 && (s == R_STEP || s == R_BADSUM) && mr == INT32_MIN))
+        if (s == HL3_TODO || (err != 0 && (s == HL3_STEP || s == HL3_BADSUM) && mr == INT32_MIN))
             s = err != 0 ? err : HL3_SHORT;
-        else if (s == R_STEP || s == R_BADSUM) {
+        else if (s == HL3_STEP || s == HL3_BADSUM) {
             if (mr < 0)
                 s = mr;
             else if (mr != mlen)
@@ -333,13 +317,12 @@ int hl3_ring_read(struct hl3_ring *r, int lo, int hi, int only, const int32_t *d
             else if (memcmp(marks + (size_t)(j - lo) * mlen, expect + (size_t)j * mlen, (size_t)mlen) != 0)
                 s = HL3_HEADER; /* rewritten meanwhile: a miss, whatever the checksum */
             else
-                s = s == R_STEP ? HL3_OK : HL3_CHECKSUM;
+                s = s == HL3_STEP ? HL3_OK : HL3_CHECKSUM;
         }
         status[j] = s;
         bad += s != HL3_OK;
     }
-    if (c.state != NULL)
-        x->free_state(c.state);
+    xxh_free(x, c.state);
     free(marks), free(mres), free(ops), free(taken);
     return err != 0 ? err : bad;
 }
@@ -355,12 +338,10 @@ static void write_done(void *vctx, const struct op *op, int res)
     c->status[op->page] = res < 0 ? res : (uint64_t)res == op->want ? c->to : HL3_SHORT;
 }
 
-/* Write pages lo..hi-1 as hl3_write_pages does (where with_csum, the XXH3 of page j into
- * csums[j] and into its record markers[j * mlen ..]): every page's marker record to
- * fds[j] at marker_offs[j], all of them completed, then the data of the pages whose record
- * went in, to data_fds[j] (fds[j] when NULL) at data_offs[j]. status[j]: HL3_OK,
- * HL3_SHORT, HL3_NOMEM or -errno; returns the number not OK, or -errno when the ring is
- * broken (nothing written) or failed (the pages not done carry that -errno). */
+/* Write pages lo..hi-1 as hl3_write_pages: every page's marker record to fds[j] at
+ * marker_offs[j], all of them completed, then the data of the pages whose record went in,
+ * to data_fds[j] (fds[j] when NULL) at data_offs[j]. Returns the number not OK, or -errno
+ * when the ring is broken (nothing written) or failed (the pages not done carry it). */
 int hl3_ring_write(struct hl3_ring *r, int lo, int hi, const int32_t *data_fds, const int32_t *fds,
                    const int64_t *data_offs, const int64_t *marker_offs, const struct iovec *segs,
                    const int32_t *at, unsigned char *markers, int64_t mlen, int with_csum, uint64_t *csums,
@@ -379,43 +360,31 @@ int hl3_ring_write(struct hl3_ring *r, int lo, int hi, const int32_t *data_fds, 
     int m = 0;
     for (int j = lo; j < hi; j++) {
         int nseg = at[j + 1] - at[j];
-        if (nseg < 1 || nseg >= HL3_MAX_IOV) {
+        if (!nseg_ok(nseg)) {
             status[j] = -EINVAL;
             continue;
         }
-        status[j] = R_TODO;
-        if (with_csum) {
-            if (io_stamp_checksum(x, &state, segs + at[j], nseg, markers + (size_t)j * mlen, csums + j) != HL3_OK) {
-                status[j] = HL3_NOMEM;
-                continue;
-            }
+        status[j] = HL3_TODO;
+        if (with_csum
+            && io_stamp_checksum(x, &state, segs + at[j], nseg, markers + (size_t)j * mlen, csums + j) != HL3_OK) {
+            status[j] = HL3_NOMEM;
+            continue;
         }
-        ops[m++] = (struct op){IORING_OP_WRITE, 0, fds[j], (uint64_t)(uintptr_t)(markers + (size_t)j * mlen),
-                               (uint32_t)mlen, marker_offs[j], j, 1, (uint64_t)mlen};
+        ops[m++] = marker_op(IORING_OP_WRITE, fds[j], markers + (size_t)j * mlen, mlen, j, marker_offs[j]);
     }
-    if (state != NULL)
-        x->free_state(state);
+    xxh_free(x, state);
     int err = 0;
     pthread_mutex_lock(&r->lock);
     if (r->broken) {
         err = -EIO;
     } else {
-        struct write_ctx c = {status, R_STEP};
+        struct write_ctx c = {status, HL3_STEP};
         err = m > 0 ? ring_run(r, ops, m, 1, write_done, &c) : 0;
         int d = 0;
-        for (int j = lo; j < hi && err == 0; j++) {
-            if (status[j] != R_STEP)
-                continue;
-            int nseg = at[j + 1] - at[j];
-            size_t len = 0;
-            for (int s = at[j]; s < at[j + 1]; s++)
-                len += segs[s].iov_len;
-            ops[d++] = (struct op){nseg == 1 ? IORING_OP_WRITE : IORING_OP_WRITEV, 0,
-                                   data_fds != NULL ? data_fds[j] : fds[j],
-                                   nseg == 1 ? (uint64_t)(uintptr_t)segs[at[j]].iov_base
-                                             : (uint64_t)(uintptr_t)(segs + at[j]),
-                                   nseg == 1 ? (uint32_t)len : (uint32_t)nseg, data_offs[j], j, 0, len};
-        }
+        for (int j = lo; j < hi && err == 0; j++)
+            if (status[j] == HL3_STEP)
+                ops[d++] = data_op(IORING_OP_WRITE, IORING_OP_WRITEV, 0, data_fds != NULL ? data_fds[j] : fds[j],
+                                   segs, at, j, data_offs[j]);
         c.to = HL3_OK;
         if (err == 0 && d > 0)
             err = ring_run(r, ops, d, 1, write_done, &c);
@@ -423,7 +392,7 @@ int hl3_ring_write(struct hl3_ring *r, int lo, int hi, const int32_t *data_fds, 
     pthread_mutex_unlock(&r->lock);
     int bad = 0;
     for (int j = lo; j < hi; j++) {
-        if (status[j] == R_TODO || status[j] == R_STEP)
+        if (status[j] == HL3_TODO || status[j] == HL3_STEP)
             status[j] = err != 0 ? err : HL3_SHORT;
         bad += status[j] != HL3_OK;
     }
