@@ -1,18 +1,14 @@
-"""``CompressionTests``: the ``compression`` setting's behaviour, part of every
-connector's suite (:class:`~hicache_l3.conformance.suite.ConnectorTests` inherits it).
-
-Pages here look like bf16 KV (a high byte of few values, a random low byte), so zstd
-shrinks them. A store holds raw pages and frames side by side; every reader reads both,
-whatever its own setting. A connector that does not declare ``compresses`` must refuse
+"""``CompressionTests``: the ``compression`` setting's behaviour, mixed into every
+connector's suite. A connector that does not declare ``compresses`` must refuse
 ``compression="zstd"`` with a ConfigError naming the setting (each test checks that
-instead). Hostile frames are written at rest with the connector's own
-envelope (``backdoor_write``, checksum valid over them), so the frame decoder itself
-must refuse them: a miss with reason ``corrupt``, nothing written outside the page.
+instead). Hostile frames are written at rest inside the connector's own envelope, so the
+frame decoder itself must refuse them: a ``corrupt`` miss, nothing written outside the page.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import pytest
@@ -22,21 +18,15 @@ from hicache_l3.common.compression import FRAME, FRAME_MAGIC, HIGH_PLANE, WHOLE
 from hicache_l3.common.connector import Connector
 from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
-from hicache_l3.conformance.pages import Pages, page_pattern
+from hicache_l3.conformance.pages import Pages, page_pattern, store_pages, strided_roundtrip
 
 
 def kv_pattern(key: str, nbytes: int) -> bytes:
     """Deterministic bf16-like bytes of ``key``'s page: random low bytes, high bytes of
-    four values (what zstd shrinks in real KV)."""
+    four values (compressible like real KV)."""
     raw = bytearray(hashlib.shake_128(b"kv" + key.encode()).digest(nbytes))
     raw[1::2] = bytes(0x3C + (b & 3) for b in raw[1::2])
     return bytes(raw)
-
-
-def _fill_kv(pages: Pages, keys: list[str]) -> None:
-    pb = pages.page_bytes
-    for i, key in enumerate(keys):
-        pages.view[i * pb:(i + 1) * pb] = kv_pattern(key, pb)
 
 
 def hostile_frames(page_bytes: int) -> dict[str, bytes]:
@@ -73,13 +63,8 @@ class CompressionTests:
     """The ``compression`` setting's tests; mixed into ``ConnectorTests``."""
 
     page_bytes: ClassVar[int]
-
-    def backdoor_read(self, settings: dict[str, Any], namespace: Namespace, key: str) -> bytes | None:
-        raise NotImplementedError
-
-    def backdoor_corrupt(self, settings: dict[str, Any], namespace: Namespace, key: str,
-                         how: str) -> None:
-        raise NotImplementedError
+    backdoor_read: Callable[[dict[str, Any], Namespace, str], bytes | None]
+    backdoor_corrupt: Callable[[dict[str, Any], Namespace, str, str], None]
 
     def backdoor_write(self, settings: dict[str, Any], namespace: Namespace, key: str,
                        stored: bytes) -> None:
@@ -89,8 +74,8 @@ class CompressionTests:
 
     @staticmethod
     def _compressing(open_conn: Any) -> Connector[Any] | None:
-        """A connector with ``compression="zstd"``; None for one that declares it does not
-        compress, after checking that it refuses the setting."""
+        """A connector with ``compression="zstd"``; None (after asserting it refuses the
+        setting) for one that does not declare ``compresses``."""
         if not open_conn().capabilities.compresses:
             with pytest.raises(ConfigError, match="compression"):
                 open_conn(compression="zstd")
@@ -100,7 +85,7 @@ class CompressionTests:
 
     @pytest.fixture
     def zconn(self, open_conn: Any) -> Connector[Any] | None:
-        """:meth:`_compressing`."""
+        """:meth:`_compressing`'s connector."""
         return self._compressing(open_conn)
 
     def test_compression_stores_kv_pages_shorter(self, zconn: Connector[Any] | None, settings: dict[str, Any],
@@ -108,18 +93,14 @@ class CompressionTests:
         if zconn is None:
             return
         keys = [f"z-{i}" for i in range(6)]
-        pages = Pages(zconn, self.page_bytes, len(keys))
-        _fill_kv(pages, keys)
-        assert zconn.batch_set(keys, pages.pages) == [True] * len(keys)
+        pages = store_pages(zconn, self.page_bytes, keys, kv_pattern)
         for key in keys:
             stored = self.backdoor_read(settings, namespace, key)
             assert stored is not None and stored[:4] == FRAME_MAGIC
             assert len(stored) < self.page_bytes * 0.8, len(stored)
         pages.wipe()
         assert zconn.batch_get(keys, pages.pages) == [True] * len(keys)
-        pb = self.page_bytes
-        for i, key in enumerate(keys):
-            assert bytes(pages.view[i * pb:(i + 1) * pb]) == kv_pattern(key, pb)
+        assert pages.holds(keys, kv_pattern)
 
     def test_compression_incompressible_page_is_stored_raw(self, zconn: Connector[Any] | None,
                                                            settings: dict[str, Any],
@@ -127,14 +108,12 @@ class CompressionTests:
         if zconn is None:
             return
         keys = ["rnd-0", "rnd-1"]
-        pages = Pages(zconn, self.page_bytes, 2)
-        pages.fill(keys)  # random bytes
-        assert zconn.batch_set(keys, pages.pages) == [True, True]
+        pages = store_pages(zconn, self.page_bytes, keys)  # random bytes
         for key in keys:
             assert self.backdoor_read(settings, namespace, key) == page_pattern(key, self.page_bytes)
         pages.wipe()
         assert zconn.batch_get(keys, pages.pages) == [True, True]
-        assert pages.matches(0, keys[0]) and pages.matches(1, keys[1])
+        assert pages.holds(keys)
 
     def test_compression_mixed_store_read_by_either_setting(self, open_conn: Any) -> None:
         packed = self._compressing(open_conn)
@@ -142,42 +121,17 @@ class CompressionTests:
             return
         plain = open_conn(compression="none")
         raw_keys, z_keys = [f"raw-{i}" for i in range(4)], [f"zst-{i}" for i in range(4)]
-        for conn, keys in ((plain, raw_keys), (packed, z_keys)):
-            pages = Pages(conn, self.page_bytes, len(keys))
-            _fill_kv(pages, keys)
-            assert conn.batch_set(keys, pages.pages) == [True] * len(keys)
+        store_pages(plain, self.page_bytes, raw_keys, kv_pattern)
+        store_pages(packed, self.page_bytes, z_keys, kv_pattern)
         keys = [k for pair in zip(raw_keys, z_keys) for k in pair]
-        pb = self.page_bytes
         for reader in (plain, packed, open_conn(compression="none")):
-            pages = Pages(reader, pb, len(keys))
+            pages = Pages(reader, self.page_bytes, len(keys))
             assert reader.batch_get(keys, pages.pages) == [True] * len(keys)
-            for i, key in enumerate(keys):
-                assert bytes(pages.view[i * pb:(i + 1) * pb]) == kv_pattern(key, pb), (reader, key)
+            assert pages.holds(keys, kv_pattern), reader
 
     def test_compression_multi_segment_pages(self, zconn: Connector[Any] | None) -> None:
-        if zconn is None:
-            return
-        from hicache_l3.common.memory import HostBuffer
-        from hicache_l3.common.pages import strided_pages
-
-        count, segments = 4, 4
-        seg = self.page_bytes // segments
-        stride = count * seg
-        buf = HostBuffer(segments * stride)
-        zconn.register(buf)
-        pages = strided_pages(buf.address, seg, segments, stride, range(count))
-        view = buf.view()
-        keys = [f"zms-{i}" for i in range(count)]
-        for i, key in enumerate(keys):
-            pattern = kv_pattern(key, self.page_bytes)
-            for j in range(segments):
-                view[j * stride + i * seg:j * stride + (i + 1) * seg] = pattern[j * seg:(j + 1) * seg]
-        assert zconn.batch_set(keys, pages) == [True] * count
-        view[:] = bytes(len(view))
-        assert zconn.batch_get(keys, pages) == [True] * count
-        for i, key in enumerate(keys):
-            got = b"".join(view[j * stride + i * seg:j * stride + (i + 1) * seg] for j in range(segments))
-            assert got == kv_pattern(key, self.page_bytes)
+        if zconn is not None:
+            strided_roundtrip(zconn, self.page_bytes, [f"zms-{i}" for i in range(4)], kv_pattern)
 
     def test_hostile_frames_are_corrupt_misses(self, open_conn: Any, settings: dict[str, Any],
                                                namespace: Namespace) -> None:
@@ -187,9 +141,7 @@ class CompressionTests:
         for setting in ("none", "zstd"):
             conn = open_conn(compression=setting)
             keys = [f"hf-{setting}-{i}" for i in range(len(frames))]
-            seed = Pages(conn, self.page_bytes, len(keys))
-            _fill_kv(seed, keys)  # the keys exist, then their bytes at rest are replaced
-            assert conn.batch_set(keys, seed.pages) == [True] * len(keys)
+            store_pages(conn, self.page_bytes, keys, kv_pattern)  # then their bytes at rest are replaced
             for key, stored in zip(keys, frames.values()):
                 assert len(stored) < self.page_bytes
                 self.backdoor_write(settings, namespace, key, stored)
@@ -201,9 +153,8 @@ class CompressionTests:
             got = conn.batch_get(keys, pages.pages[1::2])
             assert got == [False] * len(keys), dict(zip(frames, got))
             assert conn.stats()["ops"]["get"]["failed"].get("corrupt", 0) - before == len(keys)
-            pb = self.page_bytes
             for i in range(0, 2 * len(keys) + 1, 2):
-                assert bytes(pages.view[i * pb:(i + 1) * pb]) == guard, f"guard page {i} written"
+                assert pages.page(i) == guard, f"guard page {i} written"
 
     def test_compressed_page_truncated_or_flipped_is_a_miss(self, open_conn: Any,
                                                            settings: dict[str, Any],
@@ -214,12 +165,8 @@ class CompressionTests:
         hows = ["truncate", "flip"] if conn.capabilities.detects_corruption else ["truncate"]
         for how in hows:
             keys = [f"zt-{how}-{i}" for i in range(3)]
-            pages = Pages(conn, self.page_bytes, 3)
-            _fill_kv(pages, keys)
-            assert conn.batch_set(keys, pages.pages) == [True] * 3
+            pages = store_pages(conn, self.page_bytes, keys, kv_pattern)
             self.backdoor_corrupt(settings, namespace, keys[1], how)
             pages.wipe()
             assert conn.batch_get(keys, pages.pages) == [True, False, True], how
-            pb = self.page_bytes
-            for i in (0, 2):
-                assert bytes(pages.view[i * pb:(i + 1) * pb]) == kv_pattern(keys[i], pb)
+            assert pages.matches(0, keys[0], kv_pattern) and pages.matches(2, keys[2], kv_pattern)

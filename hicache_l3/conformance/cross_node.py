@@ -1,31 +1,15 @@
-"""``CrossNodeTests``: two nodes on one distributed filesystem, for every connector that
-says several nodes share its store (file, hf3fs in POSIX mode, nixl in file mode).
+"""``CrossNodeTests``: two nodes on one distributed filesystem, for every connector whose
+store several nodes share (file, hf3fs in POSIX mode, nixl in file mode).
 
-A node is a mount: two mounts of one filesystem by two FUSE clients (or NFS clients) each
-have their own page cache, which is what separates two machines reading one store. The
-test environment provides them as the ``node_roots`` fixture: two paths that are the same
-directory seen through two mounts (the project's tests mount one GlusterFS volume twice:
-:class:`~hicache_l3.engines.GlusterEngine`). A subclass names the connector and its
-settings on a root::
-
-    class TestFileAcrossNodes(CrossNodeTests):
-        connector_name = "file"
-
-        def node_settings(self, root: str) -> dict[str, Any]:
-            return {"root": root}
-
-What must hold: a page set on one node is a hit on the other once it is visible (within a
-bounded number of tries, never lost for good), and no get anywhere returns bytes other
-than the ones set under its key, whatever the other node rewrote, evicted or was killed
-in the middle of, and whatever this node's page cache still holds.
+A node is a mount with its own page cache: the ``node_roots`` fixture gives two paths that
+are one directory seen through two mounts (:class:`~hicache_l3.engines.GlusterEngine`).
+A subclass sets ``connector_name`` and ``node_settings(root)``. What must hold: a page set
+on one node is a hit on the other within a bounded number of tries, and no get anywhere
+returns bytes other than the ones set under its key.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -38,18 +22,19 @@ import pytest
 from hicache_l3.common.connector import Connector
 from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
-from hicache_l3.common.registry import open_connector, registration
-from hicache_l3.conformance.pages import Pages, page_pattern
-from hicache_l3.conformance.suite import _keys
+from hicache_l3.common.registry import open_connector
+from hicache_l3.conformance import worker
+from hicache_l3.conformance.pages import Pages, store_pages
+from hicache_l3.conformance.pages import numbered_keys as _keys
 from hicache_l3.slab.format import Geometry
 
 TRIES = 40  # a page another node stored is a hit within this many gets ...
-TRY_GAP_S = 0.25  # ... this far apart (10 s in all: far longer than GlusterFS takes to show a write)
+TRY_GAP_S = 0.25  # ... this far apart
 
 
 @pytest.mark.conformance
 class CrossNodeTests:
-    """Two nodes sharing one store (module docstring)."""
+    """Two nodes sharing one store (see the module docstring)."""
 
     connector_name: ClassVar[str]
     page_bytes: ClassVar[int] = 16 << 10
@@ -96,25 +81,15 @@ class CrossNodeTests:
 
     # ---- other processes ----------------------------------------------------------------
     def _command(self, settings: dict[str, Any], namespace: Namespace, op: str, keys: list[str]) -> list[str]:
-        spec = {
-            "name": self.connector_name, "namespace": namespace.fields() | {"tp_rank": namespace.tp_rank},
-            "settings": settings, "op": op, "keys": keys, "page_bytes": self.page_bytes,
-            "registration": dataclasses.asdict(registration(self.connector_name)), "path": sys.path,
-        }
-        return [sys.executable, "-m", "hicache_l3.conformance.worker", json.dumps(spec)]
+        return worker.command(self.connector_name, settings, namespace, op, keys, self.page_bytes)
 
     def _run(self, settings: dict[str, Any], namespace: Namespace, op: str, keys: list[str]) -> list[Any]:
         """``op`` on ``keys`` in a new process; its per-key results."""
-        proc = subprocess.run(self._command(settings, namespace, op, keys), capture_output=True, text=True,
-                              timeout=180)
-        assert proc.returncode == 0, f"worker failed:\n{proc.stderr[-3000:]}"
-        results: list[Any] = json.loads(proc.stdout.strip().splitlines()[-1])["results"]
-        return results
+        return worker.run(self._command(settings, namespace, op, keys), timeout=180)
 
-    def _verify_until_hit(self, settings: dict[str, Any], namespace: Namespace, keys: list[str],
-                          fresh_process: bool = True) -> list[str]:
-        """Read ``keys`` (in a new process each try) until every one is a hit or the tries
-        run out; never a wrong page. The last outcomes."""
+    def _verify_until_hit(self, settings: dict[str, Any], namespace: Namespace, keys: list[str]) -> list[str]:
+        """Read ``keys`` in a new process each try until all hit or the tries run out,
+        asserting no wrong page; the last outcomes."""
         outcomes: list[str] = []
         for _ in range(TRIES):
             outcomes = self._run(settings, namespace, "verify", keys)
@@ -130,9 +105,7 @@ class CrossNodeTests:
         """Set on A, hit on B (a live connector and a new process); set on B, hit on A."""
         a, b = node("a"), node("b")
         keys = _keys("vis-a", 32)
-        pages = Pages(a, self.page_bytes, 32)
-        pages.fill(keys)
-        assert a.batch_set(keys, pages.pages) == [True] * 32
+        store_pages(a, self.page_bytes, keys)
         assert _hits_within(b, keys, self.page_bytes) == [True] * 32
         assert self._verify_until_hit(self._settings(roots, "b", {}), namespace, keys) == ["hit"] * 32
         theirs = _keys("vis-b", 16)
@@ -141,9 +114,8 @@ class CrossNodeTests:
 
     def test_cross_node_stale_cache_never_wrong_bytes_never_lost(
             self, node: Callable[..., Connector[Any]]) -> None:
-        """B reads A's pages (its page cache now holds their slots), A rewrites the same
-        slots (eviction at capacity), B reads the new pages as soon as it indexes them:
-        every one is a hit within the tries, none ever reads back as other bytes."""
+        """A rewrites slots B has read (eviction at capacity): B hits every new page within
+        the tries and never reads other bytes, whatever its page cache holds."""
         n = 64
         a, b = node("a", **self.capacity_settings(n)), node("b")
         pages = Pages(a, self.page_bytes, n)
@@ -165,8 +137,7 @@ class CrossNodeTests:
 
     def test_cross_node_stale_cache_in_new_processes(self, roots: tuple[str, str],
                                                      namespace: Namespace) -> None:
-        """The same with a new process for every set on A and every read on B (B's page cache
-        outlives its processes)."""
+        """The same with a new process for every set on A and every read on B."""
         n = 64
         on_a = self._settings(roots, "a", self.capacity_settings(n))
         on_b = self._settings(roots, "b", {})
@@ -177,9 +148,8 @@ class CrossNodeTests:
             assert got == ["hit"] * n, f"round {round_}: stored on A, lost on B: {_summary(keys, got)}"
 
     def test_cross_node_concurrent_writers_and_readers(self, node: Callable[..., Connector[Any]]) -> None:
-        """A writer and a reader on each node, the writers evicting and rewriting their
-        slots the whole time: no get returns wrong bytes; afterwards every page a writer
-        still holds is a hit on the other node."""
+        """A writer and a reader on each node, writers evicting all the time: no get returns
+        wrong bytes, and every page a writer still holds is then a hit on the other node."""
         cap = 96
         writers = {w: node(w, **self.capacity_settings(cap)) for w in "ab"}
         readers = {w: node(w) for w in "ab"}
@@ -231,18 +201,12 @@ class CrossNodeTests:
 
     def test_cross_node_writer_killed_mid_batch_then_adopted(self, roots: tuple[str, str],
                                                             namespace: Namespace) -> None:
-        """A process on A killed (SIGKILL) in the middle of a set: B never reads wrong bytes
-        of its batch; a new process on A takes its place and stores the batch again, and B
-        then hits every page."""
+        """A process on A SIGKILLed mid-set: B never reads wrong bytes of its batch; a new
+        process on A stores the batch again, and B then hits every page."""
         on_a, on_b = self._settings(roots, "a", {}), self._settings(roots, "b", {})
         for attempt, after_ms in enumerate((10, 40)):
             keys = _keys(f"kill{attempt}", 192)
-            proc = subprocess.Popen([*self._command(on_a, namespace, "set", keys), "--ready"],
-                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                if line.strip() == "ready":
-                    break
+            proc = worker.start_ready(self._command(on_a, namespace, "set", keys))
             time.sleep(after_ms / 1000)
             proc.kill()
             proc.wait(timeout=60)
@@ -253,8 +217,8 @@ class CrossNodeTests:
             assert got == ["hit"] * len(keys), _summary(keys, got)
 
     def test_cross_node_eviction_is_seen_on_the_other_node(self, node: Callable[..., Connector[Any]]) -> None:
-        """A writer at capacity evicts; B's view follows: the newest pages hit, evicted ones
-        leave its index within the tries, and nothing reads back wrong."""
+        """A writer at capacity evicts; on B the newest pages hit, evicted ones leave its
+        index within the tries, and nothing reads back wrong."""
         cap = 32
         a, b = node("a", **self.capacity_settings(cap)), node("b")
         keys = _keys("ev", 4 * cap)
@@ -278,9 +242,8 @@ class CrossNodeTests:
 
     def test_cross_node_unchecked_pages_refused(self, node: Callable[..., Connector[Any]],
                                                 caplog: pytest.LogCaptureFixture) -> None:
-        """``checksum=none`` on a root other nodes mount is refused, naming both settings;
-        with ``multi_node=false`` (the user says no other node mounts it) it opens with a
-        warning saying what is given up."""
+        """``checksum=none`` on a shared root is refused, naming both settings; with
+        ``multi_node=false`` it opens with a warning saying pages are not checked."""
         with pytest.raises(ConfigError, match=r"checksum=none.*multi_node"):
             node("a", checksum="none")
         with caplog.at_level("WARNING"):
@@ -291,8 +254,8 @@ class CrossNodeTests:
 
 
 def _hits_within(conn: Connector[Any], keys: list[str], page_bytes: int, tries: int = TRIES) -> list[bool]:
-    """Get ``keys`` on ``conn`` until all are hits or ``tries`` run out; asserts no
-    wrong bytes on the way. The per-key hits."""
+    """Get ``keys`` on ``conn`` until all hit or ``tries`` run out, asserting no wrong
+    bytes; the per-key hits."""
     pages = Pages(conn, page_bytes, len(keys))
     todo = list(range(len(keys)))
     hit = [False] * len(keys)
@@ -301,8 +264,7 @@ def _hits_within(conn: Connector[Any], keys: list[str], page_bytes: int, tries: 
         got = conn.batch_get(batch, pages.pages[:len(batch)])
         for j, (i, ok) in enumerate(zip(todo, got)):
             if ok:
-                assert pages.view[j * page_bytes:(j + 1) * page_bytes] == page_pattern(keys[i], page_bytes), (
-                    f"WRONG BYTES for {keys[i]}")
+                assert pages.matches(j, keys[i]), f"WRONG BYTES for {keys[i]}"
                 hit[i] = True
         todo = [i for i in todo if not hit[i]]
         if not todo or tries == 1:

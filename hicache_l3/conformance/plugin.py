@@ -1,11 +1,8 @@
-"""pytest plugin (entry point ``hicache_l3``): makes the conformance suite available to
-any project. Subclass :class:`hicache_l3.conformance.ConnectorTests` in a test module,
-give it a ``settings`` fixture and the backdoor methods, and pytest runs the suite.
-
-``--engines=local|containers`` chooses how engine fixtures start their engines (local
-processes, or containers from ``docker/``; see :func:`engine_launcher`). In container
-mode a failing test's report carries the logs of the containers running at that moment,
-and every container left at the end of the session is removed.
+"""pytest plugin (entry point ``hicache_l3``): makes the conformance suite available to any
+project (subclass :class:`hicache_l3.conformance.ConnectorTests`). ``--engines=local|containers``
+chooses how engine fixtures start their engines (:func:`engine_launcher`); in container mode
+a failed test's report carries the running containers' logs, and every container is removed
+at the end of the session.
 """
 
 from __future__ import annotations
@@ -26,8 +23,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the markers the suite uses; keep botocore from logging credentials when a
-    test raises the root logger to DEBUG (caplog)."""
+    """Register the suite's markers; keep botocore from logging credentials under caplog DEBUG."""
     quiet_credential_loggers()
     config.addinivalue_line("markers", "conformance: a test of the shared connector suite")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
@@ -50,7 +46,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         from hicache_l3.engines.containers import LIVE
 
         for managed in list(LIVE):
-            report.sections.append((f"container {managed.name} logs", managed.logs()))
+            report.sections.append((f"container {managed.name} logs", managed.tail()))
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

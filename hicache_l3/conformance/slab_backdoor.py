@@ -1,11 +1,6 @@
-"""The conformance backdoor for connectors that keep pages in the shared slab store
-(file, nixl file mode, hf3fs): reads the index logs and slab files directly, without
-the connector under test, to check bytes at rest and to damage them.
-
-Subclass :class:`SlabBackdoor` together with
-:class:`~hicache_l3.conformance.suite.ConnectorTests`; the ``settings`` fixture must
-hold the store's ``root``.
-"""
+"""The conformance backdoor for slab-store connectors (file, nixl file mode, hf3fs): reads
+the index logs and slab files directly to check and damage bytes at rest. Mix
+:class:`SlabBackdoor` into a ``ConnectorTests`` subclass whose ``settings`` hold ``root``."""
 
 from __future__ import annotations
 
@@ -82,7 +77,7 @@ class SlabBackdoor:
     page_bytes: int
 
     def backdoor_compact(self, conn: Any) -> None:
-        """Compact the connector's own index log now (the stateful model's compaction rule)."""
+        """Compact the connector's own index log now."""
         store = getattr(conn, "_store", None)
         if store is not None:
             store.compact()
@@ -99,9 +94,8 @@ class SlabBackdoor:
 
     def backdoor_corrupt(self, settings: dict[str, Any], namespace: Namespace, key: str,
                          how: str) -> None:
-        """``flip``: one data byte inverted; ``truncate``: a rewrite cut short, the state the
-        write order leaves after a crash: a marker record of the next generation (for
-        another key), and the second half of the data never landed."""
+        """``flip``: one data byte inverted; ``truncate``: a rewrite cut short by a crash (a
+        marker of the next generation for another key, the data's second half zeroed)."""
         where = slab_location(Path(settings["root"]), namespace, key)
         assert where is not None, f"{key} is not stored"
         path, offset, length, marker = where

@@ -1,10 +1,7 @@
-"""Integrity tests every slab-store connector runs (file, hf3fs, nixl file mode): damage at
-rest, faults and hostile entries in the store's own files. Each test names its scenario
-(corrupt, torn, fault, hostile) and was seen failing before its fix.
-
-Subclass :class:`SlabIntegrityTests` together with
-:class:`~hicache_l3.conformance.suite.ConnectorTests` (it brings the slab backdoor); the
-``settings`` fixture must hold the store's ``root`` and accept ``checksum`` and
+"""Integrity tests every slab-store connector runs (file, hf3fs, nixl file mode): damage
+at rest, faults and hostile entries in the store's own files. Mix
+:class:`SlabIntegrityTests` into a :class:`~hicache_l3.conformance.suite.ConnectorTests`
+subclass; its ``settings`` must hold the store's ``root`` and accept ``checksum`` and
 ``slab_bytes``.
 """
 
@@ -19,15 +16,14 @@ from typing import Any
 import pytest
 
 from hicache_l3.common.keys import Namespace
-from hicache_l3.conformance.pages import Pages
+from hicache_l3.conformance.pages import Pages, store_pages
 from hicache_l3.conformance.slab_backdoor import SlabBackdoor, live_entries
 from hicache_l3.slab.files import slab_file_name
 from hicache_l3.slab.format import NAMESPACE_FILE, RECORD, Geometry, decode_records
 
 
 def _sparse_copy(src: Path, dst: Path) -> None:
-    """Copy ``src`` to ``dst`` with its holes left holes: a slab is mostly unwritten, and a
-    dense copy of each (256 MiB) once filled CI's disk."""
+    """Copy ``src`` to ``dst`` with its holes left holes (a slab is mostly unwritten)."""
     with open(src, "rb") as fin, open(dst, "wb") as fout:
         size = os.fstat(fin.fileno()).st_size
         pos = 0
@@ -59,10 +55,7 @@ class SlabIntegrityTests(SlabBackdoor):
     page_bytes: int
 
     def _stored(self, conn: Any, keys: list[str]) -> Pages:
-        pages = Pages(conn, self.page_bytes, len(keys))
-        pages.fill(keys)
-        assert conn.batch_set(keys, pages.pages) == [True] * len(keys)
-        return pages
+        return store_pages(conn, self.page_bytes, keys)
 
     def _stored_and_closed(self, open_conn: Any, settings: dict[str, Any], namespace: Namespace,
                            keys: list[str]) -> Path:
@@ -79,21 +72,17 @@ class SlabIntegrityTests(SlabBackdoor):
 
     def test_small_pages_are_packed_and_read_back_whole(self, open_conn: Any,
                                                          settings: dict[str, Any]) -> None:
-        """Pages of at most 2 KiB are packed (slab format 3, slab/format.py "Packed small
-        slots"): more than a group of 256-byte pages read back exactly, by the writer and
-        by another connector; a flipped byte of one is a miss for a connector that detects
-        corruption, and its neighbours, which share its 4 KiB block, still read whole."""
+        """Small pages are packed (format 3) and read back exactly, by the writer and another
+        connector; a flipped byte misses that page only, not its block's neighbours."""
         small = Namespace(model="m-packed", kv_dtype="bfloat16", layout="page_first", page_size=1)
         keys = [f"packed-{i}" for i in range(600)]  # a group is 512 slots
         writer = open_conn(small)
-        pages = Pages(writer, 256, len(keys))
-        pages.fill(keys)
-        assert writer.batch_set(keys, pages.pages) == [True] * len(keys)
+        store_pages(writer, 256, keys)
         assert json_format(settings, small) == 3
         for conn in (writer, open_conn(small)):
             back = Pages(conn, 256, len(keys))
             assert conn.batch_get(keys, back.pages) == [True] * len(keys)
-            assert all(back.matches(i, k) for i, k in enumerate(keys))
+            assert back.holds(keys)
         if not writer.capabilities.detects_corruption:
             return
         self.backdoor_corrupt(settings, small, keys[300], "flip")
@@ -104,9 +93,8 @@ class SlabIntegrityTests(SlabBackdoor):
 
     def test_corrupt_unchecksummed_page_is_a_miss_for_a_checksumming_reader(
             self, open_conn: Any, settings: dict[str, Any], namespace: Namespace) -> None:
-        """detects_corruption means True only for verified pages: a page stored without a
-        checksum is a miss (unverified) for a checksumming reader, even with a flipped
-        bit, and that reader stores it again, checksummed."""
+        """A page stored without a checksum is an ``unverified`` miss for a checksumming
+        reader (flipped bit or not), which then stores it again, checksummed."""
         writer = open_conn(checksum="none")
         reader = open_conn(checksum="xxh3")
         assert reader.capabilities.detects_corruption
@@ -119,7 +107,7 @@ class SlabIntegrityTests(SlabBackdoor):
         assert reader.batch_exists(keys) == [False, False]
         self._stored(reader, keys)
         got, back = self._read(reader, keys)
-        assert got == [True, True] and all(back.matches(i, k) for i, k in enumerate(keys))
+        assert got == [True, True] and back.holds(keys)
 
     def test_hostile_stray_entry_under_writers_is_ignored(self, open_conn: Any,
                                                          settings: dict[str, Any],
@@ -132,7 +120,7 @@ class SlabIntegrityTests(SlabBackdoor):
         (writers / "junk.txt").write_bytes(b"junk")
         reader = open_conn()
         got, pages = self._read(reader, keys)
-        assert got == [True] * 4 and all(pages.matches(i, k) for i, k in enumerate(keys))
+        assert got == [True] * 4 and pages.holds(keys)
         assert reader.batch_exists(keys) == [True] * 4
         other = ["stray-new-0", "stray-new-1"]
         self._stored(reader, other)  # a new writer directory is found past the stray file
@@ -141,8 +129,8 @@ class SlabIntegrityTests(SlabBackdoor):
     def test_fault_missing_slab_file_misses_only_its_keys(self, open_conn: Any,
                                                          settings: dict[str, Any],
                                                          namespace: Namespace) -> None:
-        """A slab file gone: its keys miss and stop being reported, the other slabs' keys
-        still read, and a later set stores the lost keys again."""
+        """A slab file gone: its keys miss and stop existing, other slabs' keys still read,
+        and a later set stores the lost keys again."""
         stride = Geometry(self.page_bytes).stride
         keys = [f"slab-{i}" for i in range(4)]
         writer = open_conn(slab_bytes=2 * stride)
@@ -161,7 +149,7 @@ class SlabIntegrityTests(SlabBackdoor):
         assert reader.batch_exists(keys) == expect
         self._stored(reader, lost)
         got, back = self._read(open_conn(), keys)
-        assert got == [True] * 4 and all(back.matches(i, k) for i, k in enumerate(keys))
+        assert got == [True] * 4 and back.holds(keys)
 
     @pytest.mark.parametrize("damage", [b"", b"{not json", b"[]"], ids=["empty", "garbled", "list"])
     def test_corrupt_namespace_file_is_rebuilt(self, open_conn: Any, settings: dict[str, Any],
@@ -173,7 +161,7 @@ class SlabIntegrityTests(SlabBackdoor):
         path.write_bytes(damage)
         reader = open_conn()
         got, back = self._read(reader, keys)
-        assert got == [True, True] and all(back.matches(i, k) for i, k in enumerate(keys))
+        assert got == [True, True] and back.holds(keys)
         writer = open_conn()
         self._stored(writer, ["nsf-2"])
         assert '"slot_bytes"' in path.read_text()
@@ -181,8 +169,8 @@ class SlabIntegrityTests(SlabBackdoor):
     def test_torn_slot_after_crash_is_dropped_from_the_index(self, open_conn: Any,
                                                             settings: dict[str, Any],
                                                             namespace: Namespace) -> None:
-        """A slot rewritten without a log record (an eviction just before a crash) reads as
-        a miss, and that miss corrects exists; a later set stores the key again."""
+        """A slot rewritten without a log record (a crash mid-eviction) is a miss that
+        corrects exists; a later set stores the key again."""
         keys = ["evicted-0", "evicted-1"]
         self._stored(open_conn(), keys)
         reader = open_conn()
@@ -193,14 +181,13 @@ class SlabIntegrityTests(SlabBackdoor):
         assert reader.batch_exists(keys) == [True, False]
         self._stored(reader, keys[1:])
         got, back = self._read(open_conn(), keys)
-        assert got == [True, True] and all(back.matches(i, k) for i, k in enumerate(keys))
+        assert got == [True, True] and back.holds(keys)
 
     def test_writer_whose_log_appears_after_the_scan_is_seen(self, open_conn: Any,
                                                              settings: dict[str, Any],
                                                              namespace: Namespace) -> None:
         """A reader that listed writers/ while a writer directory had no index.log yet sees
-        that writer's pages on the next call (the log appears inside the directory, which
-        does not change writers/' mtime)."""
+        that writer's pages on its next call."""
         first = open_conn()
         self._stored(first, ["early"])
         reader = open_conn()
@@ -213,8 +200,8 @@ class SlabIntegrityTests(SlabBackdoor):
 
     def test_corrupt_index_record_loses_only_itself(self, open_conn: Any, settings: dict[str, Any],
                                                     namespace: Namespace) -> None:
-        """One flipped bit in index.log loses that record only, and adopting the log keeps
-        every record; a torn tail is moved aside (index.log.damaged-N), not destroyed."""
+        """A flipped bit in index.log loses that record only, adoption keeps the rest, and a
+        torn tail is moved aside (index.log.damaged-N), not destroyed."""
         keys = [f"rec-{i}" for i in range(4)]
         wdir = self._stored_and_closed(open_conn, settings, namespace, keys)
         log = wdir / "index.log"
@@ -242,9 +229,8 @@ class SlabIntegrityTests(SlabBackdoor):
                                                         settings: dict[str, Any],
                                                         namespace: Namespace,
                                                         tmp_path: Path) -> None:
-        """A slab file replaced by a symlink (to a copy of itself, so that following it
-        would read right) is refused: a miss for readers, and a writer that adopts the
-        directory never writes through it."""
+        """A slab file replaced by a symlink (to a copy of itself) is a miss for readers,
+        and an adopting writer never writes through it."""
         keys = [f"link-{i}" for i in range(3)]
         slab = (self._stored_and_closed(open_conn, settings, namespace, keys)
                 / slab_file_name(0, Geometry(self.page_bytes).packed))
@@ -260,15 +246,15 @@ class SlabIntegrityTests(SlabBackdoor):
         adopter = open_conn()
         self._stored(adopter, keys)
         got, back = self._read(open_conn(), keys)
-        assert got == [True] * 3 and all(back.matches(i, k) for i, k in enumerate(keys))
+        assert got == [True] * 3 and back.holds(keys)
         assert victim.read_bytes() == before
 
     def test_hostile_symlinked_index_log_is_not_followed(self, open_conn: Any,
                                                         settings: dict[str, Any],
                                                         namespace: Namespace,
                                                         tmp_path: Path) -> None:
-        """An index.log replaced by a symlink is refused: that writer is skipped (never an
-        error), and no writer appends to or truncates the file it points at."""
+        """An index.log replaced by a symlink: that writer is skipped (no error), and no
+        writer appends to or truncates its target."""
         log = self._stored_and_closed(open_conn, settings, namespace, ["log-0"]) / "index.log"
         outside = tmp_path / "outside.log"
         outside.write_bytes(log.read_bytes() + b"\x07" * 9)  # a torn tail adoption would cut

@@ -1,26 +1,13 @@
-"""A stateful model test for every connector (Hypothesis ``RuleBasedStateMachine``).
+"""A Hypothesis state machine for every connector: random set / get / exists / delete /
+clear / reopen / compact / damage at rest / second-process rules, run against the connector
+and a model (the set of stored keys; a page's bytes are a function of its key).
 
-Modelled on zarr-python's ``ZarrStoreStateMachine``: random sequences of set / get /
-exists / delete / clear / reopen / damage at rest / a second process run against the
-connector and against a model (the set of stored keys; a page's bytes are a function of
-its key, as pages are content-addressed). After each rule the invariant holds:
-
-* a hit has exactly the model's bytes (never someone else's, never a damaged page);
-* a miss happens only where the model allows one: the key was never stored or was
-  deleted, its bytes were damaged at rest, the connector declared it does not persist
-  and was reopened, or a second process that was setting it was killed (kill -9)
-  before it reported; a key of a killed set may be stored or not, never with other bytes,
-  and a set of it may return False (never a True that is not stored) until the engine has
-  dropped the dead writer's half-written object;
-* a set that a second process completed before it was killed (kill -9, its connector
-  never closed) is stored for good where the connector declares ``persistent``: a lost
-  write is a failure.
-
-Compaction of the connector's own metadata runs as a rule too (``backdoor_compact``).
-
-The run is derandomized (a fixed seed) and bounded in CI: ``HICACHE_L3_STATEFUL_EXAMPLES``
-(default 4) sequences of ``HICACHE_L3_STATEFUL_STEPS`` (default 10) rules; raise both for
-a soak. ``ConnectorTests.test_stateful_model`` runs it for every connector.
+Invariant after each rule: a hit has exactly the model's bytes; a miss only where the
+model allows one (never stored, deleted, damaged at rest, reopened without ``persistent``,
+or set by a second process killed before it reported); a True set is stored; a set a
+killed writer completed stays stored where the connector declares ``persistent``.
+Derandomized; ``HICACHE_L3_STATEFUL_EXAMPLES`` (4) sequences of ``HICACHE_L3_STATEFUL_STEPS``
+(10) rules.
 """
 
 from __future__ import annotations
@@ -39,8 +26,9 @@ from hicache_l3.common.keys import Namespace
 from hicache_l3.conformance.pages import Pages
 
 KEYS = [f"sm-{i:02d}" for i in range(10)]
-SPAWNS_PER_SEQUENCE = 1  # a second process costs ~1 s: at most this many per sequence
+SPAWNS_PER_SEQUENCE = 1  # second processes are slow: at most this many per sequence
 KILL_FILLERS = 512  # pages a killed writer sets before the model's keys (the kill lands in them)
+
 
 def run_model(tests: Any, open_conn: Callable[..., Connector[Any]], conn_settings: dict[str, Any],
               base: Namespace) -> None:
@@ -60,8 +48,7 @@ def run_model(tests: Any, open_conn: Callable[..., Connector[Any]], conn_setting
             self.stored: set[str] = set()
             self.maybe_missing: set[str] = set()  # stored, but a miss is allowed
             self.maybe_stored: set[str] = set()  # a killed writer may have stored them
-            # a killed writer's keys: a set of them may be refused (False) for a while, even
-            # after clear or delete (its half-put object is the engine's, not in the store)
+            # a killed writer's keys: a set of them may be False for a while (even after clear)
             self.refusable: set[str] = set()
             self.spawns = 0
 
@@ -85,8 +72,6 @@ def run_model(tests: Any, open_conn: Callable[..., Connector[Any]], conn_setting
             self.pages.fill_at([KEYS.index(k) for k in keys], keys)
             got = self.conn.batch_set(keys, self._pages(keys))
             for key, ok in zip(keys, got):
-                # a killed writer's half-put object may refuse the key for a while (Mooncake
-                # discards it after put_start_discard_timeout_sec): False, never a false True
                 assert ok or key in self.refusable, f"set {keys} -> {got}"
             done = [k for k, ok in zip(keys, got) if ok]
             self.stored.update(done)
@@ -170,8 +155,7 @@ def run_model(tests: Any, open_conn: Callable[..., Connector[Any]], conn_setting
                       and self.spawns < SPAWNS_PER_SEQUENCE)
         @rule(keys=batches, after_ms=strategies.integers(min_value=0, max_value=40))
         def kill_writer_process(self, keys: list[str], after_ms: int) -> None:
-            """A second process sets ``keys`` after many filler pages and is killed with
-            SIGKILL ``after_ms`` into that set: each key may be stored or not."""
+            """A second process setting fillers then ``keys`` is SIGKILLed ``after_ms`` in."""
             self.spawns += 1
             fresh = [k for k in keys if k not in self.stored]
             fillers = [f"sm-filler-{self.spawns}-{i}" for i in range(KILL_FILLERS)]
@@ -188,9 +172,8 @@ def run_model(tests: Any, open_conn: Callable[..., Connector[Any]], conn_setting
                       and self.spawns < SPAWNS_PER_SEQUENCE)
         @rule(keys=batches)
         def kill_writer_after_set(self, keys: list[str]) -> None:
-            """A second process sets ``keys``, reports, and is killed with SIGKILL with its
-            connector still open: the keys it reported stored stay stored (persistent
-            connectors; others may lose them with the process)."""
+            """A second process sets ``keys``, reports, and is SIGKILLed with its connector
+            open: what it reported stored stays stored (persistent connectors)."""
             self.spawns += 1
             proc, got = tests._spawn_held(conn_settings, self.namespace, "set", keys)
             proc.kill()
