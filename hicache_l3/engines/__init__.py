@@ -1,13 +1,8 @@
-"""Start and stop the real engines the suite and the bench run against.
-
-Each engine is a context manager that starts local processes on free loopback ports,
-waits until they answer, exposes the connector settings to reach them
-(:attr:`Engine.settings`), and stops them by PID on exit, leaving nothing behind.
-``hicache-l3 engines up NAME`` runs one in the foreground for development.
-
-Engines: :data:`ENGINES`, one module each. ``hicache_l3.engines.containers`` starts the
-same engines as containers (from a checkout's ``docker/``); ``hicache_l3.engines.loopback``
-is the shim preloaded into every engine process, so that it listens on loopback only.
+"""Launchers of the real engines the suite and the bench run against: context managers
+that start local processes on free loopback ports, wait until they answer, expose the
+connector settings reaching them (:attr:`Engine.settings`) and stop them by PID on exit.
+``hicache-l3 engines up NAME`` runs one in the foreground; :mod:`.containers` starts the
+same engines as containers.
 """
 
 from __future__ import annotations
@@ -25,7 +20,7 @@ from hicache_l3.engines.s3 import S3Engine
 __all__ = ["ENGINES", "Engine", "GlusterEngine", "ManagedProcess", "MooncakeEngine", "S3Engine",
            "free_port"]
 
-# name -> local launcher (``hicache-l3 engines up NAME``, the bench's and replay's engines)
+# name -> local launcher
 ENGINES: dict[str, type[Engine]] = {
     "mooncake": MooncakeEngine,
     "s3": S3Engine,

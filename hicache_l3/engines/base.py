@@ -1,6 +1,5 @@
-"""What every engine launcher shares: free ports, waiting for a URL, finding an executable,
-:class:`ManagedProcess` (a child stopped by PID) and the :class:`Engine` base class (a work
-directory and the processes it started, the loopback shim preloaded into each)."""
+"""What every engine launcher shares: free ports, polling until ready, finding executables,
+:class:`ManagedProcess` (a child stopped by PID) and the :class:`Engine` base class."""
 
 from __future__ import annotations
 
@@ -14,11 +13,14 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from hicache_l3.common.errors import EngineUnavailableError
 from hicache_l3.engines.loopback import preload_env
+
+T = TypeVar("T")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -29,22 +31,65 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-def wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> str:
-    """Poll ``url`` until it answers 2xx; returns the body. Raises EngineUnavailableError
-    naming the URL (and the process's exit code, if it died) on timeout."""
+def tail_file(path: Path, n: int = 40) -> str:
+    """The last ``n`` lines of a text file ("" if unreadable)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+class Process(Protocol):
+    """What an engine tracks of each process it started: a :class:`ManagedProcess`, or a
+    container (:mod:`hicache_l3.engines.containers`)."""
+
+    name: str
+
+    def alive(self) -> bool: ...
+
+    def kill(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def tail(self, n: int = 40) -> str: ...
+
+
+def wait_until(ready: Callable[[], T | None], timeout: float, what: str,
+               proc: Process | None = None, interval: float = 0.05) -> T:
+    """Call ``ready`` until it returns a true value, and return that; an exception other than
+    EngineUnavailableError counts as not ready. EngineUnavailableError naming ``what`` (the
+    awaited state) after ``timeout`` s, or at once when ``proc`` exits; with ``proc``'s output."""
     deadline = time.monotonic() + timeout
     last: Exception | None = None
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise EngineUnavailableError(f"process for {url} exited with code {proc.returncode}")
+    while True:
+        if proc is not None and not proc.alive():
+            code = f" with code {proc.proc.returncode}" if isinstance(proc, ManagedProcess) else ""
+            raise EngineUnavailableError(f"{proc.name} exited{code} while waiting for {what}:\n{proc.tail()}")
         try:
-            with urllib.request.urlopen(url, timeout=1.0) as resp:
-                body: str = resp.read().decode(errors="replace")
-                return body
+            value = ready()
+            if value:
+                return value
+        except EngineUnavailableError:
+            raise
         except Exception as exc:
             last = exc
-            time.sleep(0.05)
-    raise EngineUnavailableError(f"{url} did not answer within {timeout:.0f}s: {last}")
+        if time.monotonic() > deadline:
+            raise EngineUnavailableError(f"timed out after {timeout:.0f}s waiting for {what}"
+                                         + (f" ({last})" if last else "")
+                                         + (f"\n--- {proc.name} log ---\n{proc.tail()}" if proc else ""))
+        time.sleep(interval)
+
+
+def answers(url: str) -> bool:
+    """True when GET ``url`` answers 2xx within a second; raises otherwise."""
+    with urllib.request.urlopen(url, timeout=1.0):
+        return True
+
+
+def wait_http(url: str, timeout: float, proc: Process | None = None) -> None:
+    """Poll ``url`` until it answers 2xx. EngineUnavailableError on timeout, or when
+    ``proc`` exits first."""
+    wait_until(lambda: answers(url), timeout, f"{url} to answer", proc)
 
 
 def find_executable(name: str) -> str:
@@ -59,18 +104,16 @@ def find_executable(name: str) -> str:
 
 
 class ManagedProcess:
-    """A child process in its own session, with its output in a log file; stopped by PID
-    (SIGTERM, then SIGKILL after ``grace`` seconds) on :meth:`stop`."""
+    """A child process in its own session, with its output in ``log_dir/NAME.log``;
+    :meth:`stop` ends it by PID (SIGTERM, then SIGKILL after ``grace`` seconds)."""
 
     def __init__(self, argv: list[str], log_dir: Path, name: str,
                  env: dict[str, str] | None = None) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, **(env or {})},
-        )
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True, env={**os.environ, **(env or {})})
 
     @property
     def pid(self) -> int:
@@ -98,21 +141,19 @@ class ManagedProcess:
         self._log.close()
 
     def tail(self, n: int = 40) -> str:
-        """The last ``n`` lines of the process's output (for error messages)."""
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
+        """The last ``n`` lines of the process's output."""
+        return tail_file(self.log_path, n)
 
 
 class Engine:
-    """Base of the engine launchers: a temporary work directory and managed processes."""
+    """Base of the engine launchers, a context manager: :meth:`start` on enter, :meth:`stop`
+    on exit (or when start fails); a temporary work directory and the processes started."""
 
     name = "engine"
 
     def __init__(self) -> None:
         self.workdir = Path(tempfile.mkdtemp(prefix=f"hicache-l3-{self.name}-"))
-        self.processes: list[ManagedProcess] = []
+        self.processes: list[Process] = []
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -124,8 +165,8 @@ class Engine:
         raise NotImplementedError
 
     def spawn(self, argv: list[str], name: str, env: dict[str, str] | None = None) -> ManagedProcess:
-        """Start and track one process, with the loopback shim preloaded (a listener it opens
-        on the wildcard address binds loopback instead: :mod:`hicache_l3.engines.loopback`)."""
+        """Start and track one process, with the loopback shim preloaded (wildcard binds
+        become loopback binds: :mod:`hicache_l3.engines.loopback`)."""
         proc = ManagedProcess(argv, self.workdir, name, {**preload_env(), **(env or {})})
         self.processes.append(proc)
         return proc

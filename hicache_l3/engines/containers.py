@@ -1,19 +1,11 @@
-"""The engines as containers: the same launchers as :mod:`hicache_l3.engines`,
-with every engine process started from an image of ``docker/`` by testcontainers.
+"""The engines as containers: the launchers of :mod:`hicache_l3.engines` with every engine
+process in a container (testcontainers), built from a checkout's ``docker/``; from an
+installed wheel every launcher here raises EngineUnavailableError saying so.
 
-Images are built locally (no registry can be reached): ``docker/base.sh`` makes the
-Debian base, then each image of :data:`IMAGES` is built ``--network host`` and tagged
-``hicache-l3/NAME:HASH``, HASH covering its Dockerfile, its parent's tag and the checkout
-files it copies, so an image is built once per content and reused by every later call of
-the run. Needs a checkout (``docker/`` beside ``hicache_l3/``): from an installed wheel
-every launcher here raises EngineUnavailableError saying so (:func:`docker_dir`).
-Containers use host networking and the same 127.0.0.1 ports as the local launchers, so
-connector settings and tests' backdoors are unchanged.
-
-Needs ``DOCKER_HOST`` (``scripts/dockerd.sh start``), the ``testcontainers`` package (test
-extra) and ``TESTCONTAINERS_RYUK_DISABLED=true`` (set here: Ryuk's image cannot be pulled);
-every container started here is removed by its engine's ``stop`` and, as a last resort, by
-:func:`remove_all` (label ``hicache-l3.session``).
+Images are built locally, tagged by a hash of their Dockerfile, parent and copied files,
+and reused. Containers use host networking and the local launchers' 127.0.0.1 ports.
+Needs ``DOCKER_HOST`` (``scripts/dockerd.sh start``) and ``testcontainers``; every
+container is removed by its engine's ``stop`` or, at the latest, by :func:`remove_all`.
 """
 
 from __future__ import annotations
@@ -22,14 +14,15 @@ import contextlib
 import hashlib
 import os
 import subprocess
+import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hicache_l3.common.errors import EngineUnavailableError
 from hicache_l3.engines import ENGINES, Engine, MooncakeEngine, S3Engine
+from hicache_l3.engines.base import answers, wait_until
 
 # The checkout's root when this package runs from one (``docker/`` is looked for there).
 REPO = Path(__file__).resolve().parents[2]
@@ -39,13 +32,13 @@ SESSION = f"{os.getpid()}-{int(time.time())}"
 
 @dataclass(frozen=True)
 class Image:
-    """One image of ``docker/``: its Dockerfile, the build argument naming its parent
-    (``BASE`` for the debootstrap base) and the checkout files it copies (the build
-    context is then the repository root, and they are part of the image's hash)."""
+    """One image of ``docker/``: its Dockerfile, the build argument naming its parent image,
+    the parent (None: the base of docker/base.sh) and the checkout files it copies (then
+    the build context is the repository root)."""
 
     dockerfile: str
     parent_arg: str
-    parent: str | None  # None: the base made by docker/base.sh
+    parent: str | None
     sources: tuple[str, ...] = ()
 
 
@@ -63,9 +56,8 @@ _clients: dict[str, Any] = {}
 
 
 def docker_dir() -> Path:
-    """The checkout's ``docker/`` directory; EngineUnavailableError when this package does
-    not run from a checkout (an installed wheel has no ``docker/``, and the ``docker`` next to
-    an installed package is the Docker SDK's, hence the check for ``docker/base.sh``)."""
+    """The checkout's ``docker/`` directory; EngineUnavailableError outside a checkout (in
+    site-packages, ``docker/`` is the Docker SDK's: hence the check for ``base.sh``)."""
     path = REPO / "docker"
     if not (path / "base.sh").is_file():
         raise EngineUnavailableError(
@@ -75,8 +67,8 @@ def docker_dir() -> Path:
 
 
 def _docker() -> Any:
-    """The docker SDK client on ``DOCKER_HOST`` (testcontainers'; one per process);
-    EngineUnavailableError naming what is missing."""
+    """The docker SDK client on ``DOCKER_HOST`` (one per process); EngineUnavailableError
+    naming what is missing. Disables Ryuk, whose image cannot be pulled."""
     if "client" in _clients:
         return _clients["client"]
     if not os.environ.get("DOCKER_HOST"):
@@ -147,9 +139,8 @@ def build_image(name: str) -> str:
 
 
 class LoopbackHttpWait:
-    """The wait strategy for a host-networked container: poll a fixed loopback URL (the
-    stock HttpWaitStrategy asks Docker for a published port, which host networking has
-    not), failing fast with the container's logs when it exits."""
+    """Wait for a host-networked container by polling a loopback URL (HttpWaitStrategy wants a
+    published port); fails at once when the container exits."""
 
     def __init__(self, url: str, timeout: float) -> None:
         self.url = url
@@ -166,23 +157,19 @@ class LoopbackHttpWait:
                 return url
 
             def wait_until_ready(self, container: Any) -> None:
-                deadline = time.monotonic() + timeout
-                while time.monotonic() < deadline:
+                def ready() -> bool:
                     container.reload()
                     if container.status not in ("created", "running"):
                         raise EngineUnavailableError(f"container exited before {url} answered")
-                    with contextlib.suppress(Exception), urllib.request.urlopen(url, timeout=1.0):
-                        return
-                    time.sleep(0.1)
-                raise EngineUnavailableError(f"{url} did not answer within {timeout:.0f}s")
+                    return answers(url)
+
+                wait_until(ready, timeout, f"{url} to answer", interval=0.1)
 
         return _Wait(0)
 
 
-# Every container started and not yet removed (for logs on test failure and the last sweep).
-LIVE: list[ManagedContainer] = []
-# (name, image, short id) of every container started by this process, for the run's log.
-STARTED: list[tuple[str, str, str]] = []
+LIVE: list[ManagedContainer] = []  # started, not yet removed
+STARTED: list[tuple[str, str, str]] = []  # (name, image, short id) of every container started
 
 
 class ManagedContainer:
@@ -206,7 +193,7 @@ class ManagedContainer:
             self.container.start()
             STARTED.append((name, image, self.container.get_wrapped_container().short_id))
         except Exception as exc:
-            logs = self.logs()
+            logs = self.tail()
             self.stop()
             raise EngineUnavailableError(f"container {name} ({image}) did not start: {exc}\n"
                                          f"--- {name} logs ---\n{logs}") from None
@@ -225,7 +212,7 @@ class ManagedContainer:
             self.container.get_wrapped_container().kill()
             self.container.get_wrapped_container().wait(timeout=20)
 
-    def logs(self, n: int = 60) -> str:
+    def tail(self, n: int = 60) -> str:
         """The last ``n`` lines of the container's output."""
         try:
             out, err = self.container.get_logs()
@@ -243,8 +230,7 @@ class ManagedContainer:
 
 
 def remove_all() -> int:
-    """Remove every container of this session still present (the sweep after a run);
-    returns how many there were."""
+    """Remove every container of this session still present; how many there were."""
     for managed in list(LIVE):
         managed.stop()
     if not os.environ.get("DOCKER_HOST"):
@@ -256,109 +242,48 @@ def remove_all() -> int:
     return len(leftovers)
 
 
-class MooncakeContainers(MooncakeEngine):
-    """:class:`MooncakeEngine` with its processes in containers: the loopback metadata
-    server and ``mooncake_master`` (image ``mooncake-master``) and the ``mooncake_client``
-    segment holder (image ``mooncake-client``, the loopback shim preloaded), on the same
-    loopback ports; the fault helpers kill and restart containers."""
+def _start(engine: Engine, image: str, name: str, command: list[str], health: str | None = None,
+           timeout: float = 30.0, **kwargs: Any) -> ManagedContainer:
+    """Start a container of ``engine`` (waiting for URL ``health`` to answer) and track it."""
+    wait = None if health is None else LoopbackHttpWait(health, timeout)
+    managed = ManagedContainer(build_image(image), name, command, wait=wait, **kwargs)
+    engine.processes.append(managed)
+    return managed
 
-    name = "mooncake"
+
+class MooncakeContainers(MooncakeEngine):
+    """:class:`MooncakeEngine` with metadata server, master and holder in containers, on the
+    same loopback ports; the fault helpers kill and restart containers."""
+
+    start_timeout = 30.0
 
     def __init__(self, holder: bool = True, segment_size: str = "1 GB",
                  master_flags: dict[str, str] | None = None) -> None:
         super().__init__(holder=holder, segment_size=segment_size, master_flags=master_flags)
-        self.metadata_container: ManagedContainer | None = None
-        self.master_container: ManagedContainer | None = None
-        self.holder_container: ManagedContainer | None = None
+        self._own_metadata = True  # the image's; its master's is off
 
-    def start(self) -> MooncakeContainers:
-        """Build the images if needed, start the metadata server, the master (and the
-        holder), wait for each to answer (the holder: its segment mounted)."""
-        self.metadata_container = ManagedContainer(
-            build_image("mooncake-master"), "metadata_server",
-            ["/opt/hicache-l3/mooncake_metadata.py", "--host=127.0.0.1", f"--port={self.http_port}"],
-            wait=LoopbackHttpWait(f"http://127.0.0.1:{self.http_port}/health", 30.0),
-            entrypoint=["python3"])
-        self.start_master()
-        if self.holder:
-            self.holder_container = ManagedContainer(
-                build_image("mooncake-client"), "mooncake_client", [
-                    f"--global_segment_size={self.segment_size}",
-                    f"--master_server_address={self.master_address}",
-                    f"--metadata_server={self.metadata_server}",
-                    f"--port={self.holder_port}",
-                ])
-            try:
-                self.wait_capacity(1, timeout=30.0)
-            except EngineUnavailableError as exc:
-                raise EngineUnavailableError(
-                    f"{exc}\n--- mooncake_client logs ---\n{self.holder_container.logs()}") from None
-        return self
+    def _run_metadata(self) -> ManagedContainer:
+        command = ["/opt/hicache-l3/mooncake_metadata.py", "--host=127.0.0.1", f"--port={self.http_port}"]
+        return _start(self, "mooncake-master", "metadata_server", command,
+                      f"http://127.0.0.1:{self.http_port}/health", entrypoint=["python3"])
 
-    def start_master(self) -> None:
-        """Start the master container on this engine's ports and wait for ``/health``."""
-        self.master_container = ManagedContainer(
-            build_image("mooncake-master"), "mooncake_master", [
-                f"--rpc_port={self.rpc_port}", f"--metrics_port={self.metrics_port}",
-                *(f"--{k}={v}" for k, v in self.master_flags.items()),
-            ], wait=LoopbackHttpWait(self.metrics_url + "/health", 30.0))
+    def _run_master(self) -> ManagedContainer:
+        return _start(self, "mooncake-master", "mooncake_master",
+                      [f"--rpc_port={self.rpc_port}", f"--metrics_port={self.metrics_port}",
+                       *(f"--{k}={v}" for k, v in self.master_flags.items())], self.metrics_url + "/health")
 
-    def kill_master(self) -> None:
-        """SIGKILL the master's container and remove it."""
-        if self.master_container is not None:
-            self.master_container.kill()
-            self.master_container.stop()
-            self.master_container = None
-
-    def restart_master(self) -> None:
-        """Start a new master container on the same ports (its index starts empty)."""
-        if self.master_container is None:
-            self.start_master()
-
-    def kill_holder(self) -> None:
-        """SIGKILL the holder's container."""
-        if self.holder_container is not None:
-            self.holder_container.kill()
-
-    def containers(self) -> list[ManagedContainer]:
-        """This engine's containers that are not removed yet."""
-        return [c for c in (self.metadata_container, self.master_container, self.holder_container)
-                if c is not None]
-
-    def stop(self) -> None:
-        """Remove the holder, master and metadata containers, then the work directory."""
-        for managed in reversed(self.containers()):
-            managed.stop()
-        self.metadata_container = self.master_container = self.holder_container = None
-        super().stop()
+    def _run_holder(self) -> ManagedContainer:
+        return _start(self, "mooncake-client", "mooncake_client", self._holder_args())
 
 
 class S3Containers(S3Engine):
-    """:class:`S3Engine` with ``moto_server`` in a container (image ``s3``) on the same
-    loopback port; the bucket is created from here through boto3."""
+    """:class:`S3Engine` with ``moto_server`` in a container, on the same loopback port."""
 
-    name = "s3"
-
-    def __init__(self, bucket: str = "hicache-l3") -> None:
-        super().__init__(bucket=bucket)
-        self.server: ManagedContainer | None = None
-
-    def start(self) -> S3Containers:
-        """Build the image if needed, start moto_server, wait until it answers, create the bucket."""
-        self.server = ManagedContainer(build_image("s3"), "moto_server", ["-p", str(self.port)],
-                                       wait=LoopbackHttpWait(f"{self.endpoint}/moto-api/", 60.0))
-        self.client().create_bucket(Bucket=self.bucket)
-        return self
-
-    def stop(self) -> None:
-        """Remove the server's container, then the work directory."""
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
-        super().stop()
+    def _run_server(self) -> None:
+        _start(self, "s3", "moto_server", ["-p", str(self.port)], f"{self.endpoint}/moto-api/", 60.0)
 
 
-# name -> container launcher; same names and constructor arguments as ENGINES.
+# same names and constructor arguments as ENGINES
 CONTAINER_ENGINES: dict[str, type[Engine]] = {
     "mooncake": MooncakeContainers,
     "s3": S3Containers,
@@ -366,8 +291,8 @@ CONTAINER_ENGINES: dict[str, type[Engine]] = {
 
 
 def engine_class(name: str, mode: str) -> type[Engine]:
-    """The launcher of engine ``name`` in ``mode`` (``local``: processes, ``containers``).
-    Containers from an installed wheel: EngineUnavailableError (:func:`docker_dir`)."""
+    """The launcher of engine ``name`` in ``mode`` (``local`` or ``containers``); ValueError
+    for an unknown one, EngineUnavailableError for containers outside a checkout."""
     if mode not in ("local", "containers"):
         raise ValueError(f"engines mode must be 'local' or 'containers', not {mode!r}")
     table = ENGINES if mode == "local" else CONTAINER_ENGINES
@@ -379,8 +304,8 @@ def engine_class(name: str, mode: str) -> type[Engine]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m hicache_l3.engines.containers build [NAME...]``: build the images (all by
-    default) and print their tags, so a run's log shows what it built and how long it took."""
+    """``python -m hicache_l3.engines.containers build [NAME...]``: build the images (default
+    all) and print their tags; exit 2 with the reason when they cannot be built."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)
@@ -392,7 +317,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown image(s) {', '.join(unknown)}; choose from {', '.join(IMAGES)}")
     for name in args.names or list(IMAGES):
         started = time.monotonic()
-        print(f"[containers] {build_image(name)} ready ({time.monotonic() - started:.0f}s)", flush=True)
+        try:
+            tag = build_image(name)
+        except EngineUnavailableError as exc:
+            print(f"[containers] {exc}", file=sys.stderr)
+            return 2
+        print(f"[containers] {tag} ready ({time.monotonic() - started:.0f}s)", flush=True)
     return 0
 
 

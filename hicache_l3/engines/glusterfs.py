@@ -14,13 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from hicache_l3.common.errors import EngineUnavailableError
-from hicache_l3.engines.base import Engine, ManagedProcess
+from hicache_l3.engines.base import Engine, ManagedProcess, tail_file, wait_until
 
-# glusterd's port: bricks and mounts fetch their volfiles there, with no way to name another
-GLUSTERD_PORT = 24007
+GLUSTERD_PORT = 24007  # fixed: bricks and mounts fetch their volfiles there
 GLUSTER_HOSTS_NAME = "hicache-l3-gluster"  # the /etc/hosts name added when none resolves to 127.0.0.1
-# What glusterd creates outside its working directory whatever its vol file says (empty):
-# removed again by GlusterEngine.stop() when they were not there before its start.
+# What glusterd creates outside its working directory whatever its vol file says (empty);
+# stop() removes those it created.
 GLUSTERD_FIXED_PATHS = (Path("/var/lib/glusterd/geo-replication/gsyncd_template.conf"),
                         Path("/var/lib/glusterd/geo-replication"), Path("/var/lib/glusterd/ss_brick"),
                         Path("/var/run/gluster/snaps"))
@@ -36,10 +35,10 @@ def _resolves_to(name: str, address: str) -> bool:
 
 
 def loopback_host_name(hosts: Path = Path("/etc/hosts")) -> str:
-    """A host name that resolves to 127.0.0.1 only (the gluster CLI refuses ``127.0.0.1`` and
-    ``localhost`` as a brick's host): this machine's name, its FQDN, or another name of
-    127.0.0.1 in ``hosts``; failing those, the line ``127.0.0.1 hicache-l3-gluster`` is
-    appended to ``hosts`` (once: an existing line is reused) and that name is returned."""
+    """A host name resolving to 127.0.0.1 only (the gluster CLI refuses ``127.0.0.1`` and
+    ``localhost`` as a brick's host): this machine's name, its FQDN or another name of
+    127.0.0.1 in ``hosts``; else ``127.0.0.1 hicache-l3-gluster`` is appended to ``hosts``
+    (once) and that name returned."""
     candidates = [socket.gethostname(), socket.getfqdn()]
     with contextlib.suppress(OSError):
         for line in hosts.read_text().splitlines():
@@ -64,14 +63,6 @@ def loopback_host_name(hosts: Path = Path("/etc/hosts")) -> str:
     return GLUSTER_HOSTS_NAME
 
 
-def _tail(path: Path, n: int = 30) -> str:
-    """The last ``n`` lines of a log file ("" if unreadable)."""
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return ""
-
-
 def _cmdline(pid: int) -> list[str]:
     """A process's argv ([] when it is gone)."""
     try:
@@ -91,45 +82,18 @@ def _mounted(path: Path) -> bool:
 
 
 class GlusterEngine(Engine):
-    """A GlusterFS volume with two FUSE mounts of it: two "nodes" sharing one filesystem,
-    each with its own client and page cache (what a deployment's nodes see of a
-    distributed filesystem). Needs root, ``glusterfs-server`` and ``glusterfs-client``
-    (scripts/setup.sh installs them) and ``/dev/fuse``.
+    """A GlusterFS volume mounted twice (FUSE): two "nodes" sharing one filesystem, each
+    with its own client and page cache. Needs root, ``glusterfs-server``,
+    ``glusterfs-client`` and ``/dev/fuse``.
 
-    Started here, all in :attr:`workdir` (state, run directory, logs, brick, mount points):
-    ``glusterd`` in the foreground (``-N``, a managed child), with a copy of
-    ``/etc/glusterfs/glusterd.vol`` whose ``working-directory``, ``run-directory``,
-    ``logging-directory``, ``glusterd-sockfile`` and ``snap-brick-path`` point into the
-    work directory and which binds ``address``; one volume with a unique name and one
-    brick (``workdir/brick``), created with ``force`` and started with GlusterFS's default
-    volume options (write-behind, flush-behind, quick-read, md-cache... on: what users get,
-    stale pages across mounts included); the brick process (``glusterfsd``, which glusterd
-    starts and which is not its child) binds ``address`` too. The volume is mounted twice
-    (``mount -t glusterfs HOST:/VOL DIR``) at :attr:`mounts`; :meth:`start` returns once a
-    file written through one mount is read through the other.
-
-    ``address`` is the loopback address glusterd and the brick listen on. glusterd must
-    listen on port 24007: the bricks it starts fetch their configuration there, with no
-    way to name another port. So two engines on one machine need two addresses
-    (``127.0.0.2`` for the second), and a system glusterd on 24007 keeps the engine from
-    starting (the error says so). For ``127.0.0.1`` the brick's host is a name resolving to
-    127.0.0.1 (the CLI refuses the address and ``localhost``): see
-    :func:`loopback_host_name`, which, where no name does, appends the line
-    ``127.0.0.1 hicache-l3-gluster`` to /etc/hosts (once; later runs reuse it). For another
-    loopback address, the host is the address itself (which the CLI accepts).
-    ``timeout``: the seconds :meth:`start` waits for glusterd, each mount, and a file to
-    show through both mounts.
-
-    Outside the work directory GlusterFS writes a few things it cannot be told to put
-    elsewhere: the brick's control socket in ``/var/run/gluster/``, and the empty
-    :data:`GLUSTERD_FIXED_PATHS`; :meth:`stop` removes the socket, and those of the paths
-    that were not there before :meth:`start` (and are still empty). Nothing goes to
-    /var/log/glusterfs (the CLI and the mounts log into the work directory too).
-
-    :meth:`stop` unmounts both mounts (lazily if busy), stops and deletes the volume,
-    kills the brick and client processes this engine started (by PID, each checked to
-    still be ours) and glusterd, and removes the work directory; idempotent.
-    :attr:`timings` has the seconds :meth:`start` and :meth:`stop` took.
+    glusterd (a child, ``-N``), its state, logs, the brick and the mount points all live in
+    :attr:`workdir`; glusterd and the brick bind ``address``. glusterd must use port 24007,
+    so a second engine on one machine needs another loopback address (``127.0.0.2``).
+    :meth:`start` returns once a file written through one mount reads back through the
+    other (each wait up to ``timeout`` s). :meth:`stop` unmounts, deletes the volume, kills
+    the processes this engine started (by PID, each checked to be still ours) and removes
+    the work directory and what GlusterFS wrote outside it; idempotent. :attr:`timings`
+    has the seconds start and stop took.
     """
 
     name = "glusterfs"
@@ -161,9 +125,8 @@ class GlusterEngine(Engine):
                 "volume": self.volume, "host": self.host}
 
     def gluster(self, *args: str, timeout: float = 60.0, check: bool = True) -> str:
-        """Run the ``gluster`` CLI against this engine's glusterd; its output. Raises
-        EngineUnavailableError with the output (and glusterd's log tail) when it fails
-        and ``check``."""
+        """Run the ``gluster`` CLI against this engine's glusterd; its output. With ``check``,
+        EngineUnavailableError (with glusterd's log tail) when it fails."""
         argv = [self._exe.get("gluster", "gluster"), f"--glusterd-sock={self.socket_file}",
                 "--mode=script", f"--log-file={self.logs / 'cli.log'}", *args]
         try:
@@ -175,7 +138,7 @@ class GlusterEngine(Engine):
         out = (done.stdout + done.stderr).strip()
         if check and done.returncode != 0:
             raise EngineUnavailableError(f"`gluster {' '.join(args)}` failed ({done.returncode}): {out}"
-                                         f"\n--- glusterd log ---\n{_tail(self.logs / 'glusterd.log')}")
+                                         f"\n--- glusterd log ---\n{tail_file(self.logs / 'glusterd.log')}")
         return out
 
     def _preflight(self) -> None:
@@ -202,8 +165,8 @@ class GlusterEngine(Engine):
                     "(a second engine needs another loopback address, e.g. 127.0.0.2)") from None
 
     def _write_volfile(self) -> Path:
-        """A copy of /etc/glusterfs/glusterd.vol that keeps glusterd's state, sockets and logs
-        in the work directory and binds ``address``."""
+        """A copy of /etc/glusterfs/glusterd.vol with state, sockets and logs in the work
+        directory, binding ``address``."""
         text = Path("/etc/glusterfs/glusterd.vol").read_text()
         moved = {"working-directory": self.workdir / "state", "run-directory": self.run_dir,
                  "logging-directory": self.logs, "glusterd-sockfile": self.socket_file,
@@ -232,19 +195,11 @@ class GlusterEngine(Engine):
                                     "-p", str(self.workdir / "glusterd.pid"),
                                     "-l", str(self.logs / "glusterd.log")], "glusterd")
         deadline = time.monotonic() + self.timeout
-        while True:
-            if not self.glusterd.alive():
-                raise EngineUnavailableError(
-                    f"glusterd exited with code {self.glusterd.proc.returncode}:\n"
-                    f"{_tail(self.logs / 'glusterd.log')}\n{self.glusterd.tail()}")
-            if self.socket_file.exists():
-                with contextlib.suppress(EngineUnavailableError):
-                    self.gluster("volume", "list", timeout=10.0)
-                    break
-            if time.monotonic() > deadline:
-                raise EngineUnavailableError(f"glusterd did not answer on {self.socket_file} within "
-                                             f"{self.timeout:.0f}s:\n{_tail(self.logs / 'glusterd.log')}")
-            time.sleep(0.05)
+        try:
+            wait_until(self._glusterd_answers, self.timeout, f"glusterd on {self.socket_file}", self.glusterd)
+        except EngineUnavailableError as exc:
+            log = tail_file(self.logs / "glusterd.log")
+            raise EngineUnavailableError(f"{exc}\n--- glusterd.log ---\n{log}") from None
         self.gluster("volume", "create", self.volume, f"{self.host}:{self.brick}", "force")
         self._volume_created = True
         self.gluster("volume", "start", self.volume)
@@ -255,9 +210,17 @@ class GlusterEngine(Engine):
         self.timings["start"] = time.monotonic() - began
         return self
 
+    def _glusterd_answers(self) -> bool:
+        if not self.socket_file.exists():
+            return False
+        try:
+            self.gluster("volume", "list", timeout=10.0)
+        except EngineUnavailableError:
+            return False
+        return True
+
     def _find_bricks(self) -> None:
-        """Record the brick processes' PIDs and argv, from the pid files glusterd's run
-        directory holds (``run/vols/VOL/*.pid``)."""
+        """Record the brick processes' PIDs and argv (from ``run/vols/VOL/*.pid``)."""
         for pidfile in sorted((self.run_dir / "vols").rglob("*.pid")):
             with contextlib.suppress(OSError, ValueError):
                 pid = int(pidfile.read_text().strip())
@@ -266,7 +229,7 @@ class GlusterEngine(Engine):
                     self.brick_pids[pid] = argv
         if not self.brick_pids:
             raise EngineUnavailableError(f"no brick process of volume {self.volume} found under "
-                                         f"{self.run_dir / 'vols'}:\n{_tail(self.logs / 'glusterd.log')}")
+                                         f"{self.run_dir / 'vols'}:\n{tail_file(self.logs / 'glusterd.log')}")
 
     def _mount(self, mount: Path) -> None:
         """``mount -t glusterfs HOST:/VOL mount``; record its client process."""
@@ -278,13 +241,13 @@ class GlusterEngine(Engine):
                                   capture_output=True, text=True, timeout=self.timeout)
         except subprocess.TimeoutExpired:
             raise EngineUnavailableError(f"mounting {self.volume} on {mount} took over "
-                                         f"{self.timeout:.0f}s:\n{_tail(log)}") from None
+                                         f"{self.timeout:.0f}s:\n{tail_file(log)}") from None
         for pid in self._clients_of(mount):
             self.client_pids[pid] = _cmdline(pid)
         if done.returncode != 0 or not _mounted(mount):
             raise EngineUnavailableError(
                 f"mount -t glusterfs {self.host}:/{self.volume} {mount} failed ({done.returncode}): "
-                f"{(done.stdout + done.stderr).strip()}\n--- {log.name} ---\n{_tail(log)}")
+                f"{(done.stdout + done.stderr).strip()}\n--- {log.name} ---\n{tail_file(log)}")
 
     @staticmethod
     def _clients_of(mount: Path) -> list[int]:
@@ -299,26 +262,22 @@ class GlusterEngine(Engine):
 
     def _wait_shared(self, deadline: float) -> None:
         """Wait until a file written through node A reads back, same bytes, through node B."""
-        probe = f".probe-{uuid.uuid4().hex}"
-        payload = os.urandom(64)
-        last: Exception | None = None
-        while time.monotonic() < deadline:
-            try:
-                (self.mounts[0] / probe).write_bytes(payload)
-                if (self.mounts[1] / probe).read_bytes() == payload:
-                    (self.mounts[1] / probe).unlink()
-                    return
-            except OSError as exc:
-                last = exc
-            time.sleep(0.1)
-        raise EngineUnavailableError(
-            f"a file written on {self.mounts[0]} did not read back on {self.mounts[1]} "
-            f"within {self.timeout:.0f}s ({last})\n--- mount logs ---\n"
-            + "\n".join(_tail(self.logs / f"mount-{m.name}.log", 10) for m in self.mounts))
+        probe, payload = f".probe-{uuid.uuid4().hex}", os.urandom(64)
+
+        def shared() -> bool:
+            (self.mounts[0] / probe).write_bytes(payload)
+            return (self.mounts[1] / probe).read_bytes() == payload
+
+        try:
+            wait_until(shared, max(0.0, deadline - time.monotonic()),
+                       f"a file written on {self.mounts[0]} to read back on {self.mounts[1]}", interval=0.1)
+        except EngineUnavailableError as exc:
+            raise EngineUnavailableError(f"{exc}\n--- mount logs ---\n" + "\n".join(
+                tail_file(self.logs / f"mount-{m.name}.log", 10) for m in self.mounts)) from None
+        (self.mounts[1] / probe).unlink()
 
     def _kill_ours(self, pids: dict[int, list[str]], grace: float = 5.0) -> None:
-        """SIGTERM, then SIGKILL after ``grace`` seconds, each PID still running the argv
-        recorded for it (so that a reused PID is left alone)."""
+        """SIGTERM, then SIGKILL after ``grace`` s, each PID still running its recorded argv."""
         live = [pid for pid, argv in pids.items() if _cmdline(pid) == argv]
         for pid in live:
             with contextlib.suppress(ProcessLookupError):
@@ -332,11 +291,9 @@ class GlusterEngine(Engine):
                 os.kill(pid, signal.SIGKILL)
 
     def stop(self) -> None:
-        """Unmount both mounts (lazily when busy), stop and delete the volume, stop the
-        brick, client and glusterd processes, remove the brick's socket and the work
-        directory. Idempotent; raises EngineUnavailableError at the end if a mount point
-        could not be unmounted (the work directory is then left, and calling stop() again
-        tries again)."""
+        """Unmount (lazily when busy), delete the volume, stop every process, remove the
+        brick's socket and the work directory. Idempotent; EngineUnavailableError at the end
+        if a mount point stays mounted (the work directory is left; stop() again retries)."""
         if self._stopped:
             return
         began = time.monotonic()
@@ -349,7 +306,8 @@ class GlusterEngine(Engine):
                 if done.returncode != 0 and _mounted(mount):  # busy: detach now, gone when closed
                     subprocess.run([umount, "-l", str(mount)], capture_output=True, timeout=60)
         if self._volume_created and self.glusterd is not None and self.glusterd.alive():
-            self._find_bricks_quietly()
+            with contextlib.suppress(EngineUnavailableError):  # after a half-done start
+                self._find_bricks()
             self.gluster("volume", "stop", self.volume, "force", check=False)
             self.gluster("volume", "delete", self.volume, check=False)
         self._kill_ours(self.client_pids)
@@ -377,9 +335,4 @@ class GlusterEngine(Engine):
         else:  # a later stop() tries again
             raise EngineUnavailableError(f"could not unmount {', '.join(map(str, still))}; "
                                          f"{self.workdir} left in place")
-
-    def _find_bricks_quietly(self) -> None:
-        """:meth:`_find_bricks` without raising (stop() after a half-done start)."""
-        with contextlib.suppress(EngineUnavailableError):
-            self._find_bricks()
 

@@ -1,12 +1,7 @@
-"""The loopback shim: an ``LD_PRELOAD`` library (``hicache_l3/engines/loopback_bind.c``,
-built by pip as the optional extension ``hicache_l3._loopback_bind``) that turns a bind to
-the wildcard address (0.0.0.0, ``[::]``) into a bind to loopback.
-
-Mooncake's transfer engine listens on all interfaces (its handshake port on 0.0.0.0, its
-TCP data port on ``[::]``) and has no setting to change that; the engine launcher preloads
-the shim into every process it starts, and an operator can preload it into SGLang (README
-"Security"). :data:`SHIM` is its path, or None when it was not built (no C compiler at
-install time), with the reason in :data:`WHY_NOT`.
+"""The loopback shim: an ``LD_PRELOAD`` library (``loopback_bind.c``, built as the optional
+extension ``hicache_l3._loopback_bind``) that turns a bind to the wildcard address
+(0.0.0.0, ``[::]``) into a bind to loopback; Mooncake's transfer engine has no setting for
+that. :data:`SHIM` is its path, or None when it was not built (reason in :data:`WHY_NOT`).
 """
 
 from __future__ import annotations

@@ -2,41 +2,25 @@
 
 from __future__ import annotations
 
-import contextlib
 import sys
-import time
 import urllib.request
 from typing import Any
 
-from hicache_l3.common.errors import EngineUnavailableError
 from hicache_l3.engines import loopback
-from hicache_l3.engines.base import Engine, ManagedProcess, find_executable, free_port, wait_http
+from hicache_l3.engines.base import Engine, Process, find_executable, free_port, wait_http, wait_until
 
 
 class MooncakeEngine(Engine):
-    """A local Mooncake Store: ``mooncake_master`` (RPC, embedded HTTP metadata server and
-    metrics/health server, each on a free loopback port) plus, with ``holder=True``, a
-    ``mooncake_client`` that contributes a ``segment_size`` memory segment, so that pages
-    outlive every connector (as in a deployment where SGLang's side holds no segment).
-
-    ``master_flags`` adds ``mooncake_master`` flags (e.g. ``{"default_kv_lease_ttl": "200"}``).
-    Every process started here has the loopback shim preloaded
-    (:mod:`hicache_l3.engines.loopback`): the master's embedded HTTP metadata server, which
-    binds 0.0.0.0 whatever host it is given, then binds 127.0.0.1. Without the shim (no C
-    compiler at install time) the metadata is served instead by
-    :mod:`hicache_l3.engines.mooncake_metadata` on 127.0.0.1 (the suite saw intermittent transfer
-    failures under heavy load with it, not with the embedded one). Clients are started with
-    ``MC_TCP_BIND_ADDRESS=127.0.0.1``, so they advertise loopback. A client's transfer
-    engine listens on all interfaces (its handshake port on 0.0.0.0, its TCP data port on
-    ``[::]``) and Mooncake has no setting to change that: every process started here has
-    the loopback shim preloaded (:mod:`hicache_l3.engines.loopback`), so the holder listens
-    on loopback only. The transfer engine inside a connector's own process (the test's,
-    SGLang's) stays on all interfaces unless that process was started with the shim
-    (README "Security").
+    """A local Mooncake Store: ``mooncake_master`` (RPC, HTTP metadata and metrics servers,
+    each on a free loopback port) plus, with ``holder=True``, a ``mooncake_client`` holding a
+    ``segment_size`` memory segment, so pages outlive every connector. ``master_flags`` adds
+    ``mooncake_master`` flags. Every process listens on loopback only (the loopback shim;
+    without it the metadata is served by :mod:`hicache_l3.engines.mooncake_metadata`).
     :meth:`kill_master`, :meth:`restart_master` and :meth:`kill_holder` are for fault tests.
     """
 
     name = "mooncake"
+    start_timeout = 20.0  # seconds each process gets to answer
 
     def __init__(self, holder: bool = True, segment_size: str = "1 GB",
                  master_flags: dict[str, str] | None = None) -> None:
@@ -48,10 +32,10 @@ class MooncakeEngine(Engine):
         self.http_port = free_port()
         self.metrics_port = free_port()
         self.holder_port = free_port()
-        self.master: ManagedProcess | None = None
-        self.metadata_proc: ManagedProcess | None = None
-        self._own_metadata = loopback.SHIM is None  # the shim keeps the master's on loopback
-        self.holder_proc: ManagedProcess | None = None
+        self.master: Process | None = None
+        self.metadata_proc: Process | None = None
+        self._own_metadata = loopback.SHIM is None  # the master's own binds 0.0.0.0 without the shim
+        self.holder_proc: Process | None = None
         self._env = {"MC_TCP_BIND_ADDRESS": "127.0.0.1"}
 
     @property
@@ -84,25 +68,24 @@ class MooncakeEngine(Engine):
     def start(self) -> MooncakeEngine:
         """Start the metadata server, the master (and the holder); wait for each to answer."""
         if self._own_metadata:
-            self.metadata_proc = self.spawn([
-                sys.executable, "-m", "hicache_l3.engines.mooncake_metadata",
-                "--host=127.0.0.1", f"--port={self.http_port}",
-            ], "metadata_server")
-            wait_http(f"http://127.0.0.1:{self.http_port}/health", 20.0, self.metadata_proc.proc)
+            self.metadata_proc = self._run_metadata()
         self.start_master()
         if self.holder:
-            self.holder_proc = self.spawn([
-                find_executable("mooncake_client"), "--host=127.0.0.1",
-                f"--global_segment_size={self.segment_size}",
-                f"--master_server_address={self.master_address}",
-                f"--metadata_server={self.metadata_server}",
-                f"--port={self.holder_port}",
-            ], "mooncake_client", env=self._env)
-            self.wait_capacity(1, timeout=20.0, proc=self.holder_proc)
+            self.holder_proc = self._run_holder()
+            self.wait_capacity(1, timeout=self.start_timeout, proc=self.holder_proc)
         return self
 
     def start_master(self) -> None:
-        """Start ``mooncake_master`` on this engine's ports and wait for ``/health``."""
+        """Start the master on this engine's ports and wait for ``/health``."""
+        self.master = self._run_master()
+
+    def _run_metadata(self) -> Process:
+        proc = self.spawn([sys.executable, "-m", "hicache_l3.engines.mooncake_metadata",
+                           "--host=127.0.0.1", f"--port={self.http_port}"], "metadata_server")
+        wait_http(f"http://127.0.0.1:{self.http_port}/health", self.start_timeout, proc)
+        return proc
+
+    def _run_master(self) -> Process:
         argv = [
             find_executable("mooncake_master"),
             f"--rpc_port={self.rpc_port}", "--rpc_address=127.0.0.1",
@@ -112,12 +95,18 @@ class MooncakeEngine(Engine):
             "--metrics_host=127.0.0.1", f"--metrics_port={self.metrics_port}",
             *(f"--{k}={v}" for k, v in self.master_flags.items()),
         ]
-        self.master = self.spawn(argv, "mooncake_master", env=self._env)
-        try:
-            wait_http(self.metrics_url + "/health", 20.0, self.master.proc)
-        except EngineUnavailableError as exc:
-            tail = self.master.tail()
-            raise EngineUnavailableError(f"{exc}\n--- mooncake_master log ---\n{tail}") from None
+        proc = self.spawn(argv, "mooncake_master", env=self._env)
+        wait_http(self.metrics_url + "/health", self.start_timeout, proc)
+        return proc
+
+    def _run_holder(self) -> Process:
+        return self.spawn([find_executable("mooncake_client"), "--host=127.0.0.1", *self._holder_args()],
+                          "mooncake_client", env=self._env)
+
+    def _holder_args(self) -> list[str]:
+        return [f"--global_segment_size={self.segment_size}",
+                f"--master_server_address={self.master_address}",
+                f"--metadata_server={self.metadata_server}", f"--port={self.holder_port}"]
 
     def metric(self, name: str) -> float:
         """One unlabelled value of the master's Prometheus ``/metrics`` (0 if absent)."""
@@ -128,24 +117,16 @@ class MooncakeEngine(Engine):
         return 0.0
 
     def wait_capacity(self, minimum: float, timeout: float,
-                      proc: ManagedProcess | None = None) -> None:
-        """Wait until the master counts at least ``minimum`` bytes of mounted segments."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if proc is not None and not proc.alive():
-                raise EngineUnavailableError(
-                    f"{proc.name} exited with code {proc.proc.returncode}:\n{proc.tail()}")
-            with contextlib.suppress(OSError):
-                if self.metric("master_total_capacity_bytes") >= minimum:
-                    return
-            time.sleep(0.1)
-        raise EngineUnavailableError(f"no segment mounted at {self.master_address} within {timeout:.0f}s")
+                      proc: Process | None = None) -> None:
+        """Wait until the master counts at least ``minimum`` bytes of mounted segments
+        (EngineUnavailableError on timeout, or when ``proc`` exits first)."""
+        wait_until(lambda: self.metric("master_total_capacity_bytes") >= minimum, timeout,
+                   f"a segment mounted at {self.master_address}", proc, interval=0.1)
 
     def kill_master(self) -> None:
         """SIGKILL the master (clients see -900 until it is back)."""
         if self.master is not None:
             self.master.kill()
-            self.master.proc.wait(10)
             self.master.stop()
             self.processes.remove(self.master)
             self.master = None
@@ -157,7 +138,7 @@ class MooncakeEngine(Engine):
 
     def kill_holder(self) -> None:
         """SIGKILL the segment holder."""
-        if self.holder_proc is not None:
-            self.holder_proc.kill()
-            self.holder_proc.proc.wait(10)
-
+        holder = self.holder_proc
+        if holder is not None:
+            holder.kill()
+            wait_until(lambda: not holder.alive(), 10.0, "the killed holder to exit")

@@ -1,20 +1,14 @@
-"""A Mooncake transfer-engine metadata server bound to loopback.
-
-``mooncake_master --enable_http_metadata_server`` binds its metadata server to 0.0.0.0
-whatever ``--http_metadata_server_host`` says (Mooncake 0.3.13 and its main branch build
-the server from the port alone). Anyone who reaches that port can rewrite where clients
-send and fetch pages. The launcher (:class:`~hicache_l3.engines.MooncakeEngine`)
-runs this server, on 127.0.0.1, when the loopback shim was not built (with the shim the
-master's own server binds loopback); same protocol as Mooncake's own::
+"""A Mooncake transfer-engine metadata server bound to loopback, speaking the protocol of
+Mooncake's own (whose master-embedded server binds 0.0.0.0 whatever host it is given);
+the launcher uses it when the loopback shim was not built::
 
     GET    /metadata?key=K   200 + the value, 404 when absent, 400 without a key
     PUT    /metadata?key=K   200; a second, different value for an ``rpc_meta`` key is 400
     DELETE /metadata?key=K   200, 404 when absent
     GET    /health           200 "OK"
 
-Run: ``python -m hicache_l3.engines.mooncake_metadata --port N [--host 127.0.0.1]``.
-Values live in memory only, like the master's embedded server. Standard library only: the
-``mooncake-master`` image (``docker/``) runs this file as a script.
+``python -m hicache_l3.engines.mooncake_metadata --port N [--host 127.0.0.1]``; values live
+in memory. Standard library only: the ``mooncake-master`` image runs this file as a script.
 """
 
 from __future__ import annotations
@@ -22,41 +16,23 @@ from __future__ import annotations
 import argparse
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 
-class MetadataStore:
-    """The key -> value map behind the server; thread-safe."""
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024  # the default backlog of 5 drops SYNs under bursts of lookups
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._values: dict[str, bytes] = {}
-
-    def get(self, key: str) -> bytes | None:
-        """The value of ``key``, or None."""
-        with self._lock:
-            return self._values.get(key)
-
-    def put(self, key: str, value: bytes) -> tuple[int, str]:
-        """Store ``value``; (status, message) as Mooncake's server answers."""
-        with self._lock:
-            old = self._values.get(key)
-            if "rpc_meta" in key and old is not None:
-                if old == value:
-                    return 200, "metadata unchanged"
-                return 400, "Duplicate rpc_meta key not allowed"
-            self._values[key] = value
-        return 200, "metadata updated"
-
-    def delete(self, key: str) -> bool:
-        """Remove ``key``; False when it was absent."""
-        with self._lock:
-            return self._values.pop(key, None) is not None
+    def __init__(self, address: tuple[str, int], handler: Any) -> None:
+        super().__init__(address, handler)
+        self.lock = threading.Lock()
+        self.values: dict[str, bytes] = {}
 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    store: MetadataStore  # set on the subclass made by make_server
+    server: _Server
 
     def log_message(self, format: str, *args: object) -> None:
         pass  # one line per request would flood the engine's log
@@ -68,60 +44,49 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _key(self) -> str | None:
+    def _handle(self, method: str) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if method == "PUT" and length > 0 else b""
+        self._reply(*self._answer(method, body))
+
+    def _answer(self, method: str, body: bytes) -> tuple[int, bytes, str]:
         parts = urlsplit(self.path)
+        if method == "GET" and parts.path == "/health":
+            return 200, b"OK", "text/plain"
         if parts.path != "/metadata":
-            self._reply(404, b"not found")
-            return None
+            return 404, b"not found", "text/plain"
         key = parse_qs(parts.query).get("key", [""])[0]
         if not key:
-            self._reply(400, b"Missing key parameter")
-            return None
-        return key
+            return 400, b"Missing key parameter", "text/plain"
+        values = self.server.values
+        with self.server.lock:
+            old = values.get(key)
+            if method == "GET" and old is not None:
+                return 200, old, "application/json"
+            if method == "DELETE" and values.pop(key, None) is not None:
+                return 200, b"metadata deleted", "text/plain"
+            if method != "PUT":
+                return 404, b"metadata not found", "text/plain"
+            if "rpc_meta" in key and old is not None and old != body:
+                return 400, b"Duplicate rpc_meta key not allowed", "text/plain"
+            if "rpc_meta" in key and old is not None:
+                return 200, b"metadata unchanged", "text/plain"
+            values[key] = body
+        return 200, b"metadata updated", "text/plain"
 
     def do_GET(self) -> None:
-        if urlsplit(self.path).path == "/health":
-            self._reply(200, b"OK")
-            return
-        key = self._key()
-        if key is None:
-            return
-        value = self.store.get(key)
-        if value is None:
-            self._reply(404, b"metadata not found")
-        else:
-            self._reply(200, value, "application/json")
+        self._handle("GET")
 
     def do_PUT(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length > 0 else b""
-        key = self._key()
-        if key is None:
-            return
-        status, message = self.store.put(key, body)
-        self._reply(status, message.encode())
+        self._handle("PUT")
 
     def do_DELETE(self) -> None:
-        key = self._key()
-        if key is None:
-            return
-        if self.store.delete(key):
-            self._reply(200, b"metadata deleted")
-        else:
-            self._reply(404, b"metadata not found")
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    # http.server's default listen backlog is 5: a burst of transfer-engine lookups from a
-    # loaded machine's clients would see dropped SYNs and one-second retries
-    request_queue_size = 1024
+        self._handle("DELETE")
 
 
 def make_server(host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
     """A metadata server bound to ``host:port`` (not yet serving: call ``serve_forever``)."""
-    handler = type("MetadataHandler", (_Handler,), {"store": MetadataStore()})
-    return _Server((host, port), handler)
+    return _Server((host, port), _Handler)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,11 +9,9 @@ from hicache_l3.engines.base import Engine, find_executable, free_port, wait_htt
 
 
 class S3Engine(Engine):
-    """A local S3 server: ``moto_server`` (from the ``moto[server]`` package, next to this
-    Python) on a free loopback port, with one bucket created through boto3. Its
-    :attr:`settings` open the nixl connector in OBJ mode against it (test credentials
-    that moto accepts). :meth:`client` is a boto3 client on it, for tests' backdoors.
-    """
+    """A local S3 server: ``moto_server`` (``moto[server]``) on a free loopback port with one
+    bucket; :attr:`settings` open the nixl connector in OBJ mode on it, :meth:`client` is a
+    boto3 client on it (tests' backdoors)."""
 
     name = "s3"
 
@@ -51,9 +49,12 @@ class S3Engine(Engine):
 
     def start(self) -> S3Engine:
         """Start moto_server, wait until it answers, create the bucket."""
-        proc = self.spawn([find_executable("moto_server"), "-H", "127.0.0.1", "-p", str(self.port)],
-                          "moto_server")
-        wait_http(f"{self.endpoint}/moto-api/", timeout=30.0, proc=proc.proc)
+        self._run_server()
         self.client().create_bucket(Bucket=self.bucket)
         return self
+
+    def _run_server(self) -> None:
+        proc = self.spawn([find_executable("moto_server"), "-H", "127.0.0.1", "-p", str(self.port)],
+                          "moto_server")
+        wait_http(f"{self.endpoint}/moto-api/", timeout=30.0, proc=proc)
 

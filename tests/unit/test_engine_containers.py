@@ -53,3 +53,9 @@ def test_a_checkout_has_its_docker_dir() -> None:
     repo = Path(__file__).resolve().parents[2]
     assert repo == containers.REPO
     assert containers.docker_dir() == repo / "docker"
+
+
+def test_the_build_command_says_so_and_exits_2(wheel_install: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert containers.main(["build"]) == 2
+    assert "container engines need a checkout" in capsys.readouterr().err
