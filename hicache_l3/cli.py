@@ -1,9 +1,6 @@
-"""The ``hicache-l3`` command line: bench, replay, engines, sglang-args, check.
-
-Each subcommand lives in its own module, which provides ``add_arguments(parser)`` and
-``run(args) -> int`` (names given in :data:`COMMANDS`). A command whose module cannot be
-imported (an optional package missing) is still listed, with what to install; running it
-prints that and exits 2, and the other commands work.
+"""The ``hicache-l3`` command line. Each subcommand's module provides ``add_arguments(parser)``
+and ``run(args) -> int`` (:data:`COMMANDS`); one whose module cannot be imported is still
+listed with what to install, and running it prints that and exits 2.
 """
 
 from __future__ import annotations
