@@ -1,11 +1,6 @@
-"""The index reader every process of a namespace runs: ``digest(key) -> Entry`` in a
-:mod:`~hicache_l3.slab.table` page table (C open addressing when built: no Python object
-per page), fed by every writer's ``index.log`` (:mod:`~hicache_l3.slab.log_follow`) on top
-of the namespace's checkpoint (:mod:`~hicache_l3.slab.index_checkpoint`).
-
-A PUT record for a slot supersedes whatever that slot held; a DEL record names the exact
-(writer, slab, slot, generation) it removes, so a stale DEL can never remove a newer page.
-Logs are read in any order: a DEL read before the PUT it removes still wins.
+"""The index every process of a namespace runs: ``digest(key) -> Entry`` in a page table,
+fed by every writer's ``index.log`` on top of the namespace's checkpoint. A PUT supersedes
+what its slot held; a DEL names the exact page it removes; logs are read in any order.
 """
 
 from __future__ import annotations
@@ -44,9 +39,9 @@ MAX_DROPPED = 1 << 16
 
 
 class Evicted(NamedTuple):
-    """Own pages one eviction took out of the table without a log record, kept flat (no
-    object per page) until a commit rewrites exactly their slots -- then they are settled
-    at once -- or anything else needs :attr:`SlabIndex.unlogged`, which takes them in."""
+    """Own pages one eviction took out of the table without a log record, kept flat
+    (digests concatenated, six values per entry) until a commit rewrites exactly their slots
+    or :attr:`SlabIndex.unlogged` takes them in."""
 
     ds: bytes  # their digests, concatenated
     values: array.array[int]  # their entries, six values each (writer, slab, slot first)
@@ -55,24 +50,11 @@ class Evicted(NamedTuple):
 class SlabIndex:
     """``digest(key) -> Entry`` for one namespace, built from every writer's log.
 
-    ``lock`` guards the index and is shared with the writer that composes it. ``own`` is
-    the writer this process owns (its log is appended by this process, not tailed);
-    ``on_free(slab, slot)`` is called when a DEL read from a log frees one of its slots.
-    ``logs`` follows the writers' logs and ``checkpoints`` loads, writes and rebases on
-    the namespace's checkpoints.
-
-    Log-derived state. ``table`` (a :class:`~hicache_l3.slab.table.PageTable`: page
-    digest -> entry, and its slot inverse) is what the logs say, less the pages this
-    process removed on its own judgement without a log record (found unreadable, or
-    evicted by this writer for a slot not rewritten yet): those are kept in ``unlogged``
-    (by digest) until a log record supersedes them, so that the state a checkpoint stores
-    (:meth:`IndexCheckpoints.state`) is exactly what a replay of the logs gives, whatever
-    this process found unreadable. Internals key on digests (:func:`~hicache_l3.slab.table.digest`);
-    the keys themselves are only in the logs (and in ``foreign_dels``).
-
-    ``capacity``: how many pages the namespace is expected to hold at most (the writers'
-    slots), a hint for the table's growth (:meth:`~hicache_l3.slab.table.PageTable.expect`).
-    """
+    ``lock`` guards the index (shared with the writer); ``own`` is this process's writer;
+    ``on_free(slab, slot)`` is called when a DEL frees one of its slots. ``table`` is what the
+    logs say, less the pages this process removed without a log record, kept in
+    ``unlogged`` until a record supersedes them (so a checkpoint stores what a replay gives).
+    ``capacity``: pages the namespace is expected to hold at most (a growth hint)."""
 
     def __init__(self, writers_dir: Path, files: SlabFiles, capacity: int | None = None) -> None:
         self.writers_dir = writers_dir
@@ -99,8 +81,8 @@ class SlabIndex:
     # ---- unlogged pages -------------------------------------------------------------------
     @property
     def unlogged(self) -> dict[bytes, Entry]:
-        """Pages taken out of the table without a log record, by digest (class
-        docstring). Caller holds ``lock``."""
+        """Pages taken out of the table without a log record, by digest. Caller holds
+        ``lock``."""
         if self._evicted:
             self._take_in_evicted()
         return self._unlogged
@@ -121,18 +103,15 @@ class SlabIndex:
             self._unlogged_at.update(zip(map(_WHERE, entries), ds))
 
     def remove_unlogged_at(self, wheres: Sequence[tuple[int, int, int]]) -> None:
-        """:meth:`remove_unlogged` of the pages in slots ``wheres`` (an eviction): kept as
-        one flat :class:`Evicted` batch, which the commit that rewrites exactly these
-        slots (the common case) settles as a whole."""
+        """:meth:`remove_unlogged` of the pages in slots ``wheres`` (an eviction), kept as
+        one :class:`Evicted` batch."""
         ds, values = self.table.take_at_many(wheres)
         if ds:
             self._evicted.append(Evicted(ds, values))
 
     def remove_unlogged_runs(self, writer: int, runs: Sequence[tuple[int, int, int]]) -> None:
-        """:meth:`remove_unlogged_at` of the slots of ``runs`` (``(slab, first, count)``:
-        slots ``first .. first + count - 1`` of ``writer``'s ``slab``, in order), each run
-        taken in one C call (:func:`~hicache_l3.slab.evict.take_run`), kept as one flat
-        :class:`Evicted` batch like :meth:`remove_unlogged_at`'s."""
+        """:meth:`remove_unlogged_at` of the slots of ``runs`` (``(slab, first, count)`` of
+        ``writer``), one C call per run."""
         parts = [take_run(self.table, writer, slab, first, count) for slab, first, count in runs]
         if len(parts) == 1:
             ds, values = parts[0]
@@ -145,11 +124,8 @@ class SlabIndex:
             self._evicted.append(Evicted(ds, values))
 
     def _settle_evicted(self, values: array.array[int]) -> None:
-        """PUTs of entries ``values`` (unblocked; six values each) settle an
-        :class:`Evicted` batch of exactly their slots, in order: every page of it is
-        superseded by the PUT into its slot. Any other batch is taken into the dicts,
-        where the per-page rules apply. (Compared as strided array slices: no object per
-        page.)"""
+        """PUTs of entries ``values`` settle an :class:`Evicted` batch of exactly their slots;
+        any other batch is taken into the dicts."""
         n = len(values)
         slabs, slots = values[1::6], values[2::6]
         for k, batch in enumerate(self._evicted):
@@ -163,8 +139,8 @@ class SlabIndex:
 
     # ---- following the logs -------------------------------------------------------------
     def refresh(self) -> None:
-        """Pick up records appended by every writer (new writers included), the checkpoint
-        loaded first (once) and kept up after. Caller holds ``lock``."""
+        """Pick up records appended by every writer (the checkpoint loaded first, once).
+        Caller holds ``lock``."""
         checkpoints = self.checkpoints
         if not checkpoints.loaded:
             checkpoints.loaded = True
@@ -184,8 +160,7 @@ class SlabIndex:
         self.forget_unlogged(*writers)
 
     def forget_unlogged(self, *writers: int) -> None:
-        """Drop the :attr:`unlogged` pages of ``writers`` (their logs no longer hold them,
-        or are about to be read again)."""
+        """Drop the :attr:`unlogged` pages of ``writers``."""
         for d, entry in list(self.unlogged.items()):
             if entry.writer in writers:
                 del self.unlogged[d]
@@ -196,9 +171,8 @@ class SlabIndex:
         return {d: e for d, e in self.unlogged.items() if e.writer == writer}
 
     def forget_unlogged_entries(self, entries: dict[bytes, Entry]) -> None:
-        """Drop each of ``entries`` from :attr:`unlogged` where it is still there as it was
-        (a log compacted from a table without them no longer holds them; pages taken out
-        since stay). Caller holds ``lock``."""
+        """Drop each of ``entries`` from :attr:`unlogged` where it is still there as it
+        was. Caller holds ``lock``."""
         unlogged = self.unlogged
         for d, entry in entries.items():
             if unlogged.get(d) == entry:
@@ -208,14 +182,8 @@ class SlabIndex:
 
     def apply_put(self, d: bytes, entry: Entry) -> None:
         """The key of digest ``d`` is now in ``entry``'s slot (superseding what that slot
-        held, and the key's page elsewhere).
-
-        A PUT whose exact page a DEL read earlier removed (the DEL came from another
-        writer's log, read first) is not indexed, but still supersedes what it superseded
-        when written: the slot's older page, and an older page of the key by the same
-        writer. So the index does not depend on the order the logs are read in (for keys
-        stored by one writer; two writers storing one key at once leave either copy, with
-        the same bytes)."""
+        held, and the key's page elsewhere). A PUT whose exact page a DEL already removed is not
+        indexed but still supersedes what it superseded when written."""
         where = (entry.writer, entry.slab, entry.slot)
         table = self.table
         blocked = self.deleted.get(where, 0) >= entry.gen
@@ -232,8 +200,7 @@ class SlabIndex:
             table.pop(d)
 
     def _settle_unlogged(self, d: bytes, entry: Entry, blocked: bool) -> None:
-        """The logs' view of a PUT: it supersedes the key's and the slot's unlogged page
-        (and whatever :attr:`unlogged_at` said of its slot: nothing unlogged is there now)."""
+        """A PUT supersedes the key's and the slot's unlogged page."""
         where = (entry.writer, entry.slab, entry.slot)
         old = self.unlogged.get(d)
         if old is not None and (not blocked or (old.writer == entry.writer and old.gen < entry.gen)):
@@ -241,13 +208,8 @@ class SlabIndex:
         self._unlog(self.unlogged_at.pop(where, None), where)
 
     def settle_unlogged_many(self, ds: Sequence[bytes], entries: Sequence[Entry]) -> None:
-        """:meth:`_settle_unlogged` of each unblocked PUT ``ds[j]``/``entries[j]``, in bulk.
-
-        Settling only removes pages from :attr:`unlogged`, and whether a page goes depends
-        on that page and one PUT alone (a PUT into its slot, or of its key), never on the
-        other removals: so the order does not matter and one pass per kind gives exactly
-        the per-page result. The common batch at capacity rewrites exactly the slots its
-        reservation evicted: every slot's unlogged page goes, by C-level map/pop calls."""
+        """:meth:`_settle_unlogged` of each unblocked PUT ``ds[j]``/``entries[j]``, in bulk
+        (order does not matter: each removal depends on one page and one PUT)."""
         unlogged, unlogged_at = self.unlogged, self.unlogged_at
         wheres: list[tuple[int, int, int]] = list(map(_WHERE, entries))
         pop_at: Callable[[tuple[int, int, int], None], bytes | None] = unlogged_at.pop
@@ -267,10 +229,8 @@ class SlabIndex:
                 self._unlog(d)
 
     def apply_put_values(self, ds: Sequence[bytes], values: array.array[int]) -> None:
-        """:meth:`apply_puts` of a batch shaped as a table export: ``ds[j]`` with the six
-        values ``values[6j : 6j + 6]`` (a writer's commit builds no Entry per page). A
-        batch with no blocked PUT (the common one) settles its unlogged pages in bulk and
-        goes to the table in one call; any other takes the per-page path."""
+        """:meth:`apply_puts` of ``ds[j]`` with the six values ``values[6j : 6j + 6]``.
+        :class:`ValueError` on mismatched lengths."""
         if len(values) != 6 * len(ds):
             raise ValueError(f"apply_put_values: {len(ds)} digests for {len(values)} values")
         deleted, blob = self.deleted, joined(ds)
@@ -284,10 +244,8 @@ class SlabIndex:
         self.table.load(blob, values)
 
     def apply_puts(self, ds: Sequence[bytes], entries: Sequence[Entry]) -> None:
-        """:meth:`apply_put` of each ``ds[j]``/``entries[j]`` in order. Unblocked PUTs (no
-        DEL mark for their page: then a PUT is exactly ``table.put`` once its unlogged
-        pages are settled) go to the table together, in one call per run; a batch with no
-        blocked PUT (the common one) settles its unlogged pages in bulk and is one call."""
+        """:meth:`apply_put` of each ``ds[j]``/``entries[j]`` in order; unblocked PUTs go to
+        the table in one call per run."""
         deleted = self.deleted
         if not deleted or deleted.keys().isdisjoint(map(_WHERE, entries)):
             if self._evicted:
@@ -349,8 +307,7 @@ class SlabIndex:
 
     def lookup(self, keys: Sequence[str]) -> list[Located | None]:
         """Per key: a descriptor and entry to read it from, or None. A slab that cannot be
-        opened (missing, unreadable) drops its keys from the index: they miss, ``exists``
-        stops reporting them and a later set stores them again. Caller holds ``lock``."""
+        opened drops its keys from the index. Caller holds ``lock``."""
         fd, located = self.files.get, _new_located
         fds: dict[tuple[int, int], int] = {}
         out: list[Located | None] = []
@@ -371,10 +328,8 @@ class SlabIndex:
         return out
 
     def plan(self, keys: Sequence[str], geometry: Geometry, verified_only: bool) -> GetPlan | None:
-        """:meth:`lookup` and the checks before a read of ``keys`` in one C call
-        (:mod:`hicache_l3.slab.plan`), or None where the C table cannot plan (the caller
-        takes :meth:`lookup` then). Same semantics: a slab that cannot be opened drops its
-        keys from the index and they miss. Caller holds ``lock``."""
+        """:meth:`lookup` and the checks before a read of ``keys`` in one C call, or None
+        where the table cannot plan. Caller holds ``lock``."""
         def open_slab(writer: int, slab: int) -> int | None:
             try:
                 return self.files.get(writer, slab)
@@ -392,8 +347,8 @@ class SlabIndex:
                     self.files.path(writer, slab), exc.strerror, len(lost))
 
     def _unlog(self, d: bytes | None, where: tuple[int, int, int] | None = None) -> None:
-        """Remove digest ``d`` from :attr:`unlogged` (a log record superseded it); only if
-        its page is in slot ``where`` when given."""
+        """Remove digest ``d`` from :attr:`unlogged`; only if its page is in slot ``where``
+        when given."""
         if d is None:
             return
         entry = self.unlogged.get(d)
@@ -405,8 +360,7 @@ class SlabIndex:
         self.unlogged_at.pop((entry.writer, entry.slab, entry.slot), None)
 
     def remove_unlogged(self, d: bytes, entry: Entry) -> None:
-        """Take digest ``d`` (mapped to ``entry`` now) out of this process's view without a
-        log record: the logs still hold it (see :attr:`unlogged`)."""
+        """Take digest ``d`` (mapped to ``entry``) out of the table without a log record."""
         self.table.pop(d)
         self.unlogged[d] = entry
         self.unlogged_at[(entry.writer, entry.slab, entry.slot)] = d
@@ -424,9 +378,8 @@ class SlabIndex:
         return True
 
     def live_keys(self) -> list[str]:
-        """The keys of every indexed page, read from the logs (the table holds digests):
-        the keys of the PUT records, up to where each log was read, whose digest the table
-        maps to exactly that page. Caller holds ``lock``."""
+        """The keys of every indexed page, read from the logs' PUT records whose digest the
+        table maps to exactly that page. Caller holds ``lock``."""
         out: list[str] = []
         for tail in self.tails.values():
             if not tail.offset:
@@ -436,8 +389,18 @@ class SlabIndex:
             if spans is not None:
                 out += [data[start + RECORD.size : end].decode() for start, end in spans]
                 continue
-            puts = [(key, entry) for kind, key, entry in decode_records(data)[0] if kind == PUT]
-            current = self.table.get_many(digests([key for key, _ in puts]))
-            out += [key for (key, entry), now in zip(puts, current)
-                    if now is not None and now[:4] == entry[:4]]
+            out += [key for _, key, _ in self.live_puts(data)]
         return out
+
+    def live_puts(self, data: bytes, writer: int | None = None) -> list[tuple[bytes, str, Entry]]:
+        """The PUT records of ``data`` (of ``writer``'s pages, when given) whose digest the
+        table maps to exactly their page, decoded: ``(digest, key, entry)``, each digest
+        once. Caller holds ``lock``."""
+        puts = [(key, e) for kind, key, e in decode_records(data)[0]
+                if kind == PUT and (writer is None or e.writer == writer)]
+        ds = digests([key for key, _ in puts])
+        live: dict[bytes, tuple[bytes, str, Entry]] = {}
+        for (key, e), d, now in zip(puts, ds, self.table.get_many(ds)):
+            if now is not None and now[:4] == e[:4] and d not in live:
+                live[d] = (d, key, now)
+        return list(live.values())

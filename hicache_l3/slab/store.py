@@ -1,12 +1,6 @@
-"""The slab store's writer: this process's own slots (allocation, LRU, eviction,
+"""The slab store's writer: this process's own slots (allocation, recency, eviction,
 reserve / commit / abort, delete, log compaction), composed with the index reader.
-
-Each process that stores pages owns one writer directory (:mod:`~hicache_l3.slab.ownership`:
-it adopts a free one on open, so restarts reuse their slabs) and writes only into its own
-slots; it evicts its own least recently used slots when its capacity is reached. A record
-is appended to the writer's ``index.log`` (``O_APPEND``, a single owner per log) only
-after the data is written (and synced, under ``fsync="data"``), so an entry is never
-visible before its bytes. The owner frees its slot when it reads a DEL for it.
+A record is appended to the writer's ``index.log`` only after its page's bytes are written.
 """
 
 from __future__ import annotations
@@ -29,7 +23,7 @@ from hicache_l3.common.keys import Namespace
 from hicache_l3.slab import ownership
 from hicache_l3.slab.changes import ChangeFile
 from hicache_l3.slab.clock import Clock, Clocks, iota, is_run, slab_spans
-from hicache_l3.slab.compaction import LogCompaction, temporary_log
+from hicache_l3.slab.compaction import LogCompaction
 from hicache_l3.slab.files import SlabFiles, make_dir, open_file, writer_name
 from hicache_l3.slab.format import (
     DEL,
@@ -39,7 +33,6 @@ from hicache_l3.slab.format import (
     Entry,
     Located,
     Slot,
-    decode_records,
     encode_record,
     namespace_dir,
     write_namespace_file,
@@ -56,25 +49,21 @@ _new_slot = functools.partial(tuple.__new__, Slot)
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)  # of a (slab, slot) pair
 
 PREALLOCATE_CHUNK = 32 << 20  # slab space is reserved as slots are first used: doubling, this at most
-SPLIT_MIN_BYTES = 32 << 20  # slabs this big or bigger: two clocks, a batch's slots in two files (clock.py)
-SPLIT_MIN_SLOTS = 64  # ... and holding this many slots at least
+SPLIT_MIN_BYTES = 32 << 20  # slabs this big (and SPLIT_MIN_SLOTS slots) or more: two clocks
+SPLIT_MIN_SLOTS = 64
 COMPACT_MIN_BYTES = 4 << 20  # a writer's log is rewritten once larger than this and 3x its live part
 
 
 def split_min_slots(stride: int) -> int:
     """The fewest slots of ``stride`` bytes a slab must hold for a store to take a batch's
-    victims from two slab files (:class:`~hicache_l3.slab.clock.Clocks`): SPLIT_MIN_BYTES
-    of them and SPLIT_MIN_SLOTS at least (small stores keep one least-recently-used order)."""
+    victims from two slab files (:class:`~hicache_l3.slab.clock.Clocks`)."""
     return max(SPLIT_MIN_SLOTS, -(-SPLIT_MIN_BYTES // stride))
 
 
 def _highest_slots(slabs: array.array[int], slots: array.array[int],
                    ) -> tuple[dict[int, int], list[tuple[int, int]]]:
     """Per slab of the columns ``(slabs[j], slots[j])``: its highest slot; and the columns
-    as consecutive spans ``(slab, length)`` in order. A reserve's slabs come in one or two
-    spans (an eviction's victims, one slab per clock: clock.py): found by
-    :func:`~hicache_l3.slab.clock.slab_spans`, a count per span, with a run of slots (as an
-    eviction pass gives) read off its last; any other order takes a loop per slot."""
+    as consecutive spans ``(slab, length)`` in order."""
     spans = slab_spans(slabs, 4)
     highest: dict[int, int] = {}
     if spans is not None:
@@ -96,9 +85,7 @@ def _highest_slots(slabs: array.array[int], slots: array.array[int],
 class WritePlan(NamedTuple):
     """What a set must write: the indices of the keys to write, their reserved slots
     (same order), the indices of keys left without a slot because the store is full, and
-    the table digests of the keys of ``todo`` (same order: :meth:`SlabStore.commit` takes
-    them, so a set hashes each key once; a :class:`~hicache_l3.slab.table.Digests`
-    buffer, which the commit passes to the table as it is)."""
+    the table digests of the keys of ``todo`` (for :meth:`SlabStore.commit`)."""
 
     todo: list[int]
     slots: Sequence[Slot]  # a SlotColumns on the common batch
@@ -113,21 +100,14 @@ class SlabStore:
     offsets it gets from :meth:`reserve_new` (set) and :meth:`lookup` (get), then calls
     :meth:`commit` / :meth:`abort`, or :meth:`invalidate` on a failed check.
 
-    ``capacity_bytes`` bounds this writer's slabs (each writer process has its own),
-    counted as :attr:`~hicache_l3.slab.format.Geometry.stride` (data area plus marker
-    record) per slot: a slab file's last, partial group of slots spans up to one marker
-    table (64 KiB) more; when full, the least recently used own slot is reused. A capacity
-    of two slabs or less is cut into two slabs when each then holds :func:`split_min_slots`
-    slots or more, and with slabs that big a batch's victims come from two slab files
-    (:class:`~hicache_l3.slab.clock.Clocks`): the kernel serialises writes to one file,
-    not to two. ``fsync`` is ``"none"``
-    (page cache only), ``"data"`` (slabs synced before index records are published) or
-    ``"always"`` (the index log synced too).
+    ``capacity_bytes`` bounds this writer's slabs, counted as
+    :attr:`~hicache_l3.slab.format.Geometry.stride` per slot; when full, the least recently
+    used own slot is reused. ``fsync`` is ``"none"`` (page cache only), ``"data"`` (slabs
+    synced before index records are published) or ``"always"`` (the index log synced too).
+    Raises :class:`~hicache_l3.common.errors.ConfigError` on a bad ``fsync``.
     """
 
-    # other processes' changes learnt through the namespace's change file (slab/changes.py):
-    # a look at the logs only when it says one was published
-    uses_change_file = True
+    uses_change_file = True  # other processes' changes learnt through slab/changes.py
     _lock_writer = staticmethod(ownership.lock_writer)  # a writer directory's lock (flock)
 
     def __init__(
@@ -146,7 +126,6 @@ class SlabStore:
         self.namespace = namespace
         self.directory = namespace_dir(root, namespace)
         self.writers_dir = self.directory / "writers"
-        # the namespace's layout (packed small slots or not) is the one it was created with
         self.geometry = write_namespace_file(self.directory, namespace, slot_bytes)
         self.fsync = fsync
         self.direct = direct
@@ -167,8 +146,6 @@ class SlabStore:
         self.me: int | None = None
         self._lock_fd = -1
         self._log_fd = -1
-        # own pages' recency: CLOCK, one byte per slot (the page's key is not held, the
-        # index has its digest)
         self._clock = self._new_clock(self.slots_per_slab)
         self._free: list[tuple[int, int]] = []
         self._n_slabs = 0
@@ -182,24 +159,18 @@ class SlabStore:
             self.index.logs.changes = ChangeFile.open(self.writers_dir.parent)
 
     def _new_clock(self, stride: int) -> Clock | Clocks:
-        """The recency of own slots: :class:`~hicache_l3.slab.clock.Clocks` (a batch's
-        victims in two slab files, written at once) when slabs hold
-        :attr:`split_min_slots` slots or more and the capacity allows two; else one
-        :class:`~hicache_l3.slab.clock.Clock` (small stores keep one least-recently-used
-        order)."""
+        """Two clocks (a batch's victims in two slab files) when slabs hold
+        :attr:`split_min_slots` slots or more and the capacity allows two; else one."""
         if stride >= self.split_min_slots and (self.max_slots is None or self.max_slots > stride):
             return Clocks(stride)
         return Clock(stride)
 
     def _index_capacity(self) -> int | None:
-        """Pages the namespace's index table is expected to hold at most (its growth
-        lands on that size): this writer's slots (other writers' pages make the table
-        grow past it); None without a capacity."""
+        """Pages the namespace's index table is expected to hold at most; None: unbounded."""
         return self.max_slots
 
     def _published(self, writer: int) -> None:
-        """Tell the other processes, through the change file, that ``writer`` (this
-        process's) made a change they must see. Caller holds the lock."""
+        """Tell the other processes (change file) that ``writer`` changed. Caller holds the lock."""
         changes = self.index.logs.changes
         if changes is not None:
             changes.published(writer)
@@ -225,8 +196,7 @@ class SlabStore:
 
     def plan_get(self, keys: Sequence[str], verified_only: bool) -> GetPlan | None:
         """:meth:`lookup` of ``keys`` and the checks before their read, as one
-        :class:`~hicache_l3.slab.plan.GetPlan` (:meth:`SlabIndex.plan`); None where the
-        page table cannot plan (the caller uses :meth:`lookup`)."""
+        :class:`~hicache_l3.slab.plan.GetPlan`; None where the table cannot plan."""
         self.refresh()
         with self._lock:
             self._check_open()
@@ -258,12 +228,8 @@ class SlabStore:
 
     # ---- writing ------------------------------------------------------------------------
     def reserve(self, count: int) -> Sequence[Slot]:
-        """Up to ``count`` own slots; fewer when full (a
-        :class:`~hicache_l3.slab.slots.SlotColumns` on the common batch).
-
-        Evicts least recently used own pages when the capacity is reached; their keys
-        are gone from the index at once.
-        """
+        """Up to ``count`` own slots; fewer when full. Evicts least recently used own pages
+        when the capacity is reached (their keys are gone from the index at once)."""
         with self._lock:
             self._check_open()
             me = self._become_writer()
@@ -285,8 +251,6 @@ class SlabStore:
             gen = self._next_gen
             if all(usable[slab] > slot for slab, slot in highest.items()):  # space for all
                 self._next_gen = gen + n
-                # columns (C-level passes), not a Slot per page: the native write and the
-                # commit take them as they are (hicache_l3/slab/slots.py)
                 fd_col = array.array("i")
                 for slab, k in spans:
                     fd_col.extend(array.array("i", (fds[slab],)) * k)
@@ -302,16 +266,14 @@ class SlabStore:
             return out
 
     def reserve_new(self, keys: Sequence[str]) -> WritePlan:
-        """Slots for the keys that are not stored yet (each key once). Keys already stored
-        need no write (same key, same bytes). This process becomes a writer first: adopting
-        a directory may drop pages found gone, which must then be written again."""
+        """Slots for the keys that are not stored yet (each key once); keys already stored
+        need no write. This process becomes a writer first."""
         ready = self._writer_ready()
-        ds = key_digests(keys)  # one buffer: the table calls and the commit take it as it is
+        ds = key_digests(keys)
         self.refresh()
         with self._lock:
             present = self.index.table.contains_many(ds)
         if not any(present) and (ds.distinct if ds.distinct is not None else len(set(keys)) == len(keys)):
-            # the common batch: all new, once each (digests all different: so are the keys)
             todo = list(range(len(keys)))
             todo_ds = ds
         else:
@@ -332,8 +294,8 @@ class SlabStore:
         return True
 
     def _preallocate(self, fd: int, slab: int, slot: int) -> None:
-        """Reserve disk space up to and past this slot, a chunk at a time, so that a full
-        disk shows as ``NO_SPACE`` here and a slab's space is allocated only once used."""
+        """Reserve disk space up to and past this slot, a chunk at a time (a full disk shows
+        here, as ENOSPC)."""
         end = self.geometry.bytes_for(slot + 1)  # its group's marker table lies before its data
         done = self._allocated.get(slab, 0)
         if end <= done:
@@ -348,9 +310,8 @@ class SlabStore:
         self._allocated[slab] = upto
 
     def _take_slots(self, me: int, count: int) -> tuple[array.array[int], array.array[int]]:
-        """Up to ``count`` own slots, as columns ``(slabs, slots)``: free slots first (last
-        freed first), then a new slab while the capacity allows, then the least recently
-        used pages, evicted (gone from the index at once). Caller holds the lock."""
+        """Up to ``count`` own slots as columns ``(slabs, slots)``: free ones, then a new
+        slab while the capacity allows, then evicted ones. Caller holds the lock."""
         slabs, slots = array.array("Q"), array.array("Q")
         free = self._free
         while len(slots) < count:
@@ -368,12 +329,11 @@ class SlabStore:
         return slabs, slots
 
     def _evict(self, me: int, count: int, slabs: array.array[int], slots: array.array[int]) -> int:
-        """Evict up to ``count`` least recently used own pages, appending their slots to
-        the columns ``slabs`` and ``slots``; how many."""
+        """Evict up to ``count`` own pages, their slots appended to the columns; how many."""
         runs = self._clock.evict_runs(count)
         if not runs:
             return 0
-        # no DEL: each slot's next PUT supersedes its page; one C call per run of slots
+        # no DEL: each slot's next PUT supersedes its page
         self.index.remove_unlogged_runs(me, runs)
         n = 0
         for slab, first, k in runs:
@@ -388,7 +348,6 @@ class SlabStore:
         slots = self.slots_per_slab
         if self.max_slots is not None:
             slots = min(slots, self.max_slots - slab * self.slots_per_slab)
-        # sparse: space is reserved chunk by chunk as slots are first used
         self.files.create(me, slab, self.geometry.bytes_for(slots))
         self._n_slabs += 1
         self._clock.grow(self._n_slabs)
@@ -397,9 +356,8 @@ class SlabStore:
     def commit(self, keys: Sequence[str], slots: Sequence[Slot], checksums: Sequence[int],
                ds: Sequence[bytes] | None = None) -> None:
         """Publish written pages: ``keys[j]`` is in ``slots[j]`` with ``checksums[j]``
-        (0: none), each of ``slot_bytes``. Call only after the bytes are written; syncs
-        slabs first under ``fsync="data"``. ``ds``: the keys' table digests when the
-        caller has them (:attr:`WritePlan.digests`), else computed here."""
+        (0: none). Call only after the bytes are written. ``ds``: the keys' digests
+        (:attr:`WritePlan.digests`) or None. :class:`ValueError` on mismatched lengths."""
         if not keys:
             return
         me = self.me
@@ -417,7 +375,6 @@ class SlabStore:
                              f"checksums, {len(ds)} digests")
         slabs, slot_nos, gens = cols.slabs, cols.slots, cols.gens
         # the entries, six values each (a table export's shape), filled a column at a time
-        # by strided slice assignment: no object per page
         values = array.array("Q", bytes(48 * n))
         values[0::6] = array.array("Q", (me,)) * n
         values[1::6], values[2::6], values[3::6] = slabs, slot_nos, gens
@@ -442,8 +399,8 @@ class SlabStore:
             os.fdatasync(self._log_fd)
 
     def _supersede(self, keys: Sequence[str], ds: Sequence[bytes]) -> bytes:
-        """DEL records for the unreadable pages of other writers that ``keys`` (digests
-        ``ds``) replace (see :attr:`SlabIndex.dropped`). Caller holds the lock."""
+        """DEL records for the unreadable pages of other writers that ``keys`` replace
+        (:attr:`SlabIndex.dropped`). Caller holds the lock."""
         dropped, deleted, out = self.index.dropped, self.index.deleted, []
         for key, d in zip(keys, ds):
             old = dropped.pop(d, None)
@@ -492,9 +449,8 @@ class SlabStore:
             return found
 
     def _maybe_compact(self, me: int) -> None:
-        """Compact the own log when mostly dead; else start an index checkpoint (written
-        on a background thread) when enough records were applied since the last one
-        (compaction starts one too)."""
+        """Compact the own log when mostly dead; else start a background index checkpoint
+        when due."""
         tail = self.index.tails[me]
         live = (len(self._clock) + len(tail.foreign_dels)) * (RECORD.size + 80)
         if tail.offset > COMPACT_MIN_BYTES and tail.offset > 3 * live:
@@ -504,67 +460,46 @@ class SlabStore:
             self.index.checkpoints.save_later()
 
     def compacting(self) -> bool:
-        """A background compaction of this writer's log is running (:meth:`_compact_later`)."""
+        """A background compaction of this writer's log is running."""
         thread = self._compactor
         return thread is not None and thread.is_alive()
 
     def wait_compaction(self, timeout: float | None = None) -> None:
         """Wait for a background compaction to end (at most ``timeout`` s). Not while
-        holding the store's lock: the compaction ends under it."""
+        holding the store's lock."""
         thread = self._compactor
         if thread is not None:
             thread.join(timeout)
 
     def compact(self) -> None:
-        """Rewrite this writer's log with only what is live, now, on this thread (after a
-        background compaction still running): a GEN record, a PUT per own page, and the
-        DELs of other writers' slots that no newer PUT superseded. The index holds
-        digests, not keys: the live PUTs are those of the old log whose key's digest the
-        index maps to exactly that page. Readers notice the new file (inode) and re-read
-        it; the rename is atomic. Then starts an index checkpoint (the old one names the
-        replaced log: openers would re-read it). The reference of the compaction a commit
-        starts (:meth:`_compact_later`, hicache_l3/slab/compaction.py)."""
+        """Rewrite this writer's log now, on this thread, with only what is live: a PUT per
+        own page, the DELs of other writers' slots no newer PUT superseded, and a GEN
+        record; then start an index checkpoint. :class:`OSError` leaves the log as it was."""
         self.wait_compaction()
         with self._lock:
             self._compact_locked()
 
     def _compact_locked(self) -> None:
-        """:meth:`compact`; caller holds the lock."""
+        """:meth:`compact`, the whole log judged here; caller holds the lock."""
         me = self.me
         if me is None or self._closed:
             return
-        table = self.index.table
         tail = self.index.tails[me]
-        records = [self._gen_record(me)]
-        old_log = os.pread(tail.fd, tail.offset, 0)
-        own = table.count(me)
-        spans = live_put_spans(table, old_log, own)  # in C, for a log with no damage
-        if spans is not None and len(spans) == own:
-            records += [old_log[start:end] for start, end in spans]
-        else:
-            records += self._live_puts(me, old_log)
-        kept = self._kept_dels(tail.foreign_dels)
-        records += [encode_record(DEL, key, gone) for key, gone in kept]
-        data = b"".join(records)
-        tmp = temporary_log(tail.path)
-        fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        job = self._compaction_start(me, tail, fork=False)
+        assert job is not None
         try:
-            os.write(fd, data)
-            if self.fsync != "none":
-                os.fdatasync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, tail.path)
-        self._compacted(me, len(data), kept, None)
+            job.write(self._live_puts(me, os.pread(tail.fd, tail.offset, 0)))
+        except BaseException:
+            job.abandon()
+            raise
+        self._install(job, tail)
 
     def _gen_record(self, me: int) -> bytes:
-        """A compacted log's GEN record: the highest generation used so far (pages that
-        are gone may have used it), which the log's PUTs alone no longer show."""
+        """A compacted log's GEN record: the highest generation used so far."""
         return encode_record(GEN, "", Entry(me, 0, 0, self._next_gen - 1, 0, 0))
 
     def _kept_dels(self, dels: Sequence[tuple[str, Entry]]) -> list[tuple[str, Entry]]:
-        """The DELs of other writers' slots in ``dels`` that a compacted log keeps: those no
-        newer PUT superseded. Caller holds the lock."""
+        """The DELs in ``dels`` no newer PUT superseded. Caller holds the lock."""
         table, kept = self.index.table, []
         for key, gone in dels:
             holder = table.at((gone.writer, gone.slab, gone.slot))
@@ -576,11 +511,11 @@ class SlabStore:
     def _compacted(self, me: int, size: int, dels: list[tuple[str, Entry]],
                    forget: dict[bytes, Entry] | None) -> None:
         """Go on with the log just renamed into place (``size`` bytes, holding the foreign
-        DELs ``dels``): reopen it, drop the unlogged own pages it no longer holds
-        (``forget``; None: all of them), start a checkpoint. Caller holds the lock."""
+        DELs ``dels``): reopen it, drop the unlogged own pages ``forget`` it no longer
+        holds, start a checkpoint. Caller holds the lock."""
         tail = self.index.tails[me]
-        fd = open_file(tail.path, os.O_RDWR | os.O_APPEND)  # (before the old one closes: a
-        os.close(self._log_fd)  # failed open leaves a descriptor, never a number reused)
+        fd = open_file(tail.path, os.O_RDWR | os.O_APPEND)  # first: a failed open keeps the old fd
+        os.close(self._log_fd)
         self._log_fd = fd
         tail.reopen()
         tail.offset = size
@@ -595,9 +530,8 @@ class SlabStore:
         self.index.checkpoints.save_later()
 
     def _compact_later(self, me: int, tail: LogTail) -> bool:
-        """Start a compaction of the own log on a background thread (step 1 of
-        hicache_l3/slab/compaction.py here, under the lock); False where it cannot be
-        done so (no C table, no memory for the fork). Caller holds the lock."""
+        """Start a compaction of the own log on a background thread; False where it cannot
+        (no memory for the fork). Caller holds the lock."""
         job = self._compaction_start(me, tail)
         if job is None:
             return False
@@ -606,12 +540,11 @@ class SlabStore:
         self._compactor.start()
         return True
 
-    def _compaction_start(self, me: int, tail: LogTail) -> LogCompaction | None:
-        """Step 1 of a compaction off the lock (:class:`LogCompaction.start`). Caller holds
-        the lock."""
+    def _compaction_start(self, me: int, tail: LogTail, fork: bool = True) -> LogCompaction | None:
+        """Step 1 of a compaction (:meth:`LogCompaction.start`). Caller holds the lock."""
         table = self.index.table
         return LogCompaction.start(table, me, tail.path, tail.ino, tail.offset, len(tail.foreign_dels),
-                                   table.count(me), self._log_fd, self.index.unlogged_of(me))
+                                   table.count(me), self._log_fd, self.index.unlogged_of(me), fork)
 
     def _compact_off_lock(self, job: LogCompaction) -> None:
         """The background thread of :meth:`_compact_later`: steps 2 and 3."""
@@ -628,14 +561,13 @@ class SlabStore:
             self._compaction_finish(job, built)
 
     def _may_rewrite_log(self) -> bool:
-        """This process may still replace its log (the shared store: while its lease
-        holds, hicache_l3/slab/shared.py). Caller holds the lock."""
+        """This process may still replace its log. Caller holds the lock."""
         return True
 
     def _compaction_finish(self, job: LogCompaction, built: bool) -> None:
         """Step 3: the new log in place, or nothing where the store closed, changed writer
         or compacted meanwhile; where step 2 could not judge the log (``built`` False),
-        the compaction under the lock. Caller holds the lock."""
+        :meth:`_compact_locked`. Caller holds the lock."""
         me = job.writer
         tail = self.index.tails.get(me)
         if self._closed or self.me != me or tail is None or tail.ino != job.ino \
@@ -647,34 +579,35 @@ class SlabStore:
             if not built:
                 self._compact_locked()
             return
-        kept = self._kept_dels(tail.foreign_dels[: job.dels])
-        dels = b"".join([encode_record(DEL, key, gone) for key, gone in kept])
         try:
-            size = job.finish(tail.ino, tail.offset, dels, self._gen_record(me), self.fsync != "none")
+            self._install(job, tail)
         except OSError as exc:
             log.warning("%s: log compaction not finished (%s): the log stays as it is", job.path, exc)
-            return
-        self._compacted(me, size, tail.foreign_dels[job.dels :] + kept, job.forget)  # in the log's order
 
-    def _live_puts(self, me: int, old_log: bytes) -> list[bytes]:
-        """The live PUT records of ``old_log`` (this writer's), decoded in Python (the
-        reference of :func:`~hicache_l3.slab.table.live_put_spans`); own pages without a
-        record there are dropped. Caller holds the lock."""
-        table, live, out = self.index.table, set(), []
-        puts = [(key, e) for kind, key, e in decode_records(old_log)[0] if kind == PUT and e.writer == me]
-        ds = digests([key for key, _ in puts])
-        for (key, e), d, current in zip(puts, ds, table.get_many(ds)):
-            if current is not None and current[:4] == e[:4] and d not in live:
-                live.add(d)
-                out.append(encode_record(PUT, key, current))
-        if len(live) < table.count(me):  # own pages whose PUT the old log lost (damage)
-            self._forget_unrecorded(live)
-        return out
+    def _install(self, job: LogCompaction, tail: LogTail) -> None:
+        """Step 3's end: the DELs still needed and a GEN record appended, the file renamed
+        over the log, the store going on with it. Caller holds the lock."""
+        kept = self._kept_dels(tail.foreign_dels[: job.dels])
+        dels = b"".join([encode_record(DEL, key, gone) for key, gone in kept])
+        size = job.finish(tail.ino, tail.offset, dels, self._gen_record(job.writer), self.fsync != "none")
+        self._compacted(job.writer, size, tail.foreign_dels[job.dels :] + kept, job.forget)  # log order
+
+    def _live_puts(self, me: int, old_log: bytes) -> bytes:
+        """The live PUT records of ``old_log`` (this writer's): in C for a log with no
+        damage, else decoded here, own pages without a record dropped. Caller holds the lock."""
+        table = self.index.table
+        own = table.count(me)
+        spans = live_put_spans(table, old_log, own)
+        if spans is not None and len(spans) == own:
+            return b"".join([old_log[start:end] for start, end in spans])
+        live = self.index.live_puts(old_log, me)
+        if len(live) < own:  # own pages whose PUT the old log lost (damage)
+            self._forget_unrecorded({d for d, _, _ in live})
+        return b"".join([encode_record(PUT, key, e) for _, key, e in live])
 
     def _forget_unrecorded(self, recorded: set[bytes]) -> None:
-        """Drop own pages whose PUT record is not in the log being compacted (its bytes
-        were damaged): the new log will not hold them, so no reader may. Caller holds the
-        lock."""
+        """Drop own pages whose PUT record is not in the log being compacted (damaged).
+        Caller holds the lock."""
         lost = [(d, e) for d, e in self.index.table.select(self.me) if d not in recorded]
         for d, e in lost:
             self.index.table.pop(d)
@@ -701,16 +634,14 @@ class SlabStore:
             return ownership.own_first(self.writers_dir, self._try_own)
 
     def _try_own(self, writer: int) -> bool:
-        """Adopt writer directory ``writer`` if its lock is free
-        (:func:`~hicache_l3.slab.ownership.open_writer`): read its log from the start (our
-        own DELs included), set a crashed writer's torn tail aside, and rebuild the LRU and
-        free lists from its entries and slab files."""
+        """Adopt writer directory ``writer`` if its lock is free: read its log, set a torn
+        tail aside, rebuild the recency and free lists from its entries and slab files."""
         fds = ownership.open_writer(self.writers_dir / writer_name(writer), self._lock_writer)
         if fds is None:
             return False
         self._lock_fd, self._log_fd = fds
         index, logs = self.index, self.index.logs
-        tail = logs.tail_of(writer)  # read up to now, as any writer's (our DELs included)
+        tail = logs.tail_of(writer)
         if os.stat(tail.path).st_ino != tail.ino:  # replaced since we last looked
             index.forget_writer(writer)
             tail.reopen()
@@ -721,8 +652,7 @@ class SlabStore:
             ownership.set_aside_tail(self._log_fd, tail.path, tail.offset)
         self.me = index.own = self.files.owner = writer
         self._published(writer)  # its log opened (created), a torn tail set aside
-        # descriptors opened while we only read this writer's slabs are read-only; threads
-        # may still be reading through them, so retire them (closed at close) rather than close
+        # read-only descriptors cached before: threads may still read through them
         self.files.retire_writer(writer)
         self._next_gen = tail.max_gen + 1
         owned = sorted((e.gen, e.slab, e.slot) for _, e in index.table.select(writer))
@@ -744,8 +674,7 @@ class SlabStore:
         for d, entry in gone:
             index.drop(d, entry)
         live = [(slab, slot) for _, slab, slot in owned if slab < self._n_slabs]
-        # one byte per slot of every slab: as wide as the widest slab found (an earlier
-        # run may have used bigger slabs) and the highest own slot
+        # as wide as the widest slab found (an earlier run may have used bigger slabs)
         stride = max([self.slots_per_slab, *sizes, *(slot + 1 for _, slot in live)])
         clock = self._clock = self._new_clock(stride)
         clock.grow(self._n_slabs)
@@ -781,9 +710,8 @@ class SlabStore:
             }
 
     def close(self) -> None:
-        """Write an index checkpoint (a writer whose index changed since its last one, or
-        any process that read many records), close every file descriptor (each once) and
-        release the writer directory (a background compaction ends first)."""
+        """Write an index checkpoint when due, close every file descriptor and release the
+        writer directory (a background compaction ends first). Idempotent."""
         self.wait_compaction()
         with self._lock:
             if self._closed:
