@@ -1,25 +1,7 @@
-"""The namespace's change file: how a process learns, with one ``pread`` of a few bytes,
-that no other writer published anything since it last looked at the logs, instead of a
-``stat`` of ``writers/`` and of every other writer's log on every call.
-
-``<namespace>/changes`` holds an 8-byte slot per writer, slot ``w`` at offset ``8 w``.
-A writer writes a new random value into its own slot after each change another process
-must see: a log append (a commit, a delete), its log replaced by a compaction, a writer
-directory adopted or created (its log opened, a torn tail set aside). Only the slot's
-owner writes it, so no two processes race on a slot, and a random 64-bit value means a
-slot does not come back to a value a reader remembers, whoever owned the directory before.
-
-A reader reads the file (its first :data:`READ_BYTES`: writers below 512) *before* it
-looks at the logs, and remembers what it read; when the next read gives the same bytes,
-nothing was published in between and the logs need no look. What a writer writes into its
-own slot it remembers as it writes it, so its own commits do not make it look.
-
-What the file does not replace. A writer that does not write it (an older hicache-l3, a
-process that could not open it), a writer numbered 512 or more, or a file deleted and
-made anew is seen by the full look every :data:`FULL_LOOK_S` at the latest. Every failure
-to open, read or write the file means a full look every time: the behaviour before it
-existed. Stores shared by several machines (:mod:`hicache_l3.slab.shared`) do not use it:
-the page cache of one node tells nothing of another's writes.
+"""The namespace's change file (``<namespace>/changes``, 8 bytes per writer): one ``pread``
+tells a process that no other writer published anything since it last looked at the logs.
+Any failure with it means a full look every time; a full look happens every
+:data:`FULL_LOOK_S` regardless.
 """
 
 from __future__ import annotations
@@ -54,26 +36,23 @@ class ChangeFile:
     @classmethod
     def open(cls, directory: Path) -> ChangeFile | None:
         """The change file of the namespace in ``directory``, created if missing (0600, no
-        symlink followed); None (and a debug line) when it cannot be opened or is not a
-        regular file: the caller then looks at the logs every time."""
+        symlink followed); None when it cannot be opened or is not a regular file."""
+        fd = -1
         try:
             fd = open_file(directory / CHANGES_FILE, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK)
-        except OSError as exc:
-            log.debug("%s: no change file (%s): every call looks at the logs", directory, exc)
-            return None
-        try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise OSError(f"{directory / CHANGES_FILE} is not a regular file")
         except OSError as exc:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
             log.debug("%s: no change file (%s): every call looks at the logs", directory, exc)
             return None
         return cls(fd)
 
     def unchanged(self) -> bool:
-        """True when no writer published anything since the last call that returned False
-        (the logs need no look now); False otherwise, and then what the file holds now is
-        remembered: call this *before* looking at the logs."""
+        """True when no writer published anything since the last call that returned False;
+        False otherwise (what the file holds now is remembered). Call it *before* looking at the
+        logs."""
         try:
             now = os.pread(self._fd, READ_BYTES, 0)
         except OSError:
@@ -87,9 +66,8 @@ class ChangeFile:
         return False
 
     def published(self, writer: int) -> None:
-        """Writer ``writer`` (this process's own) made a change other processes must see:
-        a new value in its slot. What this process remembers of the file takes the same
-        value there, so its own change does not make it look at the logs again."""
+        """Writer ``writer`` (this process's own) made a change other processes must see: a
+        new random value in its slot, remembered here too."""
         value = self._random.getrandbits(64).to_bytes(8, "little")
         at = 8 * writer
         try:

@@ -1,42 +1,7 @@
-"""A checkpoint of a namespace's index, so that a fresh process opens by loading it and
-replaying only the log records written since, not every log from its start.
-
-File: ``<namespace dir>/index.ckpt``. It holds the log-derived state of one process's
-:class:`~hicache_l3.slab.index.SlabIndex` (see :class:`IndexState`): every page as
-``digest(key) -> Entry`` (the page table's digests, :mod:`hicache_l3.slab.table`: the
-keys stay in the logs), the ``deleted`` marks, and per writer log how far it was read
-(the log's inode, the offset, the highest generation seen, CRC32s of its first and of
-its last 4 KiB before that offset) and the DELs that writer issued for other writers'
-slots (with their keys: a writer's log compaction rewrites them).
-
-Layout (little-endian), version 3, written where the C page table is built::
-
-    header  magic "HL3INDEX", version u32, CRC32 of the body u32, body length u64
-    body    counts: writers u32, deleted u64, foreign DELs u64, key bytes u64,
-                    image offset u64, image bytes u64, image XXH3-64 u64, image pages u64
-            per writer: writer u32, foreign DELs of it u32, inode u64, offset u64,
-                        max generation u64, head CRC u32, anchor CRC u32
-            per foreign DEL: writer, slab, slot u32, gen, length, checksum u64
-            per deleted mark: writer, slab, slot u32, generation u64
-            keys of the foreign DELs, UTF-8, NUL-separated
-    image   at the image offset (a multiple of the mapping granularity, past the body):
-            the pages as a C page table image (``hl3_pt_write_image``,
-            native/page_table.c), which every process of the namespace on a host maps
-            read-only and shared as the base of its table (:meth:`~hicache_l3.slab.table.
-            NativePageTable.attach`): one copy in the page cache per node, and opening
-            maps it instead of loading the pages
-
-Version 2 (written without the C table, read by both) has no image: its body holds the
-counts writers u32, pages u64, deleted u64, foreign DELs u64, key bytes u64, the writers,
-then the pages' digests (16 bytes each) and entries (writer, slab, slot, gen, length,
-checksum u64 each), then the same foreign DELs, deleted marks and keys. Other versions
-are ignored and the logs replayed.
-
-Crash guarantees (docs/architecture.md, "Fast open", "Crash guarantees"): written to a
-private temporary file, synced and renamed, so a reader sees the old checkpoint or the new
-one, whole; a torn, damaged, planted or other-version file is ignored with a warning and
-the logs replayed; a log that no longer matches its mark is read again from its start.
-Keys holding a NUL cannot be stored: no checkpoint is written while a foreign DEL holds one.
+"""A checkpoint of a namespace's index (``<namespace dir>/index.ckpt``), so that a fresh
+process loads it and replays only the log records written since. Version 3 holds a C page
+table image every process maps as its table's base; version 2 (no image) is read too.
+Written atomically; a torn, damaged or other-version file is ignored and the logs replayed.
 """
 
 from __future__ import annotations
@@ -86,8 +51,8 @@ _make_entry = functools.partial(tuple.__new__, Entry)
 
 @dataclasses.dataclass
 class LogMark:
-    """How far one writer's log was read: inode, offset, highest generation, the CRC32 of
-    its first ``ANCHOR`` bytes (``head``) and of the ``ANCHOR`` bytes before ``offset``
+    """How far one writer's log was read: inode, offset, highest generation, CRC32s of its
+    first ``ANCHOR`` bytes (``head``) and of the ``ANCHOR`` bytes before ``offset``
     (``anchor``), and the DELs that writer issued for other writers' slots."""
 
     writer: int
@@ -102,8 +67,8 @@ class LogMark:
 @dataclasses.dataclass
 class ImageRef:
     """A version-3 checkpoint's page table image, its hash checked: ``length`` bytes at
-    ``offset`` of the file open on ``fd`` (kept open for the caller to map, then
-    :meth:`close`), holding ``pages`` pages."""
+    ``offset`` of the file open on ``fd`` (the caller maps it, then :meth:`close`), holding
+    ``pages`` pages."""
 
     fd: int
     offset: int
@@ -119,12 +84,10 @@ class ImageRef:
 
 @dataclasses.dataclass
 class IndexState:
-    """The log-derived state of an index: its pages (``digests``: 16 bytes each,
-    concatenated; ``values``: the six fields of each page's entry, flat, same order: a
-    :meth:`~hicache_l3.slab.table.PageTable.export`) -- or, read from a version-3 file,
-    ``image`` instead (the digests and values are then empty) --, deleted marks, and each
-    log's mark. ``table``: the pages as a C table copy instead of digests and values
-    (what a live index with the C table snapshots), written as the image as it is."""
+    """The log-derived state of an index: its pages (``digests`` concatenated and
+    ``values``, six per page: a table export) or, read from a version-3 file, ``image``
+    instead; deleted marks; each log's mark. ``table``: the pages as a C table copy instead,
+    written as the image."""
 
     digests: bytes
     values: array.array[int]
@@ -157,9 +120,8 @@ def no_gc() -> Iterator[None]:
 
 
 def _marks_sections(state: IndexState) -> tuple[bytes, bytes, int] | None:
-    """The writers section, and the foreign DELs, deleted marks and keys sections joined,
-    of ``state``'s body, and the keys' byte count; None when a foreign DEL's key holds a
-    NUL character (this format separates keys with NUL)."""
+    """The writers section, the other sections joined, and the keys' byte count of
+    ``state``'s body; None when a foreign DEL's key holds a NUL."""
     foreign = [fd for mark in state.marks for fd in mark.foreign_dels]
     with no_gc():
         keys = "\0".join([k for k, _ in foreign])
@@ -241,10 +203,8 @@ def _checked_body(data: bytes | memoryview, crc: int, length: int) -> memoryview
 
 
 def decode(data: bytes | memoryview) -> IndexState:
-    """The state a whole checkpoint file's bytes hold, its pages as digests and entries
-    whatever the version (a version-3 image is loaded into a C table and exported: for
-    tests and tools; :func:`read` maps it instead); :class:`CheckpointError` when it is
-    not whole."""
+    """The state a whole checkpoint file's bytes hold, pages as digests and entries
+    whatever the version; :class:`CheckpointError` when it is not whole."""
     version, crc, length = _header(data)
     body = _checked_body(data, crc, length)
     if version == VERSION_PAGES:
@@ -348,12 +308,10 @@ def _remove_stale_temporaries(directory: Path) -> None:
 
 def write(directory: Path, state: IndexState, expect: int | None = None,
           written: list[ImageRef] | None = None) -> bool:
-    """Replace ``directory``'s checkpoint with ``state`` atomically (private temporary
-    file, synced, renamed): version 3 where the C table is built (its image sized as a
-    table expecting ``expect`` pages at most), else version 2; False when ``state``
-    cannot be encoded (see :func:`encode`). With ``written``, the image of a version-3
-    file is appended to it, its file open (the caller closes it): exactly the file
-    written, whatever another process renames over it later."""
+    """Replace ``directory``'s checkpoint with ``state`` atomically (version 3, its image
+    sized for ``expect`` pages at most); False when ``state`` cannot be encoded. With
+    ``written``, the image of the file written is appended to it, its file open (the caller
+    closes it)."""
     sections = _marks_sections(state)
     if sections is None:
         log.info("%s: a deleted key holds a NUL character: no index checkpoint written", directory)

@@ -1,22 +1,6 @@
-"""Recency of a writer's own slots: second-chance CLOCK over one byte per slot.
-
-Replaces an ``OrderedDict`` of ``(slab, slot)`` tuples (~100 B a page, and a dict
-operation per page committed, touched or evicted) with a flat ``bytearray`` (1 B a slot,
-whether used or not) that a batch updates with slice operations: evicting ``n`` pages is a
-few ``find`` calls and one slice assignment per run of victims, not a call per page.
-
-States, one byte per slot (``slab * stride + slot``):
-
-* :data:`ABSENT` (0): not an own page (free, reserved for a write, or past the end);
-* :data:`COLD` (1): an own page not used since the hand last passed it (or since written);
-* :data:`HOT` (2): an own page read since the hand last passed it.
-
-The hand sweeps slots in order: a HOT page passed becomes COLD (its second chance), the
-first COLD pages it meets are the victims. Pages written in slots the hand just evicted
-(the common case at capacity) are the last it reaches again, and pages filled into new
-slabs are filled in slot order, so with no reads the order is exactly least recently
-written first; a page read since the hand last passed it outlives every page that was
-not. That is the "least recently used in effect" eviction the store promises.
+"""Recency of a writer's own slots: second-chance CLOCK over one byte per slot
+(:data:`ABSENT`: not an own page; :data:`COLD`; :data:`HOT`: read since the hand passed).
+With no reads, eviction order is least recently written first.
 """
 
 from __future__ import annotations
@@ -32,9 +16,7 @@ _IOTA: array.array[int] = array.array("Q")  # 0, 1, 2, ...: grown on demand (iot
 
 
 def iota(first: int, n: int) -> array.array[int]:
-    """``first, first + 1, ..., first + n - 1`` as an ``array("Q")`` (``first, n >= 0``;
-    slot numbers, so they stay below a slab's slots): a slice of a kept ``0, 1, 2, ...``
-    array, one copy and no int object per value."""
+    """``first, first + 1, ..., first + n - 1`` as an ``array("Q")``."""
     global _IOTA
     if len(_IOTA) < first + n:
         _IOTA = array.array("Q", range(max(first + n, 2 * len(_IOTA))))
@@ -42,20 +24,15 @@ def iota(first: int, n: int) -> array.array[int]:
 
 
 def is_run(slots: Sequence[int], first: int, n: int) -> bool:
-    """Whether ``slots`` is ``first, first + 1, ..., first + n - 1`` (``n = len(slots)``,
-    ``first >= 0``): for a uint64 array (a planned get's or a commit's column) whose last
-    value allows it, one C-level comparison with an :func:`iota` slice; element by
-    element otherwise."""
+    """Whether ``slots`` is ``first, first + 1, ..., first + len(slots) - 1``."""
     if isinstance(slots, array.array) and slots.typecode == "Q":
         return n == 0 or (slots[-1] == first + n - 1 and slots == iota(first, n))
     return list(slots) == list(range(first, first + n))
 
 
 def slab_spans(slabs: Sequence[int], most: int) -> list[tuple[int, int, int]] | None:
-    """The column ``slabs`` as consecutive spans ``(slab, lo, count)`` (``slabs[lo : lo +
-    count]`` all ``slab``), in order, where every slab's entries are together and there are
-    at most ``most`` spans, as a reserve's are (one slab per clock); None otherwise. A
-    C-level count per span, no Python step per entry."""
+    """The column ``slabs`` as consecutive spans ``(slab, lo, count)`` in order, where
+    every slab's entries are together and there are at most ``most`` spans; None otherwise."""
     n, lo = len(slabs), 0
     out: list[tuple[int, int, int]] = []
     while lo < n:
@@ -69,11 +46,8 @@ def slab_spans(slabs: Sequence[int], most: int) -> list[tuple[int, int, int]] | 
 
 
 class Clock:
-    """One byte per own slot of ``slabs`` slabs of ``stride`` slots each (module docstring).
-
-    Not thread-safe: the store calls it under its lock. ``count`` is how many slots hold
-    an own page (COLD or HOT).
-    """
+    """One byte per own slot of ``slabs`` slabs of ``stride`` slots each. Not thread-safe.
+    ``count``: slots holding an own page."""
 
     __slots__ = ("count", "hand", "state", "stride")
 
@@ -145,9 +119,7 @@ class Clock:
                 st[i] = HOT
 
     def touch_slots(self, slabs: Sequence[int], slots: Sequence[int]) -> None:
-        """:meth:`touch` of ``(slabs[j], slots[j])`` for each ``j`` (a planned get's
-        columns). A run of consecutive slots of one slab (a batch read back as it was
-        written: the common case) is one slice translation, not a step per page."""
+        """:meth:`touch` of ``(slabs[j], slots[j])`` for each ``j``."""
         n = len(slots)
         if not n:
             return
@@ -175,9 +147,8 @@ class Clock:
                 for slot in range(first, first + count)]
 
     def evict_runs(self, n: int) -> list[tuple[int, int, int]]:
-        """:meth:`evict` as runs ``(slab, first, count)``: slots ``first .. first + count -
-        1`` of ``slab``, in the hand's order (a run never spans two slabs); no object per
-        victim."""
+        """:meth:`evict` as runs ``(slab, first, count)`` in the hand's order (a run never
+        spans two slabs)."""
         st, stride = self.state, self.stride
         size = len(st)
         out: list[tuple[int, int, int]] = []
@@ -226,20 +197,9 @@ class Clock:
 
 
 class Clocks:
-    """Two CLOCKs: one over the even slabs, one over the odd (slab ``k`` is slab ``k // 2``
-    of clock ``k % 2``), with :class:`Clock`'s interface.
-
-    Why: the kernel serialises buffered writes to one file, and a batch's victims under
-    one hand lie in one slab file. Here each eviction takes victims from both clocks, in
-    proportion to their own pages (the remainder carried to the next eviction), so a
-    batch's slots lie in two slab files, which two threads or NIXL agents write at once
-    (in about half the time of one file: docs/benchmarks.md, "Figures behind design
-    choices"). Each clock is the exact second-chance CLOCK of its slabs, and each
-    takes in new pages at the rate it evicts them, so the pages evicted in either are of
-    one age: the store's "least recently used in effect" holds per clock, and across
-    clocks up to the age difference one batch makes.
-
-    Not thread-safe, as :class:`Clock`."""
+    """Two clocks, over the even and the odd slabs, with :class:`Clock`'s
+    interface: each eviction takes victims from both, in proportion to their own pages, so a
+    batch's slots lie in two slab files. Not thread-safe."""
 
     __slots__ = ("_carry", "clocks", "stride")
 
@@ -322,9 +282,8 @@ class Clocks:
                 for slot in range(first, first + count)]
 
     def evict_runs(self, n: int) -> list[tuple[int, int, int]]:
-        """Up to ``n`` victims as runs ``(slab, first, count)``: the even slabs' clock's
-        first, then the odd's, each giving its share in proportion to its own pages (the
-        other's when it has too few). Fewer only when fewer own pages exist."""
+        """Up to ``n`` victims as runs ``(slab, first, count)``, from both clocks in
+        proportion to their own pages. Fewer only when fewer own pages exist."""
         even, odd = self.clocks
         total = even.count + odd.count
         n = min(n, total)

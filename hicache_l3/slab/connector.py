@@ -1,33 +1,8 @@
-"""The slab connector helper: what every connector keeping pages in the slab store does,
-written once (file, nixl file mode, hf3fs). The connectors differ in their settings,
-their store (:meth:`SlabConnector._make_store`) and their :attr:`SlabConnector.transport`.
-
-* set: reserve slots for the keys not stored yet -> the transport writes each slot's
-  marker record, then the data -> classify each page -> commit the written, abort the rest;
-* get: look the keys up -> size check -> the transport moves and verifies -> a page that
-  fails verification is dropped from the index (so ``exists`` stops reporting it and a
-  later set stores it again) -> own pages read are touched in the LRU. With a plan-reading
-  transport and the C page table, lookup and checks are one C call
-  (:mod:`hicache_l3.slab.plan`); :meth:`SlabConnector._get_located` stays the reference
-  and the path of the other transports (3FS USRBIO, NIXL without its C helpers);
-* exists / delete / clear answered by the index.
-
-Integrity policy. A connector that checksums (``detects_corruption``) returns True only
-for pages whose checksum it verified: a page another writer stored without one is a
-miss counted ``unverified`` (and dropped from this process's index). A slot whose
-marker record does not match the index (torn, recycled, or evicted by a writer
-that crashed before logging it) is a miss counted ``corrupt`` and dropped likewise, so
-``exists`` may over-report after a crash only until the next get of that key. A slab
-file that cannot be read (missing, unopenable) makes only its own keys miss.
-
-Across nodes. On a root that other nodes may mount (``multi_node``,
-:mod:`hicache_l3.common.filesystems`), this node's page cache may pair another node's
-new marker record with old data. Every page there carries a checksum (``checksum=none``
-is refused unless ``multi_node=false``), a page that fails its checks is read once more
-past the page cache (:mod:`hicache_l3.slab.fresh`), and a page that still fails stays in
-the index for :data:`SUSPECT_S` seconds of failing (another node's write may not have
-arrived yet) before it is dropped. docs/reliability.md,
-"Several nodes on one filesystem", has the rest.
+"""The slab connector helper: set / get / exists / delete / clear written once for every
+connector keeping pages in the slab store (file, nixl file mode, hf3fs). The connectors
+differ in their settings, their store and their :attr:`SlabConnector.transport`. A page
+that fails its checks is a miss and is dropped from the index (on a store shared across
+nodes, only after it has failed for :data:`SUSPECT_S` seconds).
 """
 
 from __future__ import annotations
@@ -66,23 +41,15 @@ from hicache_l3.slab.store import SlabStore
 
 _CORRUPT = (SHORT, HEADER, CHECKSUM)
 
-SUSPECT_S = 60.0
-"""On a store shared across nodes, how long a page keeps failing its checks (each time
-read again past the page cache) before it leaves this process's index: longer than
-another node's write takes to reach this one (NFS writes back within 30 s; GlusterFS and
-3FS within milliseconds), so a page stored correctly is never lost here, and a page
-damaged at rest or torn by a crashed writer is dropped after it."""
+SUSPECT_S = 60.0  # shared across nodes: how long a page may fail its checks before it is dropped
 _SUSPECTS_MAX = 1 << 16  # pages tracked at once (beyond: the tracking starts again)
 FRESH_THREADS = 8  # re-reads past the page cache in flight at once (each waits on the network)
 
 
 class SlabConnector:
     """Mixin placed before :class:`~hicache_l3.common.connector.Connector` in the bases:
-    the page hooks of a slab-backed connector.
-
-    The connector sets :attr:`transport` and :attr:`checksum_writes`, then calls
-    :meth:`_init_slab_root` from ``__init__`` after ``Connector.__init__``.
-    """
+    the page hooks of a slab-backed connector. The connector sets :attr:`transport` and
+    :attr:`checksum_writes`, then calls :meth:`_init_slab_root` after ``Connector.__init__``."""
 
     namespace: Namespace
     page_bytes: int | None
@@ -100,10 +67,9 @@ class SlabConnector:
         def _learn_page_bytes(self, nbytes: int) -> int: ...  # Connector's
 
     def _init_slab_root(self, root: str, capacity_bytes: int, multi_node: str = "auto") -> None:
-        """Create ``root`` private (0700) or check an existing one (ours, not a symlink, closed
-        to other users: :func:`~hicache_l3.common.safe_fs.private_root`); capacity 0 means
-        half the filesystem's free space. ``multi_node`` (``auto``, ``true``, ``false``)
-        says whether other nodes may mount it (module docstring, "Across nodes")."""
+        """Create ``root`` private (0700) or check an existing one; capacity 0 means half
+        the filesystem's free space. ``multi_node`` (``auto``, ``true``, ``false``): whether other
+        nodes may mount it."""
         self.root = private_root(root, f"{self.name} connector: root")
         if not os.access(self.root, os.W_OK | os.X_OK):
             raise ConfigError(f"{self.name} connector: root {self.root} is not writable")
@@ -239,10 +205,8 @@ class SlabConnector:
 
     def _get_planned(self, store: SlabStore, keys: list[str], pages: list[Page],
                      plan: GetPlan) -> list[Reason]:
-        """:meth:`_get` from a :class:`~hicache_l3.slab.plan.GetPlan` (the lookup and the
-        checks before the read done in one C call, the read in one more per chunk): the
-        same Reasons, invalidations and LRU touches as :meth:`_get_located`, the
-        reference, with Python per key only for the keys that do not read back OK."""
+        """:meth:`_get` from a :class:`~hicache_l3.slab.plan.GetPlan`: the same Reasons,
+        invalidations and touches as :meth:`_get_located`."""
         n, count = len(keys), plan.count
         reasons: list[Reason] | None = None
         if count != n:  # misses, size mismatches, unverified pages: settled before the read
@@ -272,9 +236,8 @@ class SlabConnector:
         return reasons
 
     def _get_located(self, store: SlabStore, keys: list[str], pages: list[Page]) -> list[Reason]:
-        """:meth:`_get` through :meth:`SlabStore.lookup` and a :class:`ReadBatch`: the
-        reference, and the path of transports that do not read plans (3FS USRBIO, NIXL
-        without its C helpers)."""
+        """:meth:`_get` through :meth:`SlabStore.lookup` and a :class:`ReadBatch` (transports
+        that do not read plans)."""
         found = store.lookup(keys)
         reasons = [Reason.MISS] * len(keys)
         nbytes = store.geometry.slot_bytes  # == page_bytes: the base class checked every page
@@ -317,12 +280,10 @@ class SlabConnector:
     def _settle_reads(self, store: SlabStore, keys: list[str], pages: list[Page], reasons: list[Reason],
                       read: Iterable[tuple[int, Entry]], status: Sequence[int],
                       failed: dict[int, Reason]) -> None:
-        """The Reason of each page read (``read``: the key's index ``i`` and its entry, in
-        the order of ``status``): OK (own pages touched in the LRU), corrupt (the key
-        dropped from the index; on a store shared across nodes, read again past the page
-        cache first, and dropped only once it has failed for :data:`SUSPECT_S`),
-        unregistered, or the transport's Reason of a page left FAILED (``failed``, by
-        position), engine_error otherwise (logged)."""
+        """The Reason of each page read (``read``: the key's index and its entry, in the order
+        of ``status``): OK (own pages touched), corrupt (the key dropped from the index, see
+        :meth:`_still_suspect`), unregistered, the transport's Reason of a page left FAILED
+        (``failed``), engine_error otherwise (logged)."""
         read = list(read)
         again: dict[int, int] = {}
         if self.multi_node:
@@ -371,9 +332,8 @@ class SlabConnector:
         return dict(zip(failed, codes))
 
     def _still_suspect(self, key: str, entry: Entry) -> bool:
-        """On a store shared across nodes, whether a page that failed its checks (read again
-        past the page cache) stays in the index: until it has failed for :data:`SUSPECT_S`
-        seconds (module docstring, "Across nodes"). Always False on a store of one node."""
+        """Whether a page that failed its checks (read again past the page cache) stays in
+        the index: on a store shared across nodes, until it has failed for :data:`SUSPECT_S`."""
         if not self.multi_node:
             return False
         now = time.monotonic()

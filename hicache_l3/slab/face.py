@@ -1,6 +1,5 @@
-"""The slab store's face: the operations a connector (:mod:`hicache_l3.slab.connector`, the
-file, nixl file and hf3fs connectors, the slot transports) calls on it, which separate
-where a page lives from moving its bytes. :class:`~hicache_l3.slab.store.SlabStore` and
+"""The slab store's face: the operations a connector calls on it, separating where a page
+lives from moving its bytes. :class:`~hicache_l3.slab.store.SlabStore` and
 :class:`~hicache_l3.slab.shared.SharedSlabStore` satisfy it.
 """
 
@@ -20,12 +19,11 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class PageStore(Protocol):
-    """Where the pages of one namespace live. Thread-safe. The store holds metadata only:
-    the caller moves the bytes with the descriptors and offsets it gets. A set is
-    :meth:`reserve_new`, the writes, then :meth:`commit` (or :meth:`abort`); a get is
-    :meth:`plan_get` (or :meth:`lookup`), the reads and their checks, then :meth:`touch`
-    of the hits and :meth:`invalidate` of a slot that failed a check. Lookups, sets and
-    deletes after :meth:`close` raise :class:`ValueError`."""
+    """Where the pages of one namespace live. Thread-safe; metadata only: the caller moves
+    the bytes. A set is :meth:`reserve_new`, the writes, :meth:`commit` (or :meth:`abort`); a
+    get is :meth:`plan_get` (or :meth:`lookup`), the reads, :meth:`touch` of hits and
+    :meth:`invalidate` of failed slots. Lookups, sets and deletes after :meth:`close` raise
+    :class:`ValueError`."""
 
     @property
     def geometry(self) -> Geometry:
@@ -36,15 +34,13 @@ class PageStore(Protocol):
         """The writer directory this process owns (None before its first write)."""
 
     def reserve_new(self, keys: Sequence[str]) -> WritePlan:
-        """Slots for the keys not stored yet, each key once; keys already stored need no
-        write (same key, same bytes). Keys left without a slot (the store is full, or no
-        writer directory can be owned) are in :attr:`WritePlan.full`, never an error."""
+        """Slots for the keys not stored yet, each key once. Keys left without a slot (full,
+        or no writer directory) are in :attr:`WritePlan.full`, never an error."""
 
     def commit(self, keys: Sequence[str], slots: Sequence[Slot], checksums: Sequence[int],
                ds: Sequence[bytes] | None = None) -> None:
         """Publish written pages: ``keys[j]`` is in ``slots[j]`` with ``checksums[j]``
-        (0: none). Only after their bytes are written (and synced, as configured); other
-        processes may see them from then on. ``ds``: :attr:`WritePlan.digests`."""
+        (0: none), once their bytes are written. ``ds``: :attr:`WritePlan.digests`."""
 
     def abort(self, slots: Iterable[Slot]) -> None:
         """Give back reserved slots that will not be committed."""

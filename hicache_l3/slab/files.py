@@ -1,9 +1,6 @@
 """Slab file names, the descriptors a process keeps open on them, and the one way the
-slab store creates and opens anything inside its root: directories 0700 and files 0600
-whatever the umask (created with the mode, then ``fchmod``), and every open with
-``O_NOFOLLOW | O_CLOEXEC``, so that a symlink planted at a slab file, an index log or a
-lock is refused (``ELOOP``), never followed. Writer directories are checked with
-``lstat`` before use (a symlinked one is skipped)."""
+slab store creates and opens anything inside its root: directories 0700, files 0600, every
+open ``O_NOFOLLOW | O_CLOEXEC`` (a planted symlink is refused, never followed)."""
 
 from __future__ import annotations
 
@@ -65,19 +62,15 @@ def parse_writer_name(name: str) -> int | None:
 
 
 def slab_file_name(slab: int, packed: bool = False) -> str:
-    """The file name of slab ``slab`` in its writer's directory: ``slab-NNNNNN.dat``, or
-    ``slab-NNNNNN.packed.dat`` for packed small slots (docs/architecture.md, "The slot layout"), so
-    that slabs of one layout are never opened as the other's."""
+    """The file name of slab ``slab``: ``slab-NNNNNN.dat``, or ``slab-NNNNNN.packed.dat``
+    for packed small slots."""
     return f"slab-{slab:06d}.packed.dat" if packed else f"slab-{slab:06d}.dat"
 
 
 class SlabFiles:
-    """Open descriptors on slab files, cached per ``(writer, slab, direct)``.
-
-    Not thread-safe by itself: the store calls it under its lock. Descriptors that other
-    threads may still use are *retired* (closed at :meth:`close`), never closed early: a
-    closed number can be reused by another open, and a late read would hit that file.
-    """
+    """Open descriptors on slab files, cached per ``(writer, slab, direct)``. Not
+    thread-safe (the store calls it under its lock). Descriptors other threads may still use
+    are *retired* (closed at :meth:`close`), never closed early."""
 
     def __init__(self, writers_dir: Path, packed: bool = False) -> None:
         self.writers_dir = writers_dir

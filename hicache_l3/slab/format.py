@@ -1,54 +1,7 @@
-"""The slab store's on-disk format (version 2): slot geometry, the marker record of a
-slot, index log records, and ``namespace.json``.
-
-Layout under ``<root>/ns-<namespace digest>/``::
-
-    namespace.json            the namespace and the slot size, written once
-    changes                   8 bytes a writer (slab/changes.py)
-    writers/wNNNN/lock        flock-ed by the process that owns this writer directory
-    writers/wNNNN/index.log   append-only index records of this writer
-    writers/wNNNN/slab-NNNNNN.dat   preallocated data files cut into slots
-                                    (slab-NNNNNN.packed.dat: packed small slots, format 3)
-
-A slab is cut into groups of :data:`GROUP_SLOTS` slots: a 64 KiB table of 128-byte
-marker records (start header, end marker), then the slots' data areas, each
-``round_up(slot_bytes, 4096)`` (format 3: the smallest power of two, at least 64, for
-slots of at most :data:`PACKED_MAX` bytes). docs/architecture.md, "The slot layout",
-gives the layout, packing and why format 1 is refused. An index record is a CRC32 over
-its body, then kind, key length, (writer, slab, slot, generation, length, checksum) and
-the key: PUT (a page is in that slot), DEL (that exact page is gone) or GEN (generations
-up to this one were used; kept by compaction).
-
-The torn-slot argument. Every write gets a new generation, unique per writer.
-
-* Writer order: the marker record (new generation, key fingerprint, length, checksum)
-  first, then the data, in two calls, marker first, always.
-* Reader order: the data first, then the marker record; the page is accepted only if
-  the record is exactly the one the index entry implies (generation, length, checksum,
-  key fingerprint) and, when the entry has a checksum, the data hash to it.
-
-A reader overlapping a rewrite of the slot: if its marker read returns the old record,
-the rewriter's marker write had not landed when the reader read it, so the rewriter's
-data writes (which follow it) began after the reader had finished reading the data:
-the bytes read are the old page's, whole. If it returns the new record (or a mix), the
-generation differs: a miss. A crash mid-write leaves a new marker and torn data, and
-no PUT record was logged (records are appended only after the data are written): the
-index still names the old generation, whose marker is gone, so the slot reads as a miss
-and the reader drops the entry. A recycled slot (evicted, then reused) carries a new
-generation and another key's fingerprint: a stale entry misses. A checksummed entry's
-reader also verifies the checksum, which detects bytes altered at rest.
-
-The argument assumes every reader sees one coherent view of the file, in which a write
-that landed is seen by every later read: one kernel's page cache gives that to every
-process of the machine. Across nodes. Nodes mounting one distributed filesystem each
-cache the file on their own, so a node can hold a slot's old data while it fetches the
-new marker: the marker alone cannot tell. The checksum can: on a store other nodes may
-mount every page is checksummed, and a page whose marker or checksum does not match is
-read once more, each part fetched after dropping this node's cached copy, data first
-and marker after (:mod:`hicache_l3.slab.fresh`), which restores the order the argument
-needs. A node's writes may also reach the filesystem out of order (write-behind): a
-reader that sees the new marker before the new data fails the checksum, and the page
-is a miss until the data arrive (:mod:`hicache_l3.slab.connector`, "Across nodes").
+"""The slab store's on-disk format (version 2; 3 for packed small slots): slot geometry,
+the marker record of a slot, index log records (PUT, DEL, GEN) and ``namespace.json``.
+A page is accepted only if its marker, read after its data, is exactly the one its index
+entry implies (docs/architecture.md, "The slot layout").
 """
 
 from __future__ import annotations
@@ -98,10 +51,7 @@ def round_up(value: int, align: int) -> int:
 
 
 class Entry(NamedTuple):
-    """Where one stored page is: writer, slab, slot, generation, length, checksum.
-
-    A named tuple, not a frozen dataclass: one is built per page committed or read from a
-    log, and a frozen dataclass's ``__init__`` is much slower on that path."""
+    """Where one stored page is: writer, slab, slot, generation, length, checksum."""
 
     writer: int
     slab: int
@@ -141,12 +91,9 @@ class Record(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class Geometry:
-    """Byte offsets of a slot's parts, derived from the slot size (module docstring,
-    "Slots"): groups of :data:`GROUP_SLOTS` slots, each a marker table then the data.
-
-    ``stride`` is what one slot counts against a capacity: its data area plus its marker
-    record (exact for whole groups; a slab's last, partial group has a table sized for a
-    whole group, at most 64 KiB more per slab file)."""
+    """Byte offsets of a slot's parts, derived from the slot size: groups of
+    :data:`GROUP_SLOTS` slots, each a marker table then the data. ``stride`` is what one slot
+    counts against a capacity (data area plus marker record)."""
 
     slot_bytes: int
     pack: dataclasses.InitVar[bool | None] = None  # None: as a new namespace would (:func:`packs`)
@@ -231,10 +178,8 @@ def encode_end(gen: int, fingerprint: bytes) -> bytes:
 
 def encode_markers(gens: Iterable[int], lengths: Iterable[int], checksums: Iterable[int],
                    fingerprints: Iterable[bytes]) -> list[bytes]:
-    """The 128-byte marker records of many slots, one per ``zip`` of the arguments: a page
-    of ``length`` bytes with ``checksum`` (0: none) written with generation ``gen`` for the
-    key of ``fingerprint``. The one spelling of the record (a batch costs no Python call
-    per slot)."""
+    """The 128-byte marker records of many slots, one per ``zip`` of the arguments
+    (``checksum`` 0: none)."""
     pack = MARKER_RECORD.pack
     return [pack(START_MAGIC, FORMAT_VERSION, 0, gen, length, checksum, fp, END_MAGIC, gen, fp)
             for gen, length, checksum, fp in zip(gens, lengths, checksums, fingerprints)]
@@ -253,9 +198,8 @@ def expected_markers(entries: Sequence[Entry], keys: Iterable[str]) -> list[byte
 
 
 def check_marker(record: bytes | memoryview, entry: Entry, fingerprint: bytes) -> bool:
-    """True when a slot's marker record is the one ``entry`` (generation, length, checksum)
-    and the key's fingerprint imply; read after the data, it vouches for them (module
-    docstring, "The torn-slot argument")."""
+    """True when a slot's marker record is the one ``entry`` and the key's
+    fingerprint imply."""
     return record == encode_marker(entry.gen, entry.length, entry.checksum, fingerprint)
 
 
@@ -306,12 +250,8 @@ _new_record = functools.partial(tuple.__new__, Record)
 
 def decode_records(data: bytes) -> tuple[list[Record], int, int]:
     """The whole, CRC-checked records of ``data``, the bytes consumed, and how many bytes
-    were skipped as damaged.
-
-    Records are self-delimiting: where one fails its check, decoding resynchronises on
-    the next position holding a whole record with a good CRC, so a damaged record loses
-    only itself. Bytes after the last good record are not consumed (a record still being
-    written, or a crashed writer's torn tail)."""
+    were skipped as damaged. Decoding resynchronises past a damaged record; bytes after the
+    last good record are not consumed."""
     out: list[Record] = []
     pos, n, skipped = 0, len(data), 0
     unpack, size, crc32, append = RECORD.unpack_from, RECORD.size, zlib.crc32, out.append
@@ -369,12 +309,9 @@ def read_namespace_file(directory: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def write_namespace_file(directory: Path, namespace: Namespace, slot_bytes: int) -> Geometry:
-    """Create ``namespace.json`` if absent, rebuild it if damaged (atomically either way:
-    a synced temporary file linked or renamed into place), then check that the namespace
-    stores pages of ``slot_bytes``; the namespace's slot geometry (packed or not, as its
-    ``namespace.json`` says: a namespace keeps the layout it was created with; one rebuilt
-    takes a new namespace's, and slabs of the other layout, named otherwise, are not
-    found: their pages miss)."""
+    """Create ``namespace.json`` if absent, rebuild it if damaged (atomically), check
+    that the namespace stores pages of ``slot_bytes``; returns the namespace's geometry (the
+    layout it was created with). :class:`ConfigError` on a mismatch."""
     from hicache_l3.slab.files import make_dir, open_file
 
     make_dir(directory, exist_ok=True)
@@ -412,11 +349,8 @@ def write_namespace_file(directory: Path, namespace: Namespace, slot_bytes: int)
 
 
 def check_format(directory: str | os.PathLike[str], meta: dict[str, Any]) -> None:
-    """Refuse (:class:`ConfigError`) a namespace directory whose ``namespace.json``
-    (``meta``, as :func:`read_namespace_file` gives it) is of another on-disk format:
-    its slabs are laid out differently and are never read as this format's. Format 2
-    (4 KiB-aligned slots, any size) and format 3 (packed slots of at most
-    :data:`PACKED_MAX` bytes) are read and written."""
+    """Raise :class:`ConfigError` when ``meta`` (a ``namespace.json``) is of a format
+    other than 2 or 3."""
     found = meta.get("format", 1)
     if not meta or found == FORMAT_VERSION:
         return

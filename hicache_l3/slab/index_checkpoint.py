@@ -1,14 +1,6 @@
-"""The index's checkpoints and its shared base: loading the namespace's checkpoint
-(:mod:`hicache_l3.slab.checkpoint`) at open, writing new ones (now, or snapshotted under
-the lock and written on a thread), and rebasing the C table onto the newest one.
-
-With the C table the checkpoint's pages are a table image that the table maps read-only
-and shared as its base (one copy per node in the page cache, whatever the number of
-processes): this process's own arrays (the delta) then hold only what changed since.
-When the delta grows past a :data:`CHECKPOINT_FRACTION` of the pages and a newer
-checkpoint exists (this process's or another's), the table is rebased onto it
-(:meth:`~hicache_l3.slab.table.NativePageTable.rebase`: the pages do not change, only
-where they are held), so that the private part stays small.
+"""The index's checkpoints: loading the namespace's checkpoint at open, writing new ones
+(now, or snapshotted under the lock and written on a thread), and rebasing the C table
+onto the newest one so that its private delta stays small.
 """
 
 from __future__ import annotations
@@ -42,9 +34,7 @@ CHECKPOINT_MIN_RECORDS = 1 << 13  # records applied since the last checkpoint be
 CHECKPOINT_FRACTION = 32  # ... and at least 1/this of the indexed pages (the delta's bound)
 CHECKPOINT_DUTY = 9.0  # the next checkpoint waits this many times the last one's duration
 REBASE_CHECK_S = 1.0  # a big delta looks for a newer checkpoint at most this often
-# a journal catch-up replays at most this many records under the lock; a longer one is
-# applied off it first, in parts
-JOURNAL_ON_LOCK = 4096
+JOURNAL_ON_LOCK = 4096  # a longer journal catch-up is applied off the lock first
 
 
 class CheckpointedIndex(Protocol):
@@ -65,9 +55,9 @@ class CheckpointedIndex(Protocol):
 
 
 class IndexCheckpoints:
-    """The checkpoints of one index. Caller holds the index's lock, except where a method
-    says otherwise; at most one background job (checkpoint write, rebase, journal
-    catch-up) runs at a time, and what it made is adopted by the next :meth:`maintain`."""
+    """The checkpoints of one index. Caller holds the index's lock unless a method says
+    otherwise; at most one background job (write, rebase, journal catch-up) runs at a time,
+    and the next :meth:`maintain` adopts what it made."""
 
     def __init__(self, index: CheckpointedIndex) -> None:
         self.index = index
@@ -81,15 +71,13 @@ class IndexCheckpoints:
         self._rebase_checked = 0.0
         self._rebase_due = False  # a checkpoint was written: rebase on it
         self._next_checkpoint = 0.0  # (monotonic) not due before: see due
-        # what a background checkpoint write left for the next maintain: the table that
-        # replaces the live one (with its base's file id), False (none: stop the journal),
-        # None (nothing)
+        # left by a background job: the table replacing the live one (and its base's file
+        # id), False (none: stop the journal), None (nothing)
         self._pending_base: tuple[NativePageTable, tuple[int, int]] | Literal[False] | None = None
 
     def maintain(self) -> None:
-        """After the logs were read: adopt what a background job made, rebase on a
-        checkpoint just written, and keep the private delta small (a new checkpoint from a
-        writer that stopped writing, or a rebase onto a newer one)."""
+        """After the logs were read: adopt what a background job made, and keep the private
+        delta small (a new checkpoint, or a rebase onto a newer one)."""
         if self._pending_base is not None:
             self._adopt_base(defer=True)
         if self._rebase_due:
@@ -101,9 +89,8 @@ class IndexCheckpoints:
                 self.rebase_later()
 
     def load(self) -> None:
-        """Start from the namespace's checkpoint if there is a usable one: its entries,
-        and each log's position; a log that no longer matches its mark (compacted, set
-        aside, gone) loses the checkpoint's entries and is read again from its start.
+        """Start from the namespace's checkpoint if there is a usable one; a log that no
+        longer matches its mark loses the checkpoint's entries and is read again from its start.
         Called once, before any log is read. Caller holds the lock."""
         state = checkpoint.read(self.directory)
         if state is None:
@@ -146,9 +133,8 @@ class IndexCheckpoints:
         self.index.applied = 0
 
     def _load_pages(self, table: PageTable, state: checkpoint.IndexState) -> int:
-        """Put a checkpoint's pages in the empty ``table``: its image mapped as the base
-        (version 3, C table), or its pages loaded; how many pages the checkpoint holds.
-        ValueError / MemoryError when they do not load."""
+        """Put a checkpoint's pages in the empty ``table`` (image mapped as the base, or
+        pages loaded); how many pages. ValueError / MemoryError when they do not load."""
         image = state.image
         if image is None:
             n = len(state.digests) // DIGEST_BYTES
@@ -169,9 +155,8 @@ class IndexCheckpoints:
             image.close()
 
     def memory(self) -> dict[str, int]:
-        """The table's memory: ``index_private_bytes`` (this process's arrays),
-        ``index_shared_bytes`` (the mapped checkpoint image, one copy per node),
-        ``index_delta_pages`` (pages held privately) and ``index_rebases``."""
+        """The table's memory: ``index_private_bytes``, ``index_shared_bytes``,
+        ``index_delta_pages`` and ``index_rebases``."""
         table = self.index.table
         shared = table.shared_nbytes if isinstance(table, NativePageTable) else 0
         delta = table.delta_len if isinstance(table, NativePageTable) else len(table)
@@ -186,12 +171,9 @@ class IndexCheckpoints:
                 and table.delta_len >= max(CHECKPOINT_MIN_RECORDS, len(table) // CHECKPOINT_FRACTION))
 
     def rebase_later(self) -> None:
-        """Move the table onto the namespace's checkpoint, when it is another than the
-        mapped base (looked for at most every :data:`REBASE_CHECK_S`), mostly off the
-        lock: the table is forked (``snapshot``: its delta copied, its base shared) and its changes journaled
-        from now; a background thread rebases the copy on the checkpoint; the next
-        :meth:`refresh` catches it up with the journal and adopts it. Caller holds
-        ``lock``; nothing while a background checkpoint write or rebase runs."""
+        """Rebase the table onto the namespace's checkpoint when it is another than the
+        mapped base (looked for at most every :data:`REBASE_CHECK_S`), on a forked copy off the
+        lock, adopted by a later refresh. Caller holds ``lock``; nothing while a job runs."""
         now = time.monotonic()
         table = self.index.table
         if (now - self._rebase_checked < REBASE_CHECK_S or not isinstance(table, NativePageTable)
@@ -237,10 +219,8 @@ class IndexCheckpoints:
 
     def rebase_on_newer(self, force: bool = False) -> bool:
         """Rebase the table onto the namespace's checkpoint when it is another than the
-        mapped base (looked for at most every :data:`REBASE_CHECK_S` unless ``force``):
-        the pages stay exactly as they are, the delta keeps only what differs from it.
-        A rebase onto a newer checkpoint also counts as a checkpoint written (no process
-        writes one right after another's). Caller holds the lock. Whether it rebased."""
+        mapped base (looked for at most every :data:`REBASE_CHECK_S` unless ``force``); counts as
+        a checkpoint written. Caller holds the lock. Whether it rebased."""
         now = time.monotonic()
         if not force and now - self._rebase_checked < REBASE_CHECK_S:
             return False
@@ -265,13 +245,9 @@ class IndexCheckpoints:
         return True
 
     def state(self, copy: bool = False) -> checkpoint.IndexState:
-        """The log-derived state of the index now (see
-        :class:`~hicache_l3.slab.index.SlabIndex`), what a checkpoint holds. Without
-        ``copy`` it shares the live dicts (encode it before releasing the lock); with
-        ``copy`` it is a snapshot that may be encoded on another thread (the C table is
-        always copied, with the unlogged pages put in: ``state.table``, a fork costing here
-        its private delta and not its shared base; a dict table is exported; the small
-        dicts are copied)."""
+        """The log-derived state of the index now, what a checkpoint holds. Without ``copy``
+        it shares the live dicts (encode it before releasing the lock); with ``copy`` it is a
+        snapshot that may be encoded on another thread."""
         index = self.index
         table, unlogged, flat = index.table, index.unlogged, None
         if isinstance(table, NativePageTable):
@@ -296,20 +272,16 @@ class IndexCheckpoints:
                                      table=flat)
 
     def due(self) -> bool:
-        """Enough records were applied since the last checkpoint to write a new one:
-        :data:`CHECKPOINT_MIN_RECORDS` and a :data:`CHECKPOINT_FRACTION` of the pages,
-        and the last one written ended :data:`CHECKPOINT_DUTY` times its own duration ago
-        (checkpoints take at most ~1/(1 + that) of the time: a store filled at full
-        speed would otherwise write its whole table every 1/32 of its pages)."""
+        """Enough records were applied since the last checkpoint to write a new one
+        (:data:`CHECKPOINT_MIN_RECORDS`, :data:`CHECKPOINT_FRACTION` of the pages, and
+        :data:`CHECKPOINT_DUTY` times the last write's duration since it ended)."""
         index = self.index
         return (index.applied >= max(CHECKPOINT_MIN_RECORDS, len(index.table) // CHECKPOINT_FRACTION)
                 and time.monotonic() >= self._next_checkpoint)
 
     def save(self) -> bool:
-        """Write the namespace's checkpoint from :meth:`state` now (after a background
-        save still running, so that the newest state lands last); False (logged) when it
-        could not be written -- the logs stay the source, nothing is lost. Caller holds
-        ``lock``."""
+        """Write the namespace's checkpoint now (after a background save still running);
+        False (logged) when it could not be written. Caller holds ``lock``."""
         self.wait()
         self._adopt_base()
         started = time.monotonic()
@@ -325,10 +297,8 @@ class IndexCheckpoints:
         return written
 
     def save_later(self) -> None:
-        """Snapshot the state now (caller holds ``lock``; the copy is the only cost under
-        it) and encode and write it on a background thread, so that serving threads are
-        not held for the seconds a big index takes to write. One at a time: while one is
-        running this does nothing (the checkpoint stays due)."""
+        """Snapshot the state now (caller holds ``lock``) and write it on a background
+        thread; nothing while one is running."""
         if self._saver is not None and self._saver.is_alive():
             return
         self._adopt_base(defer=True)  # (what a previous one left, before the journal starts again)
@@ -350,9 +320,8 @@ class IndexCheckpoints:
 
     def _write_state(self, state: checkpoint.IndexState,
                      fixups: list[tuple[bytes, Entry | None]] | None) -> None:
-        """The saver thread: write ``state``; then, without the lock, the table the live
-        one becomes (the written image as its base, ``fixups`` applied: the snapshot's
-        table), left for the next :meth:`maintain` to catch up and adopt."""
+        """The saver thread: write ``state``, then build (off the lock) the table the live
+        one becomes, for the next :meth:`maintain` to adopt."""
         written: list[checkpoint.ImageRef] = []
         new: tuple[NativePageTable, tuple[int, int]] | None = None
         started = time.monotonic()
@@ -372,8 +341,8 @@ class IndexCheckpoints:
     def _table_on(self, image: checkpoint.ImageRef, fixups: list[tuple[bytes, Entry | None]]
                   ) -> tuple[NativePageTable, tuple[int, int]] | None:
         """A table over ``image`` as base holding what the live table held at the snapshot
-        (the image holds the unlogged pages too: ``fixups`` give the table's page of each
-        of their digests, or None), and the image's file id; None when it cannot be made."""
+        (``fixups``: the table's page of each unlogged digest, or None), and the image's file id;
+        None when it cannot be made."""
         table = NativePageTable(native_library())
         if self.capacity:
             with contextlib.suppress(ValueError):
@@ -391,13 +360,10 @@ class IndexCheckpoints:
         return table, _file_id(image.fd)
 
     def _adopt_base(self, defer: bool = False) -> None:
-        """Adopt the table a finished background checkpoint or rebase made (caller holds
-        ``lock``): it catches up with the live table's journal (the changes since the
-        snapshot) and replaces it. With ``defer``, a journal longer than
-        :data:`JOURNAL_ON_LOCK` records is handed to a thread that applies it off the lock
-        (the live table journals on), and a later call adopts. Without a table (the write
-        failed or was not version 3) the journal stops and the next refresh rebases on
-        whatever checkpoint is there."""
+        """Adopt the table a finished background job made, caught up with the live table's
+        journal (caller holds ``lock``). With ``defer``, a journal longer than
+        :data:`JOURNAL_ON_LOCK` records is applied on a thread first and a later call adopts.
+        Without a table the journal stops."""
         pending, self._pending_base = self._pending_base, None
         if pending is None:
             return
@@ -430,16 +396,14 @@ class IndexCheckpoints:
             return
         self.index.table, self.base_id = new, base_id
         self.rebases += 1
-        # the old table is freed by a thread of its own (its base's unmapping is slow on a
-        # big table), not under the lock
+        # the old table is freed on a thread of its own, not under the lock
         reaper = threading.Thread(target=_drop, args=(table,), name="hicache-index-free", daemon=True)
         del table  # (the thread's arguments hold the last reference)
         reaper.start()
 
     def _catch_up_off_lock(self, new: NativePageTable, base_id: tuple[int, int], part: JournalPart) -> None:
-        """The thread of a deferred :meth:`_adopt_base`: ``part`` (the journal's records so
-        far) applied to ``new`` without the lock nor the GIL; the next refresh applies the
-        rest and adopts it."""
+        """The thread of a deferred :meth:`_adopt_base`: ``part`` applied to ``new`` off
+        the lock and the GIL."""
         done = False
         try:
             part.apply(new)

@@ -1,11 +1,6 @@
-"""Following every writer's ``index.log``: where this process is in each (:class:`LogTail`)
-and the reading of what was appended since (:class:`LogFollower`), fed to the index.
-
-Readers tail every writer's log (one ``stat`` per writer per look, one ``stat`` of
-``writers/`` to notice new writers), so ``exists`` sees other processes' pages on the next
-call. What it relies on from the filesystem: ``stat``/``fstat`` sizes and directory mtime
-that reflect other local processes' writes (multi-node use rescans instead: see
-:mod:`hicache_l3.slab.shared`).
+"""Following every writer's ``index.log``: this process's position in each
+(:class:`LogTail`) and the reading of what was appended since (:class:`LogFollower`), fed
+to the index.
 """
 
 from __future__ import annotations
@@ -27,10 +22,9 @@ TAIL_CHUNK = 1 << 20  # bytes of a log decoded at a time
 
 
 class LogTail:
-    """A reader's position in one writer's index log (the file may be replaced by the
-    writer's compaction: a new inode means "read it again from the start"), the highest
-    generation the log used, and the DELs it holds for other writers' slots (a writer
-    that adopts this log needs them: its compaction keeps them)."""
+    """A reader's position in one writer's index log (a new inode: read it again from the
+    start), the highest generation the log used, and the DELs it holds for other writers'
+    slots."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -63,8 +57,8 @@ class RecordSink(Protocol):
 class LogFollower:
     """Every writer's log under ``writers_dir`` followed: ``tails`` by writer, writer
     directories seen without a log yet (``pending``), entries of ``writers/`` that are not
-    writer directories (``ignored``, logged once), and the namespace's change file
-    (``changes``, :mod:`~hicache_l3.slab.changes`) when used. Caller holds the index's lock."""
+    writer directories (``ignored``, logged once), and the change file (``changes``) when
+    used. Caller holds the index's lock."""
 
     def __init__(self, writers_dir: Path, sink: RecordSink) -> None:
         self.writers_dir = writers_dir
@@ -144,10 +138,9 @@ class LogFollower:
         return tail
 
     def read_tail(self, writer: int, tail: LogTail, size: int) -> None:
-        """Apply ``writer``'s records from ``tail.offset`` up to ``size``; DELs it issued
-        for other writers' slots are also kept in ``tail.foreign_dels``. Read
-        :data:`TAIL_CHUNK` bytes at a time: the records decoded at once are Python
-        objects, and the allocator keeps much of their peak resident."""
+        """Apply ``writer``'s records from ``tail.offset`` up to ``size`` (:data:`TAIL_CHUNK`
+        bytes at a time); DELs it issued for other writers' slots are kept in
+        ``tail.foreign_dels``."""
         while tail.offset < size:
             want = size - tail.offset
             if not self._read_chunk(writer, tail, min(want, TAIL_CHUNK)):

@@ -1,9 +1,5 @@
 """Owning a writer directory on one node: ``flock`` on its ``lock`` file, its ``index.log``
-opened for appends, a crashed owner's torn tail set aside. The multi-node store adds
-claims and leases on top (:mod:`hicache_l3.slab.shared`).
-
-What it relies on from the filesystem: ``flock`` (exclusive per node only on FUSE
-mounts) to adopt a writer directory; ``mkdir`` atomicity to create one.
+opened for appends, a crashed owner's torn tail set aside.
 """
 
 from __future__ import annotations
@@ -49,8 +45,7 @@ def lock_writer(fd: int) -> bool:
 
 def open_writer(wdir: Path, lock: Callable[[int], bool]) -> tuple[int, int] | None:
     """Writer directory ``wdir`` locked (``lock`` on its ``lock`` file) and its log opened
-    for appends: ``(lock_fd, log_fd)``; None (descriptors closed, a reason logged where
-    it is not a held lock) when it cannot be owned."""
+    for appends: ``(lock_fd, log_fd)``; None (descriptors closed) when it cannot be owned."""
     if not is_real_dir(wdir):
         return None  # junk or a planted link named like a writer directory
     try:
@@ -72,9 +67,8 @@ def open_writer(wdir: Path, lock: Callable[[int], bool]) -> tuple[int, int] | No
 
 
 def set_aside_tail(log_fd: int, path: Path, offset: int) -> None:
-    """Move the log's unparsable tail past ``offset`` (a crashed writer's torn record, or
-    damage) to ``index.log.damaged-N`` beside it, then cut it off: appends must follow
-    whole records, and what cannot be parsed is kept for inspection, never destroyed."""
+    """Move the log's unparsable tail past ``offset`` to ``index.log.damaged-N`` beside it,
+    then cut it off."""
     size = os.fstat(log_fd).st_size
     data = os.pread(log_fd, size - offset, offset)
     n = 0

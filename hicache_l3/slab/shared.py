@@ -1,26 +1,8 @@
-"""The slab store made safe for writers on several machines sharing one filesystem (3FS,
-NFS): writer directories owned through epoch-numbered claim files and leases instead of
-``flock``, logs written at explicit offsets, periodic rescans instead of trusting
-directory mtime, and generations that never repeat across owners.
-
-Layout added to :mod:`hicache_l3.slab.format`'s, per writer directory::
-
-    writers/wNNNN/claim.EEEEEEEE     the owner of epoch E (JSON: node, pid, start, epoch)
-    writers/wNNNN/released.EEEEEEEE  epoch E's owner closed cleanly
-
-Ownership. A process owns ``wNNNN`` for epoch ``E`` when it created ``claim.E`` (a
-private temporary file ``link(2)``-ed to it: ``EEXIST`` for all but one process, on any
-machine) and no higher claim exists. It takes over a directory whose highest claim
-``E`` is *free* by linking ``claim.E+1``: ``released.E`` exists (or no claim does); the
-owner ran on this node and its PID is gone or reused (adopted at once); or the owner ran
-on another node and the claim's mtime, refreshed every ``lease_s / 4``, has not changed
-for ``lease_s`` by the observer's monotonic clock. The owner fences itself (commits
-fail, reserves return nothing) once it sees a higher claim or its last heartbeat is
-older than ``lease_s / 2``. Generations are ``epoch << 40 | counter``: unique across
-every owner a directory ever had, so a slot rewritten after an adoption never carries a
-generation a stale index entry expects, and a partitioned owner that keeps writing can
-only cause misses, never another key's bytes. What each step relies on from the
-filesystem: docs/reliability.md, "Writers on several nodes".
+"""The slab store for writers on several machines sharing one filesystem (3FS, NFS):
+writer directories owned through epoch-numbered claim files (``claim.E``, ``released.E``)
+and leases instead of ``flock``, logs written at explicit offsets, periodic rescans, and
+generations (``epoch << 40 | counter``) that never repeat across owners. The protocol:
+docs/reliability.md, "Writers on several nodes".
 """
 
 from __future__ import annotations
@@ -202,13 +184,8 @@ class LeaseBook:
 
 class SharedSlabStore(SlabStore):
     """:class:`~hicache_l3.slab.store.SlabStore` for a filesystem mounted by several
-    machines; see the module docstring for the protocol.
-
-    ``capacity_bytes`` is per writer, as in the base class; the namespace total is
-    ``capacity_bytes * max_writers``. ``node`` overrides the node identity (tests
-    simulate several machines with it); ``node_locks=False`` drops the per-node flock
-    and relies on claims alone.
-    """
+    machines. ``capacity_bytes`` is per writer; ``node`` overrides the node identity;
+    ``node_locks=False`` drops the per-node flock and relies on claims alone."""
 
     uses_change_file = False  # one node's page cache says nothing of another node's writes
 
@@ -326,9 +303,7 @@ class SharedSlabStore(SlabStore):
             )
 
     def _may_rewrite_log(self) -> bool:
-        """A compaction that ran off the lock renames its log over this writer's only while
-        the lease holds: another node may own the directory, and append to the log, once
-        it lapsed."""
+        """Only while the lease holds."""
         return self.lease is None or self.lease.valid
 
     # ---- writing ------------------------------------------------------------------------
@@ -344,13 +319,7 @@ class SharedSlabStore(SlabStore):
     def reserve(self, count: int) -> Sequence[Slot]:
         """As the base class; empty (the caller reports ``no_space``) when this process
         cannot own a writer directory."""
-        try:
-            self._become_writer()
-            self._check_owned()
-        except WriterUnavailableError as exc:
-            log.warning("%s", exc)
-            return []
-        return super().reserve(count)
+        return super().reserve(count) if self._writer_ready() else []
 
     def commit(self, keys: Sequence[str], slots: Sequence[Slot], checksums: Sequence[int],
                ds: Sequence[bytes] | None = None) -> None:

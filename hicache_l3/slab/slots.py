@@ -1,9 +1,5 @@
-"""A set batch's reserved slots as columns (:class:`SlotColumns`): what
-:meth:`~hicache_l3.slab.store.SlabStore.reserve` returns, so that the native write and
-the commit take the descriptors, slabs, slot numbers and generations as arrays instead of
-unpacking a :class:`~hicache_l3.slab.format.Slot` tuple per page. It is still a
-``Sequence[Slot]`` (a Slot made on each item access), so every other caller (the Python
-and NIXL transports, abort, the per-key failure paths) reads it as it read a list.
+"""A set batch's reserved slots as columns (:class:`SlotColumns`), still a
+``Sequence[Slot]``.
 """
 
 from __future__ import annotations
@@ -21,8 +17,7 @@ _FD, _SLAB, _SLOT, _GEN = attrgetter("fd"), attrgetter("slab"), attrgetter("slot
 class SlotColumns(Sequence[Slot]):
     """Slots ``j = 0..n-1`` as four equally long arrays: ``fds`` (int32), ``slabs``,
     ``slots`` and ``gens`` (uint64); item ``j`` is ``Slot(fds[j], slabs[j], slots[j],
-    gens[j])``. Not copied: the arrays are the caller's, and must not change while the
-    batch is in flight."""
+    gens[j])``. The arrays are the caller's, not copied: unchanged while in flight."""
 
     __slots__ = ("fds", "gens", "slabs", "slots")
 
