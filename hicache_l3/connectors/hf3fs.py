@@ -1,28 +1,11 @@
-"""The 3FS connector (``hf3fs``, alias ``3fs``): pages in preallocated slab files on a
-3FS mount, shared by every node that mounts it.
-
-Two I/O paths over the same on-disk format (so they interoperate, page for page):
-
-* **POSIX-mount mode** (always available): the file connector's slab I/O, ``preadv``/
-  ``pwritev`` straight between registered host memory and the slab files.
-* **USRBIO mode**, when ``hf3fs_fuse.io`` is importable and ``root`` lies on a 3FS mount
-  (``usrbio="auto"``; ``"on"`` requires it, ``"off"`` disables it): I/Os go through
-  3FS's shared-memory rings, one read and one write ring per connector. USRBIO moves
-  bytes only into or out of an *iovec* (POSIX shared memory registered with the FUSE
-  daemon): pages inside a registered :class:`SharedHostBuffer` (or a region owned by a
-  ``SharedMemory``) go zero-copy, others take one copy through a staging iovec
-  (counters ``usrbio_zero_copy``, ``usrbio_staged``). Tested against a named test double
-  (``tests/doubles/hf3fs_usrbio_double.py``); figures about a real 3FS need a real 3FS.
-
-The index is :class:`~hicache_l3.slab.shared.SharedSlabStore`: writers on several
-machines (claims and leases instead of ``flock``), generations that never repeat.
-Up to ``max_writers`` writers each get ``capacity_bytes / max_writers`` of the mount.
-
-USRBIO ordering: a slot is written in two ring rounds (marker record; then data) and
-read in two (data; then marker record), so that the torn-slot argument
-(:mod:`hicache_l3.slab.format`) holds although a ring completes its I/Os in any order. A
-ring round that times out (``usrbio_timeout_s``) fails its pages and abandons that ring
-and its staging memory, so late completions never land in memory that is reused.
+"""The 3FS connector (``hf3fs``, alias ``3fs``): pages in preallocated slab files on a 3FS
+mount, shared by every node that mounts it (index: :class:`~hicache_l3.slab.shared.SharedSlabStore`,
+up to ``max_writers`` writers of ``capacity_bytes / max_writers`` each). Bytes move by the file
+connector's slab I/O, or with ``usrbio`` (``auto`` where ``hf3fs_fuse.io`` imports and root is
+on a 3FS mount; ``on`` requires it) through 3FS's USRBIO rings: zero-copy for pages in a
+registered :class:`SharedHostBuffer`, through a staging iovec for others. Both paths use the
+same on-disk format; a USRBIO slot moves in two ring rounds (marker, data) so the torn-slot
+argument (:mod:`hicache_l3.slab.format`) holds, and a round that times out abandons its ring.
 """
 
 from __future__ import annotations

@@ -1,35 +1,16 @@
-"""The plan of a get batch, built by one C call: what :meth:`SlabIndex.lookup` plus
-:func:`~hicache_l3.slab.format.expected_markers` plus :meth:`Geometry.offsets` compute
-in Python, without a Python object per page.
-
-Why: per key, the Python path builds digests, fingerprints, entry and located tuples, a
-packed marker record and offsets, then flat arrays again from those objects; on SGLang's
-call path that Python cost more than the read around it. ``hl3_pt_plan_get``
-(``hicache_l3/native/page_table.c``) takes the batch's keys as one ``bytes``
-(``"\\n".join(keys)``; valid page keys hold no newline) and writes, per key, its verdict
-before any I/O (read, miss, size mismatch, unverified) and its entry, and per page to
-read its data and marker offsets, the marker record it must carry and its checksum: the
-arrays the C read walks; and the distinct slabs of the indexed keys, which Python opens
-once each.
-
-Same semantics as the reference (:meth:`SlabIndex.lookup`, then the checks of
-:meth:`SlabConnector._get <hicache_l3.slab.connector.SlabConnector._get>`): a slab that
-cannot be opened drops its keys from the index and they miss; digests, fingerprints and
-records are those of :func:`~hicache_l3.slab.table.digest`,
-:func:`~hicache_l3.common.integrity.key_fingerprint` and
-:func:`~hicache_l3.slab.format.encode_markers` (tests compare both paths).
-
-:func:`plan_get` returns None where no plan can be made (a table other than the C one, as
-tests put in; a big-endian host; a key that is not ASCII or holds a newline): the caller
-takes the reference path then.
+"""The plan of a get batch, built by one C call (``hl3_pt_plan_get``, ``native/get_plan.c``):
+per key its verdict before any I/O (read, miss, size mismatch, unverified) and its entry; per
+page to read its descriptor, data and marker offsets, the marker record it must carry and its
+checksum, as the arrays the C read walks. Same semantics as the lookup path
+(:meth:`SlabIndex.lookup`, then :meth:`SlabConnector._get`'s checks); tests compare both.
+:func:`plan_get` returns None where no plan can be made (a table other than the C one, a key
+that is not ASCII or holds a newline): the caller takes the lookup path then.
 """
 
 from __future__ import annotations
 
 import array
-import ctypes
 import functools
-import sys
 from collections.abc import Callable, Sequence
 
 from hicache_l3.slab.format import GROUP_SLOTS, RECORD_BYTES, Entry, Geometry
@@ -37,7 +18,6 @@ from hicache_l3.slab.table import NativePageTable, PageTable
 
 READ, MISS, SIZE, UNVERIFIED = 0, 1, 2, 3  # a key's verdict before I/O (page_table.c HL3_PLAN_*)
 _GROUP_SHIFT = GROUP_SLOTS.bit_length() - 1  # GROUP_SLOTS is a power of two (format.py)
-_SIZE_T = ctypes.sizeof(ctypes.c_size_t)
 
 
 class GetPlan:
@@ -88,8 +68,7 @@ class GetPlan:
 
 @functools.lru_cache(maxsize=16)
 def _geometry_array(geometry: Geometry) -> array.array[int]:
-    """The ``hl3_geometry`` the C plan reads (never writes) for ``geometry``: built once
-    per geometry, not once per batch."""
+    """The ``hl3_geometry`` the C plan reads (never writes), once per geometry."""
     return array.array("q", (geometry.slot_bytes, _GROUP_SHIFT, geometry.table, geometry.data_stride,
                              (1 << _GROUP_SHIFT) * geometry.data_stride, RECORD_BYTES))
 
@@ -98,8 +77,7 @@ _ZEROS: dict[str, array.array[int]] = {}
 
 
 def _zeros(typecode: str, n: int) -> array.array[int]:
-    """A new zeroed ``typecode`` array of ``n`` items: a slice of a zero array kept per
-    type (one copy, where building one from ``bytes`` is an allocation and a copy)."""
+    """A new zeroed ``typecode`` array of ``n`` items (a slice of a zero array kept per type)."""
     zero = _ZEROS.get(typecode)
     if zero is None or len(zero) < n:
         zero = _ZEROS[typecode] = array.array(typecode, bytes(array.array(typecode).itemsize * max(n, 1024)))
@@ -112,8 +90,7 @@ def plan_get(table: PageTable, keys: Sequence[str], geometry: Geometry, verified
     none can be made (module docstring). ``open_slab(writer, slab)`` gives a descriptor, or
     None when the slab cannot be opened (it has then dropped the slab's keys from the
     index): those keys are :data:`MISS`. Caller holds the index lock."""
-    if not isinstance(table, NativePageTable) or sys.byteorder != "little" \
-            or _SIZE_T != 8:
+    if not isinstance(table, NativePageTable):
         return None
     n = len(keys)
     try:

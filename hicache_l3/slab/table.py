@@ -1,23 +1,8 @@
-"""The slab index's page table: 16-byte key digest -> :class:`Entry`, and the slot inverse
-``(writer, slab, slot) -> digest``, kept exactly inverse to each other.
-
-:class:`PageTable` is its API; :func:`new_table` makes :class:`NativePageTable`, the C
-table of ``hicache_l3/native/page_table.c`` (in the required ``hicache_l3._batch_io``
-library): open addressing, no Python object per page, in anonymous mappings that hold no
-pointers (docs/architecture.md, "Compact bucket"). Called through ``ctypes.PyDLL``: the
-GIL stays held during each (short) call, so threads see every call as atomic. The
-reference the property tests compare it with is a table over two dicts
-(``tests/reference/dict_table.py``).
-
-The digest (:func:`digest`) is XXH3-128 with a fixed non-zero seed, deliberately *not*
-the slot header's key fingerprint (unseeded XXH3-128,
-:func:`hicache_l3.common.integrity.key_fingerprint`): if two keys' digests collide, the
-table returns the other key's slot, whose fingerprint then differs from the key's, so
-the reader reads a miss, never the other key's bytes. With one function for both, a
-digest collision would also pass the fingerprint check.
-
-Putting a page (``put``) supersedes what the slot held (another key's page there is
-removed) and the key's page elsewhere (its former slot leaves the inverse).
+"""The slab index's page table: 16-byte key digest -> :class:`Entry`, and its exact inverse
+``(writer, slab, slot) -> digest``. :class:`PageTable` is the API; :func:`new_table` makes
+:class:`NativePageTable`, the C table (``native/page_table.c``); the property tests' oracle is
+``tests/reference/dict_table.py``. The digest (:func:`digest`, seeded XXH3-128) is not the
+marker's key fingerprint: a digest collision then reads as a miss, never another key's bytes.
 """
 
 from __future__ import annotations
@@ -29,16 +14,14 @@ import functools
 import itertools
 import os
 import struct
-import sys
 from collections.abc import Iterator, Sequence
 from typing import Protocol, overload
 
 import xxhash
 
 from hicache_l3.slab.format import Entry
-from hicache_l3.slab.native import LoadedOnce
+from hicache_l3.slab.native import DIGEST_SEED, IndexCalls, library
 
-DIGEST_SEED = 0x6869636163686533  # "hicache3": any fixed non-zero seed; never change it
 DIGEST_BYTES = 16
 xxh3_128 = xxhash.xxh3_128_digest  # (data, seed) -> 16 bytes
 _make_entry = Entry._make
@@ -127,106 +110,79 @@ def joined(ds: Sequence[bytes]) -> bytes:
 
 
 class PageTable(Protocol):
-    """``digest -> Entry`` and its exact inverse ``(writer, slab, slot) -> digest``.
+    """``digest -> Entry`` and its exact inverse ``(writer, slab, slot) -> digest``; putting a
+    page supersedes the slot's page and the key's page elsewhere.
 
-    Not thread-safe beyond single calls: callers serialise mutations (the index lock).
-    An entry must have writer < 65535, slab and slot < 2**24, generation < 2**48 and
-    length < 2**32, and a table takes at most 65535 distinct lengths in its life (a
-    length, once put, counts until the table is freed): :class:`ValueError` otherwise,
-    with nothing of the call applied. These are far above what a store produces: writer
-    numbers count writer directories (``SlabStore`` adopts a free one before it makes
-    one past the highest, so about the most processes that ever wrote at once;
-    ``SharedSlabStore`` takes one below ``max_writers``, 8 by default), slots
-    number below ``slab_bytes // stride`` (65,011 for 256 MiB slabs and 4 KiB pages;
-    2**24 needs slabs over 64 GiB), slabs below ``capacity / slab_bytes`` (2**24 slabs of
-    256 MiB is 4 PiB per writer), generations count one per page written by one writer
-    (2**48 is 89 years at 100,000 pages a second), and a namespace has one page size.
-    A log record beyond them (a hand-made one) is refused as a 32-bit overflow was.
+    Not thread-safe beyond single calls (callers hold the index lock). An entry must have
+    writer < 65535, slab and slot < 2**24, generation < 2**48 and length < 2**32, and a
+    table takes at most 65535 distinct lengths in its life: :class:`ValueError`
+    otherwise, with nothing of the call applied.
     """
 
     def __len__(self) -> int:
         """Pages in the table."""
-        ...
 
     @property
     def nbytes(self) -> int:
         """Bytes of memory the table holds (approximate for the dict table)."""
-        ...
 
     def reserve(self, pages: int) -> None:
         """Make room for ``pages`` pages now (the table still grows past it; never
         shrinks). :class:`MemoryError` when that room cannot be had (the table is
         unchanged)."""
-        ...
 
     def expect(self, pages: int) -> None:
         """The table is expected to hold at most ``pages`` pages (a capacity hint, 0:
         none): nothing is allocated now; growth lands on that capacity once it is one
         step away, so a table filled to it was sized for it."""
-        ...
 
     def get(self, d: bytes) -> Entry | None:
         """The page of digest ``d``, or None."""
-        ...
 
     def get_many(self, ds: Sequence[bytes]) -> list[Entry | None]:
         """:meth:`get` of each digest."""
-        ...
 
     def contains_many(self, ds: Sequence[bytes]) -> list[bool]:
         """Whether each digest has a page."""
-        ...
 
     def at(self, where: Where) -> bytes | None:
         """The digest whose page is in slot ``where`` (writer, slab, slot), or None."""
-        ...
 
     def at_many(self, wheres: Sequence[Where]) -> list[bytes | None]:
         """:meth:`at` of each slot."""
-        ...
 
     def put(self, d: bytes, entry: Entry) -> None:
         """``d``'s page is now ``entry`` (superseding the slot's page and ``d``'s former slot)."""
-        ...
 
     def put_many(self, ds: Sequence[bytes], entries: Sequence[Entry]) -> None:
         """:meth:`put` of each pair, in order."""
-        ...
 
     def pop(self, d: bytes) -> Entry | None:
         """Remove ``d``'s page (and its inverse); the page it had, or None."""
-        ...
 
     def pop_many(self, ds: Sequence[bytes]) -> int:
         """:meth:`pop` of each digest; how many had a page."""
-        ...
 
     def take_at_many(self, wheres: Sequence[Where]) -> tuple[bytes, array.array[int]]:
         """Remove the pages in slots ``wheres``; those there were, in order, shaped as an
         :meth:`export` (digests concatenated, six values each)."""
-        ...
 
     def select(self, writer: int | None = None, slab: int | None = None) -> list[tuple[bytes, Entry]]:
         """``(digest, entry)`` of every page of ``writer`` (any when None) in ``slab`` (any
         when None), in no particular order."""
-        ...
 
     def count(self, writer: int | None = None, slab: int | None = None) -> int:
         """How many pages :meth:`select` would return."""
-        ...
 
     def slot_items(self) -> list[tuple[Where, bytes]]:
         """The inverse as ``(where, digest)`` pairs, in no particular order."""
-        ...
 
     def export(self) -> tuple[bytes, array.array[int]]:
         """A snapshot of every page: the digests concatenated, and the six fields of each
         entry as a flat ``array('Q')`` (same order)."""
-        ...
 
     def load(self, ds: bytes, values: array.array[int]) -> None:
         """:meth:`put` every page of an :meth:`export`-shaped snapshot, in order."""
-        ...
 
 
 _LIMITS = "writer < 65535, slab and slot < 2**24, generation < 2**48, length < 2**32"
@@ -254,81 +210,6 @@ def _address(buf: array.array[int] | bytearray) -> int:
     return ctypes.addressof(ctypes.c_char.from_buffer(buf)) if buf else 0
 
 
-class _Library:
-    """The page-table calls of the C library, typed once."""
-
-    def __init__(self, path: str) -> None:
-        lib = ctypes.PyDLL(path)  # the GIL stays held: each call is atomic to Python threads
-
-        def fn(name: str, restype: object, *argtypes: object) -> ctypes._NamedFuncPointer:
-            f = getattr(lib, name)
-            f.restype, f.argtypes = restype, list(argtypes)
-            return f
-
-        self.new = fn("hl3_pt_new", _vp)
-        self.len = fn("hl3_pt_len", _sz, _vp)
-        self.nbytes = fn("hl3_pt_nbytes", _sz, _vp)
-        self.reserve = fn("hl3_pt_reserve", ctypes.c_int, _vp, _u64)
-        self.expect = fn("hl3_pt_expect", None, _vp, _u64)
-        self.check = fn("hl3_pt_check", ctypes.c_int, _vp)
-        self.put_many = fn("hl3_pt_put_many", ctypes.c_int, _vp, _sz, ctypes.c_char_p, _vp)
-        self.get_many = fn("hl3_pt_get_many", _sz, _vp, _sz, ctypes.c_char_p, _vp, _vp)
-        self.pop_many = fn("hl3_pt_pop_many", _sz, _vp, _sz, ctypes.c_char_p)
-        self.pop = fn("hl3_pt_pop", ctypes.c_int, _vp, ctypes.c_char_p, _vp)
-        self.at = fn("hl3_pt_at", ctypes.c_int, _vp, _u64, _u64, _u64, _vp)
-        self.at_many = fn("hl3_pt_at_many", _sz, _vp, _sz, _vp, _vp, _vp)
-        self.select = fn("hl3_pt_select", _sz, _vp, _i64, _i64, _vp, _vp, _sz)
-        self.slots = fn("hl3_pt_slots", _sz, _vp, _vp, _vp, _sz)
-        self.live_puts = fn("hl3_pt_live_puts", ctypes.c_long, _vp, ctypes.c_char_p, _sz, _u64, _vp,
-                            _vp, _vp, _sz)
-        # the get plan (slab/plan.py)
-        self.plan_get = fn("hl3_pt_plan_get", ctypes.c_long, _vp, _sz, ctypes.c_char_p, _sz, _u64, _vp, _vp,
-                           ctypes.c_int, *([_vp] * 10))
-        self.plan_fds = fn("hl3_plan_fds", None, _sz, _vp, _vp, _vp, _vp)
-        # the two layers (a checkpoint's image as a shared read-only base)
-        self.delta_len = fn("hl3_pt_delta_len", _sz, _vp)
-        self.shared_nbytes = fn("hl3_pt_shared_nbytes", _sz, _vp)
-        self.attach = fn("hl3_pt_attach", ctypes.c_int, _vp, ctypes.c_int, _u64, _u64)
-        self.rebase = fn("hl3_pt_rebase", ctypes.c_int, _vp, ctypes.c_int, _u64, _u64)
-        self.image_bytes = fn("hl3_pt_image_bytes", _sz, _vp)
-        self.fork = fn("hl3_pt_fork", _vp, _vp)
-        self.journal_start = fn("hl3_pt_journal_start", ctypes.c_int, _vp)
-        self.journal_stop = fn("hl3_pt_journal_stop", None, _vp)
-        self.journal_replay = fn("hl3_pt_journal_replay", ctypes.c_int, _vp, _vp)
-        self.journal_len = fn("hl3_pt_journal_len", _sz, _vp)
-        self.journal_has = fn("hl3_pt_journal_has", ctypes.c_int, _vp)
-        self.journal_take = fn("hl3_pt_journal_take", _vp, _vp)
-        self.journal_free = fn("hl3_pt_journal_free", None, _vp)
-        # building and writing an image (checkpoint.py, on its own thread, of a table no
-        # other thread sees): the same calls without the GIL
-        free = ctypes.CDLL(path)
-
-        def nogil(name: str, restype: object, *argtypes: object) -> ctypes._NamedFuncPointer:
-            f = getattr(free, name)
-            f.restype, f.argtypes = restype, list(argtypes)
-            return f
-
-        self.build_put_many = nogil("hl3_pt_put_many", ctypes.c_int, _vp, _sz, ctypes.c_char_p, _vp)
-        self.build_reserve = nogil("hl3_pt_reserve", ctypes.c_int, _vp, _u64)
-        self.write_image = nogil("hl3_pt_write_image", ctypes.c_int, _vp, ctypes.c_int, _u64)
-        self.build_rebase = nogil("hl3_pt_rebase", ctypes.c_int, _vp, ctypes.c_int, _u64, _u64)
-        self.build_flatten = nogil("hl3_pt_flatten", _vp, _vp, _sz, ctypes.c_char_p, _vp)
-        self.build_journal_apply = nogil("hl3_pt_journal_apply", ctypes.c_int, _vp, _vp)
-        # a table is freed by the thread that drops it, no other using it: unmapping a
-        # base of 10^7 pages takes tens of ms, which need not hold the GIL
-        self.free = nogil("hl3_pt_free", None, _vp)
-        self.build_attach = nogil("hl3_pt_attach", ctypes.c_int, _vp, ctypes.c_int, _u64, _u64)
-        # a compaction off the lock (slab/store.py): the live PUTs of a log judged against
-        # a fork of the table, and written out
-        self.build_live_puts = nogil("hl3_pt_live_puts", ctypes.c_long, _vp, ctypes.c_char_p, _sz, _u64,
-                                     _vp, _vp, _vp, _sz)
-        self.write_spans = nogil("hl3_write_spans", ctypes.c_long, ctypes.c_int, ctypes.c_char_p, _vp, _vp,
-                                 _sz)
-        from hicache_l3.common.integrity import xxh3_function
-
-        self.seeded128 = ctypes.cast(xxh3_function("seeded128"), ctypes.c_void_p).value
-
-
 def _raise(code: int) -> None:
     if code == _NOMEM:
         raise MemoryError("page table: out of memory")
@@ -344,7 +225,7 @@ def _raise(code: int) -> None:
 class NativePageTable:
     """:class:`PageTable` in C (see the module docstring); freed when garbage collected."""
 
-    def __init__(self, lib: _Library, handle: int | None = None) -> None:
+    def __init__(self, lib: IndexCalls, handle: int | None = None) -> None:
         self._lib = lib
         handle = handle or lib.new()
         if not handle:
@@ -372,10 +253,8 @@ class NativePageTable:
         _raise(self._lib.reserve(self._t, pages))
 
     def expect(self, pages: int) -> None:
-        """``hl3_pt_expect``: growth (and :meth:`reserve`) within one 1.5x step of ``pages``
-        pages at load 0.8 goes to exactly that; nothing is allocated now (presizing would
-        cost a store far below its capacity a memory page per indexed page, its digests
-        spread over the whole array)."""
+        """``hl3_pt_expect``: growth within one 1.5x step of ``pages`` pages at load 0.8 goes
+        to exactly that; nothing is allocated now."""
         if pages < 0 or pages >= 1 << 64:
             raise ValueError(f"page table: cannot expect {pages} pages")
         self._lib.expect(self._t, pages)
@@ -396,17 +275,15 @@ class NativePageTable:
 
     def attach(self, fd: int, offset: int, length: int) -> None:
         """This empty table's pages become those of the image of ``length`` bytes at
-        ``offset`` (a multiple of 8) of the file open on ``fd`` (``hl3_pt_attach``): a
-        read-only shared mapping, kept while the table lives (``fd`` may be closed).
-        :class:`ValueError` when the image is not whole or the table not empty,
+        ``offset`` (a multiple of 8) of ``fd``: a read-only shared mapping kept while the
+        table lives. :class:`ValueError` (image not whole, table not empty),
         :class:`MemoryError`; the table is unchanged then."""
         if len(self):
             raise ValueError("page table: attach needs an empty table")
         _raise(self._lib.attach(self._t, fd, offset, length))
 
     def attach_unshared(self, fd: int, offset: int, length: int) -> None:
-        """:meth:`attach` without the GIL (its check of the image is O(capacity): long
-        for a big table), for a table no other thread uses yet."""
+        """:meth:`attach` without the GIL, for a table no other thread uses yet."""
         if len(self):
             raise ValueError("page table: attach needs an empty table")
         _raise(self._lib.build_attach(self._t, fd, offset, length))
@@ -414,11 +291,8 @@ class NativePageTable:
     def snapshot(self, ds: bytes = b"", values: array.array[int] | None = None) -> TableImage:
         """A copy of this table's pages (both layers) with the pages of the
         :meth:`export`-shaped ``ds``/``values`` put after them, as a :class:`TableImage`
-        for another thread. What it costs here (under the caller's lock) is a fork
-        (``hl3_pt_fork``): copies of the private delta and of the base's dead bits, the
-        base's read-only mapping shared; the standalone copy an image is written from
-        (``hl3_pt_flatten``, about a memcpy of the table) is made by the image's first use,
-        without the GIL. :class:`MemoryError` (or a value refused)."""
+        for another thread; here only a fork (``hl3_pt_fork``). :class:`MemoryError` (or a
+        value refused)."""
         n = len(ds) // DIGEST_BYTES
         vals = values if values is not None else array.array("Q")
         if len(ds) != n * DIGEST_BYTES or len(vals) != 6 * n:
@@ -450,10 +324,9 @@ class NativePageTable:
         return int(self._lib.journal_len(self._t))
 
     def journal_take(self) -> JournalPart:
-        """The journal's records so far, handed over (``hl3_pt_journal_take``): the
-        journal goes on from none, so that a long catch-up is applied in parts
-        (:meth:`JournalPart.apply`), each but the last off the caller's lock.
-        :class:`ValueError` (no usable journal: it stops), :class:`MemoryError`."""
+        """The journal's records so far, handed over; the journal goes on from none (a long
+        catch-up applied in parts). :class:`ValueError` (no usable journal: it stops),
+        :class:`MemoryError`."""
         if not self._lib.journal_has(self._t):
             raise ValueError("page table: no journal to take")
         handle = self._lib.journal_take(self._t)
@@ -605,20 +478,17 @@ class NativePageTable:
 
     def plan_get(self, n: int, keys: bytes, geometry: array.array[int], verified_only: bool,
                  out: Sequence[array.array[int] | bytearray]) -> tuple[int, int]:
-        """``hl3_pt_plan_get`` (native/page_table.c) of ``n`` keys, each followed by one
-        ``\\n`` in ``keys``, into the ten output buffers ``out`` (values, code, data_offs,
-        marker_offs, expect, csums, where, slab_of, slabs, and a one-item size_t count,
-        sized for ``n`` keys by :mod:`hicache_l3.slab.plan`): (pages to read, distinct
-        slabs), or (-1, 0) when ``keys`` is not ``n`` keys."""
+        """``hl3_pt_plan_get`` of ``n`` keys, each followed by one ``\\n`` in ``keys``, into
+        the ten output buffers ``out`` (sized by :mod:`hicache_l3.slab.plan`): (pages to
+        read, distinct slabs), or (-1, 0) when ``keys`` is not ``n`` keys."""
         count = self._lib.plan_get(self._t, n, keys, len(keys), DIGEST_SEED, self._lib.seeded128,
                                    _address(geometry), int(verified_only), *map(_address, out))
         return int(count), int(out[-1][0])
 
     def plan_fds(self, where: array.array[int], slab_of: array.array[int],
                  by_slab: array.array[int]) -> array.array[int]:
-        """The descriptor of each page of a plan: ``by_slab[slab_of[where[j]]]`` for every
-        ``j`` of ``where`` (int32 arrays of :meth:`plan_get`; ``by_slab`` one descriptor per
-        distinct slab, every index in range), one C loop."""
+        """``by_slab[slab_of[where[j]]]`` for every ``j`` of ``where`` (int32 arrays of
+        :meth:`plan_get`), one C loop."""
         count = len(where)
         if not count:
             return array.array("i")
@@ -635,22 +505,19 @@ class NativePageTable:
 
 class TableImage:
     """A table no other thread sees (:meth:`NativePageTable.snapshot`, or
-    :meth:`from_snapshot`), for its image (a checkpoint's page section: :attr:`nbytes`,
-    then :meth:`write`) or to be rebased (:meth:`rebase`) and then used as
-    :attr:`table`; its calls here run without the GIL. Only the thread that holds it may
-    use it until then. A snapshot's first use makes its standalone copy (the base's
-    arrays copied, its dead pages removed, the delta's and the snapshot's pages put:
-    ``hl3_pt_flatten``); a rebase needs none."""
+    :meth:`from_snapshot`), for its image (:attr:`nbytes`, then :meth:`write`) or to be
+    rebased (:meth:`rebase`) and then used as :attr:`table`; its calls run without the GIL,
+    and only the thread that holds it may use it. A snapshot's first use makes its
+    standalone copy (``hl3_pt_flatten``); a rebase needs none."""
 
-    def __init__(self, lib: _Library, table: NativePageTable,
+    def __init__(self, lib: IndexCalls, table: NativePageTable,
                  put: tuple[bytes, array.array[int]] | None = None) -> None:
         self._lib, self._table, self._put = lib, table, put
         self._standalone = put is None and not table.shared_nbytes
 
     def prepare(self) -> NativePageTable:
-        """The table as a standalone copy (no base) with the snapshot's pages put, made
-        now if it is not yet (without the GIL; :class:`MemoryError`): what :attr:`pages`,
-        :attr:`nbytes`, :meth:`write` and :attr:`table` read."""
+        """The table as a standalone copy (no base) with the snapshot's pages put, made now
+        if it is not yet (without the GIL; :class:`MemoryError`)."""
         if not self._standalone:
             t, (ds, values) = self._table, self._put or (b"", array.array("Q"))
             n = len(ds) // DIGEST_BYTES
@@ -675,7 +542,7 @@ class TableImage:
         return int(self._lib.image_bytes(self.prepare()._t))
 
     @classmethod
-    def from_snapshot(cls, lib: _Library, ds: bytes, values: array.array[int],
+    def from_snapshot(cls, lib: IndexCalls, ds: bytes, values: array.array[int],
                       expect: int | None) -> TableImage:
         """A table of the pages of an :meth:`~PageTable.export`-shaped snapshot, built
         without the GIL, expecting ``expect`` pages at most as the live table does."""
@@ -710,13 +577,11 @@ class TableImage:
     def write_live_puts(self, data: bytes, expect: int, fd: int) -> tuple[int, int] | None:
         """Write to ``fd`` (at its offset), in log order, the PUT records of index log bytes
         ``data`` that this table holds, as :func:`live_put_spans` judges them: ``(records,
-        bytes written)``. None where C cannot say (a big-endian host, a snapshot with pages
-        put, bytes that are not all whole good records: the caller compacts the reference
-        way). Runs without the GIL on the fork as it is (both layers; no standalone copy):
-        what lets a compaction judge a log's records off the lock, against the table as it
-        was when its offset was taken. :class:`OSError` from the write."""
+        bytes written)``; None where C cannot say (a snapshot with pages put, bytes that are
+        not all whole good records: the caller compacts the reference way). Runs without the
+        GIL on the fork as it is. :class:`OSError` from the write."""
         lib = self._lib
-        if self._put is not None or sys.byteorder != "little":
+        if self._put is not None:
             return None
         if not data:
             return 0, 0
@@ -741,7 +606,7 @@ class JournalPart:
     """Records a table's journal held (:meth:`NativePageTable.journal_take`), to apply,
     in order, to a table that holds what that table held when they began."""
 
-    def __init__(self, lib: _Library, handle: int) -> None:
+    def __init__(self, lib: IndexCalls, handle: int) -> None:
         self._lib, self._j = lib, handle
 
     def __del__(self) -> None:
@@ -759,11 +624,9 @@ class JournalPart:
         _raise(self._lib.build_journal_apply(table._t, j))
 
 
-def build_image(ds: bytes, values: array.array[int], expect: int | None = None) -> TableImage | None:
+def build_image(ds: bytes, values: array.array[int], expect: int | None = None) -> TableImage:
     """The :class:`TableImage` of an :meth:`~PageTable.export`-shaped snapshot (expecting
-    ``expect`` pages at most, as the live table does), or None on a big-endian host."""
-    if sys.byteorder != "little":
-        return None
+    ``expect`` pages at most, as the live table does)."""
     return TableImage.from_snapshot(native_library(), ds, values, expect)
 
 
@@ -779,14 +642,12 @@ def _take_at(table: PageTable, wheres: Sequence[Where]) -> tuple[bytes, array.ar
     return b"".join(out_d), values
 
 
-def _find_live_puts(fn: ctypes._NamedFuncPointer, lib: _Library, handle: int, data: bytes,
+def _find_live_puts(fn: ctypes._NamedFuncPointer, lib: IndexCalls, handle: int, data: bytes,
                     expect: int) -> tuple[array.array[int], array.array[int], int] | None:
     """``hl3_pt_live_puts`` through ``fn`` (with or without the GIL) on table ``handle``:
     the span arrays and how many spans they hold, or None (see :func:`live_put_spans`)."""
     whole = len(data) // 48 + 1  # (the shortest record is 48 bytes: always enough)
-    # sized for the live pages expected, not for every record the log could hold (a 4 MiB
-    # log to compact took 1.4 MB of span arrays); the whole bound on a second walk where
-    # more are live than expected
+    # sized for the live pages expected; the whole bound on a second walk where more are live
     for cap in ((expect + 1, whole) if 0 <= expect < whole else (whole,)):
         starts = array.array("Q", bytes(8 * cap))
         ends = array.array("Q", bytes(8 * cap))
@@ -800,12 +661,10 @@ def _find_live_puts(fn: ctypes._NamedFuncPointer, lib: _Library, handle: int, da
 def live_put_spans(table: PageTable, data: bytes, expect: int = -1) -> list[tuple[int, int]] | None:
     """The ``(start, end)`` byte spans of the PUT records in index log bytes ``data`` whose
     key's digest ``table`` maps to exactly that record's (writer, slab, slot, generation),
-    found in C; None where C cannot say (no C table, a big-endian host, or bytes that are
-    not all whole records with good CRCs and ASCII keys): the caller decodes the records
-    in Python then (:func:`hicache_l3.slab.format.decode_records`, the reference).
-    ``expect``: how many the caller expects (the writer's pages), to size the result
-    arrays; any number is still found."""
-    if not isinstance(table, NativePageTable) or sys.byteorder != "little" or not data:
+    found in C; None where C cannot say (no C table, or bytes that are not all whole records
+    with good CRCs and ASCII keys: the caller decodes them in Python). ``expect``: how many
+    the caller expects, to size the result arrays."""
+    if not isinstance(table, NativePageTable) or not data:
         return None if data else []
     return table._live_puts(data, expect)
 
@@ -818,26 +677,9 @@ def _values(entries: Sequence[Entry]) -> array.array[int]:
     return values
 
 
-def native_library() -> _Library:
-    """The C page table's calls, loaded and self-tested on first use; ImportError naming
-    the fix when the library is not built or lacks them."""
-    return _native.get()
-
-
-def _self_test(lib: _Library) -> None:
-    from hicache_l3.slab.format import PUT, encode_record
-
-    table = NativePageTable(lib)
-    a, b = digest("a"), digest("b")
-    table.put_many([a, b], [Entry(0, 1, 2, 3, 4, 5), Entry(0, 1, 2, 6, 4, 0)])  # b supersedes a
-    if len(table) != 1 or table.get(a) is not None or table.get(b) != Entry(0, 1, 2, 6, 4, 0) \
-            or table.at((0, 1, 2)) != b:
-        raise RuntimeError("the C page table disagrees with the reference")
-    log = encode_record(PUT, "a", Entry(0, 1, 2, 3, 4, 5))
-    b_at = len(log)
-    log += encode_record(PUT, "b", Entry(0, 1, 2, 6, 4, 0))
-    if table._live_puts(log) != [(b_at, len(log))]:  # its digests are digest()'s
-        raise RuntimeError("the C log scan disagrees with the reference")
+def native_library() -> IndexCalls:
+    """The C page table's calls (:func:`~hicache_l3.slab.native.library`'s)."""
+    return library().index
 
 
 def new_table(capacity: int | None = None) -> PageTable:
@@ -849,5 +691,3 @@ def new_table(capacity: int | None = None) -> PageTable:
             table.expect(capacity)
     return table
 
-
-_native = LoadedOnce(_Library, _self_test, "hicache_l3._batch_io has no usable page table")

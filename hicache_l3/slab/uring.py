@@ -21,28 +21,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_vp, _i32, _i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
 MAX_DEPTH = 4096  # (uring_io.c hl3_ring_open)
-
-
-class _Calls:
-    """The ring calls of the C library."""
-
-    def __init__(self, path: str) -> None:
-        lib = ctypes.CDLL(path, use_errno=True)
-        self.open = lib.hl3_ring_open
-        self.open.restype, self.open.argtypes = _vp, [ctypes.c_int]
-        self.close = lib.hl3_ring_close
-        self.close.restype, self.close.argtypes = None, [_vp]
-        self.read = lib.hl3_ring_read
-        self.read.restype = ctypes.c_int
-        self.read.argtypes = [_vp, _i32, _i32, _i32, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _vp, _vp, _vp]
-        self.write = lib.hl3_ring_write
-        self.write.restype = ctypes.c_int
-        self.write.argtypes = [_vp, _i32, _i32, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _i32, _vp, _vp, _vp]
-
-
-_calls = native.LoadedOnce(_Calls, lambda _calls: None, "hicache_l3._batch_io refused")
 
 
 class Rings:
@@ -50,18 +29,16 @@ class Rings:
     concurrent calls wait for it). Closed by :meth:`close`."""
 
     def __init__(self, depth: int) -> None:
-        self.calls, self.depth = _calls.get(), depth
-        self._xxh3 = native.xxh3_entry_points()
-        self._xxh3_at = ctypes.addressof(self._xxh3)
+        self.lib, self.depth = native.library(), depth
         self._read = self._open(depth)
         try:
             self._write = self._open(depth)
         except OSError:
-            self.calls.close(self._read)
+            self.lib.ring_close(self._read)
             raise
 
     def _open(self, depth: int) -> int:
-        ring = self.calls.open(depth)
+        ring = self.lib.ring_open(depth)
         if not ring:
             err = ctypes.get_errno()
             raise OSError(err, f"io_uring_setup of depth {depth}: {os.strerror(err)}")
@@ -73,24 +50,25 @@ class Rings:
         as :meth:`~hicache_l3.slab.native.BatchIO.read`. The number not OK, or ``-errno``
         when the ring failed (then the pages not read carry that code)."""
         fds, doffs, moffs, segs, at, _markers = pb.addresses
-        return int(self.calls.read(self._read, 0, len(pb), only, _addr(data_fds), fds, doffs, moffs, segs, at,
-                                   pb.expect_at, pb.marker_len, pb.checksums_at, self._xxh3_at, pb.status_at))
+        return int(self.lib.ring_read(self._read, 0, len(pb), only, _addr(data_fds), fds, doffs, moffs, segs,
+                                      at, pb.expect_at, pb.marker_len, pb.checksums_at, self.lib.xxh3_at,
+                                      pb.status_at))
 
     def read_cold(self, call: native.PlanRead) -> int:
         """The pages of a planned read (:meth:`~hicache_l3.slab.native.BatchIO.plan_read`)
         left :data:`~hicache_l3.slab.native.AGAIN` by a nowait read, read through the ring
         (data and markers from the plan's descriptors); as :meth:`read`."""
         a = call.args  # (fds, data and marker offsets, segs, at, expect, mlen, csums, xxh3, status)
-        return int(self.calls.read(self._read, 0, len(call.status), native.AGAIN, None, *a[:8],
-                                   self._xxh3_at, a[9]))
+        return int(self.lib.ring_read(self._read, 0, len(call.status), native.AGAIN, None, *a[:8],
+                                   self.lib.xxh3_at, a[9]))
 
     def write(self, pb: native.PageBatch, data_fds: array.array[int] | None, checksum: bool) -> int:
         """Write every page of ``pb`` (every marker record, then the data, to ``data_fds`` or
         ``pb.fds``), checksummed first when ``checksum``, as
         :meth:`~hicache_l3.slab.native.BatchIO.write`; the number not OK or ``-errno``."""
         fds, doffs, moffs, segs, at, markers = pb.addresses
-        return int(self.calls.write(self._write, 0, len(pb), _addr(data_fds), fds, doffs, moffs, segs, at,
-                                    markers, pb.marker_len, int(checksum), pb.checksums_at, self._xxh3_at,
+        return int(self.lib.ring_write(self._write, 0, len(pb), _addr(data_fds), fds, doffs, moffs, segs, at,
+                                    markers, pb.marker_len, int(checksum), pb.checksums_at, self.lib.xxh3_at,
                                     pb.status_at))
 
     def close(self) -> None:
@@ -99,7 +77,7 @@ class Rings:
         self._read = self._write = 0
         for ring in (read, write):
             if ring:
-                self.calls.close(ring)
+                self.lib.ring_close(ring)
 
 
 class LazyRings:

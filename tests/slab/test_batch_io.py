@@ -195,7 +195,7 @@ def test_header_struct_matches_the_library() -> None:
 def test_stats_name_the_io_path(tmp_path: Path) -> None:
     ns = Namespace(model="m", kv_dtype="bfloat16", layout="page_first", page_size=16)
     with open_connector("file", ns, root=str(tmp_path)) as conn:
-        assert conn.stats()["engine"]["io_path"] == batch_io.describe()
+        assert conn.stats()["engine"]["io_path"] == "native batch I/O (C)"
     with open_connector("file", ns, root=str(tmp_path), o_direct=True, io_uring_depth=0) as conn:
         assert conn.stats()["engine"]["io_path"] == "native O_DIRECT (C)"
 

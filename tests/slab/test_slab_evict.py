@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hicache_l3.slab import evict
+from hicache_l3.slab import evict, native
 from hicache_l3.slab.clock import COLD, HOT, Clock
 from hicache_l3.slab.format import Entry
 from hicache_l3.slab.table import NativePageTable, digest, native_library
@@ -19,13 +19,13 @@ from tests.reference.dict_table import DictPageTable
 from tests.slab.test_slab_table import _on_image
 
 
-def raw_library() -> evict._Library:
+def raw_library() -> native.IndexCalls:
     """The library itself, not its self-tested view: a C bug fails here, not skips."""
     spec = importlib.util.find_spec("hicache_l3._batch_io")
     if spec is None or spec.origin is None or native_library() is None:
         # CI builds it: an optional build that silently failed must not turn into a green run
         pytest.fail("hicache_l3._batch_io not built: reinstall with a C compiler (cc) present")
-    return evict._Library(spec.origin)
+    return native.IndexCalls(spec.origin)
 
 
 puts_st = st.lists(st.tuples(st.integers(0, 30), st.integers(0, 1), st.integers(0, 1), st.integers(0, 12)),
@@ -44,7 +44,7 @@ def test_a_run_taken_in_c_equals_take_at_many(puts: list[tuple[int, int, int, in
             t.put(digest(f"k{k}"), Entry(w, s, slot, gen, 64, k))
     wheres = [(writer, slab, slot) for slot in range(first, first + count)]
     expected = ref.take_at_many(wheres)
-    assert evict._native_take(lib, ours, writer, slab, first, count) == expected
+    assert lib.take_run(ours._t, writer, slab, first, count) == expected
     assert evict.take_run(dict_ref, writer, slab, first, count) == expected  # the fallback
     assert sorted(ours.select()) == sorted(ref.select()) == sorted(dict_ref.select())
 
@@ -72,7 +72,7 @@ def test_a_run_taken_in_c_equals_take_at_many_over_two_layers_and_journals(
         t.journal_start()
     wheres = [(writer, slab, slot) for slot in range(first, first + count)]
     expected = ref.take_at_many(wheres)
-    assert evict._native_take(lib, ours, writer, slab, first, count) == expected
+    assert lib.take_run(ours._t, writer, slab, first, count) == expected
     assert sorted(ours.select()) == sorted(ref.select()) and ours.check() == 0
     ours.journal_take().apply(ours_replay)
     ref.journal_take().apply(ref_replay)

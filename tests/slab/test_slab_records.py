@@ -18,19 +18,20 @@ from hypothesis import strategies as st
 
 from hicache_l3.common.integrity import key_fingerprint
 from hicache_l3.common.keys import Namespace
-from hicache_l3.slab import records
+from hicache_l3.slab import native, records
 from hicache_l3.slab import table as table_mod
 from hicache_l3.slab.format import RECORD_BYTES, Entry, Geometry, decode_records, encode_marker, encode_puts
 from hicache_l3.slab.store import SlabStore
 from hicache_l3.slab.table import NativePageTable, digest
 from tests.reference.dict_table import DictPageTable
+from tests.reference.records import python_write_markers
 
 u32 = st.integers(0, 0xFFFFFFFE)
 entry_st = st.builds(Entry, u32, u32, u32, st.integers(0, 2**64 - 1), u32, st.integers(0, 2**64 - 1))
 
 
 def native_or_skip() -> None:
-    records._native.get()  # ImportError, naming the fix, where the library is not built
+    native.library()  # ImportError, naming the fix, where the library is not built
 
 
 @settings(max_examples=200, deadline=None)
@@ -54,9 +55,7 @@ def test_c_records_from_values_equal_the_reference(batch: list[tuple[str, Entry]
     keys, entries = [k for k, _ in batch], [e for _, e in batch]
     values = array.array("Q", [v for e in entries for v in e])
     assert records.encode_put_values(keys, values) == encode_puts(keys, entries)
-    lib = records._native.get()
-    assert lib is not None and lib.encode_nl is not None
-    lines = records._native_encode_lines(lib, keys, values)
+    lines = native.library().index.encode_lines(keys, values)
     assert lines == (None if any("\n" in k for k in keys) else encode_puts(keys, entries))
 
 
@@ -69,10 +68,10 @@ def test_key_digests_equal_the_reference(keys: list[str]) -> None:
     ds = records.key_digests(keys)
     assert isinstance(ds, table_mod.Digests) and ds.blob == b"".join(table_mod.digests(keys))
     assert ds == table_mod.digests(keys) and list(ds) == table_mod.digests(keys) and len(ds) == len(keys)
-    lib = records._native.get()
-    assert lib is not None and lib.digests is not None
+    made = native.library().index.key_digests(keys)
     if keys and not any("\n" in k for k in keys):  # from C: it says whether they are all different
-        assert records._native_digests(lib, keys) == ds and ds.distinct == (len(set(keys)) == len(keys))
+        assert made is not None and table_mod.Digests(*made) == ds
+        assert ds.distinct == (len(set(keys)) == len(keys))
     else:
         assert ds.distinct is None  # (the reference does not look)
 
@@ -188,9 +187,9 @@ def test_c_write_markers_equal_the_reference(batch: list[tuple[str, int, int]], 
     slots = array.array("Q", [s for _, _, s in batch])
     geometry = Geometry(slot_bytes)
     # the library itself, not its self-tested view: a C bug fails here instead of skipping
-    made = records._native_markers(raw_library(), keys, gens, slots, geometry)
+    made = raw_library().write_markers(keys, gens, slots, geometry)
     assert made is not None
-    ref = records.python_write_markers(keys, gens, slots, geometry)
+    ref = python_write_markers(keys, gens, slots, geometry)
     assert made == ref
     assert list(ref.data_offsets) == [geometry.data_offset(s) for s in slots]
     assert list(ref.marker_offsets) == [geometry.marker_offset(s) for s in slots]
@@ -199,11 +198,11 @@ def test_c_write_markers_equal_the_reference(batch: list[tuple[str, int, int]], 
             gens[j], slot_bytes, 0, key_fingerprint(key))
 
 
-def raw_library() -> records._Library:
+def raw_library() -> native.IndexCalls:
     spec = importlib.util.find_spec("hicache_l3._batch_io")
     assert spec is not None and spec.origin is not None, \
         "hicache_l3._batch_io must be built for this test (CI builds it; the reference runs without it)"
-    return records._Library(spec.origin)
+    return native.IndexCalls(spec.origin)
 
 
 def test_write_markers_fall_back_for_keys_c_does_not_take() -> None:
@@ -212,7 +211,7 @@ def test_write_markers_fall_back_for_keys_c_does_not_take() -> None:
     geometry = Geometry(4096)
     for keys in (["a\nb", "c"], ["clé", "d"], ["\n", "\n\n"]):
         gens, slots = array.array("Q", [3, 4]), array.array("Q", [0, 600])
-        assert records.write_markers(keys, gens, slots, geometry) == records.python_write_markers(
+        assert records.write_markers(keys, gens, slots, geometry) == python_write_markers(
             keys, gens, slots, geometry)
-    assert records._native_markers(raw_library(), ["a\nb", "c"], array.array("Q", [1, 2]),
-                                   array.array("Q", [0, 1]), geometry) is None
+    assert raw_library().write_markers(["a\nb", "c"], array.array("Q", [1, 2]), array.array("Q", [0, 1]),
+                                       geometry) is None

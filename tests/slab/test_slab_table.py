@@ -267,18 +267,18 @@ def test_far_inverse_entries_find_their_home_from_the_page(far: int, tmp_path: P
     import shutil
     import subprocess
 
-    from hicache_l3.slab.table import _Library
+    from hicache_l3.slab.native import IndexCalls
 
     cc = shutil.which("cc") or shutil.which("gcc")
     assert cc is not None, "a C compiler builds the C libraries; this test needs it too"
     native = Path(__file__).parents[2] / "hicache_l3" / "native"
     lib = tmp_path / "pt_far.so"
-    # (records.c: the CRC)
-    sources = ["page_table.c", "log_scan.c", "get_plan.c", "table_image.c", "records.c"]
+    # (records.c: the CRC; evict.c: every index call is bound)
+    sources = ["page_table.c", "log_scan.c", "get_plan.c", "table_image.c", "records.c", "evict.c"]
     subprocess.run([cc, "-O1", "-shared", "-fPIC", f"-DHL3_PT_FAR={far}", "-o", str(lib),
                     *(str(native / s) for s in sources)], check=True)
     rng = random.Random(far)
-    table, ref = NativePageTable(_Library(str(lib))), DictPageTable()
+    table, ref = NativePageTable(IndexCalls(str(lib))), DictPageTable()
     ds = [rng.randbytes(16) for _ in range(3000)]
     for step in range(40):
         batch = rng.sample(range(3000), 150)

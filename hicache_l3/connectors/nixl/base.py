@@ -1,30 +1,9 @@
-"""The NIXL connector: pages moved by NIXL (NVIDIA Inference Xfer Library) agents.
-
-Two storage modes, chosen by ``mode``:
-
-* ``file`` (default, :mod:`hicache_l3.connectors.nixl.file`): the POSIX plugin moves
-  page bytes between registered host memory and the shared slab store
-  (:mod:`hicache_l3.slab`), the same on-disk layout as the file connector.
-  The kernel engine is ``posix_engine`` (``aio``, ``uring`` or ``posix_aio``).
-* ``obj`` (:mod:`hicache_l3.connectors.nixl.obj`): the OBJ plugin stores one S3 object
-  per page (plus a 64-byte header object that commits it) in a bucket.
-
-What every mode shares (this module):
-
-* one ``nixl_agent`` per connector, created with ``backends=[]`` and then only the
-  plugin in use (never UCX: loading it here crashes the process at exit, and library
-  code must never touch ``UCX_*`` variables); the agent runs in NIXL's strict thread
-  mode, so SGLang's three threads can call at once;
-* host regions registered as DRAM once (:meth:`Connector.register`), storage-side
-  registrations cached by the modes;
-* :func:`run_flat`: one NIXL transfer per batch (at most ``max_descs`` descriptors,
-  adjacent rows joined by :func:`coalesce` where the mode asks), polled with a short
-  backoff and bounded by ``timeout_s``; NIXL reports one state per transfer and raises
-  for backend errors, so a failed transfer is retried row per page, split in halves
-  until the failing pages are isolated: one bad page never fails its batch.
-
-Import works with either ``nixl_cu12`` (the ``nixl-cu12`` wheel) or ``nixl`` (the meta
-package); without either, opening the connector raises
+"""The NIXL connector: pages moved by NIXL agents, in ``mode`` ``file`` (the POSIX plugin and
+the shared slab store, :mod:`hicache_l3.connectors.nixl.file`) or ``obj`` (the OBJ plugin, one
+S3 object per page, :mod:`hicache_l3.connectors.nixl.obj`). Here what they share: the agent
+(one per connector, only the plugin in use, strict thread mode), host regions registered as
+DRAM once, and :func:`run_flat` (one transfer per batch, a failed one split until the failing
+pages are isolated). Without ``nixl_cu12`` or ``nixl`` importable, opening raises
 :class:`~hicache_l3.common.errors.EngineUnavailableError` with the install hint.
 """
 
@@ -48,9 +27,7 @@ from hicache_l3.common.memory import MemoryRegion
 from hicache_l3.slab.format import ALIGN
 
 INSTALL_HINT = "pip install 'hicache-l3[nixl]'"
-# Measured here (1 MiB pages, batch 128, page cache; see the issue's closing note):
-# aio was the fastest of the three POSIX engines for both set and get.
-DEFAULT_POSIX_ENGINE = "aio"
+DEFAULT_POSIX_ENGINE = "aio"  # the fastest POSIX engine measured (docs/benchmarks.md)
 
 _agent_ids = itertools.count()
 RETIRE_S = 60.0  # after this, requests an abandoned agent had in flight have given up
@@ -60,10 +37,8 @@ MERGE_MAX_BYTES = 64 << 20
 Desc = tuple[int, int, int]  # a transfer descriptor row: (address or offset, length, device id)
 _retired: list[tuple[float, Any]] = []
 _retired_lock = threading.Lock()
-# Agents with a transfer whose completion was never observed (timeout, interruption): kept
-# alive and never called again for the life of the process. Calling them (even to release
-# the handle or to destroy them) lets NIXL's POSIX backend submit more of the abandoned
-# transfer's I/O; left alone, only what the kernel already had completes.
+# Agents with a transfer whose completion was never observed: kept alive, never called again
+# (calling them lets the POSIX backend submit more of the abandoned transfer's I/O).
 _abandoned: list[Any] = []
 
 
@@ -201,12 +176,9 @@ class Agent:
     per agent by :meth:`register_files`.
 
     With ``abandon_on_timeout`` (the POSIX plugin), a transfer that times out or is
-    interrupted is neither released nor polled again: the agent becomes
-    :attr:`poisoned` and must not be used any more. NIXL's POSIX backend submits a
-    transfer's I/O a queue at a time as it is polled, and a released or merely pending
-    transfer resumed when the next transfer on the same agent was polled, writing
-    pages into slots handed out again since. The owner replaces a poisoned agent
-    (:meth:`abandon`) and never reuses the slots the transfer touched.
+    interrupted is neither released nor polled again (either would resume its I/O): the
+    agent becomes :attr:`poisoned`; the owner replaces it (:meth:`abandon`) and never
+    reuses the slots the transfer touched.
     """
 
     def __init__(self, backend: str, params: dict[str, str], abandon_on_timeout: bool = False) -> None:

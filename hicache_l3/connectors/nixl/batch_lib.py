@@ -1,21 +1,7 @@
-"""The C helpers of nixl file mode's batches: per batch one call where Python did per page.
-
-Functions appended to ``hicache_l3/native/batch_io.c`` (the ``hicache_l3._batch_io``
-library the slab connectors load, :mod:`hicache_l3.slab.native`):
-
-* ``hl3_join_rows``: a batch's NIXL descriptor rows straight from flat arrays (the
-  segments, offsets and descriptors of a :class:`~hicache_l3.slab.native.PageBatch` or
-  of :func:`flatten`), adjacent rows joined as :func:`~hicache_l3.connectors.nixl.base.coalesce` joins them;
-* ``hl3_check_sums``: the XXH3 of every read page that carries a checksum, compared in
-  one call with the GIL released (after its marker record was checked);
-
-A set's marker records and offsets come from the local write's call
-(:func:`hicache_l3.slab.records.write_markers`); the records themselves move by
-``hl3_markers``, the batch library's marker call, bound here on arrays as they are.
-
-Loaded lazily like the batch library (:class:`~hicache_l3.slab.native.LoadedOnce`) and
-self-tested against the Python spellings; nixl file mode's per-page Python path, the
-reference, runs with ``native_io = false``.
+"""NIXL file mode's batch helpers over the C library's calls (``native/nixl_rows.c`` and the
+marker call of ``native/batch_io.c``): a batch's NIXL rows built and joined in one call
+(:meth:`NixlBatchLib.rows`, as :func:`~hicache_l3.connectors.nixl.base.coalesce` joins
+them), the marker records and the checksums of a batch in one call each.
 """
 
 from __future__ import annotations
@@ -26,12 +12,11 @@ import functools
 import importlib
 from typing import Any
 
-from hicache_l3.connectors.nixl.base import Desc, coalesce
-from hicache_l3.slab.format import GROUP_SLOTS, RECORD_BYTES
-from hicache_l3.slab.native import LoadedOnce, PageBatch, flat_segments, xxh3_entry_points
+from hicache_l3.connectors.nixl.base import Desc
+from hicache_l3.slab import native
+from hicache_l3.slab.format import RECORD_BYTES
+from hicache_l3.slab.native import BatchIO, PageBatch, flat_segments
 
-_vp, _i32, _i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
-_GROUP_SHIFT = GROUP_SLOTS.bit_length() - 1  # GROUP_SLOTS is a power of two (format.py)
 TUPLE_ROWS = 16  # rows(arrays=True) of at most this many rows are lists of tuples
 
 
@@ -58,21 +43,11 @@ def _rows(flat: array.array[int], m: int) -> list[Desc]:
 
 
 class NixlBatchLib:
-    """The loaded helpers (module docstring); one instance per process, thread-safe."""
+    """The helpers over ``lib`` (module docstring); thread-safe."""
 
-    def __init__(self, path: str) -> None:
-        lib = ctypes.CDLL(path)
-        self._join = lib.hl3_join_rows
-        self._join.restype = ctypes.c_int64
-        self._join.argtypes = [ctypes.c_int, _vp, _vp, _vp, _vp, _vp, _vp, _i64]
-        self._sums = lib.hl3_check_sums
-        self._sums.restype = ctypes.c_int
-        self._sums.argtypes = [ctypes.c_int, ctypes.c_int, _vp, _vp, _vp, _vp, _vp]
-        self._markers = lib.hl3_markers
-        self._markers.restype = ctypes.c_int
-        self._markers.argtypes = [_i32, _i32, _i32, _vp, _vp, _vp, _vp, _i64, _vp]
-        self._xxh3 = xxh3_entry_points()
-        self._xxh3_at = ctypes.addressof(self._xxh3)
+    def __init__(self, lib: BatchIO) -> None:
+        self._join, self._sums, self._markers = lib.join_rows, lib.check_sums, lib.markers
+        self._xxh3_at = lib.xxh3_at
 
     def rows(self, segments: array.array[int] | bytes, at: array.array[int], fds: array.array[int],
              offsets: array.array[int], max_bytes: int, *, arrays: bool = False) -> tuple[Any, Any]:
@@ -181,29 +156,10 @@ class NixlBatchLib:
         return int(self._sums(lo, hi, segs, at, batch.checksums_at, self._xxh3_at, batch.status_at))
 
 
-def _self_test(lib: NixlBatchLib) -> None:
-    """The helpers against their Python spellings on a small batch (refused otherwise)."""
-    base = 1 << 20
-    pages = [((base, 100),), ((base + 100, 50), (base + 150, 10)), ((base + 500, 8),)]
-    batch = PageBatch.for_read(RECORD_BYTES, array.array("i", [3, 3, 4]), array.array("q", [0, 100, 160]),
-                               array.array("q", [0, 0, 0]), pages, bytearray(3 * RECORD_BYTES),
-                               array.array("Q", bytes(24)))
-    per_segment = ([(a, n, 0) for p in pages for a, n in p], [(0, 100, 3), (100, 50, 3), (150, 10, 3),
-                                                               (160, 8, 4)])
-    arrays = (batch.segments, batch.at, batch.fds, batch.data_offsets)
-    if lib.rows(*arrays, 0) != per_segment or lib.rows(*arrays, 1 << 20) != coalesce(*per_segment) \
-            or lib.rows(*arrays, 120) != coalesce(*per_segment, max_bytes=120) \
-            or flatten(pages) != (batch.segments, batch.at):
-        raise RuntimeError("hl3_join_rows disagrees with connectors.nixl.base.coalesce")
-
-
 flatten = flat_segments  # the batch library's spelling (rows take what a PageBatch walks)
 
 
-_loaded = LoadedOnce(NixlBatchLib, _self_test, "the nixl batch helpers of hicache_l3._batch_io refused")
-
-
+@functools.cache
 def library() -> NixlBatchLib:
-    """The helpers, loaded and self-tested on first call; ImportError naming the fix when
-    the library is not built or refused."""
-    return _loaded.get()
+    """The helpers; ImportError naming the fix when the library is not built or refused."""
+    return NixlBatchLib(native.library())

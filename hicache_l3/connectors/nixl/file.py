@@ -1,51 +1,12 @@
-"""NIXL file mode: the shared slab store, with page bytes moved by NIXL's POSIX plugin.
-
-The on-disk layout is the slab store's (:mod:`hicache_l3.slab`), the one the
-file connector uses, so both connectors read each other's pages. What differs is how
-bytes move:
-
-* page data: one NIXL transfer per batch between DRAM registered once (the host
-  regions) and slab files registered once per agent as ``FILE`` (a slab's descriptor is
-  registered the first time a page touches it and kept until close: no per-batch
-  registration); the rows of one-segment pages are built in one pass per batch, and
-  pages adjacent both in host memory and in their slab (consecutive slots of a group)
-  move as one row (:func:`~hicache_l3.connectors.nixl.base.coalesce`);
-* slot marker records (128 bytes each, in the group tables of slab format 2, apart from
-  the data): all records of a batch in one call of the C batch library (GIL released
-  once, adjacent records in one syscall). So the NIXL descriptors cover the page data
-  only, exactly as raw NIXL's do. The slot protocol needs an order that one NIXL
-  transfer does not give (its descriptors complete in any order): a set writes the
-  marker records, then the data (NIXL); a get reads the data (NIXL), then the marker
-  records, and accepts a page only if its record carries the generation, length,
-  checksum and key fingerprint the index gave (:mod:`hicache_l3.slab.format`, "The
-  torn-slot argument"). A reader overlapping a reuse of the slot sees a new record and
-  misses; a torn or recycled slot is a miss, never somebody else's bytes.
-
-No Python runs per page on the common batch (the C helpers,
-:mod:`~hicache_l3.connectors.nixl.batch_lib`): a get reads the batch's
-:class:`~hicache_l3.slab.plan.GetPlan` (:meth:`NixlTransport.read_plan`), its NIXL rows
-built and joined in C, its records and checksums checked in C; a set encodes its records,
-key fingerprints included, in one C call.
-
-A batch of 4 MiB or more is shared by the lanes (:mod:`~hicache_l3.connectors.nixl.lanes`,
-``transfer_agents``): one part moved by the caller's agent, the others by agents on
-resident threads, at once. A get's rows are cut in parts that end together (reads of one
-slab file run in parallel; the caller's share is learnt: lanes.py ``Balance``); a set's are
-dealt out by slab file (writes to one file serialise in the kernel, and the store puts a
-batch's slots in two files: slab/clock.py ``Clocks``).
-
-Checksums: ``checksum=auto`` means xxh3, as in every slab connector: the slot markers
-catch torn, stale and recycled slots on one node, but not bytes altered at rest, nor,
-on a root other nodes mount, this node's cached old data under another node's new marker
-(:mod:`hicache_l3.slab.connector`, "Across nodes"). A set hashes its pages on
-``checksum_threads`` threads before it writes their records. A get whose pages carry
-checksums verifies each page where its bytes still are in the CPU's caches
-(:meth:`NixlTransport._read_hot`): the batch moves in runs of consecutive pages of about
-:data:`HOT_BYTES`, one NIXL transfer each, and the thread that moved a run reads its marker
-records, then hashes its pages (one C call each), before it moves the next; the lanes take
-whole pages, the caller's share learnt as for rows. Hashing after the whole batch instead
-read every page back from memory once the batch outgrew the caches, and waited for the
-checksum threads to wake.
+"""NIXL file mode: the shared slab store (the file connector's layout: both read each other's
+pages), page data moved by NIXL's POSIX plugin in one transfer per batch between DRAM
+registered once and slab files registered once per agent (``FILE``), adjacent rows joined;
+marker records and checksums by the C library, one call per batch. A set writes the marker
+records, then the data; a get reads the data, then the records, and accepts a page only if
+its record carries what the index gave (:mod:`hicache_l3.slab.format`). A get reads the
+batch's :class:`~hicache_l3.slab.plan.GetPlan`; a checked get verifies runs of about
+:data:`HOT_BYTES` right after their transfer. A batch of 4 MiB or more is shared by the lanes
+(:mod:`~hicache_l3.connectors.nixl.lanes`, ``transfer_agents``).
 """
 
 from __future__ import annotations
@@ -160,9 +121,8 @@ SharePages = Callable[[int, int, PagesJob], bool]
 
 
 class NixlTransport(SlotTransport):
-    """Slot bytes moved by NIXL's POSIX plugin, markers by ``pwrite``/``pread`` (module
-    docstring). ``transfer(op)`` gives the connector's transfer function for ``op`` (it
-    runs on the live agent and registers the slab files it touches).
+    """Slot bytes moved by NIXL's POSIX plugin, markers and checksums by the C library.
+    ``transfer(op)`` gives the connector's transfer function for ``op``.
 
     A write transfer that timed out or was interrupted may still write its slots later:
     they are *held* (:attr:`~hicache_l3.slab.io.WriteBatch.held`), never reused or
@@ -274,13 +234,9 @@ class NixlTransport(SlotTransport):
 
     def read_plan(self, plan: GetPlan, pages: Sequence[Page],
                   reasons: dict[int, Reason] | None = None) -> array.array[int]:
-        """:meth:`read` of a :class:`~hicache_l3.slab.plan.GetPlan` (the planned pages,
-        page ``j`` into ``pages[j]``): the plan already holds every page's descriptor, data
-        and marker offsets, expected record and checksum, so no Python runs per page. The
-        data of every page (one NIXL transfer, rows built and joined in C), then every
-        marker record (one C call), then the checksums of the pages that carry one (one
-        C call per share); one status per page, a failed transfer's Reason in
-        ``reasons[j]``."""
+        """:meth:`read` of a :class:`~hicache_l3.slab.plan.GetPlan` (page ``j`` into
+        ``pages[j]``): the data (one NIXL transfer), then the marker records, then the
+        checksums, in C; one status per page, a failed transfer's Reason in ``reasons[j]``."""
         helpers = self.helpers
         if not self.reads_plans:
             raise NotImplementedError(f"{self.name}: planned gets turned off")
@@ -315,16 +271,12 @@ class NixlTransport(SlotTransport):
 
     def _read_hot(self, plan: GetPlan, segments: array.array[int] | bytes, at: array.array[int],
                   status: array.array[int], reasons: dict[int, Reason] | None) -> bool:
-        """:meth:`read_plan` of a batch whose pages carry checksums, each page verified
-        where its bytes are still in the CPU's caches: the batch is cut in runs of
-        consecutive pages of about :data:`HOT_BYTES`, and the thread that moved a run (its
-        own NIXL transfer) reads the run's marker records, then hashes its pages, before
-        it moves the next; the lanes share the runs (:meth:`NixlFileConnector._share_read_pages`).
-        Each page is checked as :meth:`read_plan` checks it: data, then record, then
-        checksum. True when ``status`` is final: every run moved, or a timeout, which fails
-        every page as it fails one transfer of the batch; False, ``status`` cleared, after
-        an engine error (or rows past ``max_descs``): then the batch is read again the
-        reference way, which isolates the failing pages."""
+        """:meth:`read_plan` of a batch whose pages carry checksums, in runs of about
+        :data:`HOT_BYTES`, each moved (its own transfer), then its records read and its pages
+        hashed by the same thread before the next; the lanes share the runs. True when
+        ``status`` is final (every run moved, or a timeout, which fails every page); False,
+        ``status`` cleared, after an engine error (or rows past ``max_descs``): the caller
+        reads the batch again, isolating the failing pages."""
         helpers = self.helpers
         n = plan.count
         size = plan.slot_bytes or _flat_bytes(segments) // n
@@ -461,11 +413,9 @@ class NixlFileConnector(SlabConnector, NixlConnector):
             raise
 
     def _share_read(self, local: Any, remote: Any) -> bool:
-        """Move the read rows ``local``/``remote`` (``m x 3`` arrays or lists of tuples:
-        :meth:`~hicache_l3.connectors.nixl.batch_lib.NixlBatchLib.rows`) split between the
-        caller's agent and the read lanes (:mod:`~hicache_l3.connectors.nixl.lanes`); False
-        (nothing moved) when the read is too small to share or the lanes are taken. A
-        TransferError as one transfer would raise it: a timeout of any part first."""
+        """Move the read rows ``local``/``remote`` split between the caller's agent and the
+        lanes; False (nothing moved) when too small to share or the lanes are taken. A
+        TransferError as one transfer would raise it."""
         lanes = self._lanes
         if lanes is None or not len(local):
             return False
@@ -479,12 +429,9 @@ class NixlFileConnector(SlabConnector, NixlConnector):
         return self._run_shared("READ", pieces, balance)
 
     def _share_write(self, local: Any, remote: Any) -> bool:
-        """Move the write rows ``local``/``remote`` (as :meth:`_share_read` takes them)
-        split by slab file between the caller's agent and the lanes: writes to one file
-        serialise in the kernel, to two files they run at once (the store puts a batch's
-        slots in two files: slab/clock.py ``Clocks``). False (nothing moved) when the rows
-        name one file or the lanes are taken. A TransferError as one transfer would raise
-        it."""
+        """Move the write rows split by slab file between the caller's agent and the lanes
+        (writes to one file serialise in the kernel); False (nothing moved) when the rows
+        name one file or the lanes are taken. A TransferError as one transfer would raise it."""
         lanes = self._lanes
         if lanes is None or len(local) < 2:
             return False
@@ -496,12 +443,10 @@ class NixlFileConnector(SlabConnector, NixlConnector):
         return self._run_shared("WRITE", pieces)
 
     def _share_read_pages(self, n: int, size: int, job: PagesJob) -> bool:
-        """A get's pages ``0..n-1`` of ``size`` bytes each cut in consecutive parts as
-        :meth:`_share_read` cuts its bytes (as many parts as :data:`SHARE_MIN_BYTES` allows,
-        the caller's :attr:`Balance.share` of the pages when every lane takes one), and
-        ``job(lo, hi, transfer)`` of part ``lo..hi-1`` run on the caller's thread with its
-        agent's transfers, the other parts' on the lanes with theirs, at once. False (nothing
-        run) when the pages are too few or too small to share, or the lanes are taken."""
+        """A get's pages ``0..n-1`` of ``size`` bytes cut in consecutive parts (the caller's
+        :attr:`Balance.share` first), ``job(lo, hi, transfer)`` of each run at once on the
+        caller's agent and the lanes'. False (nothing run) when too few or too small to
+        share, or the lanes are taken."""
         lanes = self._lanes
         if lanes is None:
             return False
