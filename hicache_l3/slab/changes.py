@@ -23,7 +23,7 @@ FULL_LOOK_S = 1.0  # a full look at the logs at least this often, whatever the f
 
 
 class ChangeFile:
-    """This process's handle on ``<namespace>/changes`` (module docstring). Not
+    """This process's handle on ``<namespace>/changes``. Not
     thread-safe: callers hold the index lock."""
 
     def __init__(self, fd: int) -> None:

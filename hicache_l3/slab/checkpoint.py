@@ -98,8 +98,7 @@ class IndexState:
 
 
 def log_crcs(fd: int, offset: int) -> tuple[int, int]:
-    """(head, anchor) CRC32s of the log open on ``fd`` read up to ``offset`` (see
-    :class:`LogMark`)."""
+    """(head, anchor) CRC32s of the log open on ``fd`` read up to ``offset`` (:class:`LogMark`)."""
     span = min(ANCHOR, offset)
     head = zlib.crc32(os.pread(fd, span, 0))
     anchor = zlib.crc32(os.pread(fd, span, offset - span))
@@ -108,8 +107,7 @@ def log_crcs(fd: int, offset: int) -> tuple[int, int]:
 
 @contextlib.contextmanager
 def no_gc() -> Iterator[None]:
-    """The cyclic garbage collector paused: building millions of tuples otherwise
-    triggers collections that cost more than the building."""
+    """The cyclic garbage collector paused (while building many tuples)."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -268,8 +266,7 @@ def _decode_body(body: memoryview) -> IndexState:
 
 def _decode_marks(body: memoryview, pos: int, n_writers: int, n_foreign: int, n_deleted: int,
                   n_key_bytes: int) -> IndexState:
-    """The writers, foreign DELs, deleted marks and keys sections from ``pos`` to the end
-    of ``body`` as a state without pages."""
+    """The sections from ``pos`` to the end of ``body`` as a state without pages."""
     sizes = (n_writers * WRITER.size, n_foreign * ENTRY.size, n_deleted * DELETED.size, n_key_bytes)
     if pos + sum(sizes) != len(body):
         raise ValueError("section sizes do not add up to the body")
@@ -295,8 +292,7 @@ def _decode_marks(body: memoryview, pos: int, n_writers: int, n_foreign: int, n_
 
 
 def _remove_stale_temporaries(directory: Path) -> None:
-    """Remove temporary checkpoint files that crashed writers left (untouched for
-    :data:`STALE_TMP_S`: a live writer's is younger)."""
+    """Remove temporary checkpoint files left by crashed writers (older than :data:`STALE_TMP_S`)."""
     now = time.time()
     with contextlib.suppress(OSError):
         for name in os.listdir(directory):

@@ -147,8 +147,7 @@ class Clock:
                 for slot in range(first, first + count)]
 
     def evict_runs(self, n: int) -> list[tuple[int, int, int]]:
-        """:meth:`evict` as runs ``(slab, first, count)`` in the hand's order (a run never
-        spans two slabs)."""
+        """:meth:`evict` as runs ``(slab, first, count)`` (a run never spans two slabs)."""
         st, stride = self.state, self.stride
         size = len(st)
         out: list[tuple[int, int, int]] = []
@@ -191,8 +190,7 @@ class Clock:
         return [divmod(i, stride) for i in range(len(st)) if st[i]]
 
     def start_past(self, pages: Sequence[tuple[int, int]]) -> None:
-        """Put the hand just past the newest of ``pages`` (own ``(slab, slot)`` pairs from
-        oldest to newest, not empty): the oldest go first."""
+        """Put the hand just past the newest of ``pages`` (oldest to newest, not empty)."""
         self.hand = self.index(*pages[-1]) + 1
 
 
@@ -253,8 +251,7 @@ class Clocks:
 
     def _per_slab(self, slabs: Sequence[int], slots: Sequence[int],
                   ) -> Iterable[tuple[Clock, array.array[int], Sequence[int]]]:
-        """Per slab named in ``slabs``: its clock, the column of its local slab number and
-        its slots (in their order), picked at C level (no frame per page)."""
+        """Per slab named in ``slabs``: its clock, its local slab number column and its slots."""
         n = len(slots)
         if not n:
             return []
@@ -304,8 +301,7 @@ class Clocks:
                        for slab, slot in clock.own()])
 
     def start_past(self, pages: Sequence[tuple[int, int]]) -> None:
-        """Put each clock's hand just past the newest of ``pages`` (own ``(slab, slot)``
-        pairs from oldest to newest) in its slabs."""
+        """Put each clock's hand just past the newest of ``pages`` (oldest to newest) in its slabs."""
         done: set[int] = set()
         for slab, slot in reversed(pages):
             part = slab % 2

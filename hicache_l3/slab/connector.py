@@ -56,7 +56,7 @@ class SlabConnector:
     name: ClassVar[str]
     transport: SlotTransport
     checksum_writes: bool = False  # write an XXH3 of each page into its marker record
-    multi_node = False  # other nodes may mount the root (module docstring, "Across nodes")
+    multi_node = False  # other nodes may mount the root
     quarantined_slots = 0  # slots an abandoned transfer may still write: never reused
     metrics: Any
     regions: Any

@@ -124,14 +124,12 @@ class Geometry:
         return g * self.group + i * RECORD_BYTES
 
     def data_offset(self, slot: int) -> int:
-        """Offset of the slot's data (4 KiB aligned, so O_DIRECT can move it; a packed
-        slot's aligned to its power-of-two data stride instead)."""
+        """Offset of the slot's data (4 KiB aligned; packed: aligned to its data stride)."""
         g, i = divmod(slot, GROUP_SLOTS)
         return g * self.group + self.table + i * self.data_stride
 
     def offsets(self, slots: Iterable[int]) -> tuple[list[int], list[int]]:
-        """(data offsets, marker offsets) of ``slots``, in order: :meth:`data_offset` and
-        :meth:`marker_offset` of each, without a method call per slot."""
+        """(data offsets, marker offsets) of ``slots``, in order."""
         slots = list(slots)
         # with g = slot // GROUP_SLOTS: data = g * group + table + (slot - g * GROUP_SLOTS) *
         # data_stride = (g + 1) * table + slot * data_stride; marker likewise
@@ -141,23 +139,20 @@ class Geometry:
                 [(s >> shift) * span + s * RECORD_BYTES for s in slots])
 
     def bytes_for(self, slots: int) -> int:
-        """Bytes a slab of ``slots`` slots spans: up to the end of the last one's data
-        area (0 for none)."""
+        """Bytes a slab of ``slots`` slots spans, to the end of the last one's data (0 for none)."""
         if slots <= 0:
             return 0
         return self.data_offset(slots - 1) + self.data_stride
 
     def slots_in(self, nbytes: int) -> int:
-        """How many whole slots (marker and data area) the first ``nbytes`` of a slab hold:
-        the inverse of :meth:`bytes_for`."""
+        """How many whole slots the first ``nbytes`` of a slab hold (:meth:`bytes_for`'s inverse)."""
         g, rest = divmod(max(0, nbytes), self.group)
         partial = 0 if rest < self.table else min(GROUP_SLOTS - 1, (rest - self.table) // self.data_stride)
         return g * GROUP_SLOTS + partial
 
 
 def packs(slot_bytes: int) -> bool:
-    """Whether a new namespace of ``slot_bytes`` slots packs them (format 3, module
-    docstring "Packed small slots")."""
+    """Whether a new namespace of ``slot_bytes`` slots packs them (format 3)."""
     return 0 < slot_bytes <= PACKED_MAX
 
 
@@ -198,8 +193,7 @@ def expected_markers(entries: Sequence[Entry], keys: Iterable[str]) -> list[byte
 
 
 def check_marker(record: bytes | memoryview, entry: Entry, fingerprint: bytes) -> bool:
-    """True when a slot's marker record is the one ``entry`` and the key's
-    fingerprint imply."""
+    """True when a slot's marker record is the one ``entry`` and the key's fingerprint imply."""
     return record == encode_marker(entry.gen, entry.length, entry.checksum, fingerprint)
 
 
@@ -366,7 +360,6 @@ def check_format(directory: str | os.PathLike[str], meta: dict[str, Any]) -> Non
 
 
 def geometry_of(directory: str | os.PathLike[str], meta: dict[str, Any]) -> Geometry:
-    """The slot geometry of a namespace from its ``namespace.json`` (``meta``, not empty),
-    after :func:`check_format`."""
+    """The slot geometry of a namespace from its ``namespace.json`` ``meta`` (checked)."""
     check_format(directory, meta)
     return Geometry(meta["slot_bytes"], pack=meta.get("format") == PACKED_FORMAT)

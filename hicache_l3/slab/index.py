@@ -81,8 +81,7 @@ class SlabIndex:
     # ---- unlogged pages -------------------------------------------------------------------
     @property
     def unlogged(self) -> dict[bytes, Entry]:
-        """Pages taken out of the table without a log record, by digest. Caller holds
-        ``lock``."""
+        """Pages taken out of the table without a log record, by digest. Caller holds ``lock``."""
         if self._evicted:
             self._take_in_evicted()
         return self._unlogged
@@ -124,8 +123,7 @@ class SlabIndex:
             self._evicted.append(Evicted(ds, values))
 
     def _settle_evicted(self, values: array.array[int]) -> None:
-        """PUTs of entries ``values`` settle an :class:`Evicted` batch of exactly their slots;
-        any other batch is taken into the dicts."""
+        """Settle the :class:`Evicted` batch of exactly these slots; take any other in."""
         n = len(values)
         slabs, slots = values[1::6], values[2::6]
         for k, batch in enumerate(self._evicted):
@@ -139,8 +137,7 @@ class SlabIndex:
 
     # ---- following the logs -------------------------------------------------------------
     def refresh(self) -> None:
-        """Pick up records appended by every writer (the checkpoint loaded first, once).
-        Caller holds ``lock``."""
+        """Pick up every writer's new records (the checkpoint loaded first). Caller holds ``lock``."""
         checkpoints = self.checkpoints
         if not checkpoints.loaded:
             checkpoints.loaded = True
@@ -276,8 +273,7 @@ class SlabIndex:
             self.table.put_many(run_d, run_e)
 
     def apply_del(self, d: bytes, entry: Entry) -> None:
-        """The exact page ``entry`` of the key of digest ``d`` is gone (a newer page of the
-        slot stays)."""
+        """The exact page ``entry`` of digest ``d`` is gone (a newer page of the slot stays)."""
         where = (entry.writer, entry.slab, entry.slot)
         if self.deleted.get(where, 0) < entry.gen:
             self.deleted[where] = entry.gen
@@ -347,8 +343,7 @@ class SlabIndex:
                     self.files.path(writer, slab), exc.strerror, len(lost))
 
     def _unlog(self, d: bytes | None, where: tuple[int, int, int] | None = None) -> None:
-        """Remove digest ``d`` from :attr:`unlogged`; only if its page is in slot ``where``
-        when given."""
+        """Remove ``d`` from :attr:`unlogged` (only if its page is in slot ``where``, when given)."""
         if d is None:
             return
         entry = self.unlogged.get(d)
@@ -366,8 +361,7 @@ class SlabIndex:
         self.unlogged_at[(entry.writer, entry.slab, entry.slot)] = d
 
     def drop(self, d: bytes, entry: Entry) -> bool:
-        """Forget digest ``d`` if it still maps to ``entry`` (found unreadable); True if it
-        did."""
+        """Forget ``d`` if it still maps to ``entry`` (found unreadable); True if it did."""
         if self.table.get(d) != entry:
             return False
         self.remove_unlogged(d, entry)

@@ -38,8 +38,7 @@ JOURNAL_ON_LOCK = 4096  # a longer journal catch-up is applied off the lock firs
 
 
 class CheckpointedIndex(Protocol):
-    """What the checkpoints read and replace of the index
-    (:class:`~hicache_l3.slab.index.SlabIndex`)."""
+    """What the checkpoints read and replace of the index (:class:`~hicache_l3.slab.index.SlabIndex`)."""
 
     table: PageTable
     deleted: dict[tuple[int, int, int], int]

@@ -62,8 +62,7 @@ def split_min_slots(stride: int) -> int:
 
 def _highest_slots(slabs: array.array[int], slots: array.array[int],
                    ) -> tuple[dict[int, int], list[tuple[int, int]]]:
-    """Per slab of the columns ``(slabs[j], slots[j])``: its highest slot; and the columns
-    as consecutive spans ``(slab, length)`` in order."""
+    """Per slab of the columns: its highest slot; and the columns as spans ``(slab, length)``."""
     spans = slab_spans(slabs, 4)
     highest: dict[int, int] = {}
     if spans is not None:
@@ -159,8 +158,7 @@ class SlabStore:
             self.index.logs.changes = ChangeFile.open(self.writers_dir.parent)
 
     def _new_clock(self, stride: int) -> Clock | Clocks:
-        """Two clocks (a batch's victims in two slab files) when slabs hold
-        :attr:`split_min_slots` slots or more and the capacity allows two; else one."""
+        """Two clocks where slabs hold :attr:`split_min_slots` slots or more and there are two."""
         if stride >= self.split_min_slots and (self.max_slots is None or self.max_slots > stride):
             return Clocks(stride)
         return Clock(stride)
@@ -294,8 +292,7 @@ class SlabStore:
         return True
 
     def _preallocate(self, fd: int, slab: int, slot: int) -> None:
-        """Reserve disk space up to and past this slot, a chunk at a time (a full disk shows
-        here, as ENOSPC)."""
+        """Reserve disk space past ``slot``, a doubling chunk at a time (a full disk: ENOSPC)."""
         end = self.geometry.bytes_for(slot + 1)  # its group's marker table lies before its data
         done = self._allocated.get(slab, 0)
         if end <= done:
@@ -399,8 +396,7 @@ class SlabStore:
             os.fdatasync(self._log_fd)
 
     def _supersede(self, keys: Sequence[str], ds: Sequence[bytes]) -> bytes:
-        """DEL records for the unreadable pages of other writers that ``keys`` replace
-        (:attr:`SlabIndex.dropped`). Caller holds the lock."""
+        """DEL records for the unreadable foreign pages ``keys`` replace. Caller holds the lock."""
         dropped, deleted, out = self.index.dropped, self.index.deleted, []
         for key, d in zip(keys, ds):
             old = dropped.pop(d, None)
@@ -449,8 +445,7 @@ class SlabStore:
             return found
 
     def _maybe_compact(self, me: int) -> None:
-        """Compact the own log when mostly dead; else start a background index checkpoint
-        when due."""
+        """Compact the own log when mostly dead; else a background checkpoint when due."""
         tail = self.index.tails[me]
         live = (len(self._clock) + len(tail.foreign_dels)) * (RECORD.size + 80)
         if tail.offset > COMPACT_MIN_BYTES and tail.offset > 3 * live:
@@ -465,8 +460,7 @@ class SlabStore:
         return thread is not None and thread.is_alive()
 
     def wait_compaction(self, timeout: float | None = None) -> None:
-        """Wait for a background compaction to end (at most ``timeout`` s). Not while
-        holding the store's lock."""
+        """Wait for a background compaction (at most ``timeout`` s); not under the store's lock."""
         thread = self._compactor
         if thread is not None:
             thread.join(timeout)
@@ -530,8 +524,7 @@ class SlabStore:
         self.index.checkpoints.save_later()
 
     def _compact_later(self, me: int, tail: LogTail) -> bool:
-        """Start a compaction of the own log on a background thread; False where it cannot
-        (no memory for the fork). Caller holds the lock."""
+        """Start a background compaction; False where the fork cannot be made. Caller holds the lock."""
         job = self._compaction_start(me, tail)
         if job is None:
             return False
@@ -606,8 +599,7 @@ class SlabStore:
         return b"".join([encode_record(PUT, key, e) for _, key, e in live])
 
     def _forget_unrecorded(self, recorded: set[bytes]) -> None:
-        """Drop own pages whose PUT record is not in the log being compacted (damaged).
-        Caller holds the lock."""
+        """Drop own pages whose PUT record the compacted log lacks. Caller holds the lock."""
         lost = [(d, e) for d, e in self.index.table.select(self.me) if d not in recorded]
         for d, e in lost:
             self.index.table.pop(d)
