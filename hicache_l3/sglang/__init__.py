@@ -1,12 +1,5 @@
-"""SGLang integration: the HiCache storage backend (:mod:`.backend`), its extra config
-(:mod:`.config`), the ``sglang-args``/``check`` commands (:mod:`.cli`) and the opt-in plugin
-that serves SGLang's built-in backend names (:mod:`.plugin`).
-
-SGLang loads our backend with ``module_path = "hicache_l3.sglang"`` and
-``class_name = "HiCacheL3Storage"``: the adapter classes are attributes of this package,
-imported on first access, so that the config, the CLI and the plugin (which SGLang imports
-in every process) never import SGLang or torch.
-"""
+"""SGLang integration. The adapter classes (``module_path = "hicache_l3.sglang"``) are
+imported on first access, so the config, CLI and plugin never import SGLang or torch."""
 
 from __future__ import annotations
 

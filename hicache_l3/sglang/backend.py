@@ -1,31 +1,9 @@
-"""SGLang HiCache L3 backend over any hicache-l3 connector (SGLang's dynamic backend, v1).
+"""SGLang HiCache L3 backend over any hicache-l3 connector (SGLang's dynamic backend).
 
-Load it in SGLang 0.5.23 with ``--hicache-storage-backend dynamic
---hicache-storage-backend-extra-config @hicache-l3.toml`` (``hicache-l3 sglang-args`` writes
-that file; :mod:`hicache_l3.sglang.config` documents its keys). With ``interface_v1 = 1``
-SGLang calls :meth:`HiCacheL3Storage.batch_get_v1` / :meth:`HiCacheL3Storage.batch_set_v1`
-with host-pool indices and pages move straight between the registered host pool and the
-engine; without it SGLang copies every page through the legacy ``batch_get``/``batch_set``,
-which this class serves through one registered staging buffer (one copy per page).
-
+With ``interface_v1 = 1`` pages move zero-copy between the registered host pool and the
+engine; the legacy ``batch_get``/``batch_set`` copy through one registered staging buffer.
+Engine errors never raise into SGLang's threads: they are misses, logged rate-limited.
 This module imports SGLang and torch; nothing else in the package imports it.
-
-Behaviour SGLang relies on (docs/sglang.md has the layouts and the details):
-
-* the connector opens in :meth:`HiCacheL3Storage.register_mem_pool_host`, once the host
-  pool completes the key namespace, and registers the pool's buffers there, once; a
-  layout SGLang cannot describe (``get_page_buffer_meta``) is refused then, by name;
-* every layout SGLang describes is served zero-copy, a stored page being byte for byte
-  SGLang's flat data page, so the zero-copy and legacy paths read each other's pages;
-* sets send only the pages the engine does not hold yet; with MLA, ranks that are not
-  the storage writer (``is_storage_writer``) store nothing and report success;
-* engine errors never raise into SGLang's threads: they become misses (``False`` /
-  ``None`` / ``0``), logged at most once per 10 s per kind;
-* hybrid models' extra host pools (the v2 interface) are served zero-copy, each pool kind
-  through a connector and namespace of its own (:mod:`hicache_l3.sglang.hybrid`);
-* with ``tp_lcm_size`` in the extra config, instances of different TP sizes share pages:
-  MHA in the ``page_head`` layout per head group, MLA as one copy for every TP size
-  (:mod:`hicache_l3.sglang.head_groups`).
 """
 
 from __future__ import annotations
@@ -59,6 +37,7 @@ from hicache_l3.sglang.hybrid import (
     ExtraPool,
     distinct_tensors,
     open_extra_pool,
+    pool_attr,
     pool_name,
     restorable_prefixes,
     transfer_pages,
@@ -92,24 +71,11 @@ def _pool_buffers(host: Any) -> list[torch.Tensor]:
     return distinct_tensors(found)  # views such as MHA's k_buffer/v_buffer lie inside kv_buffer
 
 
-def _pool_attr(host: Any, name: str) -> Any:
-    """``host.<name>``, or ConfigError naming the pool class and the attribute it lacks."""
-    try:
-        return getattr(host, name)
-    except AttributeError:
-        raise ConfigError(
-            f"hicache-l3: host pool {type(host).__name__} has no attribute {name!r}, which the "
-            "adapter reads to build the key namespace; this pool type is not supported"
-        ) from None
-
-
 class HiCacheL3Storage(HiCacheStorage):
     """SGLang ``HiCacheStorage`` backed by the hicache-l3 connector named in the extra config.
 
-    Built by SGLang as ``HiCacheL3Storage(storage_config, kwargs)``; raises ConfigError at
-    construction for a bad extra config or a model without name or tag, and at
-    :meth:`register_mem_pool_host` for a pool it cannot serve or an engine it cannot open.
-    Thread-safe (SGLang calls from its prefetch and backup threads at once).
+    ConfigError at construction for a bad extra config or a model without name or tag, and
+    at :meth:`register_mem_pool_host` for a pool it cannot serve. Thread-safe.
     """
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict[str, Any] | None = None):
@@ -124,8 +90,7 @@ class HiCacheL3Storage(HiCacheStorage):
         self._rank_namespace: Namespace | None = None  # this rank's shard (extra pools' base)
         self.mem_pool_host: Any = None
         self.page_tokens = 0  # host indices per page (logical page size)
-        # None: every batch's pointers come from SGLang's get_page_buffer_meta (the reference
-        # path; set it to None to force that path)
+        # None: pointers from SGLang's get_page_buffer_meta (the reference path)
         self.pointer_model: PointerModel | None = None
         self.page_bytes = 0
         # heterogeneous TP: pages stored per head group (None: one object per page)
@@ -150,7 +115,6 @@ class HiCacheL3Storage(HiCacheStorage):
                 "page through the legacy batch_get/batch_set path; add it for zero-copy transfers"
             )
 
-    # ---- attach ---------------------------------------------------------------------------
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         """Complete the namespace from the pool, open the connector, register the pool's
         buffers once. Raises ConfigError naming the layout/pool when it cannot be served."""
@@ -161,9 +125,9 @@ class HiCacheL3Storage(HiCacheStorage):
                 raise ConfigError("hicache-l3: a host pool is already registered with this backend")
             host = mem_pool_host
             layout = str(getattr(host, "layout", ""))
-            page_tokens = int(getattr(host, "logical_page_size", None) or _pool_attr(host, "page_size"))
-            kv_dtype = str(_pool_attr(host, "dtype")).removeprefix("torch.")
-            pool_page_size = int(_pool_attr(host, "page_size"))
+            page_tokens = int(getattr(host, "logical_page_size", None) or pool_attr(host, "page_size"))
+            kv_dtype = str(pool_attr(host, "dtype")).removeprefix("torch.")
+            pool_page_size = int(pool_attr(host, "page_size"))
             sc = self.storage_config
             groups = head_groups(sc, host)
             if groups is not None and not self.adapter.interface_v1:
@@ -231,9 +195,8 @@ class HiCacheL3Storage(HiCacheStorage):
             self.register_mem_host_pool_v2(pool, name)
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
-        """Register a hybrid model's extra host pool (once per name): open its connector in
-        a namespace of its own and register its buffers. The KV pool itself is the one of
-        :meth:`register_mem_pool_host`. Raises ConfigError naming a pool it cannot serve."""
+        """Register a hybrid model's extra host pool (once per name) with a connector and
+        namespace of its own. ConfigError naming a pool it cannot serve."""
         name = pool_name(host_pool_name)
         with self._lock:
             if name in KV_POOL_NAMES:
@@ -261,7 +224,6 @@ class HiCacheL3Storage(HiCacheStorage):
             log.info("hicache-l3: serving extra host pools %s through the v2 interface",
                      sorted(self.extra_pools))
 
-    # ---- v2 interface (hybrid models) --------------------------------------------------------
     def batch_get_v2(self, transfers: list[PoolTransfer],
                      extra_info: HiCacheStorageExtraInfo | None = None) -> dict[Any, list[bool]]:
         """Load each transfer's pages (key i into its pool at ``host_indices[i * page_size]``);
@@ -293,10 +255,8 @@ class HiCacheL3Storage(HiCacheStorage):
 
     def batch_exists_v2(self, keys: list[str], pool_transfers: list[PoolTransfer] | None = None,
                         extra_info: HiCacheStorageExtraInfo | None = None) -> PoolTransferResult:
-        """The usable prefix of ``keys`` over the KV pages and every pool of ``pool_transfers``,
-        with their hit policies (``all_pages``: every page of the prefix; ``trailing_pages``:
-        the last ``len(transfer.keys)`` pages). ``restorable_prefix_pages`` lists every prefix
-        length all pools can restore; engine errors count as misses."""
+        """The usable prefix of ``keys`` over the KV pages and every pool of ``pool_transfers``
+        under their hit policies (``all_pages``, ``trailing_pages``); engine errors are misses."""
         kv_pages = self.batch_exists(keys, extra_info)
         hit_count: dict[Any, int] = {"kv": kv_pages} if kv_pages else {}
         restorable = set(range(1, kv_pages + 1))
@@ -325,18 +285,12 @@ class HiCacheL3Storage(HiCacheStorage):
         ordered = sorted(restorable)
         return PoolTransferResult(ordered[-1] if ordered else 0, hit_count, ordered)
 
-    # ---- zero-copy path --------------------------------------------------------------------
     def _pages(self, n: int, host_indices: torch.Tensor) -> PointerPages:
-        """The segments of the ``n`` pages starting at ``host_indices[i * page_tokens]`` (per
-        head group, ``split`` objects a page, with heterogeneous TP):
-        SGLang's flat pointer lists, each page's segments in address order
-        (:class:`~hicache_l3.common.pages.PointerPages`; no page built unless a reference
-        path indexes it). The lists come from the pool's learned pointer model when it
-        has one and every page start is a page boundary inside the pool, else from
-        SGLang's ``get_page_buffer_meta`` (same lists, a Python loop per page)."""
+        """The ``n`` pages at ``host_indices[i * page_tokens]`` (``split`` objects a page with
+        head groups), from the learned pointer model when it applies, else SGLang's
+        ``get_page_buffer_meta``."""
         assert self.mem_pool_host is not None
         need = n * self.page_tokens
-        # SGLang's controller sends exactly the batch's indices: no slice (a torch call) then
         indices = host_indices if host_indices.numel() == need else host_indices[:need]
         if indices.numel() != need:
             raise ValueError(f"{n} keys but {host_indices.numel()} host indices "
@@ -365,18 +319,14 @@ class HiCacheL3Storage(HiCacheStorage):
 
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
-        """Store the pool pages at ``host_indices[i * page_size]`` under ``keys[i]``; pages
-        already stored are not rewritten; one bool per key. Non-writer MLA ranks store
-        nothing and report success."""
+        """Store the pool pages at ``host_indices[i * page_size]`` under ``keys[i]``; one bool
+        per key. Non-writer MLA ranks store nothing and report success."""
         if keys and not self.is_writer:
             return [True] * len(keys)
-        # Pages already stored are not written again: the connector skips them itself
-        # (the contract), so no exists round trip is needed here.
         return self._zero_copy("set", keys, host_indices)
 
     def _zero_copy(self, op: str, keys: list[str], host_indices: torch.Tensor) -> list[bool]:
-        """``batch_{op}_v1``: pages straight between the pool and the connector; engine
-        errors and a detached backend are misses, logged at most once per interval."""
+        """``batch_{op}_v1``; engine errors and a detached backend are misses."""
         if not keys:
             return []
         connector = self.connector
@@ -392,7 +342,6 @@ class HiCacheL3Storage(HiCacheStorage):
             if groups is not None:
                 ok = groups.fold(move(groups.keys(keys), pages))
             else:
-                # the connector copies the keys for its hooks: no copy of SGLang's list here
                 ok = move(keys if type(keys) is list else list(keys), pages)
         except Exception as exc:
             self._log.warning(f"{op}-exc", "hicache-l3: batch_%s_v1 of %d pages failed: %r",
@@ -424,7 +373,6 @@ class HiCacheL3Storage(HiCacheStorage):
         """True when ``key`` is stored in this namespace."""
         return self.batch_exists([key]) == 1
 
-    # ---- legacy copying path -----------------------------------------------------------------
     def _staging_buffer(self) -> tuple[torch.Tensor, int]:
         """The registered staging tensor and how many pages it holds (allocated on first use)."""
         assert self.connector is not None and self.page_bytes > 0
@@ -447,9 +395,7 @@ class HiCacheL3Storage(HiCacheStorage):
                   target_sizes: Any = None) -> bool:
         """Legacy: store ``values[i]`` (flat page tensors) under ``keys[i]`` through the staging
         buffer; True when every page is stored."""
-        if not keys:
-            return True
-        if not self.is_writer:
+        if not keys or not self.is_writer:
             return True
         if self.connector is None or values is None or len(values) != len(keys) or self.head_groups:
             return False  # head groups: the zero-copy path only (whole pages would mix TP sizes)
@@ -522,7 +468,6 @@ class HiCacheL3Storage(HiCacheStorage):
         """Legacy: load ``key`` into the flat page tensor ``target_location``; None on a miss."""
         return self.batch_get([key], [target_location])[0]
 
-    # ---- housekeeping ----------------------------------------------------------------------
     def _record(self, pgs: list[int], bws: list[float], ok: Sequence[bool], start: float) -> None:
         hits = ok.count(True) if type(ok) is list else sum(ok)
         if not hits:
@@ -533,11 +478,9 @@ class HiCacheL3Storage(HiCacheStorage):
             bws.append(hits * self.page_bytes / elapsed / 1e9)
 
     def get_stats(self) -> Any:
-        """SGLang's ``StorageMetrics`` since the last call (pages per call and GB/s, for
-        prefetch and backup), then reset; with, as attribute ``hicache_l3``, the pages per
-        pool, op and result (``ok`` or the failure reason) since the last call, also added
-        to the Prometheus counter ``hicache_l3_pages_total`` (:mod:`hicache_l3.sglang.metrics`).
-        All connector counters are in :meth:`stats`."""
+        """SGLang's ``StorageMetrics`` since the last call, then reset; attribute
+        ``hicache_l3``: pages per pool, op and result since the last call (also added to
+        the Prometheus counter ``hicache_l3_pages_total``)."""
         from sglang.srt.observability.metrics_collector import StorageMetrics
 
         metrics = StorageMetrics()
@@ -562,10 +505,8 @@ class HiCacheL3Storage(HiCacheStorage):
         return metrics
 
     def stats(self) -> dict[str, Any]:
-        """The KV connector's counters (per op: pages, bytes, failures by reason, latency)
-        and, for a hybrid model, under ``"extra_pools"`` each extra host pool's connector
-        counters by pool name (the key is absent for a model without extra pools); ``{}``
-        once closed."""
+        """The KV connector's stats, with ``"extra_pools"`` (by pool name) for a hybrid
+        model; ``{}`` once closed."""
         if self.connector is None:
             return {}
         out = self.connector.stats()
@@ -574,8 +515,7 @@ class HiCacheL3Storage(HiCacheStorage):
         return out
 
     def clear(self) -> None:
-        """Remove this namespace's pages, and those of its extra pools (never another model's
-        or rank's)."""
+        """Remove this namespace's pages and those of its extra pools."""
         connectors = [self.connector] + [p.connector for p in self.extra_pools.values()]
         for connector in connectors:
             if connector is None:
@@ -600,11 +540,8 @@ class HiCacheL3Storage(HiCacheStorage):
 
 
 class _BuiltinName(HiCacheL3Storage):
-    """Our adapter under one of SGLang's built-in backend names (the opt-in plugin of
-    :mod:`hicache_l3.sglang.plugin`). SGLang builds built-ins as ``cls(storage_config)``,
-    ``cls(storage_config, mem_pool_host)`` or, for ``hf3fs``, ``cls.from_env_config(...)``;
-    every form lands here, with the connector of that name and the settings translated
-    by :func:`~hicache_l3.sglang.takeover.takeover_extra_config`."""
+    """Our adapter under one of SGLang's built-in backend names (the opt-in plugin), with
+    the connector of that name and settings translated by ``takeover_extra_config``."""
 
     builtin: ClassVar[str] = ""
 
@@ -619,8 +556,7 @@ class _BuiltinName(HiCacheL3Storage):
     @classmethod
     def from_env_config(cls, bytes_per_page: int, dtype: Any, storage_config: HiCacheStorageConfig
                         ) -> _BuiltinName:
-        """SGLang's constructor call for ``hf3fs`` (page size and dtype come from the pool
-        at :meth:`register_mem_pool_host` instead)."""
+        """SGLang's constructor call for ``hf3fs`` (page size and dtype come from the pool)."""
         return cls(storage_config)
 
 

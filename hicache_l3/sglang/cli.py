@@ -1,12 +1,6 @@
-"""``hicache-l3 sglang-args`` and ``hicache-l3 check``: write the extra-config file our SGLang
-backend reads and print the SGLang flags that load it; validate such a file with a round
-trip of a few pages through the connector it names.
-
-``hicache-l3 sglang-args --backend NAME [--config FILE] [--set KEY=VALUE ...]`` writes the
-config file and prints the SGLang launch command (for Mooncake on one machine, with the
-loopback shim preloaded: README "Security"); ``hicache-l3 check --config FILE`` validates a
-config file and round-trips a few pages through the connector it names. Nothing here
-imports SGLang.
+"""``hicache-l3 sglang-args`` (write the extra-config file and print the SGLang launch
+command) and ``hicache-l3 check`` (validate such a file with a round trip of a few pages).
+Imports no SGLang.
 """
 
 from __future__ import annotations
@@ -39,7 +33,6 @@ from hicache_l3.sglang.config import (
 log = logging.getLogger("hicache_l3.sglang.cli")
 
 
-# ---- hicache-l3 sglang-args ---------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``hicache-l3 sglang-args``."""
     parser.add_argument("--backend", required=True, help="connector: " + ", ".join(available_connectors()))
@@ -82,14 +75,8 @@ def _is_loopback(host: str) -> bool:
 
 
 def launch_env(adapter: AdapterConfig) -> list[str]:
-    """``NAME=VALUE`` words to put before the launch command.
-
-    Mooncake with a loopback master and a loopback advertised address is a one-machine
-    deployment: the loopback shim is preloaded so that the transfer engine inside SGLang
-    listens on loopback only (it binds all interfaces by itself). Without the shim built, or
-    for a multi-machine deployment, nothing is added and a note on stderr says what listens
-    where and what to do.
-    """
+    """``NAME=VALUE`` words to put before the launch command: the loopback shim for Mooncake
+    on one machine; otherwise none, with a note on stderr saying what listens where."""
     if adapter.connector != "mooncake":
         return []
     from hicache_l3.engines import loopback
@@ -108,7 +95,6 @@ def launch_env(adapter: AdapterConfig) -> list[str]:
     return [f"LD_PRELOAD={loopback.SHIM}"]
 
 
-# ---- hicache-l3 check ------------------------------------------------------------------------
 def add_check_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``hicache-l3 check``."""
     parser.add_argument("--config", required=True, help="the extra-config file given to SGLang")
@@ -117,9 +103,8 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_config(path: str | Path, pages: int = 8, page_bytes: int = 64 << 10) -> str:
-    """Validate the config file and round-trip ``pages`` random pages through its connector,
-    in a namespace of its own (removed afterwards). Returns a one-line summary; raises
-    HiCacheL3Error saying what is wrong."""
+    """Validate the config file and round-trip ``pages`` random pages through its connector in
+    a namespace of its own (removed afterwards). A one-line summary; HiCacheL3Error if wrong."""
     from hicache_l3.common.memory import HostBuffer
     from hicache_l3.common.registry import open_connector
 
@@ -170,9 +155,8 @@ def check_config(path: str | Path, pages: int = 8, page_bytes: int = 64 << 10) -
 
 
 def _remove_check_namespace(connector: Any, namespace: Namespace) -> None:
-    """Remove the check's own namespace directory (``<root>/ns-<digest>``, with its slabs)
-    that file-backed connectors leave after their pages are deleted. The digest comes from
-    the check's unique tag, so no other namespace can be touched; a symlink is never followed."""
+    """Remove the check's own ``<root>/ns-<digest>`` that file-backed connectors leave (never
+    through a symlink)."""
     digest = namespace.digest()
     fs, base = getattr(connector, "fs", None), getattr(connector, "base", None)
     if fs is not None and isinstance(base, str) and base.endswith(f"/ns-{digest}"):  # fsspec roots

@@ -1,23 +1,6 @@
-"""SGLang configuration: parse the ``--hicache-storage-backend-extra-config`` of our backend,
-build its key namespace, read and write the config file.
-
-Nothing here imports SGLang (the adapter itself is :mod:`hicache_l3.sglang.backend`).
-
-The extra config is what SGLang hands the backend (JSON, or ``@file`` with JSON/YAML/TOML)::
-
-    backend_name = "hicache-l3"             # read by SGLang
-    module_path = "hicache_l3.sglang"       # read by SGLang
-    class_name = "HiCacheL3Storage"         # read by SGLang
-    interface_v1 = 1                        # SGLang then uses the zero-copy page path
-    connector = "file"                      # file | mooncake | nixl | hf3fs
-    extra_backend_tag = ""                  # optional user tag in the key namespace
-    tp_lcm_size = 2                         # optional: share with other TP sizes (SGLang pops it;
-                                            # :mod:`hicache_l3.sglang.head_groups`)
-    [file]                                  # the connector's settings (see its config class)
-    root = "/mnt/nvme/hicache"
-
-The commands that write and check such a file (``hicache-l3 sglang-args`` and
-``hicache-l3 check``) are in :mod:`hicache_l3.sglang.cli`.
+"""SGLang configuration: parse our backend's ``--hicache-storage-backend-extra-config``
+(top-level keys plus one table of settings per connector), build its key namespace, read
+and write the config file. Imports no SGLang.
 """
 
 from __future__ import annotations
@@ -42,11 +25,9 @@ ADAPTER_MODULE = "hicache_l3.sglang"
 ADAPTER_CLASS = "HiCacheL3Storage"
 BACKEND_NAME = "hicache-l3"
 
-# Keys of the extra config that SGLang itself reads (the rest of SGLang's keys it pops
-# before the backend sees the dict); accepted and ignored by the adapter.
+# Keys of the extra config that SGLang itself reads; accepted and ignored by the adapter.
 SGLANG_KEYS = frozenset({"backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size"})
-# SGLang adds ``--file-storage-path`` under this key to every backend's extra config: the
-# file connector's root when none is set, ignored otherwise.
+# SGLang's --file-storage-path: the file connector's root when none is set, ignored otherwise
 FILE_STORAGE_PATH = "file_storage_path"
 ADAPTER_KEYS = frozenset({"connector", "extra_backend_tag"})
 
@@ -61,11 +42,8 @@ LOCAL_DEFAULTS: dict[str, dict[str, Any]] = {
 
 @dataclasses.dataclass(frozen=True)
 class AdapterConfig:
-    """The adapter's part of SGLang's extra config: which connector, its settings, the tag.
-
-    ``interface_v1`` is False when the config lacks ``"interface_v1": 1``: SGLang then
-    copies every page through the legacy ``batch_get``/``batch_set`` path.
-    """
+    """The adapter's part of SGLang's extra config: which connector, its settings, the tag,
+    and whether SGLang uses the zero-copy interface (``interface_v1``)."""
 
     connector: str
     settings: dict[str, Any]
@@ -75,12 +53,7 @@ class AdapterConfig:
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> AdapterConfig:
         """Parse SGLang's ``extra_config`` dict; ConfigError naming any bad or unknown key.
-
-        Tables named after a connector other than the chosen one are ignored, so one file
-        can hold the settings of several connectors. ``file_storage_path`` (which SGLang
-        adds for ``--file-storage-path``) becomes the file connector's root when no root
-        is set, and is ignored otherwise.
-        """
+        Tables of other connectors are ignored."""
         if not extra:
             raise ConfigError(
                 "hicache-l3: --hicache-storage-backend-extra-config is empty; it must name "
@@ -126,8 +99,7 @@ class AdapterConfig:
         return cls(connector, settings, tag, interface_v1)
 
     def validate_settings(self) -> None:
-        """Load the connector's config class on the settings (raises ConfigError naming the
-        bad setting) without importing or opening the engine."""
+        """Load the connector's config on the settings (ConfigError naming a bad one), engine-free."""
         config_class(self.connector).load(self.connector, self.settings)
 
 

@@ -1,25 +1,7 @@
-"""Heterogeneous TP for the SGLang adapter: MHA pages stored per head group.
-
-SGLang instances of one model at different TP sizes share an L3 store when each sets
-``tp_lcm_size`` (the lcm of the TP sizes) in the extra config and uses the ``page_head``
-host layout, where a page's K (and V) bytes of each group of heads are contiguous. Every
-page is then stored as ``tp_lcm_size`` objects, one per head group: object ``g`` holds the
-K then the V bytes of heads ``[g * H / L, (g + 1) * H / L)`` (``H`` heads of the model,
-``L = tp_lcm_size``), whatever the TP size of the instance that wrote it. A rank of an
-instance at TP size ``t`` owns groups ``[tp_rank * L / t, (tp_rank + 1) * L / t)`` and
-moves them all in one connector batch: SGLang's ``get_split_heads_page_buffer_meta``
-gives their segments (``L / t > 1``), or the page itself is the rank's one group
-(``L == t``).
-
-The objects live under the page key plus ``@h<g>``, in a namespace of their own (TP size
-``L``, the tag marked ``heads=<L>``): a store written without ``tp_lcm_size``, or with
-another one, is never read as head groups, and the reverse.
-
-MLA (and every rank-replicated KV) is not head-split: each rank holds the whole latent
-page, so with ``tp_lcm_size`` set its namespace drops the TP size and instances of any TP
-size share the one copy.
-
-This module imports neither torch nor SGLang.
+"""Heterogeneous TP for the SGLang adapter: with ``tp_lcm_size`` set and the ``page_head``
+layout, every MHA page is stored as ``tp_lcm_size`` objects, one per head group (key plus
+``@h<g>``, in a namespace of their own), so instances of different TP sizes share them.
+Imports neither torch nor SGLang.
 """
 
 from __future__ import annotations
@@ -72,10 +54,8 @@ def groups_tag(tag: str, groups: HeadGroups) -> str:
 
 
 def head_groups(storage_config: Any, host: Any) -> HeadGroups | None:
-    """The head groups of this rank when its pages are stored per head group: MHA in the
-    ``page_head`` layout with ``tp_lcm_size`` set; None otherwise (MLA, another layout, no
-    ``tp_lcm_size``). ConfigError naming ``tp_lcm_size`` when it does not divide into this
-    rank's heads."""
+    """This rank's head groups for MHA in the ``page_head`` layout with ``tp_lcm_size`` set,
+    else None. ConfigError naming ``tp_lcm_size`` when it does not divide this rank's heads."""
     lcm = int(getattr(storage_config, "tp_lcm_size", None) or 0)
     if not lcm or storage_config.is_mla_model or str(getattr(host, "layout", "")) != HEAD_LAYOUT:
         return None
@@ -93,15 +73,13 @@ def head_groups(storage_config: Any, host: Any) -> HeadGroups | None:
 
 
 class SplitHeadsView:
-    """A host pool seen per head group: ``get_page_buffer_meta(indices)`` is SGLang's
-    ``get_split_heads_page_buffer_meta(indices, split)`` (per page, K then V of each
-    group in turn); every other attribute is the pool's."""
+    """A host pool whose ``get_page_buffer_meta`` is ``get_split_heads_page_buffer_meta``."""
 
     def __init__(self, host: Any, split: int) -> None:
         self.host, self.split = host, split
 
     def get_page_buffer_meta(self, indices: Any) -> Any:
-        """The pool's segments of every page's head groups (see the class docstring)."""
+        """The pool's segments of every page's head groups."""
         return self.host.get_split_heads_page_buffer_meta(indices, self.split)
 
     def __getattr__(self, name: str) -> Any:

@@ -1,31 +1,7 @@
-"""Hybrid models' extra host pools for the SGLang adapter (SGLang's v2 storage interface).
-
-A hybrid model (Mamba/linear-attention states, sliding-window KV, DSA indexer and
-DeepSeek-V4 sidecars, draft pools) gives SGLang one host pool per kind beside the KV pool;
-SGLang registers each with ``register_mem_host_pool_v2(pool, PoolName)`` and moves its pages
-with ``batch_get_v2`` / ``batch_set_v2`` / ``batch_exists_v2`` (one ``PoolTransfer`` per
-pool: the pool's name, the page hashes as keys, host indices with ``pool.page_size`` of
-them per key).
-
-Each extra pool kind gets a connector of its own, opened on the same engine and settings
-as the KV pages, in a namespace of its own: the KV namespace with the pool's name, its
-dtype(s), layout, tokens per page and per-page segment sizes in place of the KV ones.
-A Mamba page is therefore never read as a KV page, nor as another model's or shape's
-state, even under the same page hash. The pool's buffers (``get_hybrid_pool_buffer``)
-are registered with that connector once, and pages move zero-copy as the segments
-``get_page_buffer_meta`` gives for them, in SGLang's order (Mamba: temporal, then each
-conv state). On Mooncake the extra connectors contribute no segment of their own
-(``global_segment_size = 0``): their objects go into the segments already mounted, so
-opting in does not multiply the memory given to Mooncake.
-
-With MLA, the KV pages and their sidecars are shared by the TP ranks (only the storage
-writer writes them) except pools whose pages are TP-sharded, where every rank writes its
-own: Mamba states, and MHA host pools (an MHA draft model's KV beside an MLA target, as
-in EAGLE, or its sliding-window pool). Speculative decoding's draft pools (``draft``,
-``draft_indexer``, ``draft_swa``) are extra pools like the others, in namespaces of their
-own: a draft page is never read as a target page under the same page hash.
-
-This module imports torch and SGLang only through the objects it is handed.
+"""Hybrid models' extra host pools (SGLang's v2 storage interface): each pool kind gets a
+connector of its own on the same engine, in a namespace naming the pool, its dtypes,
+layout and segment sizes, so its pages are never read as another kind's. Imports torch
+and SGLang only through the objects it is handed.
 """
 
 from __future__ import annotations
@@ -70,9 +46,7 @@ class ExtraPool:
 
     def pages(self, n: int, host_indices: Any) -> list[Page]:
         """The segments of the ``n`` pages at ``host_indices[i * page_tokens]``, in the
-        order the pool gives them: from the pool's learned pointer model when every page
-        start is a page boundary inside the pool, else from SGLang's
-        ``get_page_buffer_meta`` (the same segments, a Python loop per page)."""
+        pool's order (learned pointer model, else ``get_page_buffer_meta``)."""
         indices = host_indices.reshape(-1)
         if indices.device.type != "cpu":
             indices = indices.cpu()
@@ -90,19 +64,20 @@ class ExtraPool:
         return list(zip(*(zip(ptrs[r::per], sizes[r::per]) for r in range(per))))
 
 
-def _pool_attr(host: Any, name: str, pool: str) -> Any:
+def pool_attr(host: Any, name: str, pool: str = "") -> Any:
+    """``host.<name>``, or ConfigError naming the pool and the attribute it lacks."""
     try:
         return getattr(host, name)
     except AttributeError:
+        what = f"{pool!r} ({type(host).__name__})" if pool else type(host).__name__
         raise ConfigError(
-            f"hicache-l3: host pool {pool!r} ({type(host).__name__}) has no attribute {name!r}, "
-            "which the adapter reads to build its key namespace; this pool type is not supported"
+            f"hicache-l3: host pool {what} has no attribute {name!r}, which the adapter reads to "
+            "build its key namespace; this pool type is not supported"
         ) from None
 
 
 def head_sharded(host: Any) -> bool:
-    """Whether an extra pool's pages differ per TP rank: SGLang's MHA host pools (KV heads
-    split across ranks; an MLA pool holds the whole latent on every rank)."""
+    """Whether an extra pool's pages differ per TP rank (MHA host pools)."""
     if any(cls.__name__ == "MHATokenToKVPoolHost" for cls in type(host).__mro__):
         return True
     return getattr(host, "head_num", None) is not None and getattr(host, "kv_lora_rank", None) is None
@@ -113,8 +88,8 @@ def _dtype_name(dtype: Any) -> str:
 
 
 def pool_buffers(host: Any) -> list[Any]:
-    """The tensors holding an extra pool's pages (``get_hybrid_pool_buffer``, else its
-    ``kv_buffer``), empty ones dropped, views inside another one dropped."""
+    """The distinct tensors holding an extra pool's pages (``get_hybrid_pool_buffer``, else
+    ``kv_buffer``)."""
     getter = getattr(host, "get_hybrid_pool_buffer", None)
     found = list(getter()) if getter is not None else []
     if not found:
@@ -149,15 +124,12 @@ def open_extra_pool(
     make_indices: Callable[[list[int]], Any] | None = None,
 ) -> ExtraPool:
     """Open the connector of extra pool ``name`` and register the pool's buffers once.
-
-    ``base`` is the KV namespace of this rank; ``probe(n)`` builds an index tensor
-    ``arange(n)``, ``make_indices(ints)`` one of the given host indices (to learn the pool's
-    pointer model, :mod:`hicache_l3.sglang.page_meta`; without it every batch asks
-    SGLang). Raises ConfigError naming the pool when SGLang cannot describe its pages
-    (e.g. a Mamba pool in ``layer_first`` layout, or with slot side states)."""
+    ``base``: this rank's KV namespace; ``probe(n)`` builds ``arange(n)``,
+    ``make_indices(ints)`` an index tensor (to learn the pointer model). ConfigError naming
+    the pool when SGLang cannot describe its pages."""
     layout = str(getattr(host, "layout", "") or "-")
-    page_tokens = int(_pool_attr(host, "page_size", name) or 1)
-    dtypes = [_dtype_name(_pool_attr(host, "dtype", name))]
+    page_tokens = int(pool_attr(host, "page_size", name) or 1)
+    dtypes = [_dtype_name(pool_attr(host, "dtype", name))]
     for extra in ("temporal_dtype", "conv_dtype", "indexer_dtype"):
         value = getattr(host, extra, None)
         if value is not None and _dtype_name(value) not in dtypes:
@@ -209,8 +181,8 @@ def open_extra_pool(
 def transfer_pages(
     op: str, pool: ExtraPool, keys: list[str], host_indices: Any, is_writer: bool, warn: RateLimitedLogger
 ) -> list[bool]:
-    """``batch_{op}_v2`` of one extra pool: per-key results; a length mismatch, an engine
-    error or a closed connector are misses (logged at most once per interval)."""
+    """``batch_{op}_v2`` of one extra pool: per-key results; a length mismatch or an engine
+    error are misses (logged rate-limited)."""
     n = len(keys)
     if not n:
         return []
@@ -232,10 +204,8 @@ def transfer_pages(
 
 
 def restorable_prefixes(policy: str, present: list[bool], window: int) -> set[int]:
-    """The prefix lengths (in pages, 1..len(present)) one pool can restore, as SGLang's own
-    backends count them: ``all_pages`` needs every page up to the prefix end, ``trailing_pages``
-    only the last ``window`` of them; another policy restores nothing (a miss, never a
-    wrong page)."""
+    """The prefix lengths (pages) one pool can restore: ``all_pages`` needs every page up to
+    the end, ``trailing_pages`` the last ``window``; another policy restores nothing."""
     total = len(present)
     if policy == ALL_PAGES:
         end = present.index(False) if False in present else total

@@ -1,17 +1,6 @@
-"""Our per-reason page counts for SGLang's storage metrics (``--enable-cache-report`` /
-``enable_storage_metrics``: SGLang then calls the backend's ``get_stats`` each interval).
-
-SGLang's ``StorageMetrics`` carries pages per call and bandwidth only. :class:`ReasonCounts`
-turns the connectors' cumulative counters (``connector.metrics.snapshot()``: ``[op]["ok"]``
-and ``[op]["failed"][reason]``) into what happened since the previous call, per pool (``kv`` and
-each extra pool), op and reason. The backend hangs those deltas on the ``StorageMetrics``
-it returns (attribute ``hicache_l3``) and adds them to two Prometheus counters,
-``hicache_l3_pages_total{pool,op,result,tp_rank}`` (``result`` is ``ok`` or the failure
-reason: ``miss``, ``corrupt``, ``timeout``...), created in the default registry on first
-use, which SGLang's ``/metrics`` endpoint exports (with ``PROMETHEUS_MULTIPROC_DIR`` set, as
-SGLang sets it, from every scheduler process).
-
-This module imports neither torch nor SGLang; ``prometheus_client`` only when present.
+"""Per-pool, per-op, per-reason page counts for SGLang's storage metrics, as deltas since
+the previous call and as the Prometheus counter
+``hicache_l3_pages_total{pool,op,result,tp_rank}`` (when ``prometheus_client`` is present).
 """
 
 from __future__ import annotations
@@ -51,9 +40,8 @@ class ReasonCounts:
         self._seen: dict[tuple[str, str, str], int] = {}
 
     def delta(self, ops_by_pool: Mapping[str, Mapping[str, Any]]) -> Deltas:
-        """``ops_by_pool``: pool name -> that connector's ``metrics.snapshot()``. Counts that
-        did not move are left out; a count that went back (a reopened connector) counts
-        from zero again."""
+        """``ops_by_pool``: pool name -> ``metrics.snapshot()``. Unmoved counts are left out; a
+        count that went back (a reopened connector) counts from zero again."""
         now: dict[tuple[str, str, str], int] = {}
         for pool, ops in ops_by_pool.items():
             for op in OPS:

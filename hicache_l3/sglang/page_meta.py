@@ -1,22 +1,6 @@
-"""SGLang's page pointer lists without SGLang's per-page Python loop.
-
-SGLang describes where a host pool's pages lie with ``get_page_buffer_meta(indices)``:
-one ``(address, length)`` per segment of every page, built by a Python loop over the
-pages (a visible share of a controller get). In every layout SGLang
-0.5.23 offers, segment ``j`` of page ``p`` (``p = first host index // page_tokens``) lies
-at ``base_j + p * stride_j`` with a length that does not depend on ``p``.
-
-:func:`learn_pointer_model` learns those numbers from SGLang itself when a pool is
-registered: it asks ``get_page_buffer_meta`` about a few pages (0, 1, the last one and
-some random ones, in one call and one page alone; then pages whose host indices after the
-first are scrambled, which must not move anything), fits ``base_j`` and ``stride_j``, and
-keeps the model only when it reproduces every answer exactly (pointers and lengths, in
-SGLang's order). :meth:`PointerModel.pointers` then computes a batch's lists from the
-page starts, with builtins or numpy (:data:`BUILTIN_MAX_PER`); a batch holding a page
-start that is not a multiple of ``page_tokens`` or lies outside the pool gets None, and
-the caller asks SGLang for that batch as before.
-
-This module imports neither torch nor SGLang: it works on the objects it is handed.
+"""SGLang's page pointer lists without SGLang's per-page Python loop: segment ``j`` of page
+``p`` lies at ``base_j + p * stride_j``, a model learnt from ``get_page_buffer_meta`` and
+kept only when it reproduces SGLang's answers exactly. Imports neither torch nor SGLang.
 """
 
 from __future__ import annotations
@@ -31,7 +15,7 @@ import numpy as np
 
 from hicache_l3.common.keys import BUILD_HINT
 
-try:  # SGLang page addresses in one C pass (hicache_l3/native/host_pages.c): required
+try:  # hicache_l3/native/host_pages.c
     from hicache_l3._host_pages import model_pointers
 except ImportError as exc:
     raise ImportError(f"hicache_l3._host_pages is not usable ({exc}): {BUILD_HINT}",
@@ -40,12 +24,7 @@ except ImportError as exc:
 log = logging.getLogger("hicache_l3.sglang")
 
 PROBE_PAGES = 8  # random pages probed besides 0, 1 and the last one
-# Up to this many segments per page, a batch's lists are built with builtins over the page
-# starts (map over Python ints); above it, with numpy. Right after a batch's I/O the caches
-# are cold, and then each numpy call is slow (its dispatch code is not in cache: with
-# 1 MiB pages, numpy lost to SGLang's loop) while the builtins stay warm;
-# with many segments per page (layer_first) the per-segment passes of builtins cost more.
-BUILTIN_MAX_PER = 4
+BUILTIN_MAX_PER = 4  # up to this many segments per page, lists built with builtins, else numpy
 _MAX_CACHED_SIZES = 64  # batch lengths whose size lists are kept
 
 
@@ -79,8 +58,7 @@ class PointerModel:
         self._size_lists: dict[int, list[int]] = {}
 
     def page(self, p: int) -> list[tuple[int, int]]:
-        """The segments of page ``p`` (pure Python, page by page: the reference both batch
-        paths are checked against)."""
+        """The segments of page ``p`` (the reference the batch paths are checked against)."""
         return [(b + p * s, n) for b, s, n in zip(self.bases, self.strides, self.sizes)]
 
     def size_list(self, n: int) -> list[int]:
@@ -94,11 +72,9 @@ class PointerModel:
 
     def pointers(self, host_indices: Any, n: int) -> tuple[list[int], list[int]] | None:
         """``get_page_buffer_meta``'s ``(ptrs, sizes)`` for the ``n`` pages starting at
-        ``host_indices[i * page_tokens]`` (a CPU tensor, numpy array or sequence of ints;
-        only every page's first index is read, as SGLang does), computed without a Python
-        loop per page (:data:`BUILTIN_MAX_PER`); None when fewer than ``n`` pages are given,
-        the indices are not integers, or a page start is not a multiple of ``page_tokens``
-        or lies outside the pool: the caller then asks SGLang."""
+        ``host_indices[i * page_tokens]`` (CPU tensor, numpy array or ints); None when fewer
+        than ``n`` pages are given, the indices are not integers, or a page start is off a
+        page boundary or outside the pool."""
         first = self._starts(host_indices, n)
         if first is None:
             return None
@@ -107,19 +83,13 @@ class PointerModel:
         return self.pointers_numpy(first)
 
     def pointer_array(self, host_indices: Any, n: int) -> tuple[Any, list[int]] | None:
-        """:meth:`pointers` with the addresses as a numpy ``int64`` array, not a list: no
-        Python int per segment (the connector's batch check reads the array as it is,
-        :class:`~hicache_l3.common.pages.PointerPages`); the same None cases."""
+        """:meth:`pointers` with the addresses as a numpy ``int64`` array; the same None cases."""
         first = self._starts(host_indices, n)
         return None if first is None else self.pointers_numpy(first, as_array=True)
 
     def pointers_at(self, address: int, n: int) -> tuple[Any, list[int]] | None:
-        """:meth:`pointer_array` of host indices in memory: ``n * page_tokens`` contiguous
-        ``int64`` at ``address`` (a contiguous CPU tensor's ``data_ptr()``; the caller holds
-        the tensor), the addresses computed by one C call
-        (``hicache_l3._host_pages.model_pointers``) as an ``array('q')``. After a
-        batch's I/O has flushed the CPU's caches, each numpy call of :meth:`pointer_array`
-        costs microseconds; this is one call. None in :meth:`pointer_array`'s None cases."""
+        """:meth:`pointer_array` of ``n * page_tokens`` contiguous ``int64`` host indices at
+        ``address`` (the caller holds them), in one C call, addresses as ``array('q')``."""
         if n < 1:
             return None
         got = model_pointers(address, n, self.page_tokens, not self._by_token, self._limit, self._terms_bytes)
@@ -140,8 +110,7 @@ class PointerModel:
         return first
 
     def pointers_builtin(self, starts: list[int]) -> tuple[list[int], list[int]] | None:
-        """:meth:`pointers` from the pages' first host indices as Python ints, with builtins
-        (``map`` over the starts, one pass per segment)."""
+        """:meth:`pointers` from the pages' first host indices as Python ints, with builtins."""
         n = len(starts)
         if not n or min(starts) < 0 or max(starts) >= self._limit:
             return None
@@ -166,8 +135,7 @@ class PointerModel:
         pt = self.page_tokens
         if first.dtype != np.int64:
             first = first.astype(np.int64)  # uint64 beyond int64 turns negative: refused below
-        # Few numpy calls: each costs microseconds with the caches cold after a batch's I/O.
-        # As uint64 a negative start is huge: one max() bounds both ends.
+        # as uint64 a negative start is huge: one max() bounds both ends
         if first.view(np.uint64).max() >= self._limit:
             return None
         if pt > 1 and (np.bitwise_or.reduce(first) & self._mask if self._mask is not None
@@ -212,15 +180,11 @@ def learn_pointer_model(
     probes: int = PROBE_PAGES,
     seed: int = 0,
 ) -> tuple[PointerModel | None, str]:
-    """Learn ``host``'s pointer model from its own ``get_page_buffer_meta``.
-
-    ``make_indices(list_of_ints)`` builds the index tensor SGLang's function takes (int64,
-    CPU); ``pages`` is how many pages the pool holds (default :func:`pool_pages`). Returns
-    ``(model, "")`` when the fitted model reproduces SGLang's answer exactly on every probed
-    batch (pointers and lengths, in SGLang's order): pages 0, 1, the last and ``probes``
-    random ones in one call, the last page alone, and (``page_tokens > 1``) pages whose
-    indices after the first are scrambled. Otherwise ``(None, why)``; never raises (an
-    exception from SGLang's function is a reason)."""
+    """Learn ``host``'s pointer model from its own ``get_page_buffer_meta``
+    (``make_indices(ints)`` builds the int64 CPU index tensor it takes). ``(model, "")``
+    when the model reproduces SGLang's answer exactly on every probed batch (pages 0, 1, the
+    last and ``probes`` random ones; the last alone; pages with scrambled non-first indices),
+    else ``(None, why)``; never raises."""
     if page_tokens < 1:
         return None, f"{page_tokens} host indices per page"
     total = pool_pages(host, page_tokens) if pages is None else pages
@@ -292,9 +256,8 @@ def learn_pointer_model(
 
 def learned_pointers(host: Any, page_tokens: int, make_indices: Callable[[list[int]], Any],
                      what: str) -> PointerModel | None:
-    """:func:`learn_pointer_model` for an attach: the model, or None logged at info with
-    the reason (``what`` names the pool) when SGLang's ``get_page_buffer_meta`` stays in
-    use; an exception while learning never fails the attach."""
+    """:func:`learn_pointer_model` for an attach: the model, or None (the reason logged at
+    info, ``what`` naming the pool); never raises."""
     try:
         model, why = learn_pointer_model(host, page_tokens, make_indices)
     except Exception as exc:  # SGLang's function serves every batch then

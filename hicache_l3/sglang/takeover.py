@@ -1,26 +1,8 @@
-"""SGLang's built-in backend names served by hicache-l3: which names the environment asks us to
-take over, and the extra config of our adapter under each name.
-
-``HICACHE_L3_SGLANG_BACKENDS=file,mooncake`` (or ``all``) names the built-in backends to take
-over (the plugin of :mod:`hicache_l3.sglang.plugin` registers them; the adapter classes are
-in :mod:`hicache_l3.sglang.backend`).
-
-Settings, lowest first: the defaults below; SGLang's own settings where they have a
-counterpart (``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`` or ``file_storage_path`` for the
-file root, default a per-user directory (:func:`~hicache_l3.common.safe_fs.default_root`)
-where SGLang's is the shared ``/tmp/hicache``; ``SGLANG_HICACHE_NIXL_BACKEND_STORAGE_DIR``
-for the NIXL root; Mooncake's ``MOONCAKE_*`` variables, JSON file and extra-config keys,
-read by the mooncake connector itself, with ``global_segment_size`` split across the
-TP x PP ranks as SGLang's MooncakeStore does; the 3FS JSON file named by
-``SGLANG_HICACHE_HF3FS_CONFIG_PATH``: ``file_path_prefix`` becomes the root directory,
-``file_size`` the capacity, ``numjobs`` the I/O threads, ``entries`` the USRBIO ring
-entries; without that file the hf3fs table or ``HICACHE_L3_HF3FS_ROOT`` must name the
-root); ``HICACHE_L3_<CONNECTOR>_<FIELD>`` variables; a
-table named after the connector in ``--hicache-storage-backend-extra-config`` (our format,
-see :mod:`hicache_l3.sglang.config`). Other SGLang keys in the extra config are ignored and
-named in a log line.
-
-Nothing here imports SGLang or torch.
+"""SGLang's built-in backend names served by hicache-l3 (``HICACHE_L3_SGLANG_BACKENDS``):
+which names to take over, and our adapter's extra config under each. Settings, lowest
+first: defaults, SGLang's own settings where they have a counterpart,
+``HICACHE_L3_<CONNECTOR>_<FIELD>``, then the connector's table in the extra config.
+Imports neither SGLang nor torch.
 """
 
 from __future__ import annotations
@@ -60,8 +42,8 @@ def _mooncake_json() -> Mapping[str, str]:
 
 
 def takeover_names(value: str | None) -> list[str]:
-    """The built-in names listed in ``HICACHE_L3_SGLANG_BACKENDS`` ("" = none, "all" = every
-    one we serve); ConfigError naming the variable and any name we cannot serve."""
+    """The built-in names listed in ``HICACHE_L3_SGLANG_BACKENDS`` ("all": every one we serve);
+    ConfigError naming the variable and any name we cannot serve."""
     names = [n.strip().lower() for n in (value or "").split(",") if n.strip()]
     if names == ["all"]:
         return list(TAKEOVER_CLASSES)
@@ -73,9 +55,8 @@ def takeover_names(value: str | None) -> list[str]:
 
 
 def hf3fs_settings(env: Mapping[str, str]) -> dict[str, Any]:
-    """Our hf3fs settings from SGLang's 3FS configuration (the JSON file named by
-    ``SGLANG_HICACHE_HF3FS_CONFIG_PATH``; none without it, so ``root`` must then be set);
-    ConfigError naming the file when it cannot be read."""
+    """Our hf3fs settings from the JSON file at ``SGLANG_HICACHE_HF3FS_CONFIG_PATH`` (none
+    without it); ConfigError naming the file when it cannot be read."""
     path = env.get(SGLANG_HF3FS_ENV)
     if not path:  # SGLang's own fallback, /data/hicache.<rank>.bin, is a shared local path: not used
         return {}
@@ -100,9 +81,8 @@ def hf3fs_settings(env: Mapping[str, str]) -> dict[str, Any]:
 
 
 def mooncake_segment_share(settings: Mapping[str, Any], env: Mapping[str, str], ranks: int) -> int:
-    """This rank's share of SGLang's ``global_segment_size`` (extra config, else its JSON
-    file or ``MOONCAKE_GLOBAL_SEGMENT_SIZE``, else SGLang's 4 GB default): SGLang 0.5.23's
-    MooncakeStore gives each of the TP x PP ranks ``size // (tp_size * pp_size)``."""
+    """This rank's share of SGLang's ``global_segment_size`` (extra config, else its JSON file
+    or environment, else SGLang's default), split over ``ranks`` (TP x PP) as SGLang does."""
     from hicache_l3.common.config import parse_size
     from hicache_l3.connectors.mooncake import _sglang_size, sglang_settings
 
@@ -114,9 +94,7 @@ def mooncake_segment_share(settings: Mapping[str, Any], env: Mapping[str, str], 
 
 
 def announce(builtin: str) -> None:
-    """Log the start-up line once per process, when SGLang first builds one of our backends:
-    :func:`install` runs before SGLang configures logging, so its own line never reaches a
-    server log."""
+    """Log the start-up line once per process (the plugin's runs before SGLang's logging)."""
     if builtin in _announced:
         return
     _announced.add(builtin)
@@ -125,8 +103,8 @@ def announce(builtin: str) -> None:
 
 def takeover_extra_config(name: str, extra: Mapping[str, Any] | None,
                           env: Mapping[str, str] | None = None, ranks: int = 1) -> dict[str, Any]:
-    """Our adapter's extra config for SGLang's built-in backend ``name`` (see module docstring);
-    ``ranks`` is tp_size x pp_size (Mooncake's segment is split across them)."""
+    """Our adapter's extra config for SGLang's built-in backend ``name``; ``ranks`` is
+    tp_size x pp_size (Mooncake's segment is split across them)."""
     from hicache_l3.sglang.config import ADAPTER_KEYS, SGLANG_KEYS
 
     env = os.environ if env is None else env
