@@ -49,7 +49,6 @@ int hl3_ring_write(struct hl3_ring *r, int lo, int hi, const int32_t *data_fds, 
 struct hl3_ring {
     pthread_mutex_t lock;
     int fd, depth, broken;
-    unsigned sq_entries, cq_entries;
     void *sq_map, *cq_map;
     size_t sq_size, cq_size;
     struct io_uring_sqe *sqes;
@@ -82,6 +81,11 @@ void hl3_ring_close(struct hl3_ring *r)
     free(r);
 }
 
+static void *ring_map(int fd, size_t size, off_t off)
+{
+    return mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, off);
+}
+
 /* A ring for `depth` pages in flight (2 entries each: data and marker), or NULL with errno
  * set (ENOSYS, EPERM, EINVAL, ENOMEM...). */
 struct hl3_ring *hl3_ring_open(int depth)
@@ -101,25 +105,18 @@ struct hl3_ring *hl3_ring_open(int depth)
     r->fd = fd < 0 ? -1 : (int)fd;
     if (fd < 0)
         goto fail;
-    r->sq_entries = p.sq_entries;
-    r->cq_entries = p.cq_entries;
     r->sq_size = p.sq_off.array + p.sq_entries * sizeof(unsigned);
     r->cq_size = p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe);
     int single = (p.features & IORING_FEAT_SINGLE_MMAP) != 0;
     if (single && r->cq_size > r->sq_size)
         r->sq_size = r->cq_size;
-    r->sq_map = mmap(NULL, r->sq_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->fd,
-                     IORING_OFF_SQ_RING);
-    if (r->sq_map == MAP_FAILED)
+    if ((r->sq_map = ring_map(r->fd, r->sq_size, IORING_OFF_SQ_RING)) == MAP_FAILED)
         goto fail;
-    r->cq_map = single ? r->sq_map
-                       : mmap(NULL, r->cq_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->fd,
-                              IORING_OFF_CQ_RING);
+    r->cq_map = single ? r->sq_map : ring_map(r->fd, r->cq_size, IORING_OFF_CQ_RING);
     if (r->cq_map == MAP_FAILED)
         goto fail;
     r->sqes_size = p.sq_entries * sizeof(struct io_uring_sqe);
-    r->sqes = mmap(NULL, r->sqes_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->fd, IORING_OFF_SQES);
-    if (r->sqes == MAP_FAILED)
+    if ((r->sqes = ring_map(r->fd, r->sqes_size, IORING_OFF_SQES)) == MAP_FAILED)
         goto fail;
     char *sq = r->sq_map, *cq = r->cq_map;
     r->sq_head = (unsigned *)(sq + p.sq_off.head);
@@ -267,6 +264,8 @@ int hl3_ring_read(struct hl3_ring *r, int lo, int hi, int only, const int32_t *d
 {
     if (hi <= lo)
         return 0;
+    if (data_fds == NULL)
+        data_fds = fds;
     int n = hi - lo;
     unsigned char *marks = malloc((size_t)n * (size_t)mlen);
     int32_t *mres = malloc((size_t)n * sizeof(int32_t));
@@ -290,8 +289,7 @@ int hl3_ring_read(struct hl3_ring *r, int lo, int hi, int only, const int32_t *d
             continue;
         }
         status[j] = HL3_TODO;
-        ops[m++] = data_op(IORING_OP_READ, IORING_OP_READV, 1, data_fds != NULL ? data_fds[j] : fds[j], segs, at,
-                           j, data_offs[j]);
+        ops[m++] = data_op(IORING_OP_READ, IORING_OP_READV, 1, data_fds[j], segs, at, j, data_offs[j]);
         ops[m++] = marker_op(IORING_OP_READ, fds[j], marks + (size_t)(j - lo) * mlen, mlen, j, marker_offs[j]);
     }
     struct read_ctx c = {segs, at, csums, x, NULL, status, mres, lo};
@@ -349,6 +347,8 @@ int hl3_ring_write(struct hl3_ring *r, int lo, int hi, const int32_t *data_fds, 
 {
     if (hi <= lo)
         return 0;
+    if (data_fds == NULL)
+        data_fds = fds;
     int n = hi - lo;
     struct op *ops = malloc((size_t)n * sizeof(struct op));
     if (ops == NULL) {
@@ -383,8 +383,7 @@ int hl3_ring_write(struct hl3_ring *r, int lo, int hi, const int32_t *data_fds, 
         int d = 0;
         for (int j = lo; j < hi && err == 0; j++)
             if (status[j] == HL3_STEP)
-                ops[d++] = data_op(IORING_OP_WRITE, IORING_OP_WRITEV, 0, data_fds != NULL ? data_fds[j] : fds[j],
-                                   segs, at, j, data_offs[j]);
+                ops[d++] = data_op(IORING_OP_WRITE, IORING_OP_WRITEV, 0, data_fds[j], segs, at, j, data_offs[j]);
         c.to = HL3_OK;
         if (err == 0 && d > 0)
             err = ring_run(r, ops, d, 1, write_done, &c);
