@@ -44,9 +44,7 @@ from hicache_l3.slab.format import (
 
 
 class PlannedRead(Protocol):
-    """What :meth:`BatchIO.plan_read` reads of a :class:`~hicache_l3.slab.plan.GetPlan`
-    (named by its fields here: slab/plan.py builds on the page table, which loads this
-    module's library)."""
+    """What :meth:`BatchIO.plan_read` reads of a :class:`~hicache_l3.slab.plan.GetPlan`."""
 
     count: int
     fds: array.array[int]
@@ -54,6 +52,7 @@ class PlannedRead(Protocol):
     marker_offs: array.array[int]
     expect: bytearray
     csums: array.array[int]
+
 
 OK, SHORT, HEADER, CHECKSUM, NOMEM = 0, 1, 2, 3, 4
 AGAIN = 5  # a nowait read's page not (all) in the page cache: not read (BatchIO.read_plan)
@@ -133,25 +132,6 @@ class PageBatch:
         return len(self.fds)
 
     @classmethod
-    def for_read(cls, marker_len: int, fds: array.array[int], data_offsets: array.array[int],
-                 marker_offsets: array.array[int], pages: Sequence[Page], expect: bytearray,
-                 checksums: array.array[int]) -> PageBatch:
-        """A read batch from arrays already in the C layout (``fds`` int32, offsets int64,
-        ``checksums`` uint64, ``expect`` the records back to back), taken as they are."""
-        n = len(fds)
-        if not (len(data_offsets) == len(marker_offsets) == len(pages) == len(checksums) == n) \
-                or len(expect) != n * marker_len or (fds.typecode, data_offsets.typecode,
-                                                     marker_offsets.typecode, checksums.typecode) \
-                != ("i", "q", "q", "Q"):
-            raise ValueError("PageBatch.for_read: arrays differ in length or type")
-        self = cls.__new__(cls)
-        self.marker_len, self.writing = marker_len, False
-        self.fds, self.data_offsets, self.marker_offsets = fds, data_offsets, marker_offsets
-        self.segments, self.at = flat_segments(pages)
-        self.checksums, self.markers, self.expect = checksums, bytearray(len(expect)), expect
-        return self._addressed()
-
-    @classmethod
     def for_write(cls, marker_len: int, fds: array.array[int], data_offsets: array.array[int],
                   marker_offsets: array.array[int], pages: Sequence[Page], markers: bytearray) -> PageBatch:
         """A write batch from arrays already in the C layout (``fds`` int32, offsets int64,
@@ -211,9 +191,8 @@ def plan_segments(pages: Sequence[Page]) -> tuple[bytes | array.array[int], arra
 
 
 class PlanRead(NamedTuple):
-    """One planned read's call (:meth:`BatchIO.plan_read`): its status array, the C
-    call's arguments after ``lo, hi``, and the objects whose memory they address (held
-    while the call may run)."""
+    """One planned read's call (:meth:`BatchIO.plan_read`): its status array, the C call's
+    arguments after ``lo, hi``, and the objects whose memory they address."""
 
     status: array.array[int]
     args: array.array[int]  # int64 addresses and lengths
@@ -316,10 +295,8 @@ class BatchIO:
         return int(self._write_apart(lo, hi, _address(data_fds), *self._write_tail(batch, checksum)))
 
     def plan_read(self, plan: PlannedRead, pages: Sequence[Page]) -> PlanRead:
-        """The call :meth:`read_plan` makes for ``plan``'s ``plan.count`` pages into
-        ``pages`` (page ``j`` of the plan into ``pages[j]``): the plan's arrays taken as
-        they are (no copy) and the segments of ``pages`` as :func:`plan_segments` gives
-        them; ValueError when their lengths differ."""
+        """The call :meth:`read_plan` makes for ``plan``'s pages into ``pages`` (page ``j`` into
+        ``pages[j]``), the plan's arrays taken as they are; ValueError when lengths differ."""
         n = plan.count
         segments, at = plan_segments(pages)
         if len(pages) != n or len(plan.fds) != n or len(plan.expect) != n * RECORD_BYTES:
@@ -332,12 +309,9 @@ class BatchIO:
         return PlanRead(status, array.array("q", args), (segments, at, plan))
 
     def read_plan(self, call: PlanRead, lo: int, hi: int, nowait: bool = False) -> int:
-        """``hl3_read_plan`` of pages ``lo..hi-1`` of ``call`` (:meth:`plan_read`): the
-        read and checks of :meth:`read` without a :class:`PageBatch` (the records read land
-        in the C call's own scratch memory); the number not OK (0 for an empty share).
-        With ``nowait`` (``hl3_read_plan_nowait``) only what the page cache holds is read:
-        a page whose data would wait for the disk is left :data:`AGAIN` (and counted),
-        for a blocking call."""
+        """The read and checks of :meth:`read` of pages ``lo..hi-1`` of ``call``
+        (:meth:`plan_read`); the number not OK. With ``nowait`` only what the page cache
+        holds is read: a page that would wait for the disk is left :data:`AGAIN` (counted)."""
         if lo == hi:
             return 0
         if not 0 <= lo < hi <= len(call.status):
@@ -346,10 +320,9 @@ class BatchIO:
         return int(fn(lo, hi, *call.args))
 
     def share_read_plan(self, share: Share, call: PlanRead, wait_ns: int, nowait: bool = False) -> bool:
-        """:meth:`read_plan` of every chunk of ``share`` this thread claims (``hl3_share_read_plan``);
-        then, when ``wait_ns`` > 0, a wait of up to that long (spinning, without the GIL)
-        for the chunks other threads still run. True when every chunk had finished on
-        return: none is running and none can start."""
+        """:meth:`read_plan` of every chunk of ``share`` this thread claims, then, when
+        ``wait_ns`` > 0, a spin of up to that long (without the GIL) for the others' chunks.
+        True when every chunk had finished on return."""
         if share.pages != len(call.status):
             raise ValueError(f"a share of {share.pages} pages for a {len(call.status)}-page plan")
         return bool(self._share_read_plan(share.address, wait_ns, int(nowait), *call.args))

@@ -49,13 +49,9 @@ def digests(keys: Sequence[str]) -> list[bytes]:
 
 
 class Digests(Sequence[bytes]):
-    """Digests ``j = 0..n-1`` held as one buffer (``blob``, 16 bytes each, as the C calls
-    take them): what :func:`hicache_l3.slab.records.key_digests` returns for a set batch,
-    so that the table calls and the commit pass the buffer on instead of joining a bytes
-    object per key. Item ``j`` is ``blob[16 j : 16 j + 16]``; equal to any sequence of the
-    same digests (a list included). ``distinct``: True when the digests are known to be
-    all different (so are their keys), False when one is known to repeat, None when not
-    known."""
+    """Digests held as one buffer (``blob``, 16 bytes each, as the C calls take them); reads
+    and compares as the list it stands for. ``distinct``: True when known to be all
+    different, False when one is known to repeat, None when not known."""
 
     __slots__ = ("blob", "distinct")
 

@@ -254,9 +254,8 @@ def test_check_sums_flags_only_checked_pages_that_differ() -> None:
     sums[2] ^= 1  # wrong
     sums[3] = 0  # none
     n = len(pages)
-    batch = PageBatch.for_read(RECORD_BYTES, array.array("i", [0] * n), array.array("q", [0] * n),
-                               array.array("q", [0] * n), pages, bytearray(RECORD_BYTES * n),
-                               array.array("Q", sums))
+    batch = PageBatch(RECORD_BYTES, [0] * n, [0] * n, [0] * n, pages, [bytes(RECORD_BYTES)] * n, sums,
+                      writing=False)
     batch.status[:] = array.array("i", [OK, OK, OK, OK])
     assert HELPERS.check_sums(batch, 0, n) == 1
     assert list(batch.status) == [OK, OK, CHECKSUM, OK]

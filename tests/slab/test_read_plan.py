@@ -110,8 +110,9 @@ def test_planned_read_matches_the_page_batch_read(native: batch_io.BatchIO, tmp_
     fd, plan, data = _slot_file(tmp_path / "slab", damage, random.Random(seed), gap)
     try:
         dst_ref, dst = HostBuffer(n * PAGE), HostBuffer(n * PAGE)
-        ref = PageBatch.for_read(RECORD_BYTES, plan.fds, plan.data_offs, plan.marker_offs,
-                                 _pages(dst_ref, n, False), plan.expect, plan.csums)
+        expect = [bytes(plan.expect[RECORD_BYTES * j:RECORD_BYTES * (j + 1)]) for j in range(n)]
+        ref = PageBatch(RECORD_BYTES, list(plan.fds), list(plan.data_offs), list(plan.marker_offs),
+                        _pages(dst_ref, n, False), expect, list(plan.csums), writing=False)
         call = native.plan_read(plan, _pages(dst, n, flat))
         bad_ref = sum(native.read(ref, lo, hi) for lo, hi in _shares(n, cuts))
         bad = sum(native.read_plan(call, lo, hi) for lo, hi in _shares(n, cuts[::-1]))

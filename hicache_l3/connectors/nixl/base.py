@@ -482,9 +482,7 @@ def coalesce(local: list[Desc], remote: list[Desc],
     """The rows of a transfer with every run of rows that continue each other on both
     sides (the next row starts where this one ends, locally and remotely on the same
     device) joined into one row of at most ``max_bytes`` (a row longer than that stays
-    alone). The same bytes move to the same places; NIXL's POSIX plugin then submits one
-    request per joined row instead of one per page, and the transfer takes less time,
-    more so on writes (docs/benchmarks.md, "One-off probes")."""
+    alone). The same bytes move to the same places, in fewer requests."""
     n = len(local)
     if n < 2:
         return local, remote

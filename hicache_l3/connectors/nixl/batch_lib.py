@@ -51,19 +51,13 @@ class NixlBatchLib:
 
     def rows(self, segments: array.array[int] | bytes, at: array.array[int], fds: array.array[int],
              offsets: array.array[int], max_bytes: int, *, arrays: bool = False) -> tuple[Any, Any]:
-        """The local (DRAM) and remote (FILE) rows moving ``n = len(fds)`` pages: page ``j``
-        is the ``(address, length)`` pairs ``segments[2 at[j] : 2 at[j + 1]]`` (uint64;
-        ``bytes`` of them, as a :class:`~hicache_l3.common.pages.FlatPages` carries them,
-        are taken as they are), moved to or from ``offsets[j]`` (int64) of ``fds[j]``
-        (int32) onward; runs of rows that continue each other on both sides are joined up
-        to ``max_bytes`` (0: one row per segment):
-        :func:`~hicache_l3.connectors.nixl.base.coalesce` of the per-segment rows, in one C
-        call. Lists of ``(a, b, c)`` tuples; with ``arrays`` (and numpy importable, as it
-        is wherever NIXL is), when there are more than :data:`TUPLE_ROWS` rows, two ``m x
-        3`` uint64 numpy arrays over the C call's output instead, which ``get_xfer_descs``
-        takes without a Python object per row. (A few rows stay tuples: NIXL takes them as
-        cheaply, and a batch's get then calls no numpy, whose calls cost ~10-20 us each
-        once the batch's copy has pushed them out of the CPU caches.)"""
+        """The local (DRAM) and remote (FILE) rows moving ``n = len(fds)`` pages: page ``j`` is
+        the ``(address, length)`` pairs ``segments[2 at[j] : 2 at[j + 1]]`` (uint64, or
+        ``bytes`` of them) moved to or from ``offsets[j]`` (int64) of ``fds[j]`` (int32);
+        rows that continue each other on both sides joined up to ``max_bytes`` (0: none), as
+        :func:`~hicache_l3.connectors.nixl.base.coalesce` joins them. Lists of tuples; with
+        ``arrays`` and more than :data:`TUPLE_ROWS` rows, two ``m x 3`` uint64 numpy arrays
+        (where numpy imports)."""
         n = len(fds)
         if not n:
             return [], []
@@ -134,15 +128,6 @@ class NixlBatchLib:
         if n:
             self._markers(1, 0, n, _at(fds), _at(offsets), _at(records), None, RECORD_BYTES, _at(status))
         return status
-
-    def read_markers(self, batch: PageBatch) -> None:
-        """Read every page's marker record of read ``batch`` into its scratch space, each
-        compared with the record expected; :attr:`PageBatch.status` then holds OK,
-        SHORT, HEADER (differs) or ``-errno`` per page (adjacent records in one call)."""
-        n = len(batch)
-        if n:
-            fds, _data, marks, _segs, _at2, buf = batch.addresses
-            self._markers(0, 0, n, fds, marks, buf, batch.expect_at, batch.marker_len, batch.status_at)
 
     def check_sums(self, batch: PageBatch, lo: int, hi: int) -> int:
         """Pages ``lo..hi-1`` of read ``batch`` whose status is OK and whose checksum is

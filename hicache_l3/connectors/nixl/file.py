@@ -371,9 +371,8 @@ class NixlTransport(SlotTransport):
 
     def _check_markers(self, fds: list[int], offsets: list[int], entries: list[Entry],
                        keys: list[str]) -> list[int]:
-        """Per slot ``k``: OK when the marker record at ``offsets[k]`` of ``fds[k]``
-        carries ``entries[k]`` and ``keys[k]`` ,
-        HEADER when not or cut short, -errno."""
+        """Per slot ``k``: OK when the marker record at ``offsets[k]`` of ``fds[k]`` carries
+        ``entries[k]`` and ``keys[k]``, HEADER when not or cut short, -errno."""
         got = self.lib.read_markers(fds, offsets, b"".join(expected_markers(entries, keys)), RECORD_BYTES)
         return [code if code <= 0 else HEADER for code in got]
 
