@@ -268,19 +268,25 @@ class DirectTransport(SlotTransport):
         self.read_pool = BatchPool(threads, "hicache-file")
         self._write_pool = BatchPool(threads, "hicache-file-w")
 
-    def write(self, store: SlabStore, batch: WriteBatch) -> None:
-        """Each share: its marker records, then its data."""
+    def _write_batch(self, store: SlabStore, batch: WriteBatch) -> tuple[native.PageBatch, array.array[int]]:
         pb, cols = write_page_batch(batch)
         me = store.me or 0  # reserve made this process a writer
-        data = direct_fds(store, self.metrics, cols.fds, [(me, s) for s in cols.slabs], batch.pages)
+        return pb, direct_fds(store, self.metrics, cols.fds, [(me, s) for s in cols.slabs], batch.pages)
+
+    def _read_batch(self, store: SlabStore, batch: ReadBatch) -> tuple[native.PageBatch, array.array[int]]:
+        pb = read_page_batch(batch)
+        return pb, direct_fds(store, self.metrics, pb.fds, [(e[0], e[1]) for _fd, e in batch.located],
+                              batch.pages)
+
+    def write(self, store: SlabStore, batch: WriteBatch) -> None:
+        """Each share: its marker records, then its data."""
+        pb, data = self._write_batch(store, batch)
         self._write_pool.map(lambda lo, hi: self.lib.write(pb, lo, hi, batch.checksum, data), len(pb))
         batch.status, batch.checksums = pb.status, pb.checksums
 
     def read(self, store: SlabStore, batch: ReadBatch) -> None:
         """Each share: its data, then its marker records, then checked."""
-        pb = read_page_batch(batch)
-        data = direct_fds(store, self.metrics, pb.fds, [(e[0], e[1]) for _fd, e in batch.located],
-                          batch.pages)
+        pb, data = self._read_batch(store, batch)
         self.read_pool.map(lambda lo, hi: self.lib.read(pb, lo, hi, data), len(pb))
         batch.status = pb.status
 

@@ -118,16 +118,17 @@ def _addr(fds: array.array[int] | None) -> int | None:
     return fds.buffer_info()[0] if fds else None
 
 
-class UringTransport(io.SlotTransport):
+class UringTransport(io.DirectTransport):
     """O_DIRECT slot I/O through :class:`Rings`, ``depth`` pages in flight from one C call
     (data descriptors as :func:`~hicache_l3.slab.io.direct_fds`). Where the ring is refused
-    or fails, this and later batches take ``fallback``, the blocking O_DIRECT path."""
+    or fails, this and later batches take the blocking calls of
+    :class:`~hicache_l3.slab.io.DirectTransport`."""
 
     name = "io_uring O_DIRECT (C)"
-    reads_plans = False
 
-    def __init__(self, rings: LazyRings, fallback: io.DirectTransport) -> None:
-        self.rings, self.fallback, self.metrics = rings, fallback, fallback.metrics
+    def __init__(self, rings: LazyRings, lib: native.BatchIO, metrics: Any, threads: int) -> None:
+        super().__init__(lib, metrics, threads)
+        self.rings = rings
         self._failed = False
 
     def stats(self) -> dict[str, Any]:
@@ -146,41 +147,33 @@ class UringTransport(io.SlotTransport):
     def write(self, store: SlabStore, batch: io.WriteBatch) -> None:
         """Every marker record, then every page's data, through the write ring."""
         rings = self._ready()
-        if rings is None:
-            self.fallback.write(store, batch)
-            return
-        pb, cols = io.write_page_batch(batch)
-        me = store.me or 0
-        data_fds = io.direct_fds(store, self.metrics, cols.fds, [(me, s) for s in cols.slabs], batch.pages)
-        self.metrics.count("io_uring_pages", len(pb))
-        bad = rings.write(pb, data_fds, batch.checksum)
-        if bad < 0:  # the ring failed: the whole batch again, by blocking calls
-            self._broke(bad)
-            self.fallback.write(store, batch)
-            return
-        batch.status, batch.checksums = pb.status, pb.checksums
+        if rings is not None:
+            pb, data_fds = self._write_batch(store, batch)
+            self.metrics.count("io_uring_pages", len(pb))
+            bad = rings.write(pb, data_fds, batch.checksum)
+            if bad >= 0:
+                batch.status, batch.checksums = pb.status, pb.checksums
+                return
+            self._broke(bad)  # the ring failed: the whole batch again, by blocking calls
+        super().write(store, batch)
 
     def read(self, store: SlabStore, batch: io.ReadBatch) -> None:
         """Every page's data, each followed by its marker record, through the read ring."""
         rings = self._ready()
-        if rings is None:
-            self.fallback.read(store, batch)
-            return
-        pb = io.read_page_batch(batch)
-        data_fds = io.direct_fds(store, self.metrics, pb.fds, [(e[0], e[1]) for _fd, e in batch.located],
-                                 batch.pages)
-        self.metrics.count("io_uring_pages", len(pb))
-        bad = rings.read(pb, data_fds)
-        if bad < 0:  # the ring failed: the whole batch again, by blocking calls
-            self._broke(bad)
-            self.fallback.read(store, batch)
-            return
-        batch.status = pb.status
+        if rings is not None:
+            pb, data_fds = self._read_batch(store, batch)
+            self.metrics.count("io_uring_pages", len(pb))
+            bad = rings.read(pb, data_fds)
+            if bad >= 0:
+                batch.status = pb.status
+                return
+            self._broke(bad)  # the ring failed: the whole batch again, by blocking calls
+        super().read(store, batch)
 
     def close(self) -> None:
-        """Tear the rings down and stop the fallback's threads."""
+        """Tear the rings down and stop the threads."""
         self.rings.close()
-        self.fallback.close()
+        super().close()
 
 
 COLD_RING_MIN_BYTES = 256 << 10
@@ -231,16 +224,17 @@ class ColdRingTransport(io.NativeTransport):
 def select_transport(metrics: Any, *, direct: bool, io_threads: int, write_threads: int, cold_threads: int,
                      ring_depth: int, what: str) -> io.SlotTransport:
     """The one selection point for local slab I/O, all of it in the C library (ImportError
-    naming the fix when it is not built): with ``direct``, :class:`UringTransport` (its
-    fallback, and with ``ring_depth`` 0 the transport itself,
-    :class:`~hicache_l3.slab.io.DirectTransport` on max(threads) threads); else
-    :class:`ColdRingTransport` where ``ring_depth`` > 0 and cold pages are read apart
-    (``cold_threads`` > 1), else :class:`~hicache_l3.slab.io.NativeTransport`. Rings open
+    naming the fix when it is not built): with ``direct``, :class:`UringTransport` (with
+    ``ring_depth`` 0, :class:`~hicache_l3.slab.io.DirectTransport`), on max(threads)
+    threads; else :class:`ColdRingTransport` where ``ring_depth`` > 0 and cold pages are read
+    apart (``cold_threads`` > 1), else :class:`~hicache_l3.slab.io.NativeTransport`. Rings open
     on first use; ``what`` names the connector in the log line of a refusal."""
     lib = native.library()
     if direct:
-        blocking = io.DirectTransport(lib, metrics, max(io_threads, write_threads, cold_threads))
-        return UringTransport(LazyRings(ring_depth, what), blocking) if ring_depth > 0 else blocking
+        threads = max(io_threads, write_threads, cold_threads)
+        if ring_depth > 0:
+            return UringTransport(LazyRings(ring_depth, what), lib, metrics, threads)
+        return io.DirectTransport(lib, metrics, threads)
     if ring_depth > 0 and cold_threads > 1:
         return ColdRingTransport(LazyRings(ring_depth, what), lib, metrics, io_threads, write_threads,
                                  cold_threads)

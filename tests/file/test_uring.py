@@ -119,8 +119,8 @@ def test_a_refused_ring_leaves_o_direct_the_blocking_path(caplog: pytest.LogCapt
     try:
         assert isinstance(transport, uring.UringTransport)
         with caplog.at_level(logging.WARNING, logger="hicache_l3.slab.uring"), _NoDescriptors():
-            assert transport._ready() is None  # every batch then takes transport.fallback
-        assert transport._ready() is None and isinstance(transport.fallback, io.DirectTransport)
+            assert transport._ready() is None  # every batch then takes the blocking calls
+        assert transport._ready() is None and isinstance(transport, io.DirectTransport)
         lines = [r.getMessage() for r in caplog.records]
         assert len(lines) == 1 and "test: no io_uring" in lines[0], lines
     finally:
