@@ -439,12 +439,6 @@ class MooncakeConnector(Connector[MooncakeConfig]):
 
     # ---- hooks --------------------------------------------------------------------
     def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
-        out = self._set_all(keys, pages)
-        if self._lru is not None:
-            self._lru_stored(keys, out)
-        return out
-
-    def _set_all(self, keys: list[str], pages: list[Page]) -> list[Reason]:
         n = len(keys)
         if self._master_unreachable():
             return [Reason.ENGINE_DOWN] * n
@@ -461,10 +455,12 @@ class MooncakeConnector(Connector[MooncakeConfig]):
         codes = self._chunked(self._put, skeys, pages)
         done = [Reason.OK if c in (0, OBJECT_ALREADY_EXISTS) else _reason(c) for c in codes]
         self._confirm_stored(skeys, done)
-        if todo is None:
-            return done
-        where = {i: j for j, i in enumerate(todo)}
-        return [done[where[first[self._prefix + key]]] for key in keys]
+        if todo is not None:
+            where = {i: j for j, i in enumerate(todo)}
+            done = [done[where[first[prefix + key]]] for key in keys]
+        if self._lru is not None:
+            self._lru_stored(keys, done)
+        return done
 
     def _confirm_stored(self, skeys: list[str], done: list[Reason]) -> None:
         """A put succeeds only once the object is complete: Mooncake answers 0 also for an
@@ -581,21 +577,15 @@ class MooncakeConnector(Connector[MooncakeConfig]):
         return ptrs, sizes
 
     def _get(self, keys: list[str], pages: list[Page]) -> list[Reason]:
-        out = self._get_all(keys, pages)
-        if self._lru is not None:
-            self._lru_touch(keys, out)
-        return out
-
-    def _get_all(self, keys: list[str], pages: list[Page]) -> list[Reason]:
-        if self._master_unreachable():
-            return [Reason.ENGINE_DOWN] * len(keys)
         out: list[Reason] = []
         step = self.config.max_batch
         for lo in range(0, len(keys), step):
-            if lo and self._master_unreachable():
+            if self._master_unreachable():
                 out += [Reason.ENGINE_DOWN] * (len(keys) - lo)
                 break
             out += self._get_chunk(keys[lo : lo + step], pages[lo : lo + step])
+        if self._lru is not None:
+            self._lru_touch(keys, out)
         return out
 
     def _get_chunk(self, keys: list[str], pages: list[Page]) -> list[Reason]:
