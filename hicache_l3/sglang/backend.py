@@ -25,11 +25,10 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 from hicache_l3.common.connector import Connector
-from hicache_l3.common.errors import ConfigError, MemoryRegistrationError
+from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.logs import RateLimitedLogger
 from hicache_l3.common.pages import PointerPages
-from hicache_l3.common.registry import open_connector
 from hicache_l3.sglang.config import AdapterConfig, build_namespace
 from hicache_l3.sglang.head_groups import HeadGroups, SplitHeadsView, groups_tag, head_groups
 from hicache_l3.sglang.hybrid import (
@@ -37,6 +36,7 @@ from hicache_l3.sglang.hybrid import (
     ExtraPool,
     distinct_tensors,
     open_extra_pool,
+    open_registered,
     pool_attr,
     pool_name,
     restorable_prefixes,
@@ -163,19 +163,9 @@ class HiCacheL3Storage(HiCacheStorage):
                 log.warning("hicache-l3: tp_lcm_size=%s has no effect with host layout %r: pages are "
                             "stored per TP rank and size; use --hicache-mem-layout page_head to share "
                             "them across TP sizes", sc.tp_lcm_size, layout)
-            connector = open_connector(self.adapter.connector, namespace, self.adapter.settings)
-            try:
-                for tensor in _pool_buffers(host):
-                    connector.register(tensor)
-                probe = tuple(zip(ptrs, sizes))
-                if not connector.regions.covers(probe):
-                    raise MemoryRegistrationError(
-                        f"hicache-l3: pages of host pool {type(host).__name__} ({layout}) lie outside "
-                        "the buffers it exposes; this layout cannot be served zero-copy"
-                    )
-            except Exception:
-                connector.close()
-                raise
+            connector = open_registered(self.adapter.connector, namespace, self.adapter.settings,
+                                        _pool_buffers(host), tuple(zip(ptrs, sizes)),
+                                        f"{type(host).__name__} ({layout})")
             self.mem_pool_host = host
             self.page_tokens = page_tokens
             self.pointer_model = learned_pointers(meta_host, page_tokens, index_tensor,

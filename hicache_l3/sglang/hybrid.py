@@ -159,23 +159,31 @@ def open_extra_pool(
         pool_settings["global_segment_size"] = 0  # objects go into the segments already mounted
         if str(pool_settings.get("preferred_segment", "")) == "local":
             pool_settings["preferred_segment"] = ""  # "local" needs a segment of this client
-    connector = open_connector(connector_name, namespace, pool_settings)
-    try:
-        for tensor in pool_buffers(host):
-            connector.register(tensor)
-        if not connector.regions.covers(tuple(zip(ptrs, sizes))):
-            raise MemoryRegistrationError(
-                f"hicache-l3: pages of host pool {name!r} ({type(host).__name__}) lie outside the "
-                "buffers it exposes; it cannot be served zero-copy")
-    except Exception:
-        connector.close()
-        raise
+    connector = open_registered(connector_name, namespace, pool_settings, pool_buffers(host),
+                                tuple(zip(ptrs, sizes)), f"{name!r} ({type(host).__name__})")
     log.info("hicache-l3: %s connector attached for the %r pool (%s, %d bytes per page in %d segments)",
              connector_name, name, namespace.describe(), sum(int(s) for s in sizes), len(ptrs))
     model = None
     if make_indices is not None:
         model = learned_pointers(host, page_tokens, make_indices, f"the {name!r} pool")
     return ExtraPool(name, host, connector, page_tokens, shared, model)
+
+
+def open_registered(connector_name: str, namespace: Namespace, settings: dict[str, Any],
+                    buffers: Sequence[Any], page: Page, what: str) -> Connector[Any]:
+    """Open a connector and register ``buffers`` with it; MemoryRegistrationError naming host
+    pool ``what`` when ``page`` (a probed page) lies outside them. Closed on any failure."""
+    connector = open_connector(connector_name, namespace, settings)
+    try:
+        for tensor in buffers:
+            connector.register(tensor)
+        if not connector.regions.covers(page):
+            raise MemoryRegistrationError(f"hicache-l3: pages of host pool {what} lie outside the "
+                                          "buffers it exposes; it cannot be served zero-copy")
+    except Exception:
+        connector.close()
+        raise
+    return connector
 
 
 def transfer_pages(

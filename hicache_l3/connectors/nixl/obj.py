@@ -49,6 +49,13 @@ def endpoint_address(config: NixlConfig) -> tuple[str, int, str]:
     return f"s3.{config.region}.amazonaws.com", 443 if scheme == "https" else 80, scheme
 
 
+def endpoint_url(config: NixlConfig, scheme: str) -> str | None:
+    """The configured endpoint as a URL (``scheme://`` added when it has none), or None."""
+    if not config.endpoint:
+        return None
+    return config.endpoint if "://" in config.endpoint else f"{scheme}://{config.endpoint}"
+
+
 def obj_params(config: NixlConfig) -> dict[str, str]:
     """OBJ plugin init parameters for ``config`` (holds the credentials: never log it)."""
     _, _, scheme = endpoint_address(config)
@@ -57,9 +64,9 @@ def obj_params(config: NixlConfig) -> dict[str, str]:
         "use_virtual_addressing": "true" if config.virtual_addressing else "false",
         "num_threads": str(config.obj_threads),
     }
-    if config.endpoint:
-        params["endpoint_override"] = (config.endpoint if "://" in config.endpoint
-                                       else f"{scheme}://{config.endpoint}")
+    url = endpoint_url(config, scheme)
+    if url:
+        params["endpoint_override"] = url
     for name in ("access_key", "secret_key", "session_token", "ca_bundle"):
         if getattr(config, name):
             params[name] = getattr(config, name)
@@ -135,9 +142,6 @@ class NixlObjConnector(NixlConnector):
                 "nixl obj mode deletes and lists objects with boto3: pip install boto3"
             ) from exc
         c = self.config
-        endpoint = None
-        if c.endpoint:
-            endpoint = c.endpoint if "://" in c.endpoint else f"{scheme}://{c.endpoint}"
         kwargs: dict[str, Any] = {}
         if c.access_key:
             kwargs.update(aws_access_key_id=c.access_key, aws_secret_access_key=c.secret_key)
@@ -146,7 +150,7 @@ class NixlObjConnector(NixlConnector):
         if c.ca_bundle:
             kwargs["verify"] = c.ca_bundle
         return boto3.client(
-            "s3", endpoint_url=endpoint, region_name=c.region, use_ssl=scheme == "https",
+            "s3", endpoint_url=endpoint_url(c, scheme), region_name=c.region, use_ssl=scheme == "https",
             config=Config(
                 connect_timeout=c.connect_timeout_s, read_timeout=read_timeout,
                 retries={"max_attempts": 1, "mode": "standard"},
