@@ -23,6 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_s
 
 from hicache_l3.common.connector import Connector
 from hicache_l3.common.keys import Namespace
+from hicache_l3.conformance import worker
 from hicache_l3.conformance.pages import Pages
 
 KEYS = [f"sm-{i:02d}" for i in range(10)]
@@ -159,7 +160,7 @@ def run_model(tests: Any, open_conn: Callable[..., Connector[Any]], conn_setting
             self.spawns += 1
             fresh = [k for k in keys if k not in self.stored]
             fillers = [f"sm-filler-{self.spawns}-{i}" for i in range(KILL_FILLERS)]
-            proc = tests._spawn_ready(conn_settings, self.namespace, "set", fillers + fresh)
+            proc = worker.start_ready(tests._worker(conn_settings, self.namespace, "set", fillers + fresh))
             try:
                 proc.wait(timeout=after_ms / 1000)
             except subprocess.TimeoutExpired:
@@ -175,7 +176,7 @@ def run_model(tests: Any, open_conn: Callable[..., Connector[Any]], conn_setting
             """A second process sets ``keys``, reports, and is SIGKILLed with its connector
             open: what it reported stored stays stored (persistent connectors)."""
             self.spawns += 1
-            proc, got = tests._spawn_held(conn_settings, self.namespace, "set", keys)
+            proc, got = worker.start_held(tests._worker(conn_settings, self.namespace, "set", keys))
             proc.kill()
             proc.wait(timeout=60)
             for key, ok in zip(keys, got):

@@ -119,17 +119,6 @@ class ConnectorTests(CompressionTests):
         """Run ``op`` on ``keys`` in a second process; its per-key results."""
         return worker.run(self._worker(settings, namespace, op, keys))
 
-    def _spawn_ready(self, settings: dict[str, Any], namespace: Namespace, op: str,
-                     keys: list[str]) -> subprocess.Popen[str]:
-        """Start ``op`` on ``keys`` in a second process; return as it begins the op."""
-        return worker.start_ready(self._worker(settings, namespace, op, keys))
-
-    def _spawn_held(self, settings: dict[str, Any], namespace: Namespace, op: str,
-                    keys: list[str]) -> tuple[subprocess.Popen[str], list[Any]]:
-        """Run ``op`` on ``keys`` in a second process that then waits with its connector
-        still open; the process and its per-key results."""
-        return worker.start_held(self._worker(settings, namespace, op, keys))
-
     # ---- round trips -------------------------------------------------------------------
     def test_roundtrip_contiguous(self, conn: Connector[Any]) -> None:
         keys = _keys("rt", 8)
@@ -511,7 +500,7 @@ class ConnectorTests(CompressionTests):
         if not (caps.shared_across_processes and caps.persistent):
             pytest.skip("optional capabilities shared_across_processes and persistent: not both declared")
         keys = _keys("kas", 12)
-        proc, got = self._spawn_held(settings, namespace, "set", keys)
+        proc, got = worker.start_held(self._worker(settings, namespace, "set", keys))
         proc.kill()
         proc.wait(timeout=60)
         assert got == [True] * 12, f"second process set -> {got}"
@@ -531,7 +520,7 @@ class ConnectorTests(CompressionTests):
         for attempt, after_ms in enumerate((5, 15, 30, 60)):
             keys = _keys(f"kw{attempt}", 16)
             fillers = _keys(f"kw{attempt}-filler", 256)
-            proc = self._spawn_ready(settings, namespace, "set", fillers + keys)
+            proc = worker.start_ready(self._worker(settings, namespace, "set", fillers + keys))
             try:
                 proc.wait(timeout=after_ms / 1000)
             except subprocess.TimeoutExpired:
