@@ -103,47 +103,19 @@ class AdapterConfig:
         config_class(self.connector).load(self.connector, self.settings)
 
 
-def build_namespace(
-    *,
-    model_name: str | None,
-    tag: str,
-    kv_dtype: str,
-    layout: str,
-    page_size: int,
-    tp_rank: int = 0,
-    tp_size: int = 1,
-    mla_shared: bool = False,
-    pp_rank: int = 0,
-    pp_size: int = 1,
-    cp_rank: int = 0,
-    cp_size: int = 1,
-    dcp_rank: int = 0,
-    dcp_size: int = 1,
-) -> Namespace:
-    """The key namespace of one SGLang rank. Without a model name the user tag stands in
-    for it; with neither, ConfigError (pages of unknown models must never be shared)."""
+def build_namespace(*, model_name: str | None, tag: str, tp_rank: int = 0, mla_shared: bool = False,
+                    **fields: Any) -> Namespace:
+    """The key namespace of one SGLang rank (``fields``: the other :class:`Namespace` fields;
+    the TP rank dropped when MLA-shared). Without a model name the user tag stands in for it;
+    with neither, ConfigError (pages of unknown models must never be shared)."""
     if not model_name and not tag:
         raise ConfigError(
             "hicache-l3: SGLang gave no model name (storage_config.model_name is None) and the "
             "extra config sets no extra_backend_tag; set extra_backend_tag to a name unique to "
             "this model and its weights, so that pages of different models never mix"
         )
-    return Namespace(
-        model=model_name or f"tag:{tag}",
-        kv_dtype=kv_dtype,
-        layout=layout,
-        page_size=page_size,
-        tp_rank=0 if mla_shared else tp_rank,
-        tp_size=tp_size,
-        mla_shared=mla_shared,
-        pp_rank=pp_rank,
-        pp_size=pp_size,
-        cp_rank=cp_rank,
-        cp_size=cp_size,
-        dcp_rank=dcp_rank,
-        dcp_size=dcp_size,
-        tag=tag,
-    )
+    return Namespace(model=model_name or f"tag:{tag}", tag=tag, mla_shared=mla_shared,
+                     tp_rank=0 if mla_shared else tp_rank, **fields)
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
