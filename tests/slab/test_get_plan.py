@@ -18,9 +18,8 @@ from hypothesis import strategies as st
 
 from hicache_l3 import Namespace, open_connector
 from hicache_l3.common.errors import Reason
-from hicache_l3.common.keys import common_batch
 from hicache_l3.common.memory import HostBuffer
-from hicache_l3.common.pages import FlatPages
+from hicache_l3.common.pages import FlatPages, common_batch
 from hicache_l3.conformance.slab_backdoor import SlabBackdoor, slab_location
 from hicache_l3.slab import plan as plan_mod
 from hicache_l3.slab.format import Entry
