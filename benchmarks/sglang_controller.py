@@ -27,6 +27,7 @@ import hashlib
 import json
 import mmap
 import os
+import random
 import shutil
 import statistics
 import sys
@@ -44,7 +45,7 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 
 from hicache_l3.bench.backend_file import RawPosixBatch  # noqa: E402
-from hicache_l3.bench.runner import cpu_info, describe_cpu  # noqa: E402
+from hicache_l3.bench.runner import cpu_info, describe_cpu, size_arg  # noqa: E402
 from hicache_l3.common.memory import MemoryRegion  # noqa: E402
 from hicache_l3.common.pages import PointerPages  # noqa: E402
 from hicache_l3.sglang.config import extra_config_for  # noqa: E402
@@ -342,6 +343,190 @@ def print_stages(name: str, stages: dict[str, dict[str, float]]) -> None:
         print(f"  {st:<22}{stages['set'][st]:>9.2f}{stages['get'][st]:>9.2f}", file=sys.stderr)
 
 
+# ---- --beyond-memory: a store several times the page cache, random gets from the device ------
+BODIES = 64  # distinct page bodies: page i is body i % BODIES with i stamped in its first values
+BEYOND_SLACK = 256 << 20  # the cgroup's limit beyond --beyond-cache: this process's own allocations
+
+
+class StampedPages:
+    """Page ``i`` of a beyond-memory store: body ``i % BODIES`` (random 16-bit values of one
+    pool page's shape) with ``i`` in its first four values, so any page read back is checked."""
+
+    def __init__(self, host: Any) -> None:
+        shape = page_view(host, 1).shape
+        gen = torch.Generator().manual_seed(0xB1660)
+        self.bodies = [torch.randint(-32768, 32767, shape, generator=gen, dtype=torch.int16)
+                       for _ in range(BODIES)]
+
+    def page(self, i: int) -> torch.Tensor:
+        """Page ``i`` (a new tensor of the pool page's shape)."""
+        page = self.bodies[i % BODIES].clone()
+        page.view(-1)[:4] = torch.tensor([(i >> (15 * k)) & 0x7FFF for k in range(4)], dtype=torch.int16)
+        return page
+
+    def stamp(self, host: Any, ids: list[int]) -> None:
+        """Pages ``ids`` into pool pages 1..len(ids)."""
+        view = page_view(host, len(ids)).view(torch.int16)
+        for j, i in enumerate(ids):
+            view[:, j * PAGE_TOKENS : (j + 1) * PAGE_TOKENS] = self.page(i)
+
+    def check(self, host: Any, ids: list[int], what: str) -> None:
+        """RuntimeError unless pool pages 1..len(ids) hold pages ``ids``."""
+        view = page_view(host, len(ids)).view(torch.int16)
+        for j, i in enumerate(ids):
+            if not torch.equal(view[:, j * PAGE_TOKENS : (j + 1) * PAGE_TOKENS], self.page(i)):
+                raise RuntimeError(f"{what}: page {i} came back with other bytes")
+
+    def check_flat(self, views: list[memoryview], ids: list[int], what: str) -> None:
+        """RuntimeError unless ``views`` hold pages ``ids`` as contiguous bytes."""
+        for view, i in zip(views, ids):
+            if view != as_bytes(self.page(i)).numpy().tobytes():
+                raise RuntimeError(f"{what}: page {i} came back with other bytes")
+
+
+Batch = Callable[[list[int]], bool]
+
+
+def beyond_memory(args: argparse.Namespace, host: Any, work: str, open_ours: Callable[..., Any],
+                  page_bytes: int, cpu: dict[str, Any]) -> dict[str, Any]:
+    """Ours through the controller (buffered and ``o_direct``) on stores of ``--beyond-store``
+    bytes while this process may keep ``--beyond-cache`` of page cache (a memory cgroup it
+    joins, when it can make one), against raw O_DIRECT random blocks of the page size from 16
+    threads on a file of the same size (and fio when installed): random 128-page gets over the
+    whole store, then evicting sets of fresh keys, interleaved; every page read verified.
+    Prints the report (hicache-l3 bench --beyond-memory's format) and returns it."""
+    from sglang.srt.managers.cache_controller import HiCacheController
+
+    from hicache_l3.bench import memcg
+    from hicache_l3.bench.beyond import (
+        H100_LLAMA31_8B_PREFILL_TOKENS_PER_S,
+        LLAMA31_8B_KV_BYTES_PER_TOKEN,
+        break_even_gb_s,
+        format_report,
+    )
+    from hicache_l3.bench.raw_direct import FIO_JOBS, RawDirect, fio_available, run_fio
+    from hicache_l3.bench.runner import drop_page_cache, quantile
+    from hicache_l3.common.memory import HostBuffer
+
+    limit = args.beyond_cache + BEYOND_SLACK
+    cgroup, why = memcg.create(limit, f"hicache-l3-sgbench-{os.getpid()}")
+    store_bytes = args.beyond_store or (4 * limit if cgroup else 2 * memcg.memory_total())
+    pages = max(BATCH, store_bytes // page_bytes)
+    capacity = pages * Geometry(page_bytes).stride
+    stamps = StampedPages(host)
+    indices = torch.arange(PAGE_TOKENS, (BATCH + 1) * PAGE_TOKENS, dtype=torch.int64)
+    op = Operation()
+    raw = RawDirect(Path(work, "raw-direct.dat"), pages, page_bytes, threads=16)
+    raw_buf = HostBuffer(BATCH * page_bytes, pin=False)
+    raw_views = [raw_buf.view()[j * page_bytes : (j + 1) * page_bytes] for j in range(BATCH)]
+    ours = {"hicache-l3-file": open_ours("beyond-buffered", capacity_bytes=capacity),
+            "hicache-l3-file+o_direct": open_ours("beyond-direct", capacity_bytes=capacity, o_direct=True)}
+
+    def keys(ids: list[int]) -> list[str]:
+        return [f"beyond-{i:011d}" for i in ids]
+
+    def our_pair(standin: Any) -> tuple[Batch, Batch]:
+        def get(ids: list[int]) -> bool:
+            at = indices[: len(ids) * PAGE_TOKENS]
+            return bool(HiCacheController._page_get_zero_copy(standin, op, keys(ids), at) == len(ids))
+
+        def put(ids: list[int]) -> bool:
+            at = indices[: len(ids) * PAGE_TOKENS]
+            return bool(HiCacheController._page_set_zero_copy(standin, keys(ids), at))
+        return get, put
+
+    def raw_put(ids: list[int]) -> bool:
+        for view, i in zip(raw_views, ids):
+            view[:] = as_bytes(stamps.page(i)).numpy().tobytes()
+        return raw.move("set", [i % pages for i in ids], raw_views[: len(ids)])
+
+    contenders: dict[str, tuple[Batch, Batch]] = {name: our_pair(s) for name, s in ours.items()}
+    contenders["raw-direct-16t"] = (lambda ids: raw.move("get", ids, raw_views[: len(ids)]), raw_put)
+    lat: dict[tuple[str, str], list[float]] = defaultdict(list)
+    fio_figures: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    rng = random.Random(0xB1660)
+    try:
+        if cgroup:
+            memcg.join(cgroup)  # after the pools and buffers: their memory is not the page cache's
+        else:
+            print(f"no memory cgroup ({why}): the store is 2x the machine's memory", file=sys.stderr)
+        print(f"filling {len(contenders)} stores of {pages:,} pages of {page_bytes >> 10} KiB "
+              f"({pages * page_bytes / 2**30:.2f} GiB each)", file=sys.stderr)
+        for lo in range(0, pages, BATCH):
+            ids = list(range(lo, min(pages, lo + BATCH)))
+            stamps.stamp(host, ids)
+            for name, (_, put) in contenders.items():
+                if not put(ids):
+                    raise RuntimeError(f"{name}: filling pages {lo}.. failed")
+        os.sync()
+        drop_page_cache(Path(work))
+        fresh = pages
+        for what in ("get", "set"):
+            for r in range(args.reps):
+                names = list(contenders)
+                names = names[r % len(names):] + names[: r % len(names)]
+                for b in range(args.beyond_batches):
+                    if what == "get":
+                        ids = [rng.randrange(pages) for _ in range(BATCH)]
+                    else:
+                        ids = list(range(fresh, fresh + BATCH))
+                        fresh += BATCH
+                    for name in names if b % 2 == 0 else names[::-1]:
+                        get, put = contenders[name]
+                        if what == "get":
+                            page_view(host, BATCH).zero_()
+                        else:
+                            stamps.stamp(host, ids)
+                        t0 = time.perf_counter()
+                        ok = get(ids) if what == "get" else put(ids)
+                        lat[(name, what)].append(time.perf_counter() - t0)
+                        if not ok:
+                            raise RuntimeError(f"{name}: a {what} batch failed")
+                        if what == "get" and name in ours:
+                            stamps.check(host, ids, f"{name} get")
+                        elif what == "get":
+                            stamps.check_flat(raw_views, ids, f"{name} get")
+                for name, rw, engine, depth, jobs in FIO_JOBS if fio_available() else ():
+                    if (rw == "randread") == (what == "get"):
+                        fio_figures[(name, what)].append(
+                            run_fio(raw.path, pages * page_bytes, page_bytes, rw, engine, depth, jobs, 2.0))
+        fallback = {name: s.storage_backend.connector.stats()["ops"]["counters"].get("direct_fallback", 0)
+                    for name, s in ours.items()}
+    finally:
+        raw.close()
+        if cgroup:
+            memcg.join(cgroup.parent)  # back out, so that the cgroup can go
+            memcg.remove(cgroup)
+    results: list[dict[str, Any]] = []
+    for what in ("get", "set"):
+        rows: list[dict[str, Any]] = []
+        for name in contenders:
+            ms = [1e3 * t for t in lat[(name, what)]]
+            rows.append({"contender": name, "op": what, "gb_s": len(ms) * BATCH * page_bytes / sum(ms) / 1e6,
+                         "p50_ms": quantile(ms, 0.5), "p99_ms": quantile(ms, 0.99)})
+        for (name, fop), figs in fio_figures.items():
+            if fop == what:
+                rows.append({"contender": name, "op": what, "p50_ms": None, "p99_ms": None,
+                             "gb_s": sum(f["bytes"] for f in figs) / sum(f["seconds"] for f in figs) / 1e9})
+        raw_gb_s = next(float(r["gb_s"]) for r in rows if r["contender"] == "raw-direct-16t")
+        for row in rows:
+            row["x_raw"] = row["gb_s"] / raw_gb_s
+        results += rows
+    even = break_even_gb_s(LLAMA31_8B_KV_BYTES_PER_TOKEN, H100_LLAMA31_8B_PREFILL_TOKENS_PER_S)
+    meta = {"cpu": cpu, "store_bytes": pages * page_bytes, "pages": pages, "page_bytes": page_bytes,
+            "cache_bytes": limit, "cgroup": bool(cgroup), "cgroup_why_not": why,
+            "memory_bytes": memcg.memory_total(), "batch": BATCH, "rounds": args.reps, "raw_threads": 16,
+            "kv_bytes_per_token": LLAMA31_8B_KV_BYTES_PER_TOKEN,
+            "prefill_tokens_per_s": H100_LLAMA31_8B_PREFILL_TOKENS_PER_S, "break_even_gb_s": even,
+            "path": "HiCacheController._page_get_zero_copy / _page_set_zero_copy",
+            "direct_fallback": fallback}
+    report = {"meta": meta, "results": results}
+    print(format_report(report), file=sys.stderr)
+    print(f"pages the o_direct store moved through the page cache (pool segments not 4 KiB-aligned): "
+          f"{fallback}", file=sys.stderr)
+    return report
+
+
 # ---- the run -----------------------------------------------------------------------------------
 def fresh_keys(tag: str, pages: int) -> list[str]:
     """Keys no earlier repetition used."""
@@ -385,11 +570,26 @@ def main() -> int:
                     help="sleep this long between each contender's set and its get, off the clock "
                          "(a server's get comes after idle time: threads asleep, caches cold)")
     ap.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+    ap.add_argument("--beyond-memory", action="store_true",
+                    help="instead: ours (buffered and o_direct) on a store several times the page cache "
+                         "this process may use (a memory cgroup; needs root), random 128-page gets over "
+                         "the whole store and evicting sets through the controller, against raw O_DIRECT "
+                         "(16 threads) and fio; --reps rounds of --beyond-batches batches each")
+    ap.add_argument("--beyond-store", type=size_arg, default=0,
+                    help="--beyond-memory: bytes of pages per store (default: 4x the cgroup's limit; "
+                         "without a cgroup, 2x the machine's memory)")
+    ap.add_argument("--beyond-cache", type=size_arg, default=512 << 20,
+                    help="--beyond-memory: the page cache this process may use (default 512MiB); the "
+                         "cgroup's limit adds 256MiB for the process's own allocations and dirty pages")
+    ap.add_argument("--beyond-batches", type=int, default=32,
+                    help="--beyond-memory: timed batches per contender, op and round (default 32)")
     args = ap.parse_args()
     if args.pages < 1 or args.reps < 1 or args.warmup < 0 or args.layers < 1:
         ap.error("--pages, --reps and --layers must be >= 1, --warmup >= 0")
     if args.steady_state and args.warmup < 1:
         ap.error("--steady-state needs --warmup >= 1 (the warm-up fills the store to capacity)")
+    if args.beyond_memory and (args.beyond_batches < 1 or args.beyond_cache < (64 << 20)):
+        ap.error("--beyond-batches must be >= 1 and --beyond-cache at least 64MiB")
 
     from sglang.srt.mem_cache.hicache_storage import STORAGE_BATCH_SIZE
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
@@ -422,6 +622,16 @@ def main() -> int:
         ours[name] = backend
         return StandIn(host, backend)
 
+    if args.beyond_memory:
+        try:
+            report = beyond_memory(args, host, work, open_ours, page_bytes, cpu)
+        finally:
+            for backend in ours.values():
+                backend.close()
+            shutil.rmtree(work, ignore_errors=True)
+        if args.json:
+            print(json.dumps(report))
+        return 0
     contenders: list[tuple[str, Any]] = [("sglang-file", (StandIn(host, sglang_file), False)),
                                          ("hicache-l3-file", (open_ours("hicache-l3-file"), True))]
     if args.steady_state:

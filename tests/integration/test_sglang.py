@@ -172,6 +172,31 @@ def test_controller_paths_bench_runs() -> None:
         assert result["stages_ms_per_1024_pages"]["hicache-l3-file"][op]["sglang pointer lists"] > 0
 
 
+def test_controller_bench_beyond_memory_runs() -> None:
+    """The controller benchmark's --beyond-memory mode runs (small: stores of 96 MiB, the cgroup
+    made and left): ours buffered and o_direct and raw O_DIRECT, every page read verified (a
+    wrong page fails the run), GB/s, batch p50/p99 and the ratio to raw per op."""
+    python = require_sglang_venv()
+    proc = subprocess.Popen([str(python), str(BENCH), "--beyond-memory", "--beyond-cache", "64MiB",
+                             "--beyond-store", "96MiB", "--reps", "1", "--beyond-batches", "2", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        out, err = proc.communicate(timeout=ROUNDTRIP_TIMEOUT)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-4000:]
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["meta"]["cgroup"] is True, report["meta"]["cgroup_why_not"]
+    assert report["meta"]["store_bytes"] >= 96 << 20 and "break-even against recompute" in err
+    for cgroups in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/memory")):  # v2, v1: removed again
+        assert not (cgroups / f"hicache-l3-sgbench-{proc.pid}").exists()
+    rows = {(r["contender"], r["op"]): r for r in report["results"]}
+    for name in ("hicache-l3-file", "hicache-l3-file+o_direct", "raw-direct-16t"):
+        for op in ("get", "set"):
+            row = rows[(name, op)]
+            assert row["gb_s"] > 0 and 0 < row["p50_ms"] <= row["p99_ms"] and row["x_raw"] > 0, row
+    assert rows[("raw-direct-16t", "get")]["x_raw"] == 1.0
+
 # ---- configuration and CLI (no SGLang needed) -------------------------------------------------
 def test_extra_config_parsing() -> None:
     extra = extra_config_for("file", {"root": "/x"}, tag="t")
