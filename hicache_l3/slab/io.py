@@ -168,12 +168,13 @@ def write_page_batch(batch: WriteBatch) -> tuple[native.PageBatch, SlotColumns]:
 def direct_fds(store: SlabStore, metrics: Any, fds: Sequence[int], where: Sequence[tuple[int, int]],
                pages: Sequence[Page]) -> array.array[int]:
     """The descriptors page ``j``'s data move through: the O_DIRECT one of slab
-    ``where[j]`` (writer, slab) for a page of one aligned segment, else ``fds[j]`` (counted
-    ``direct_fallback``)."""
+    ``where[j]`` (writer, slab) for a page whose every segment starts and ends on a 4 KiB
+    boundary (SGLang's ``page_first`` pages are a K and a V segment), else ``fds[j]``
+    (counted ``direct_fallback``)."""
     out = array.array("i", fds)
     unaligned = 0
     for j, page in enumerate(pages):
-        if len(page) == 1 and page[0][0] % ALIGN == 0 and page[0][1] % ALIGN == 0:
+        if all(address % ALIGN == 0 and length % ALIGN == 0 for address, length in page):
             out[j] = store.fd(where[j][0], where[j][1], direct=True)
         else:
             unaligned += 1
