@@ -1,7 +1,7 @@
 """The file connector: pages in preallocated slab files on any POSIX path (the shared slab
 store, :mod:`hicache_l3.slab`), moved zero-copy between registered memory and the slabs by
 the C batch library, a share of a batch per call; a torn, stale, recycled or corrupted slot
-is a miss. ``o_direct=true`` moves a page of one 4 KiB-aligned segment with O_DIRECT, other
+is a miss. ``o_direct=true`` moves a page whose segments are 4 KiB-aligned with O_DIRECT, other
 pages through the page cache (counted ``direct_fallback``). Roots that are URLs go through
 fsspec instead (:mod:`hicache_l3.connectors.fsspec_root`).
 """
