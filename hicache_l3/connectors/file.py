@@ -139,7 +139,7 @@ class FileConnector(SlabConnector, Connector[FileConfig]):
         return SlabStore(
             self.root, self.namespace, slot_bytes,
             capacity_bytes=self.capacity_bytes, slab_bytes=self.config.slab_bytes,
-            fsync=self.config.fsync, direct=self.config.o_direct,
+            fsync=self.config.fsync,
         )
 
     def _engine_stats(self) -> dict[str, Any]:

@@ -508,7 +508,7 @@ class Hf3fsConnector(FileConnector):
         store = SharedSlabStore(
             self.root, self.namespace, slot_bytes,
             capacity_bytes=per_writer, slab_bytes=cfg.slab_bytes, fsync=cfg.fsync,
-            direct=cfg.o_direct, max_writers=cfg.max_writers, lease_s=cfg.lease_s,
+            max_writers=cfg.max_writers, lease_s=cfg.lease_s,
             rescan_s=cfg.rescan_s, node=cfg.node_id, node_locks=cfg.node_locks,
         )
         stride = store.geometry.stride

@@ -118,7 +118,6 @@ class SlabStore:
         capacity_bytes: int | None = None,
         slab_bytes: int = 256 << 20,
         fsync: str = "none",
-        direct: bool = False,
     ) -> None:
         if fsync not in ("none", "data", "always"):
             raise ConfigError(f"fsync must be 'none', 'data' or 'always', got {fsync!r}")
@@ -127,7 +126,6 @@ class SlabStore:
         self.writers_dir = self.directory / "writers"
         self.geometry = write_namespace_file(self.directory, namespace, slot_bytes)
         self.fsync = fsync
-        self.direct = direct
         stride = self.geometry.stride
         self.slots_per_slab = max(1, slab_bytes // stride)
         self.max_slots = None if capacity_bytes is None else max(1, capacity_bytes // stride)
