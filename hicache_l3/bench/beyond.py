@@ -2,10 +2,16 @@
 
 A worker process joins a memory cgroup limited to ``cache_bytes`` (:mod:`.memcg`; without
 one the store is sized from the machine's memory), fills one store per contender (file and
-hf3fs, buffered and ``o_direct``) and a raw file, drops their page cache, then times random
-batch gets over the whole store and evicting sets of fresh keys, interleaved round by round
-with the raw contenders (:mod:`.raw_direct`). Every page read is verified. Each GB/s is put
-beside the break-even against recompute (``kv_bytes_per_token * prefill_tokens_per_s``).
+hf3fs, buffered, ``o_direct`` and buffered with ``compression="zstd"``) and a raw file, drops
+their page cache, then times random batch gets over the whole store and evicting sets of
+fresh keys, interleaved round by round with the raw contenders (:mod:`.raw_direct`). Every
+page read is verified. Each GB/s is page bytes moved per second (for a zstd store the
+effective rate), put beside the break-even against recompute (``kv_bytes_per_token *
+prefill_tokens_per_s``). A zstd store's stored ratio comes from its connector's counters.
+
+Page bytes (``kv``): ``random`` (incompressible), ``real`` (the bf16 KV of a real model,
+:mod:`.real_kv`) or ``synthetic`` (bf16 values of a normal distribution: compressible like
+KV, with no model needed).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import random
 import shutil
@@ -24,11 +31,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from hicache_l3.bench import memcg
 from hicache_l3.bench.raw_direct import FIO_JOBS, RawDirect, fio_available, run_fio
 from hicache_l3.bench.runner import BenchError, cpu_info, describe_cpu, drop_page_cache, fixed_width, quantile
-from hicache_l3.bench.targets import bench_namespace
 from hicache_l3.common.errors import ConfigError, HiCacheL3Error
+from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.pages import contiguous_pages
 from hicache_l3.common.registry import open_connector
@@ -39,7 +48,9 @@ LLAMA31_8B_KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2  # layers x KV heads x head
 # 989 TFLOPS dense bf16 at 50% utilization over 2 FLOPs per parameter per token (8.03e9)
 H100_LLAMA31_8B_PREFILL_TOKENS_PER_S = 30_000
 CONNECTORS = ("file", "hf3fs")
-MODES = ("buffered", "o_direct")
+MODES = ("buffered", "o_direct", "zstd")
+DEFAULT_MODES = ("buffered", "o_direct")
+KV_BYTES = ("random", "real", "synthetic")
 CGROUP_SLACK = 64 << 20  # the worker's own allocations after it joins its cgroup
 
 
@@ -54,7 +65,8 @@ class BeyondOptions:
     rounds: int = 3  # rounds of interleaved contenders; each gets a share of the batches
     batches: int = 256  # timed batches per contender and op, at most (and one pass of the store)
     backends: tuple[str, ...] = CONNECTORS
-    modes: tuple[str, ...] = MODES
+    modes: tuple[str, ...] = DEFAULT_MODES
+    kv: str = "random"  # page bytes: one of KV_BYTES
     raw_threads: int = 16
     fio: bool = True  # run fio when it is installed
     fio_seconds: float = 2.0  # per fio job and round
@@ -81,8 +93,10 @@ class BeyondOptions:
         for mode in self.modes:
             if mode not in MODES:
                 raise ConfigError(f"--beyond-modes: {mode!r} is not one of {list(MODES)}")
+        if self.kv not in KV_BYTES:
+            raise ConfigError(f"--kv: {self.kv!r} is not one of {list(KV_BYTES)}")
         for backend, values in self.settings.items():
-            taken = {"root", "capacity_bytes", "o_direct"} & set(values)
+            taken = {"root", "capacity_bytes", "o_direct", "compression"} & set(values)
             if taken:
                 raise ConfigError(f"--set {backend}.{sorted(taken)[0]}: set by the beyond-memory bench")
 
@@ -175,19 +189,54 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append(fixed_width(rows))
     lines.append(f"(x raw: against raw-direct-{meta['raw_threads']}t of the same op in the same rounds; "
                  "x break-even > 1: a hit loads faster than recomputing)")
+    for z in report.get("compressed", []):
+        lines.append(f"{z['contender']}: stored ratio {z['stored_ratio']:.2f} (page bytes / stored bytes; "
+                     f"{z['frames_written']:,} of {z['pages_written']:,} pages written as zstd frames, "
+                     f"{meta.get('kv', 'random')} page bytes); get {z['get_gb_s']:.2f} GB/s effective "
+                     "(page bytes moved per second)")
+        if "over_buffered_get" in z:
+            lines.append(f"zstd / buffered get ({z['backend']}, same rounds): {z['over_buffered_get']:.2f}x")
     return "\n".join(lines)
 
 
 # ---- worker side (runs in the cgroup) ---------------------------------------------------
 
 
-class _Pages:
-    """Page ``i`` is body ``i % BODIES`` with ``i`` in its first 8 bytes."""
+def namespace(page_bytes: int, tag: str) -> Namespace:
+    """The namespace of the bench's stores: bf16 KV (a zstd store splits byte planes)."""
+    return Namespace(model="hicache-l3-bench", kv_dtype="bfloat16", layout="page_first",
+                     page_size=page_bytes, tag=tag)
 
-    def __init__(self, page_bytes: int) -> None:
+
+def page_bodies(page_bytes: int, kv: str) -> list[bytes]:
+    """``BODIES`` distinct page bodies of ``page_bytes - 8`` bytes (an even length: bf16
+    elements stay aligned after the 8-byte stamp) for ``kv`` (one of ``KV_BYTES``):
+    random bytes; the real model's KV as one stream, body ``k`` cut where page ``k`` of it
+    lies (cycled); or bf16 values drawn from a normal distribution."""
+    n = page_bytes - 8
+    if kv == "random":
         rng = random.Random(page_bytes)
+        return [rng.randbytes(n) for _ in range(BODIES)]
+    if kv == "real":
+        from hicache_l3.bench.real_kv import token_kv
+
+        flat = token_kv().reshape(-1).view(np.uint8)
+        stream = np.resize(flat, BODIES * page_bytes).reshape(BODIES, page_bytes)
+        return [row[8:].tobytes() for row in stream]
+    if kv == "synthetic":
+        gen = np.random.default_rng(page_bytes)
+        values = gen.normal(0.0, 0.5, size=(BODIES, n // 2)).astype(np.float32)
+        bf16 = (values.view(np.uint32) >> 16).astype("<u2")
+        return [row.tobytes() for row in bf16]
+    raise ConfigError(f"--kv: {kv!r} is not one of {list(KV_BYTES)}")
+
+
+class _Pages:
+    """Page ``i`` is body ``i % BODIES`` (:func:`page_bodies`) with ``i`` in its first 8 bytes."""
+
+    def __init__(self, page_bytes: int, kv: str = "random") -> None:
         self.page_bytes = page_bytes
-        self.bodies = [rng.randbytes(page_bytes - 8) for _ in range(BODIES)]
+        self.bodies = page_bodies(page_bytes, kv)
 
     def stamp(self, view: memoryview, first: int, count: int) -> None:
         """Write pages ``first .. first + count - 1`` into ``view`` (which holds ``count``)."""
@@ -214,6 +263,10 @@ class _Contender:
     view: memoryview  # where gets land
     buffer: HostBuffer  # owns the memory of view
     fills: bool = True  # writes its pages while the stores are filled (not when it shares a file)
+    mode: str = ""  # a connector's --beyond-modes entry ("" for raw)
+    backend: str = ""  # a connector's name ("" for raw)
+    counters: Callable[[], dict[str, int]] | None = None  # a connector's metrics counters
+    written: int = 0  # pages written, filling included
     latencies: dict[str, list[float]] = dataclasses.field(default_factory=lambda: {"get": [], "set": []})
     pages: dict[str, int] = dataclasses.field(default_factory=lambda: {"get": 0, "set": 0})
 
@@ -223,10 +276,12 @@ def _connector(opts: BeyondOptions, backend: str, mode: str, source: HostBuffer,
     settings: dict[str, Any] = {"root": str(Path(opts.workdir) / f"{backend}-{mode}"),
                                 "capacity_bytes": opts.pages * Geometry(opts.page_bytes).stride,
                                 "o_direct": mode == "o_direct"}
+    if mode == "zstd":
+        settings["compression"] = "zstd"
     if backend == "hf3fs":
         settings["max_writers"] = 1
     settings.update(opts.settings.get(backend, {}))
-    conn = open_connector(backend, bench_namespace(opts.page_bytes, f"beyond-{backend}"), settings)
+    conn = open_connector(backend, namespace(opts.page_bytes, f"beyond-{backend}"), settings)
     stack.callback(conn.close)
     dst = HostBuffer(opts.batch * opts.page_bytes, pin=False)
     conn.register(source)
@@ -240,8 +295,11 @@ def _connector(opts: BeyondOptions, backend: str, mode: str, source: HostBuffer,
     def put(indices: list[int]) -> bool:
         return all(conn.batch_set([key(i) for i in indices], src_pages[: len(indices)]))
 
-    name = backend if mode == "buffered" else f"{backend}+o_direct"
-    return _Contender(name, get, put, dst.view(), dst)
+    def counters() -> dict[str, int]:
+        return dict(conn.stats()["ops"]["counters"])
+
+    name = backend if mode == "buffered" else f"{backend}+{mode}"
+    return _Contender(name, get, put, dst.view(), dst, mode=mode, backend=backend, counters=counters)
 
 
 def _raw(opts: BeyondOptions, source: HostBuffer, stack: contextlib.ExitStack,
@@ -272,6 +330,7 @@ def _fill(contenders: list[_Contender], source: HostBuffer, pages: _Pages, opts:
         for c in contenders:
             if c.fills and not c.set(list(range(lo, lo + count))):
                 raise BenchError(f"{c.name}: filling pages {lo}..{lo + count - 1} failed")
+            c.written += count if c.fills else 0
 
 
 def _timed(c: _Contender, op: str, indices: list[int]) -> None:
@@ -279,13 +338,14 @@ def _timed(c: _Contender, op: str, indices: list[int]) -> None:
     ok = (c.get if op == "get" else c.set)(indices)
     c.latencies[op].append(time.perf_counter() - t0)
     c.pages[op] += len(indices)
+    c.written += len(indices) if op == "set" else 0
     if not ok:
         raise BenchError(f"{c.name}: a {op} batch failed (a miss or an I/O error)")
 
 
 def worker(opts: BeyondOptions) -> dict[str, Any]:
     """The measures (module docstring), in this process; the report as a dict."""
-    pages = _Pages(opts.page_bytes)
+    pages = _Pages(opts.page_bytes, opts.kv)
     source = HostBuffer(opts.batch * opts.page_bytes, pin=False)
     per_round = max(1, min(opts.batches, -(-opts.pages // opts.batch)) // opts.rounds)
     rng = random.Random(0xB1660)
@@ -325,10 +385,40 @@ def worker(opts: BeyondOptions) -> dict[str, Any]:
                                       engine, depth, jobs, opts.fio_seconds)
                         fio_figures.setdefault((name, op), []).append(fig)
         results = _results(contenders, fio_figures, opts)
+        compressed = _compressed(contenders, results, opts.page_bytes)
     return {"meta": {**dataclasses.asdict(opts), "pages": opts.pages, "memory_bytes": memcg.memory_total(),
                      "break_even_gb_s": break_even_gb_s(opts.kv_bytes_per_token, opts.prefill_tokens_per_s),
                      "fio": fio},
-            "results": results}
+            "results": results, "compressed": compressed}
+
+
+def stored_ratio(pages: int, frames: int, frame_bytes: int, page_bytes: int) -> float:
+    """Page bytes over stored bytes of ``pages`` written, ``frames`` of them stored as zstd
+    frames of ``frame_bytes`` in all and the rest as they are."""
+    stored = frame_bytes + (pages - frames) * page_bytes
+    return pages * page_bytes / stored if stored > 0 else math.nan
+
+
+def _compressed(contenders: list[_Contender], results: list[dict[str, Any]],
+                page_bytes: int) -> list[dict[str, Any]]:
+    """Per zstd contender: its stored ratio (from its connector's counters), its effective get
+    GB/s and that over the same backend's buffered get of the same rounds."""
+    get = {r["contender"]: r["gb_s"] for r in results if r["op"] == "get"}
+    out: list[dict[str, Any]] = []
+    for c in contenders:
+        if c.mode != "zstd" or c.counters is None:
+            continue
+        n = c.counters()
+        frames, frame_bytes = n.get("frames_written", 0), n.get("frame_bytes_written", 0)
+        row: dict[str, Any] = {
+            "contender": c.name, "backend": c.backend, "pages_written": c.written, "frames_written": frames,
+            "frame_bytes_written": frame_bytes, "frames_read": n.get("frames_read", 0),
+            "stored_ratio": stored_ratio(c.written, frames, frame_bytes, page_bytes),
+            "get_gb_s": get[c.name]}
+        if c.backend in get:
+            row["over_buffered_get"] = get[c.name] / get[c.backend]
+        out.append(row)
+    return out
 
 
 def _results(contenders: list[_Contender], fio: dict[tuple[str, str], list[dict[str, Any]]],

@@ -111,8 +111,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--scale: stores written as index logs over sparse slabs: open time, "
                              "index memory and exists at sizes the disk cannot hold; no get/set")
     parser.add_argument("--kv", choices=["random", "real"], default="random",
-                        help="--compression: page bytes: random, or the KV of SmolLM2-135M run on "
-                             "CPU (cached under ~/.cache/hicache-l3; pip install 'hicache-l3[kv]')")
+                        help="--compression and --beyond-memory: page bytes: random, or the KV of "
+                             "SmolLM2-135M run on CPU (cached under ~/.cache/hicache-l3; pip install "
+                             "'hicache-l3[kv]'); --beyond-memory keeps each page's index in its first "
+                             "8 bytes")
     parser.add_argument("--compression", action="store_true",
                         help="each backend of --compression-backends with compression=zstd against "
                              "itself with none, interleaved: stored ratio and effective GB/s")
@@ -130,7 +132,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--beyond-backends", default="file,hf3fs",
                         help="--beyond-memory: connectors (default file,hf3fs)")
     parser.add_argument("--beyond-modes", default="buffered,o_direct",
-                        help="--beyond-memory: buffered, o_direct or both (default both)")
+                        help="--beyond-memory: comma-separated from buffered, o_direct and zstd "
+                             "(buffered with compression=zstd: stored ratio and effective GB/s; "
+                             "compressible with --kv real) (default buffered,o_direct)")
     parser.add_argument("--beyond-rounds", type=int, default=3,
                         help="--beyond-memory: interleaved rounds (default 3)")
     parser.add_argument("--beyond-batches", type=int, default=256,
@@ -258,7 +262,7 @@ def _run_beyond(args: argparse.Namespace) -> int:
             rounds=args.beyond_rounds, batches=args.beyond_batches, settings=parse_settings(args.overrides),
             fio_seconds=args.beyond_fio_seconds,
             backends=tuple(_items(args.beyond_backends)), modes=tuple(_items(args.beyond_modes)),
-            workdir=str(args.workdir or ""))
+            kv=args.kv, workdir=str(args.workdir or ""))
     except HiCacheL3Error as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
