@@ -1,20 +1,23 @@
 """``hicache-l3 bench --beyond-memory`` runs end to end on a tiny store (its worker in a
 memory cgroup where one can be made, every page read verified), reports every contender
-with the break-even against recompute, and refuses bad input by naming the option. Speed
-is never asserted here."""
+with the break-even against recompute and a zstd store's stored ratio, and refuses bad
+input by naming the option. Speed is never asserted here."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
-from hicache_l3.bench import memcg
-from hicache_l3.bench.beyond import BeyondOptions, _Pages, break_even_gb_s
+from hicache_l3.bench import beyond, memcg, real_kv
+from hicache_l3.bench.beyond import BODIES, BeyondOptions, _Pages, break_even_gb_s, page_bodies, stored_ratio
 from hicache_l3.bench.runner import BenchError
 from hicache_l3.cli import main
+from hicache_l3.common.compression import PageCodec
 from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer
@@ -69,6 +72,7 @@ def test_pages_check_catches_other_bytes() -> None:
     (["--beyond-backends", "mooncake"], "--beyond-backends"),
     (["--beyond-modes", "mmap"], "--beyond-modes"),
     (["--set", "file.root=/x"], "file.root"),
+    (["--set", "file.compression=zstd"], "file.compression"),
     (["--beyond-store", "1PiB"], "--beyond-store"),
 ])
 def test_bad_options_name_the_option(args: list[str], needle: str, tmp_path: Path,
@@ -112,3 +116,64 @@ def test_o_direct_moves_cold_read_threads_pages_at_once(tmp_path: Path) -> None:
         assert conn.stats()["ops"]["counters"].get("direct_fallback", 0) == 0
     finally:
         conn.close()
+
+
+def test_zstd_contender_reports_stored_ratio_and_effective_get(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """bf16-like pages through compression=zstd stores come back verified (a wrong byte
+    fails the run), with the ratio from the connector's frame counters."""
+    opts = BeyondOptions(store_bytes=8 << 20, cache_bytes=4 << 20, batch=32, rounds=2, batches=4,
+                         backends=("file", "hf3fs"), modes=("buffered", "zstd"), kv="synthetic",
+                         fio=False, workdir=str(tmp_path / "w"))
+    code, report = beyond.run_beyond(opts, quiet=True)
+    assert code == 0 and report is not None
+    text = capsys.readouterr().out
+    names = {(r["contender"], r["op"]) for r in report["results"]}
+    assert {("file+zstd", "get"), ("hf3fs+zstd", "set"), ("file", "get")} <= names
+    by_name = {z["contender"]: z for z in report["compressed"]}
+    assert set(by_name) == {"file+zstd", "hf3fs+zstd"}
+    for name, z in by_name.items():
+        assert z["pages_written"] == 128 + 4 * 32  # the fill, then 4 timed set batches
+        assert 0 < z["frames_written"] <= z["pages_written"] and z["frames_read"] > 0
+        assert 1.1 < z["stored_ratio"] < 2.5
+        assert z["get_gb_s"] > 0 and z["over_buffered_get"] > 0
+        assert f"{name}: stored ratio {z['stored_ratio']:.2f}" in text
+    assert "zstd / buffered get (file, same rounds)" in text
+
+
+def test_stored_ratio_counts_raw_pages_at_page_bytes() -> None:
+    assert stored_ratio(4, 4, 4 * 512, 1024) == 2.0
+    assert stored_ratio(4, 2, 2 * 512, 1024) == pytest.approx(4 / 3)
+    assert stored_ratio(4, 0, 0, 1024) == 1.0
+
+
+def test_page_bodies_compress_as_their_kind_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    codec = PageCodec("zstd", "bfloat16")
+    synthetic = page_bodies(8192, "synthetic")
+    random_ = page_bodies(8192, "random")
+    assert len(synthetic) == len(random_) == BODIES and {len(b) for b in synthetic + random_} == {8184}
+    assert len(set(synthetic)) == BODIES
+    frame = codec.encode([memoryview(synthetic[0])])
+    assert frame is not None and len(frame) < 0.8 * 8184
+    assert codec.encode([memoryview(random_[0])]) is None
+    kv = np.arange(3000, dtype=np.uint16).reshape(100, 30)  # a stream shorter than the bodies
+    monkeypatch.setattr(real_kv, "token_kv", lambda: kv)
+    stream = np.resize(kv.reshape(-1).view(np.uint8), BODIES * 8192)
+    real = page_bodies(8192, "real")
+    assert real[0] == stream[8:8192].tobytes() and real[5] == stream[5 * 8192 + 8:6 * 8192].tobytes()
+
+
+def test_cli_passes_kv_and_modes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    seen: list[BeyondOptions] = []
+
+    def run(opts: BeyondOptions, quiet: bool) -> tuple[int, dict[str, Any]]:
+        seen.append(opts)
+        return 0, {}
+
+    monkeypatch.setattr(beyond, "run_beyond", run)
+    assert main(["bench", "--beyond-memory", "--kv", "real", "--beyond-modes", "buffered,zstd",
+                 "--workdir", str(tmp_path)]) == 0
+    assert seen[0].kv == "real" and seen[0].modes == ("buffered", "zstd")
+    assert BeyondOptions().modes == ("buffered", "o_direct")
+    with pytest.raises(ConfigError, match="--kv"):
+        BeyondOptions(kv="zeros").validate()
