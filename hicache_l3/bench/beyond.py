@@ -101,6 +101,13 @@ class BeyondOptions:
                 raise ConfigError(f"--set {backend}.{sorted(taken)[0]}: set by the beyond-memory bench")
 
     @property
+    def cgroup_bytes(self) -> int:
+        """The worker cgroup's limit: the page cache, the worker's own allocations and, with a
+        zstd store, the frames of one batch (which its connector holds while it moves them)."""
+        frames = self.batch * self.page_bytes if "zstd" in self.modes else 0
+        return self.cache_bytes + CGROUP_SLACK + frames
+
+    @property
     def pages(self) -> int:
         """Pages per store."""
         return max(self.batch, self.store_bytes // self.page_bytes)
@@ -123,7 +130,7 @@ def run_beyond(opts: BeyondOptions, quiet: bool = False) -> tuple[int, dict[str,
     why = ""
     try:
         opts.validate()
-        cgroup, why = memcg.create(opts.cache_bytes + CGROUP_SLACK, f"hicache-l3-bench-{os.getpid()}")
+        cgroup, why = memcg.create(opts.cgroup_bytes, f"hicache-l3-bench-{os.getpid()}")
         if opts.store_bytes <= 0:
             opts.store_bytes = 4 * opts.cache_bytes if cgroup else 2 * memcg.memory_total()
         base = Path(opts.workdir) if opts.workdir else Path(tempfile.gettempdir())

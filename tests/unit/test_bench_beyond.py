@@ -177,3 +177,10 @@ def test_cli_passes_kv_and_modes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     assert BeyondOptions().modes == ("buffered", "o_direct")
     with pytest.raises(ConfigError, match="--kv"):
         BeyondOptions(kv="zeros").validate()
+
+
+def test_zstd_cgroup_holds_a_batch_of_frames_beyond_the_page_cache() -> None:
+    plain = BeyondOptions(batch=4, page_bytes=8192)
+    zstd = BeyondOptions(batch=4, page_bytes=8192, modes=("buffered", "zstd"))
+    assert plain.cgroup_bytes == plain.cache_bytes + beyond.CGROUP_SLACK
+    assert zstd.cgroup_bytes == plain.cgroup_bytes + 4 * 8192
