@@ -1,8 +1,9 @@
 """Lossless page compression: the ``compression`` setting's codec and its stored frame.
 
-A compressed page is a frame (16-byte header, then the body); a raw page has no header.
-A stored object of exactly ``page_bytes`` is raw, a shorter one starting with the magic is
-a frame. Readers decode frames whatever their own setting; a bad frame is CORRUPT.
+A compressed page is a frame (16-byte header, the body, then ``pad`` zero bytes); a raw
+page has no header. A stored object of exactly ``page_bytes`` is raw, a shorter one starting
+with the magic is a frame. Readers decode frames whatever their own setting; a bad frame is
+CORRUPT. The padding lets a store keep frame lengths to a few classes (slab slots).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 from hicache_l3.common.errors import ConfigError, Reason
 
 COMPRESSIONS = ("none", "zstd")
-FRAME = struct.Struct("<4sBBHQ")  # magic, codec, transform, reserved (0), raw length
+FRAME = struct.Struct("<4sBBHQ")  # magic, codec, transform, pad (zero bytes after the body), raw length
 FRAME_MAGIC = b"HLZ\x01"
 CODEC_ZSTD = 1
 WHOLE = 0  # zstd over the page
@@ -47,13 +48,9 @@ def transform_for(kv_dtype: str) -> int:
 COMPRESSION_HELP = ("none: pages stored as they are (no copy); zstd: pages stored compressed "
                     "where that makes them shorter (byte planes for 2-byte KV dtypes). Readers "
                     "read both, whatever their setting. Worth it where the tier is slower than a "
-                    "core decompresses (object stores, remote hosts), not on the page cache. "
-                    "Slab roots (file, hf3fs, nixl file mode) refuse zstd")
-
-
-COMPRESSION_SLAB = ("compression=zstd: slab roots (file, hf3fs, nixl file mode) store pages as they "
-                    "are; set compression=none (the memory, mooncake and nixl obj connectors and "
-                    "fsspec URL roots compress)")
+                    "core decompresses (object stores, remote hosts, a slab store bigger than "
+                    "memory), not on the page cache. In a slab store a frame still takes a whole "
+                    "slot: fewer bytes move, the capacity in pages is the same")
 
 
 def check_compression(value: str) -> None:
@@ -109,8 +106,9 @@ class PageCodec:
         if self.enabled:
             _zstd()  # the install hint now, not at the first set
 
-    def encode(self, views: Sequence[memoryview]) -> bytes | None:
-        """The frame of the page made of ``views``, or None to store the page as is."""
+    def encode(self, views: Sequence[memoryview], align: int = 1) -> bytes | None:
+        """The frame of the page made of ``views``, zero-padded to a multiple of ``align``
+        bytes (below 65,536), or None to store the page as is."""
         if not self.enabled:
             return None
         raw = _contiguous(views)
@@ -127,9 +125,10 @@ class PageCodec:
             else:
                 parts = [cctx.compress(np.concatenate([low, high]))]
         size = FRAME.size + sum(p.nbytes if isinstance(p, np.ndarray) else len(p) for p in parts)
-        if size >= n:
+        pad = -size % align
+        if size + pad >= n:
             return None
-        return b"".join([FRAME.pack(FRAME_MAGIC, CODEC_ZSTD, transform, 0, n), *parts])
+        return b"".join([FRAME.pack(FRAME_MAGIC, CODEC_ZSTD, transform, pad, n), *parts, bytes(pad)])
 
 
 def is_frame(stored: Any, page_bytes: int) -> bool:
@@ -171,10 +170,13 @@ def _decompress(body: memoryview, size: int) -> bytes:
 def _decode(mv: memoryview, page_bytes: int, into: Any) -> Any:
     if mv.nbytes < FRAME.size or mv.nbytes >= page_bytes:
         raise _Corrupt
-    magic, codec, transform, reserved, raw = FRAME.unpack_from(mv)
-    if magic != FRAME_MAGIC or codec != CODEC_ZSTD or reserved != 0 or raw != page_bytes:
+    magic, codec, transform, pad, raw = FRAME.unpack_from(mv)
+    if magic != FRAME_MAGIC or codec != CODEC_ZSTD or raw != page_bytes or FRAME.size + pad > mv.nbytes:
         raise _Corrupt
-    body = mv[FRAME.size:]
+    end = mv.nbytes - pad
+    if pad and mv[end:] != bytes(pad):
+        raise _Corrupt
+    body = mv[FRAME.size:end]
     if transform == WHOLE:
         whole = _decompress(body, raw)
         if into is None:

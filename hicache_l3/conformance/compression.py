@@ -35,8 +35,8 @@ def hostile_frames(page_bytes: int) -> dict[str, bytes]:
     good = kv_pattern("hostile", page_bytes)
     cctx = zstandard.ZstdCompressor(level=1)
 
-    def head(raw: int, transform: int = WHOLE, codec: int = 1, reserved: int = 0) -> bytes:
-        return FRAME.pack(FRAME_MAGIC, codec, transform, reserved, raw)
+    def head(raw: int, transform: int = WHOLE, codec: int = 1, pad: int = 0) -> bytes:
+        return FRAME.pack(FRAME_MAGIC, codec, transform, pad, raw)
 
     whole = cctx.compress(good)
     return {
@@ -52,7 +52,9 @@ def hostile_frames(page_bytes: int) -> dict[str, bytes]:
         "garbage body": head(page_bytes) + hashlib.shake_128(b"g").digest(half),
         "unknown codec": head(page_bytes, codec=9) + whole,
         "unknown transform": head(page_bytes, transform=7) + whole,
-        "reserved bits set": head(page_bytes, reserved=1) + whole,
+        "padding not zero": head(page_bytes, pad=8) + whole + b"\x01" * 8,
+        "padding that eats the body's end": head(page_bytes, pad=1) + whole,
+        "padding longer than the frame": head(page_bytes, pad=0xFFFF) + whole,
         "plane frame, low plane short": head(page_bytes, HIGH_PLANE) + good[:100],
         "plane frame, high plane of another size": head(page_bytes, HIGH_PLANE) + good[0::2]
         + cctx.compress(bytes(half + 2)),
