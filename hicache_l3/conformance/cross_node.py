@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -24,7 +25,8 @@ from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.registry import open_connector
 from hicache_l3.conformance import worker
-from hicache_l3.conformance.pages import Pages, store_pages
+from hicache_l3.conformance.compression import kv_pattern
+from hicache_l3.conformance.pages import Pages, Pattern, page_pattern, store_pages
 from hicache_l3.conformance.pages import numbered_keys as _keys
 from hicache_l3.slab.format import Geometry
 
@@ -134,6 +136,23 @@ class CrossNodeTests:
             if previous:  # evicted by this round's set: a miss or (not yet seen) a hit, never wrong
                 _hits_within(b, previous, self.page_bytes, tries=1)
             previous = keys
+
+    def test_cross_node_stale_cache_compressed_frames(self, node: Callable[..., Connector[Any]]) -> None:
+        """The same with ``compression="zstd"`` and pages of both kinds: slots B has read
+        are rewritten with frames of other lengths or whole pages; B never decodes other
+        bytes and hits every new page within the tries."""
+        n = 48
+        a = node("a", compression="zstd", **self.capacity_settings(n))
+        b = node("b", compression="zstd")
+        pages = Pages(a, self.page_bytes, n)
+        for round_ in range(4):
+            keys = _keys(f"zstale{round_}", n)
+            pages.fill(keys, _mixed)
+            assert a.batch_set(keys, pages.pages) == [True] * n
+            got = _hits_within(b, keys, self.page_bytes, pattern=_mixed)
+            lost = [k for k, ok in zip(keys, got) if not ok]
+            assert not lost, f"round {round_}: {len(lost)} of {n} pages set on A never a hit on B: {lost[:4]}"
+        assert a.stats()["ops"]["counters"].get("frames_written", 0) > 0
 
     def test_cross_node_stale_cache_in_new_processes(self, roots: tuple[str, str],
                                                      namespace: Namespace) -> None:
@@ -253,9 +272,15 @@ class CrossNodeTests:
                    for r in caplog.records), [r.getMessage() for r in caplog.records]
 
 
-def _hits_within(conn: Connector[Any], keys: list[str], page_bytes: int, tries: int = TRIES) -> list[bool]:
+def _mixed(key: str, nbytes: int) -> bytes:
+    """KV-like (compressible) bytes for about half the keys, random bytes for the others."""
+    return (kv_pattern if zlib.crc32(key.encode()) % 2 else page_pattern)(key, nbytes)
+
+
+def _hits_within(conn: Connector[Any], keys: list[str], page_bytes: int, tries: int = TRIES,
+                 pattern: Pattern = page_pattern) -> list[bool]:
     """Get ``keys`` on ``conn`` until all hit or ``tries`` run out, asserting no wrong
-    bytes; the per-key hits."""
+    bytes (``pattern``'s); the per-key hits."""
     pages = Pages(conn, page_bytes, len(keys))
     todo = list(range(len(keys)))
     hit = [False] * len(keys)
@@ -264,7 +289,7 @@ def _hits_within(conn: Connector[Any], keys: list[str], page_bytes: int, tries: 
         got = conn.batch_get(batch, pages.pages[:len(batch)])
         for j, (i, ok) in enumerate(zip(todo, got)):
             if ok:
-                assert pages.matches(j, keys[i]), f"WRONG BYTES for {keys[i]}"
+                assert pages.matches(j, keys[i], pattern), f"WRONG BYTES for {keys[i]}"
                 hit[i] = True
         todo = [i for i in todo if not hit[i]]
         if not todo or tries == 1:

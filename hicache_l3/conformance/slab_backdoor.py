@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from hicache_l3.common.integrity import key_fingerprint
 from hicache_l3.common.keys import Namespace
+from hicache_l3.common.registry import open_connector
 from hicache_l3.slab.files import slab_file_name
 from hicache_l3.slab.format import (
     DEL,
@@ -22,24 +23,26 @@ from hicache_l3.slab.format import (
     geometry_of,
     read_namespace_file,
 )
+from hicache_l3.slab.frames import write_frames
+from hicache_l3.slab.io import OK
 
 
-def index_records(root: Path, namespace: Namespace) -> list[tuple[int, str, int, int, int, int]]:
-    """Every record of every writer log: ``(kind, key, writer, slab, slot, gen)``."""
+def index_records(root: Path, namespace: Namespace) -> list[tuple[int, str, int, int, int, int, int]]:
+    """Every record of every writer log: ``(kind, key, writer, slab, slot, gen, length)``."""
     nsdir = root / f"ns-{namespace.digest()}"
     out = []
     for log in sorted(nsdir.glob("writers/w*/index.log")):
         records, _, _ = decode_records(log.read_bytes())
-        out += [(kind, key, e.writer, e.slab, e.slot, e.gen) for kind, key, e in records]
+        out += [(kind, key, e.writer, e.slab, e.slot, e.gen, e.length) for kind, key, e in records]
     return out
 
 
-def live_entries(root: Path, namespace: Namespace) -> dict[str, tuple[int, int, int, int]]:
-    """The index replayed as readers see it: ``key -> (writer, slab, slot, gen)``."""
-    entries: dict[str, tuple[int, int, int, int]] = {}
+def live_entries(root: Path, namespace: Namespace) -> dict[str, tuple[int, int, int, int, int]]:
+    """The index replayed as readers see it: ``key -> (writer, slab, slot, gen, length)``."""
+    entries: dict[str, tuple[int, int, int, int, int]] = {}
     by_slot: dict[tuple[int, int, int], str] = {}
     deleted: dict[tuple[int, int, int], int] = {}
-    for kind, key, w, slab, slot, gen in sorted(index_records(root, namespace), key=lambda r: r[5]):
+    for kind, key, w, slab, slot, gen, length in sorted(index_records(root, namespace), key=lambda r: r[5]):
         where = (w, slab, slot)
         if kind == PUT and deleted.get(where, 0) < gen:
             old = by_slot.get(where)
@@ -48,33 +51,36 @@ def live_entries(root: Path, namespace: Namespace) -> dict[str, tuple[int, int, 
             prev = entries.get(key)
             if prev is not None:
                 by_slot.pop(prev[:3], None)
-            entries[key] = (w, slab, slot, gen)
+            entries[key] = (w, slab, slot, gen, length)
             by_slot[where] = key
         elif kind == DEL:
             deleted[where] = max(deleted.get(where, 0), gen)
-            if entries.get(key) == (w, slab, slot, gen):
+            if entries.get(key, (None,))[:4] == (w, slab, slot, gen):
                 del entries[key]
                 by_slot.pop(where, None)
     return entries
 
 
 def slab_location(root: Path, namespace: Namespace, key: str) -> tuple[Path, int, int, int] | None:
-    """``(slab path, data offset, length, marker record offset)`` of a stored page, or None."""
+    """``(slab path, data offset, stored length, marker record offset)`` of a stored page
+    (a frame is shorter than the slot), or None."""
     nsdir = root / f"ns-{namespace.digest()}"
     meta = read_namespace_file(nsdir)
     where = live_entries(root, namespace).get(key)
     if not meta or where is None:
         return None
-    w, slab, slot, _ = where
+    w, slab, slot, _, length = where
     geometry = geometry_of(nsdir, meta)
     path = nsdir / "writers" / f"w{w:04d}" / slab_file_name(slab, geometry.packed)
-    return path, geometry.data_offset(slot), meta["slot_bytes"], geometry.marker_offset(slot)
+    return path, geometry.data_offset(slot), length, geometry.marker_offset(slot)
 
 
 class SlabBackdoor:
-    """``backdoor_read``/``backdoor_corrupt``/``eviction_settings`` for slab-store connectors."""
+    """``backdoor_read``/``backdoor_corrupt``/``backdoor_write``/``eviction_settings`` for
+    slab-store connectors."""
 
     page_bytes: int
+    connector_name: ClassVar[str]
 
     def backdoor_compact(self, conn: Any) -> None:
         """Compact the connector's own index log now."""
@@ -111,6 +117,21 @@ class SlabBackdoor:
                 os.pwrite(fd, bytes(length - length // 2), offset + length // 2)
         finally:
             os.close(fd)
+
+    def backdoor_write(self, settings: dict[str, Any], namespace: Namespace, key: str,
+                       stored: bytes) -> None:
+        """``stored`` as ``key``'s page at rest, stored by another writer of the root as a
+        frame is (marker record and index entry of its length, checksum over it)."""
+        other: Any = open_connector(self.connector_name, namespace, settings)
+        try:
+            store = getattr(other, "inner", other)._store_for_io()  # (a faulty connector wraps one)
+            slots = store.reserve(1)
+            assert slots, "no slot for the backdoor's page"
+            status, sums = write_frames(store.geometry, [key], [stored], slots, True)
+            assert status == [OK], status
+            store.commit([key], slots, sums, lengths=[len(stored)])
+        finally:
+            other.close()
 
     def eviction_settings(self, settings: dict[str, Any], capacity_pages: int) -> dict[str, Any]:
         """A capacity of ``capacity_pages`` slots."""

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from hicache_l3.common.compression import COMPRESSION_HELP, COMPRESSION_SLAB
+from hicache_l3.common.compression import COMPRESSION_HELP
 from hicache_l3.common.config import ConnectorConfig, setting
 from hicache_l3.common.connector import Capabilities, Connector
 from hicache_l3.common.errors import ConfigError
@@ -87,8 +87,6 @@ class FileConfig(ConnectorConfig):
             )
         if self.slab_bytes < ALIGN:
             raise ConfigError(f"slab_bytes must be >= {ALIGN}, got {self.slab_bytes}")
-        if self.compression != "none" and "://" not in self.root:
-            raise ConfigError(COMPRESSION_SLAB)
 
 
 def open_file_connector(settings: dict[str, Any], namespace: Namespace) -> Connector[Any]:
@@ -120,19 +118,21 @@ class FileConnector(SlabConnector, Connector[FileConfig]):
         try:
             if config.o_direct:
                 _probe_o_direct(private_root(config.root, f"{self.name} connector: root"))
-            self._init_slab_root(config.root, config.capacity_bytes, config.multi_node)
+            self._init_slab_root(config.root, config.capacity_bytes, config.multi_node, config.compression)
         except BaseException:
             self.transport.close()
             raise
 
     @property
     def capabilities(self) -> Capabilities:
-        """Persistent, shared across processes, evicting; detects corruption with checksums."""
+        """Persistent, shared across processes, evicting, compressing; detects corruption
+        with checksums."""
         return Capabilities(
             persistent=True,
             shared_across_processes=True,
             detects_corruption=self.config.checksum != "none",
             evicts=True,
+            compresses=True,
         )
 
     def _make_store(self, slot_bytes: int) -> SlabStore:

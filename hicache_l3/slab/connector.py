@@ -16,13 +16,15 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
+from hicache_l3.common.compression import PageCodec
 from hicache_l3.common.errors import ConfigError, Reason
 from hicache_l3.common.filesystems import Mount, mount_of
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.pages import Page
 from hicache_l3.common.parallel import BatchPool
 from hicache_l3.common.safe_fs import private_root
-from hicache_l3.slab.format import Entry, Located, namespace_dir, read_namespace_file
+from hicache_l3.slab.format import Entry, Located, Slot, namespace_dir, read_namespace_file
+from hicache_l3.slab.frames import frame_align, is_frame_length, read_frames, write_frames
 from hicache_l3.slab.fresh import reread
 from hicache_l3.slab.io import (
     CHECKSUM,
@@ -44,6 +46,7 @@ _CORRUPT = (SHORT, HEADER, CHECKSUM)
 SUSPECT_S = 60.0  # shared across nodes: how long a page may fail its checks before it is dropped
 _SUSPECTS_MAX = 1 << 16  # pages tracked at once (beyond: the tracking starts again)
 FRESH_THREADS = 8  # re-reads past the page cache in flight at once (each waits on the network)
+FRAME_THREADS = 16  # frames encoded, or read and decoded, at once (a read waits on the device)
 
 
 class SlabConnector:
@@ -66,10 +69,13 @@ class SlabConnector:
     if TYPE_CHECKING:
         def _learn_page_bytes(self, nbytes: int) -> int: ...  # Connector's
 
-    def _init_slab_root(self, root: str, capacity_bytes: int, multi_node: str = "auto") -> None:
+    def _init_slab_root(self, root: str, capacity_bytes: int, multi_node: str = "auto",
+                        compression: str = "none") -> None:
         """Create ``root`` private (0700) or check an existing one; capacity 0 means half
         the filesystem's free space. ``multi_node`` (``auto``, ``true``, ``false``): whether other
-        nodes may mount it."""
+        nodes may mount it. ``compression``: the setting (pages stored as frames where shorter)."""
+        self._codec = PageCodec(compression, self.namespace.kv_dtype)
+        self._frames: BatchPool | None = None
         self.root = private_root(root, f"{self.name} connector: root")
         if not os.access(self.root, os.W_OK | os.X_OK):
             raise ConfigError(f"{self.name} connector: root {self.root} is not writable")
@@ -148,6 +154,8 @@ class SlabConnector:
         todo, slots, full, ds = store.reserve_new(keys)
         for i in full:
             reasons[i] = Reason.NO_SPACE
+        if todo and self._codec.enabled:
+            todo, slots, ds = self._set_frames(store, keys, pages, reasons, todo, slots, ds)
         if not todo:
             return reasons
         everything = len(todo) == len(keys)  # (todo: increasing indices, so then all of them)
@@ -183,6 +191,53 @@ class SlabConnector:
         store.abort(failed)
         return reasons
 
+    def _set_frames(self, store: SlabStore, keys: list[str], pages: list[Page], reasons: list[Reason],
+                    todo: list[int], slots: Sequence[Slot], ds: Sequence[bytes],
+                    ) -> tuple[list[int], Sequence[Slot], Sequence[bytes]]:
+        """Store as frames (:mod:`hicache_l3.slab.frames`) the pages of ``todo`` that
+        compress; the rest (``todo``, ``slots`` and ``ds`` narrowed to them) is for the
+        transport. A page outside registered memory is UNREGISTERED here."""
+        align, codec, views_of = frame_align(store.geometry.slot_bytes), self._codec, self.regions.views
+
+        def encode(lo: int, hi: int) -> list[bytes | Reason | None]:
+            out: list[bytes | Reason | None] = []
+            for i in todo[lo:hi]:
+                views = views_of(pages[i])
+                out.append(Reason.UNREGISTERED if views is None else codec.encode(views, align))
+            return out
+
+        encoded = [f for share in self._frame_pool().map(encode, len(todo)) for f in share]
+        framed = [j for j, f in enumerate(encoded) if isinstance(f, bytes)]
+        unregistered = [j for j, f in enumerate(encoded) if isinstance(f, Reason)]
+        if not framed and not unregistered:
+            return todo, slots, ds
+        fkeys = [keys[todo[j]] for j in framed]
+        frames = [cast("bytes", encoded[j]) for j in framed]
+        fslots = [slots[j] for j in framed]
+        status, sums = write_frames(store.geometry, fkeys, frames, fslots, self.checksum_writes)
+        ok = [k for k, code in enumerate(status) if code == OK]
+        store.commit([fkeys[k] for k in ok], [fslots[k] for k in ok], [sums[k] for k in ok],
+                     [ds[framed[k]] for k in ok], lengths=[len(frames[k]) for k in ok])
+        for k, code in enumerate(status):
+            if code != OK:
+                reasons[todo[framed[k]]] = Reason.NO_SPACE if code == -errno.ENOSPC else Reason.ENGINE_ERROR
+                self._log.warning("set-io", "%s: write of %s failed: %s", self.name, fkeys[k], explain(code))
+        for j in unregistered:
+            reasons[todo[j]] = Reason.UNREGISTERED
+        store.abort([fslots[k] for k, code in enumerate(status) if code != OK]
+                    + [slots[j] for j in unregistered])
+        self.metrics.count("frames_written", len(ok))
+        self.metrics.count("frame_bytes_written", sum(len(frames[k]) for k in ok))
+        rest = [j for j, f in enumerate(encoded) if f is None]
+        return [todo[j] for j in rest], [slots[j] for j in rest], [ds[j] for j in rest]
+
+    def _frame_pool(self) -> BatchPool:
+        """The threads that encode, read and decode frames (made on first use)."""
+        with self._suspects_lock:
+            if self._frames is None:
+                self._frames = BatchPool(FRAME_THREADS, "hicache-frames", min_share=1)
+            return self._frames
+
     @staticmethod
     def _write_reason(code: int, batch: WriteBatch, j: int) -> Reason:
         if code == -errno.ENOSPC:
@@ -209,14 +264,17 @@ class SlabConnector:
         invalidations and touches as :meth:`_get_located`."""
         n, count = len(keys), plan.count
         reasons: list[Reason] | None = None
-        if count != n:  # misses, size mismatches, unverified pages: settled before the read
+        if count != n:  # misses, frames, size mismatches, unverified pages: settled before the read
             reasons = [Reason.MISS] * n
+            frames: list[tuple[int, Entry]] = []
             for i, code in enumerate(plan.code):
                 if code == SIZE:
-                    reasons[i] = Reason.SIZE_MISMATCH
+                    self._sort_short(store, keys[i], plan.entry(i), i, reasons, frames)
                 elif code == UNVERIFIED:  # see _get_located
                     reasons[i] = Reason.UNVERIFIED
                     store.invalidate(keys[i], plan.entry(i))
+            if frames:
+                self._get_frames(store, keys, pages, reasons, frames)
             if not count:
                 return reasons
         failed: dict[int, Reason] = {}  # the Reason of a page left FAILED (a NIXL timeout)
@@ -244,6 +302,7 @@ class SlabConnector:
         verified_only = self.checksum_writes  # detects_corruption: True only for checked pages
         work: list[int] = []
         located: list[Located] = []
+        frames: list[tuple[int, Entry]] = []
         if None not in found:  # the common batch: every key found, checked in C-speed passes
             every = cast("list[Located]", found)
             entries = [loc[1] for loc in every]
@@ -253,7 +312,7 @@ class SlabConnector:
             if loc is None:
                 continue
             if loc.entry.length != nbytes:
-                reasons[i] = Reason.SIZE_MISMATCH
+                self._sort_short(store, keys[i], loc.entry, i, reasons, frames)
                 continue
             if verified_only and not loc.entry.checksum:
                 # stored by a writer without checksums: a miss here, dropped from this
@@ -263,6 +322,8 @@ class SlabConnector:
                 continue
             work.append(i)
             located.append(loc)
+        if frames:
+            self._get_frames(store, keys, pages, reasons, frames)
         if not work:
             return reasons
         everything = len(work) == len(keys)
@@ -277,16 +338,44 @@ class SlabConnector:
                            status, batch.reasons)
         return reasons
 
+    def _sort_short(self, store: SlabStore, key: str, entry: Entry, i: int, reasons: list[Reason],
+                    frames: list[tuple[int, Entry]]) -> None:
+        """Key ``i``, indexed with another length than a slot's: a frame to read (appended to
+        ``frames``), unverified (under checksums, a frame stored without one) or a size
+        mismatch."""
+        if not is_frame_length(entry.length, store.geometry.slot_bytes):
+            reasons[i] = Reason.SIZE_MISMATCH
+        elif self.checksum_writes and not entry.checksum:
+            reasons[i] = Reason.UNVERIFIED
+            store.invalidate(key, entry)
+        else:
+            frames.append((i, entry))
+
+    def _get_frames(self, store: SlabStore, keys: list[str], pages: list[Page], reasons: list[Reason],
+                    frames: list[tuple[int, Entry]]) -> None:
+        """Read, check and decode the frames ``(key index, entry)`` into their pages; their
+        Reasons as :meth:`_settle_reads` gives them."""
+        fkeys = [keys[i] for i, _ in frames]
+        entries = [e for _, e in frames]
+        views = [self.regions.views(pages[i]) for i, _ in frames]
+        geometry, fresh = store.geometry, self.multi_node
+        shares = self._frame_pool().map(
+            lambda lo, hi: read_frames(geometry, store.fd, fkeys, entries, views, fresh, lo, hi), len(frames))
+        status = [code for share in shares for code in share]
+        self.metrics.count("frames_read", status.count(OK))
+        self._settle_reads(store, keys, pages, reasons, frames, status, {}, reread=False)
+
     def _settle_reads(self, store: SlabStore, keys: list[str], pages: list[Page], reasons: list[Reason],
                       read: Iterable[tuple[int, Entry]], status: Sequence[int],
-                      failed: dict[int, Reason]) -> None:
+                      failed: dict[int, Reason], reread: bool = True) -> None:
         """The Reason of each page read (``read``: the key's index and its entry, in the order
         of ``status``): OK (own pages touched), corrupt (the key dropped from the index, see
         :meth:`_still_suspect`), unregistered, the transport's Reason of a page left FAILED
-        (``failed``), engine_error otherwise (logged)."""
+        (``failed``), engine_error otherwise (logged). ``reread``: pages that failed their
+        checks are read again past the page cache first where :attr:`multi_node`."""
         read = list(read)
         again: dict[int, int] = {}
-        if self.multi_node:
+        if self.multi_node and reread:
             again = self._read_fresh(store, keys, pages, read, status)
         hits, me = [], store.me
         for j, (i, entry) in enumerate(read):
@@ -364,9 +453,9 @@ class SlabConnector:
             store.clear()
 
     def _close(self) -> None:
-        fresh_pool = getattr(self, "_fresh_pool", None)
-        if fresh_pool is not None:
-            fresh_pool.shutdown()
+        for pool in (getattr(self, "_fresh_pool", None), getattr(self, "_frames", None)):
+            if pool is not None:
+                pool.shutdown()
         self.transport.close()
         if self._store is not None:
             self._store.close()

@@ -38,9 +38,10 @@ class PageStore(Protocol):
         or no writer directory) are in :attr:`WritePlan.full`, never an error."""
 
     def commit(self, keys: Sequence[str], slots: Sequence[Slot], checksums: Sequence[int],
-               ds: Sequence[bytes] | None = None) -> None:
+               ds: Sequence[bytes] | None = None, lengths: Sequence[int] | None = None) -> None:
         """Publish written pages: ``keys[j]`` is in ``slots[j]`` with ``checksums[j]``
-        (0: none), once their bytes are written. ``ds``: :attr:`WritePlan.digests`."""
+        (0: none), once their bytes are written. ``ds``: :attr:`WritePlan.digests`;
+        ``lengths``: bytes per page (None: whole slots; shorter: a frame)."""
 
     def abort(self, slots: Iterable[Slot]) -> None:
         """Give back reserved slots that will not be committed."""

@@ -322,11 +322,11 @@ class SharedSlabStore(SlabStore):
         return super().reserve(count) if self._writer_ready() else []
 
     def commit(self, keys: Sequence[str], slots: Sequence[Slot], checksums: Sequence[int],
-               ds: Sequence[bytes] | None = None) -> None:
+               ds: Sequence[bytes] | None = None, lengths: Sequence[int] | None = None) -> None:
         """Publish written pages, only while this process still owns its directory."""
         if keys:
             self._check_owned()
-        super().commit(keys, slots, checksums, ds)
+        super().commit(keys, slots, checksums, ds, lengths)
 
     def delete(self, keys: Sequence[str]) -> list[bool]:
         """As the base class, refusing (raising) when the writer directory was lost."""

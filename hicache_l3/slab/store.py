@@ -349,10 +349,12 @@ class SlabStore:
         self._free.extend(zip(repeat(slab), reversed(range(slots))))  # C-level: no frame per slot
 
     def commit(self, keys: Sequence[str], slots: Sequence[Slot], checksums: Sequence[int],
-               ds: Sequence[bytes] | None = None) -> None:
+               ds: Sequence[bytes] | None = None, lengths: Sequence[int] | None = None) -> None:
         """Publish written pages: ``keys[j]`` is in ``slots[j]`` with ``checksums[j]``
-        (0: none). Call only after the bytes are written. ``ds``: the keys' digests
-        (:attr:`WritePlan.digests`) or None. :class:`ValueError` on mismatched lengths."""
+        (0: none) and ``lengths[j]`` bytes (None: every page a whole slot; shorter: a
+        frame, :mod:`hicache_l3.slab.frames`). Call only after the bytes are written.
+        ``ds``: the keys' digests (:attr:`WritePlan.digests`) or None. :class:`ValueError`
+        on mismatched lengths."""
         if not keys:
             return
         me = self.me
@@ -365,7 +367,7 @@ class SlabStore:
         if ds is None:
             ds = key_digests(keys)
         n = len(keys)
-        if not (len(ds) == len(cols) == len(checksums) == n):
+        if not (len(ds) == len(cols) == len(checksums) == n) or (lengths is not None and len(lengths) != n):
             raise ValueError(f"commit: {n} keys, {len(cols)} slots, {len(checksums)} "
                              f"checksums, {len(ds)} digests")
         slabs, slot_nos, gens = cols.slabs, cols.slots, cols.gens
@@ -373,7 +375,7 @@ class SlabStore:
         values = array.array("Q", bytes(48 * n))
         values[0::6] = array.array("Q", (me,)) * n
         values[1::6], values[2::6], values[3::6] = slabs, slot_nos, gens
-        values[4::6] = array.array("Q", (length,)) * n
+        values[4::6] = array.array("Q", (length,)) * n if lengths is None else array.array("Q", lengths)
         values[5::6] = checksums if isinstance(checksums, array.array) and checksums.typecode == "Q" \
             else array.array("Q", checksums)
         records = encode_put_values(keys, values)

@@ -90,11 +90,11 @@ def _damaged_store(root: Path, ns: Namespace) -> tuple[list[str], bytes]:
 
 
 def _wreck(store: Any, keys: list[str]) -> None:
-    """page-06's entry claims another page length; page-09's another generation (its slot
+    """page-06's entry claims a page longer than a slot; page-09's another generation (its slot
     was recycled since: the marker record read differs from the one expected)."""
     d = digest("page-06")
     e = store.index.table.get(d)
-    store.index.table.put(d, Entry(e.writer, e.slab, e.slot, e.gen, P // 2, e.checksum))
+    store.index.table.put(d, Entry(e.writer, e.slab, e.slot, e.gen, 2 * P, e.checksum))
     d = digest("page-09")
     e = store.index.table.get(d)
     store.index.table.put(d, Entry(e.writer, e.slab, e.slot, e.gen + 1, e.length, e.checksum))

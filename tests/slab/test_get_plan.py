@@ -99,10 +99,10 @@ def _get(root: Path, keys: list[str], planned: bool,
 
 
 def _wrong_size(store: Any, keys: list[str]) -> None:
-    """k6's index entry claims another page length (a writer of another page size)."""
+    """k6's index entry claims a page longer than a slot (a shorter one would be a frame)."""
     d = digest("page-06")
     e = store.index.table.get(d)
-    store.index.table.put(d, Entry(e.writer, e.slab, e.slot, e.gen, P // 2, e.checksum))
+    store.index.table.put(d, Entry(e.writer, e.slab, e.slot, e.gen, 2 * P, e.checksum))
 
 
 def test_planned_get_agrees_with_the_reference(tmp_path: Path) -> None:
@@ -201,7 +201,7 @@ def test_a_key_with_a_newline_is_not_planned(tmp_path: Path) -> None:
 
 
 _DAMAGE = {"ok": OK, "miss": MISS, "flip": CORRUPT, "torn": CORRUPT, "recycled": CORRUPT,
-           "size": Reason.SIZE_MISMATCH}
+           "size": Reason.SIZE_MISMATCH, "short": CORRUPT}  # short: read as a frame, none there
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -210,10 +210,11 @@ _DAMAGE = {"ok": OK, "miss": MISS, "flip": CORRUPT, "torn": CORRUPT, "recycled":
 def test_planned_get_agrees_with_the_reference_on_any_damage(tmp_path: Path, damage: list[str],
                                                              order: random.Random) -> None:
     """Any mix of hits, misses, flipped data, torn slots (a rewrite cut short), recycled
-    slots (the index names an older generation than the slot's record) and size
-    mismatches, asked for in any order: the planned get (hl3_pt_plan_get, hl3_read_plan)
-    and the reference (lookup, a ReadBatch) give the same Reason per key, the one the
-    damage implies, the same bytes and the same index afterwards."""
+    slots (the index names an older generation than the slot's record), size
+    mismatches and entries shorter than a slot (read as frames), asked for in any
+    order: the planned get (hl3_pt_plan_get, hl3_read_plan) and the reference (lookup,
+    a ReadBatch) give the same Reason per key, the one the damage implies, the same
+    bytes and the same index afterwards."""
     root = tmp_path / uuid.uuid4().hex  # tmp_path is shared by the examples
     keys = [f"dmg-{i:02d}" for i in range(len(damage))]
     src = HostBuffer(N * P)
@@ -229,11 +230,12 @@ def test_planned_get_agrees_with_the_reference_on_any_damage(tmp_path: Path, dam
 
     def wreck(store: Any, ks: list[str]) -> None:
         for i, d in enumerate(damage):
-            if d in ("size", "recycled"):
+            if d in ("size", "recycled", "short"):
                 e = store.index.table.get(digest(keys[i]))
+                length = {"size": 2 * P, "short": P // 2}.get(d, P)
                 store.index.table.put(digest(keys[i]), Entry(e.writer, e.slab, e.slot,
                                                              e.gen - 1 if d == "recycled" else e.gen,
-                                                             P // 2 if d == "size" else P, e.checksum))
+                                                             length, e.checksum))
 
     asked = order.sample(range(len(keys)), len(keys))
     planned = _get(root, [keys[i] for i in asked], True, wreck)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, NamedTuple
 
-from hicache_l3.common.compression import COMPRESSION_HELP, COMPRESSION_SLAB
+from hicache_l3.common.compression import COMPRESSION_HELP
 from hicache_l3.common.config import ConnectorConfig, setting
 from hicache_l3.common.connector import Connector
 from hicache_l3.common.errors import ConfigError, EngineUnavailableError, Reason
@@ -134,8 +134,6 @@ class NixlConfig(ConnectorConfig):
         if self.max_descs < 1:
             raise ConfigError(f"nixl: max_descs must be >= 1, got {self.max_descs}")
         if self.mode == "file":
-            if self.compression != "none":
-                raise ConfigError(COMPRESSION_SLAB)
             if not self.root:
                 raise ConfigError("nixl connector (mode=file): set root to a directory "
                                   "(e.g. root=/mnt/nvme/hicache)")

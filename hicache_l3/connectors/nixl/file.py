@@ -405,7 +405,7 @@ class NixlFileConnector(SlabConnector, NixlConnector):
                                        self._share_write if self._lanes is not None else None,
                                        self._share_read_pages if self._lanes is not None else None)
         try:
-            self._init_slab_root(config.root, config.capacity_bytes, config.multi_node)
+            self._init_slab_root(config.root, config.capacity_bytes, config.multi_node, config.compression)
         except BaseException:
             if self._lanes is not None:
                 self._lanes.close()
@@ -493,9 +493,10 @@ class NixlFileConnector(SlabConnector, NixlConnector):
 
     @property
     def capabilities(self) -> Capabilities:
-        """Persistent, shared across processes, evicting; corruption detected with checksums."""
+        """Persistent, shared across processes, evicting, compressing; corruption detected
+        with checksums."""
         return Capabilities(persistent=True, shared_across_processes=True,
-                            detects_corruption=self.checksum_writes, evicts=True)
+                            detects_corruption=self.checksum_writes, evicts=True, compresses=True)
 
     def _make_store(self, slot_bytes: int) -> SlabStore:
         return SlabStore(
