@@ -46,7 +46,7 @@ _CORRUPT = (SHORT, HEADER, CHECKSUM)
 SUSPECT_S = 60.0  # shared across nodes: how long a page may fail its checks before it is dropped
 _SUSPECTS_MAX = 1 << 16  # pages tracked at once (beyond: the tracking starts again)
 FRESH_THREADS = 8  # re-reads past the page cache in flight at once (each waits on the network)
-FRAME_THREADS = 16  # frames encoded, or read and decoded, at once (a read waits on the device)
+FRAME_THREADS = 16  # frames read at once (each read waits on the device)
 
 
 class SlabConnector:
@@ -75,7 +75,7 @@ class SlabConnector:
         the filesystem's free space. ``multi_node`` (``auto``, ``true``, ``false``): whether other
         nodes may mount it. ``compression``: the setting (pages stored as frames where shorter)."""
         self._codec = PageCodec(compression, self.namespace.kv_dtype)
-        self._frames: BatchPool | None = None
+        self._frames: tuple[BatchPool, BatchPool] | None = None
         self.root = private_root(root, f"{self.name} connector: root")
         if not os.access(self.root, os.W_OK | os.X_OK):
             raise ConfigError(f"{self.name} connector: root {self.root} is not writable")
@@ -206,7 +206,7 @@ class SlabConnector:
                 out.append(Reason.UNREGISTERED if views is None else codec.encode(views, align))
             return out
 
-        encoded = [f for share in self._frame_pool().map(encode, len(todo)) for f in share]
+        encoded = [f for share in self._frame_pool(cpu=True).map(encode, len(todo)) for f in share]
         framed = [j for j, f in enumerate(encoded) if isinstance(f, bytes)]
         unregistered = [j for j, f in enumerate(encoded) if isinstance(f, Reason)]
         if not framed and not unregistered:
@@ -231,12 +231,14 @@ class SlabConnector:
         rest = [j for j, f in enumerate(encoded) if f is None]
         return [todo[j] for j in rest], [slots[j] for j in rest], [ds[j] for j in rest]
 
-    def _frame_pool(self) -> BatchPool:
-        """The threads that encode, read and decode frames (made on first use)."""
+    def _frame_pool(self, cpu: bool = False) -> BatchPool:
+        """The threads that read frames (each waits on the device), or with ``cpu`` those
+        that encode and decode them, one per core; made on first use."""
         with self._suspects_lock:
             if self._frames is None:
-                self._frames = BatchPool(FRAME_THREADS, "hicache-frames", min_share=1)
-            return self._frames
+                self._frames = (BatchPool(FRAME_THREADS, "hicache-frames", min_share=1),
+                                BatchPool(len(os.sched_getaffinity(0)), "hicache-codec", min_share=1))
+            return self._frames[1 if cpu else 0]
 
     @staticmethod
     def _write_reason(code: int, batch: WriteBatch, j: int) -> Reason:
@@ -358,10 +360,8 @@ class SlabConnector:
         fkeys = [keys[i] for i, _ in frames]
         entries = [e for _, e in frames]
         views = [self.regions.views(pages[i]) for i, _ in frames]
-        geometry, fresh = store.geometry, self.multi_node
-        shares = self._frame_pool().map(
-            lambda lo, hi: read_frames(geometry, store.fd, fkeys, entries, views, fresh, lo, hi), len(frames))
-        status = [code for share in shares for code in share]
+        status = read_frames(store.geometry, store.fd, fkeys, entries, views, self.multi_node,
+                             self._frame_pool(), self._frame_pool(cpu=True))
         self.metrics.count("frames_read", status.count(OK))
         self._settle_reads(store, keys, pages, reasons, frames, status, {}, reread=False)
 
@@ -453,7 +453,7 @@ class SlabConnector:
             store.clear()
 
     def _close(self) -> None:
-        for pool in (getattr(self, "_fresh_pool", None), getattr(self, "_frames", None)):
+        for pool in (getattr(self, "_fresh_pool", None), *(getattr(self, "_frames", None) or ())):
             if pool is not None:
                 pool.shutdown()
         self.transport.close()

@@ -7,21 +7,37 @@ one class per length).
 
 Frames move through the store's buffered descriptors, not the connector's transport: a
 frame lives in Python memory (not registered with NIXL or USRBIO) and is decoded in memory
-anyway. As for every slot, a write puts the marker record first and a read takes it last.
+anyway. As for every slot, a write puts the marker record first and a read takes it last;
+a get batch's frames are read and checked by the C library's planned read, then decoded.
 """
 
 from __future__ import annotations
 
+import array
+import ctypes
 import errno
 import os
 from collections.abc import Callable, Sequence
+from itertools import accumulate
+from typing import cast
 
 from hicache_l3.common.compression import read_stored
 from hicache_l3.common.errors import Reason
 from hicache_l3.common.integrity import buffer_checksum, key_fingerprint
-from hicache_l3.slab.format import RECORD_BYTES, Entry, Geometry, Slot, check_marker, encode_marker
+from hicache_l3.common.pages import Page
+from hicache_l3.common.parallel import BatchPool
+from hicache_l3.slab.format import (
+    RECORD_BYTES,
+    Entry,
+    Geometry,
+    Slot,
+    check_marker,
+    encode_marker,
+    expected_markers,
+)
 from hicache_l3.slab.fresh import drop_cached
-from hicache_l3.slab.io import CHECKSUM, HEADER, OK, SHORT, UNREGISTERED
+from hicache_l3.slab.io import CHECKSUM, HEADER, OK, PENDING, SHORT, UNREGISTERED
+from hicache_l3.slab.native import library
 
 FileOf = Callable[[int, int], int]
 """``(writer, slab) -> descriptor`` of a slab file (the store's cached descriptors)."""
@@ -101,19 +117,69 @@ def read_frame(geometry: Geometry, fd: int, entry: Entry, key: str, views: list[
     return status
 
 
+class FrameBatch:
+    """The frames of one get batch read into one scratch buffer by the C library's planned
+    read (data, then marker records, then the checksums; the GIL released), shaped as the
+    :class:`~hicache_l3.slab.native.PlannedRead` it takes. Frames whose slab cannot be
+    opened are left out with their ``-errno`` in :attr:`status`."""
+
+    def __init__(self, geometry: Geometry, file_of: FileOf, keys: Sequence[str],
+                 entries: Sequence[Entry]) -> None:
+        n = len(entries)
+        self.status = [PENDING] * n
+        fds = []
+        for j, e in enumerate(entries):
+            try:
+                fds.append(file_of(e.writer, e.slab))
+            except OSError as exc:
+                fds.append(-1)
+                self.status[j] = -(exc.errno or errno.EIO)
+        self.read = [j for j in range(n) if fds[j] >= 0]  # the frames of the plan, in order
+        entries = [entries[j] for j in self.read]
+        self.count = len(self.read)
+        self.fds = array.array("i", [fds[j] for j in self.read])
+        data_at, marker_at = geometry.offsets(e.slot for e in entries)
+        self.data_offs, self.marker_offs = array.array("q", data_at), array.array("q", marker_at)
+        self.expect = bytearray(b"".join(expected_markers(entries, [keys[j] for j in self.read])))
+        self.csums = array.array("Q", [e.checksum for e in entries])
+        self.lengths = [e.length for e in entries]
+        self.starts = list(accumulate(self.lengths, initial=0))
+        self.scratch = bytearray(max(1, self.starts[-1]))
+        base = ctypes.addressof((ctypes.c_char * len(self.scratch)).from_buffer(self.scratch))
+        self.pages: list[Page] = [[(base + at, length)] for at, length in zip(self.starts, self.lengths)]
+
+    def stored(self, k: int) -> memoryview:
+        """The bytes read of the plan's frame ``k``."""
+        return memoryview(self.scratch)[self.starts[k]:self.starts[k + 1]]
+
+
 def read_frames(geometry: Geometry, file_of: FileOf, keys: Sequence[str], entries: Sequence[Entry],
-                views: Sequence[list[memoryview] | None], fresh: bool, lo: int, hi: int) -> list[int]:
-    """:func:`read_frame` of pages ``lo..hi-1`` (``views[j]`` None: :data:`UNREGISTERED`)."""
-    out = []
-    for j in range(lo, hi):
-        page, entry = views[j], entries[j]
+                views: Sequence[list[memoryview] | None], fresh: bool, io: BatchPool,
+                cpu: BatchPool) -> list[int]:
+    """Read, check and decode the frames of ``entries`` into ``views`` (None:
+    :data:`UNREGISTERED`): per frame :func:`read_frame`'s status. The reads run on ``io``'s
+    threads (each waits on the device), the decoding on ``cpu``'s (one per core)."""
+    batch = FrameBatch(geometry, file_of, keys, entries)
+    status = batch.status
+    if batch.count:
+        call = library().plan_read(batch, batch.pages)
+        io.map(lambda lo, hi: library().read_plan(call, lo, hi), batch.count)
+        for k, j in enumerate(batch.read):
+            status[j] = call.status[k]
+    todo = []  # (frame of the plan, key index) read and checked: to decode
+    for k, j in enumerate(batch.read):
+        page = views[j]
         if page is None:
-            out.append(UNREGISTERED)
-            continue
-        try:
-            fd = file_of(entry.writer, entry.slab)
-        except OSError as exc:
-            out.append(-(exc.errno or errno.EIO))
-            continue
-        out.append(read_frame(geometry, fd, entry, keys[j], page, fresh))
-    return out
+            status[j] = UNREGISTERED
+        elif status[j] == OK:
+            todo.append((k, j))
+        elif fresh and status[j] in (SHORT, HEADER, CHECKSUM):  # again, past this node's page cache
+            status[j] = read_frame(geometry, batch.fds[k], entries[j], keys[j], page, True)
+
+    def decode(lo: int, hi: int) -> None:
+        for k, j in todo[lo:hi]:
+            if read_stored(batch.stored(k), cast("list[memoryview]", views[j])) is not Reason.OK:
+                status[j] = CHECKSUM
+
+    cpu.map(decode, len(todo))
+    return status
