@@ -18,6 +18,8 @@ from hicache_l3.common.compression import FRAME, FRAME_MAGIC, HIGH_PLANE, WHOLE
 from hicache_l3.common.connector import Connector
 from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
+from hicache_l3.common.memory import HostBuffer
+from hicache_l3.common.pages import Page
 from hicache_l3.conformance.pages import Pages, page_pattern, store_pages, strided_roundtrip
 
 
@@ -134,6 +136,20 @@ class CompressionTests:
     def test_compression_multi_segment_pages(self, zconn: Connector[Any] | None) -> None:
         if zconn is not None:
             strided_roundtrip(zconn, self.page_bytes, [f"zms-{i}" for i in range(4)], kv_pattern)
+
+    def test_compression_unregistered_memory_is_refused_per_key(self, zconn: Connector[Any] | None) -> None:
+        if zconn is None:
+            return
+        keys = ["zu-0", "zu-1"]
+        pages = store_pages(zconn, self.page_bytes, keys, kv_pattern)
+        stray = HostBuffer(self.page_bytes)  # never registered
+        stray.view()[:] = kv_pattern("zu-x", self.page_bytes)
+        bad: Page = ((stray.address, self.page_bytes),)
+        pages.fill(["zu-0-new"], kv_pattern)
+        assert zconn.batch_set(["zu-x", "zu-0-new"], [bad, pages.pages[0]]) == [False, True]
+        assert zconn.batch_exists(["zu-x", "zu-0-new"]) == [False, True]
+        assert zconn.batch_get([keys[1], "zu-0-new"], [bad, pages.pages[1]]) == [False, True]
+        assert pages.matches(1, "zu-0-new", kv_pattern)
 
     def test_hostile_frames_are_corrupt_misses(self, open_conn: Any, settings: dict[str, Any],
                                                namespace: Namespace) -> None:

@@ -195,40 +195,46 @@ class SlabConnector:
                     todo: list[int], slots: Sequence[Slot], ds: Sequence[bytes],
                     ) -> tuple[list[int], Sequence[Slot], Sequence[bytes]]:
         """Store as frames (:mod:`hicache_l3.slab.frames`) the pages of ``todo`` that
-        compress; the rest (``todo``, ``slots`` and ``ds`` narrowed to them) is for the
-        transport. A page outside registered memory is UNREGISTERED here."""
-        align, codec, views_of = frame_align(store.geometry.slot_bytes), self._codec, self.regions.views
+        compress, each encoded and written on the codec threads; the rest (``todo``,
+        ``slots`` and ``ds`` narrowed to them) is for the transport. A page outside
+        registered memory is UNREGISTERED here."""
+        geometry, checksum, codec = store.geometry, self.checksum_writes, self._codec
+        align, views_of = frame_align(geometry.slot_bytes), self.regions.views
 
-        def encode(lo: int, hi: int) -> list[bytes | Reason | None]:
-            out: list[bytes | Reason | None] = []
-            for i in todo[lo:hi]:
-                views = views_of(pages[i])
-                out.append(Reason.UNREGISTERED if views is None else codec.encode(views, align))
+        def encode(lo: int, hi: int) -> list[tuple[int | Reason | None, int, int]]:
+            """Per page: the frame write's status, its length and checksum; None: stored
+            whole (no shorter frame), or UNREGISTERED."""
+            out: list[tuple[int | Reason | None, int, int]] = []
+            for j in range(lo, hi):
+                views = views_of(pages[todo[j]])
+                frame = None if views is None else codec.encode(views, align)
+                if frame is None:
+                    out.append((None if views is not None else Reason.UNREGISTERED, 0, 0))
+                    continue
+                status, sums = write_frames(geometry, [keys[todo[j]]], [frame], [slots[j]], checksum)
+                out.append((status[0], len(frame), sums[0]))
             return out
 
-        encoded = [f for share in self._frame_pool(cpu=True).map(encode, len(todo)) for f in share]
-        framed = [j for j, f in enumerate(encoded) if isinstance(f, bytes)]
-        unregistered = [j for j, f in enumerate(encoded) if isinstance(f, Reason)]
-        if not framed and not unregistered:
+        done = [f for share in self._frame_pool(cpu=True).map(encode, len(todo)) for f in share]
+        ok = [j for j, (code, _, _) in enumerate(done) if code == OK]  # (a Reason is never OK, 0)
+        if not ok and all(code is None for code, _, _ in done):
             return todo, slots, ds
-        fkeys = [keys[todo[j]] for j in framed]
-        frames = [cast("bytes", encoded[j]) for j in framed]
-        fslots = [slots[j] for j in framed]
-        status, sums = write_frames(store.geometry, fkeys, frames, fslots, self.checksum_writes)
-        ok = [k for k, code in enumerate(status) if code == OK]
-        store.commit([fkeys[k] for k in ok], [fslots[k] for k in ok], [sums[k] for k in ok],
-                     [ds[framed[k]] for k in ok], lengths=[len(frames[k]) for k in ok])
-        for k, code in enumerate(status):
-            if code != OK:
-                reasons[todo[framed[k]]] = Reason.NO_SPACE if code == -errno.ENOSPC else Reason.ENGINE_ERROR
-                self._log.warning("set-io", "%s: write of %s failed: %s", self.name, fkeys[k], explain(code))
-        for j in unregistered:
-            reasons[todo[j]] = Reason.UNREGISTERED
-        store.abort([fslots[k] for k, code in enumerate(status) if code != OK]
-                    + [slots[j] for j in unregistered])
+        store.commit([keys[todo[j]] for j in ok], [slots[j] for j in ok], [done[j][2] for j in ok],
+                     [ds[j] for j in ok], lengths=[done[j][1] for j in ok])
+        failed = []
+        for j, (code, _, _) in enumerate(done):
+            if code is None or code == OK:
+                continue
+            failed.append(slots[j])
+            if isinstance(code, Reason):
+                reasons[todo[j]] = code
+                continue
+            reasons[todo[j]] = Reason.NO_SPACE if code == -errno.ENOSPC else Reason.ENGINE_ERROR
+            self._log.warning("set-io", "%s: write of %s failed: %s", self.name, keys[todo[j]], explain(code))
+        store.abort(failed)
         self.metrics.count("frames_written", len(ok))
-        self.metrics.count("frame_bytes_written", sum(len(frames[k]) for k in ok))
-        rest = [j for j, f in enumerate(encoded) if f is None]
+        self.metrics.count("frame_bytes_written", sum(done[j][1] for j in ok))
+        rest = [j for j, (code, _, _) in enumerate(done) if code is None]
         return [todo[j] for j in rest], [slots[j] for j in rest], [ds[j] for j in rest]
 
     def _frame_pool(self, cpu: bool = False) -> BatchPool:
