@@ -47,10 +47,11 @@ def transform_for(kv_dtype: str) -> int:
 
 COMPRESSION_HELP = ("none: pages stored as they are (no copy); zstd: pages stored compressed "
                     "where that makes them shorter (byte planes for 2-byte KV dtypes). Readers "
-                    "read both, whatever their setting. Worth it where the tier is slower than a "
-                    "core decompresses (object stores, remote hosts, a slab store bigger than "
-                    "memory), not on the page cache. In a slab store a frame still takes a whole "
-                    "slot: fewer bytes move, the capacity in pages is the same")
+                    "read both, whatever their setting. Pays only where the tier moves bytes "
+                    "slower than the cores decode them (a remote filesystem or object store read "
+                    "by a many-core host; docs/benchmarks.md), never on the page cache. In a slab "
+                    "store a frame still takes a whole slot: fewer bytes move, the capacity in "
+                    "pages is the same")
 
 
 def check_compression(value: str) -> None:
