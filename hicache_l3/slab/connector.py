@@ -215,7 +215,11 @@ class SlabConnector:
                 out.append((status[0], len(frame), sums[0]))
             return out
 
-        done = [f for share in self._frame_pool(cpu=True).map(encode, len(todo)) for f in share]
+        try:
+            done = [f for share in self._frame_pool(cpu=True).map(encode, len(todo)) for f in share]
+        except BaseException:  # interrupted: no share runs any more, nothing was committed
+            store.abort(slots)
+            raise
         ok = [j for j, (code, _, _) in enumerate(done) if code == OK]  # (a Reason is never OK, 0)
         if not ok and all(code is None for code, _, _ in done):
             return todo, slots, ds
