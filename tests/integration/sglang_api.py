@@ -51,9 +51,10 @@ def api_features(connector: str, settings: dict[str, Any], check: Callable[[bool
 
     try:
         # prefix_keys: SGLang's parser takes the flag; answers do not depend on the prefix
-        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
             json.dump({**extra, "hicache_storage_pass_prefix_keys": True}, f)
-        parsed, *_, pass_prefix = HybridCacheController.parse_storage_backend_extra_config(f"@{f.name}")
+            f.flush()
+            parsed, *_, pass_prefix = HybridCacheController.parse_storage_backend_extra_config(f"@{f.name}")
         check(pass_prefix is True and "hicache_storage_pass_prefix_keys" not in parsed,
               f"{case}: SGLang's parser kept the prefix-keys flag: {sorted(parsed)}")
         pa, pb = make_pools("mha", "page_first", 2)
