@@ -76,6 +76,12 @@ class CompressionTests:
         envelope (header, checksum over ``stored``), without the connector."""
         raise NotImplementedError
 
+    def backdoor_write_many(self, settings: dict[str, Any], namespace: Namespace,
+                            stored: dict[str, bytes]) -> None:
+        """:meth:`backdoor_write` of each ``key -> bytes`` (override to do it at once)."""
+        for key, data in stored.items():
+            self.backdoor_write(settings, namespace, key, data)
+
     @staticmethod
     def _compressing(open_conn: Any) -> Connector[Any] | None:
         """A connector with ``compression="zstd"``; None (after asserting it refuses the
@@ -160,9 +166,8 @@ class CompressionTests:
             conn = open_conn(compression=setting)
             keys = [f"hf-{setting}-{i}" for i in range(len(frames))]
             store_pages(conn, self.page_bytes, keys, kv_pattern)  # then their bytes at rest are replaced
-            for key, stored in zip(keys, frames.values()):
-                assert len(stored) < self.page_bytes
-                self.backdoor_write(settings, namespace, key, stored)
+            assert all(len(stored) < self.page_bytes for stored in frames.values())
+            self.backdoor_write_many(settings, namespace, dict(zip(keys, frames.values())))
             # every other page of the buffer is a guard that must stay untouched
             pages = Pages(conn, self.page_bytes, 2 * len(keys) + 1)
             guard = b"\xa5" * self.page_bytes

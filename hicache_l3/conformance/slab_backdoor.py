@@ -122,14 +122,20 @@ class SlabBackdoor:
                        stored: bytes) -> None:
         """``stored`` as ``key``'s page at rest, stored by another writer of the root as a
         frame is (marker record and index entry of its length, checksum over it)."""
+        self.backdoor_write_many(settings, namespace, {key: stored})
+
+    def backdoor_write_many(self, settings: dict[str, Any], namespace: Namespace,
+                            stored: dict[str, bytes]) -> None:
+        """:meth:`backdoor_write` of each ``key -> bytes``, by one other writer."""
         other: Any = open_connector(self.connector_name, namespace, settings)
         try:
             store = getattr(other, "inner", other)._store_for_io()  # (a faulty connector wraps one)
-            slots = store.reserve(1)
-            assert slots, "no slot for the backdoor's page"
-            status, sums = write_frames(store.geometry, [key], [stored], slots, True)
-            assert status == [OK], status
-            store.commit([key], slots, sums, lengths=[len(stored)])
+            keys = list(stored)
+            slots = store.reserve(len(keys))
+            assert len(slots) == len(keys), "no slots for the backdoor's pages"
+            status, sums = write_frames(store.geometry, keys, list(stored.values()), slots, True)
+            assert status == [OK] * len(keys), status
+            store.commit(keys, slots, sums, lengths=[len(v) for v in stored.values()])
         finally:
             other.close()
 
