@@ -17,7 +17,7 @@ import array
 import ctypes
 import errno
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from itertools import accumulate
 from typing import cast
 
@@ -31,16 +31,12 @@ from hicache_l3.slab.format import (
     Entry,
     Geometry,
     Slot,
-    check_marker,
     encode_marker,
     expected_markers,
 )
-from hicache_l3.slab.fresh import drop_cached
+from hicache_l3.slab.fresh import FileOf, drop_cached
 from hicache_l3.slab.io import CHECKSUM, HEADER, OK, PENDING, SHORT, UNREGISTERED
 from hicache_l3.slab.native import library
-
-FileOf = Callable[[int, int], int]
-"""``(writer, slab) -> descriptor`` of a slab file (the store's cached descriptors)."""
 
 
 def frame_align(slot_bytes: int) -> int:
@@ -55,15 +51,6 @@ def is_frame_length(length: int, slot_bytes: int) -> bool:
     return 0 < length < slot_bytes
 
 
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        if n <= 0:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        view, offset = view[n:], offset + n
-
-
 def write_frames(geometry: Geometry, keys: Sequence[str], frames: Sequence[bytes], slots: Sequence[Slot],
                  checksum: bool) -> tuple[list[int], list[int]]:
     """Write ``frames[j]`` of ``keys[j]`` into the reserved ``slots[j]``: per frame its
@@ -72,68 +59,37 @@ def write_frames(geometry: Geometry, keys: Sequence[str], frames: Sequence[bytes
     status, sums = [], []
     for key, frame, slot in zip(keys, frames, slots):
         csum = buffer_checksum([frame]) if checksum else 0
-        try:
-            _pwrite_all(slot.fd, encode_marker(slot.gen, len(frame), csum, key_fingerprint(key)),
-                        geometry.marker_offset(slot.slot))
-            _pwrite_all(slot.fd, frame, geometry.data_offset(slot.slot))
-            status.append(OK)
+        record = encode_marker(slot.gen, len(frame), csum, key_fingerprint(key))
+        try:  # (the slot is preallocated: a short write is a full disk)
+            whole = os.pwrite(slot.fd, record, geometry.marker_offset(slot.slot)) == len(record) and \
+                os.pwrite(slot.fd, frame, geometry.data_offset(slot.slot)) == len(frame)
+            status.append(OK if whole else -errno.ENOSPC)
         except OSError as exc:
             status.append(-(exc.errno or errno.EIO))
         sums.append(csum)
     return status, sums
 
 
-def read_frame(geometry: Geometry, fd: int, entry: Entry, key: str, views: list[memoryview],
-               fresh: bool) -> int:
-    """Read the frame of ``entry``, check it (marker record, checksum) and decode it into
-    ``views``, the caller's page: :data:`OK`, :data:`SHORT`, :data:`HEADER`,
-    :data:`CHECKSUM` (a checksum mismatch or a frame that does not decode to the page;
-    ``views`` untouched then) or ``-errno``. ``fresh``: a failed check is read once more
-    past this node's page cache (a store shared across nodes)."""
-    data_at, marker_at = geometry.data_offset(entry.slot), geometry.marker_offset(entry.slot)
-    length = entry.length
-    status = SHORT
-    for again in (False, True) if fresh else (False,):
-        stored, record = bytearray(length), bytearray(RECORD_BYTES)
-        try:
-            if again:
-                drop_cached(fd, data_at, length)
-            whole = os.preadv(fd, [stored], data_at) == length
-            if again:
-                drop_cached(fd, marker_at, RECORD_BYTES)
-            whole = os.preadv(fd, [record], marker_at) == RECORD_BYTES and whole
-        except OSError as exc:
-            return -(exc.errno or errno.EIO)
-        if not whole:
-            status = SHORT
-        elif not check_marker(memoryview(record), entry, key_fingerprint(key)):
-            status = HEADER
-        elif entry.checksum and buffer_checksum([memoryview(stored)]) != entry.checksum:
-            status = CHECKSUM
-        elif read_stored(stored, views) is Reason.OK:
-            return OK
-        else:
-            status = CHECKSUM
-    return status
-
-
 class FrameBatch:
     """The frames of one get batch read into one scratch buffer by the C library's planned
     read (data, then marker records, then the checksums; the GIL released), shaped as the
-    :class:`~hicache_l3.slab.native.PlannedRead` it takes. Frames whose slab cannot be
-    opened are left out with their ``-errno`` in :attr:`status`."""
+    :class:`~hicache_l3.slab.native.PlannedRead` it takes. Frames without a destination
+    (``views[j]`` None) are left out as :data:`UNREGISTERED`, those whose slab cannot be
+    opened with their ``-errno`` in :attr:`status`."""
 
     def __init__(self, geometry: Geometry, file_of: FileOf, keys: Sequence[str],
-                 entries: Sequence[Entry]) -> None:
+                 entries: Sequence[Entry], views: Sequence[list[memoryview] | None]) -> None:
         n = len(entries)
         self.status = [PENDING] * n
         fds = []
         for j, e in enumerate(entries):
             try:
-                fds.append(file_of(e.writer, e.slab))
+                fds.append(file_of(e.writer, e.slab) if views[j] is not None else -1)
             except OSError as exc:
                 fds.append(-1)
                 self.status[j] = -(exc.errno or errno.EIO)
+            if views[j] is None:
+                self.status[j] = UNREGISTERED
         self.read = [j for j in range(n) if fds[j] >= 0]  # the frames of the plan, in order
         entries = [entries[j] for j in self.read]
         self.count = len(self.read)
@@ -157,24 +113,24 @@ def read_frames(geometry: Geometry, file_of: FileOf, keys: Sequence[str], entrie
                 views: Sequence[list[memoryview] | None], fresh: bool, io: BatchPool,
                 cpu: BatchPool) -> list[int]:
     """Read, check and decode the frames of ``entries`` into ``views`` (None:
-    :data:`UNREGISTERED`): per frame :func:`read_frame`'s status. The reads run on ``io``'s
-    threads (each waits on the device), the decoding on ``cpu``'s (one per core)."""
-    batch = FrameBatch(geometry, file_of, keys, entries)
+    :data:`UNREGISTERED`): per frame :data:`OK`, :data:`SHORT`, :data:`HEADER`,
+    :data:`CHECKSUM` (a checksum mismatch, or a frame that does not decode to the page: the
+    page untouched then) or ``-errno``. The reads run on ``io``'s threads (each waits on
+    the device), the decoding on ``cpu``'s (one per core). ``fresh``: a frame failing its
+    checks is read once more past this node's page cache (a store shared across nodes)."""
+    batch = FrameBatch(geometry, file_of, keys, entries, views)
     status = batch.status
     if batch.count:
         call = library().plan_read(batch, batch.pages)
         io.map(lambda lo, hi: library().read_plan(call, lo, hi), batch.count)
+        for k in range(batch.count) if fresh else ():
+            if call.status[k] in (SHORT, HEADER, CHECKSUM):
+                drop_cached(batch.fds[k], batch.data_offs[k], batch.lengths[k])
+                drop_cached(batch.fds[k], batch.marker_offs[k], RECORD_BYTES)
+                library().read_plan(call, k, k + 1)
         for k, j in enumerate(batch.read):
             status[j] = call.status[k]
-    todo = []  # (frame of the plan, key index) read and checked: to decode
-    for k, j in enumerate(batch.read):
-        page = views[j]
-        if page is None:
-            status[j] = UNREGISTERED
-        elif status[j] == OK:
-            todo.append((k, j))
-        elif fresh and status[j] in (SHORT, HEADER, CHECKSUM):  # again, past this node's page cache
-            status[j] = read_frame(geometry, batch.fds[k], entries[j], keys[j], page, True)
+    todo = [(k, j) for k, j in enumerate(batch.read) if status[j] == OK]  # read and checked
 
     def decode(lo: int, hi: int) -> None:
         for k, j in todo[lo:hi]:

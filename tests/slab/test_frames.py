@@ -100,3 +100,24 @@ def test_frames_and_whole_pages_in_one_batch_after_eviction(tmp_path: Path) -> N
         assert conn.batch_get(keys, pages.pages) == [True] * 16
         assert pages.holds(keys, pattern)
     conn.close()
+
+
+def test_flipped_frame_on_a_shared_store_is_read_again_then_kept_as_suspect(tmp_path: Path) -> None:
+    """multi_node: a frame failing its checks is read again past the page cache; still bad,
+    it is a corrupt miss but stays indexed (suspect) rather than being dropped at once."""
+    from hicache_l3.conformance.slab_backdoor import SlabBackdoor
+
+    class Door(SlabBackdoor):
+        connector_name = "file"
+        page_bytes = PAGE
+
+    settings = {"root": str(tmp_path / "s"), "compression": "zstd", "multi_node": "true"}
+    conn = open_connector("file", NS, settings)
+    keys = [f"m-{i}" for i in range(3)]
+    pages = store_pages(conn, PAGE, keys, kv_pattern)
+    Door().backdoor_corrupt(settings, NS, keys[1], "flip")
+    pages.wipe()
+    assert conn.batch_reasons("get", keys, pages.pages) == [Reason.OK, Reason.CORRUPT, Reason.OK]
+    assert pages.matches(0, keys[0], kv_pattern) and pages.matches(2, keys[2], kv_pattern)
+    assert conn.batch_exists(keys) == [True, True, True]
+    conn.close()
