@@ -36,8 +36,8 @@ import numpy as np
 from hicache_l3.bench import memcg
 from hicache_l3.bench.raw_direct import FIO_JOBS, RawDirect, fio_available, run_fio
 from hicache_l3.bench.runner import BenchError, cpu_info, describe_cpu, drop_page_cache, fixed_width, quantile
+from hicache_l3.bench.targets import bench_namespace
 from hicache_l3.common.errors import ConfigError, HiCacheL3Error
-from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.pages import contiguous_pages
 from hicache_l3.common.registry import open_connector
@@ -209,12 +209,6 @@ def format_report(report: dict[str, Any]) -> str:
 # ---- worker side (runs in the cgroup) ---------------------------------------------------
 
 
-def namespace(page_bytes: int, tag: str) -> Namespace:
-    """The namespace of the bench's stores: bf16 KV (a zstd store splits byte planes)."""
-    return Namespace(model="hicache-l3-bench", kv_dtype="bfloat16", layout="page_first",
-                     page_size=page_bytes, tag=tag)
-
-
 def page_bodies(page_bytes: int, kv: str) -> list[bytes]:
     """``BODIES`` distinct page bodies of ``page_bytes - 8`` bytes (an even length: bf16
     elements stay aligned after the 8-byte stamp) for ``kv`` (one of ``KV_BYTES``):
@@ -288,7 +282,8 @@ def _connector(opts: BeyondOptions, backend: str, mode: str, source: HostBuffer,
     if backend == "hf3fs":
         settings["max_writers"] = 1
     settings.update(opts.settings.get(backend, {}))
-    conn = open_connector(backend, namespace(opts.page_bytes, f"beyond-{backend}"), settings)
+    ns = bench_namespace(opts.page_bytes, f"beyond-{backend}", kv_dtype="bfloat16")  # byte planes for zstd
+    conn = open_connector(backend, ns, settings)
     stack.callback(conn.close)
     dst = HostBuffer(opts.batch * opts.page_bytes, pin=False)
     conn.register(source)

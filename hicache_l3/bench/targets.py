@@ -40,9 +40,10 @@ class BenchOptions:
     idle_s: float = 0.0  # sleep before every timed op, off the clock
 
 
-def bench_namespace(page_bytes: int, tag: str) -> Namespace:
-    """The namespace bench pages of ``page_bytes`` are stored in, tagged ``tag``."""
-    return Namespace(model="hicache-l3-bench", kv_dtype="uint8", layout="page_first",
+def bench_namespace(page_bytes: int, tag: str, kv_dtype: str = "uint8") -> Namespace:
+    """The namespace bench pages of ``page_bytes`` are stored in, tagged ``tag``;
+    ``kv_dtype`` ``bfloat16`` where pages hold bf16 KV (zstd then splits byte planes)."""
+    return Namespace(model="hicache-l3-bench", kv_dtype=kv_dtype, layout="page_first",
                      page_size=page_bytes, tag=tag)
 
 
