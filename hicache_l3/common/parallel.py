@@ -43,6 +43,25 @@ class BatchPool:
             guard.settle()
             raise
 
+    def start(self, fn: Callable[[int, int], object], n: int) -> Started:
+        """``fn(lo, hi)`` over ``[0, n)`` in up to ``threads - 1`` shares on the pool's
+        threads alone, the caller free meanwhile; :meth:`Started.wait` joins them."""
+        started = Started()
+        if n <= 0:
+            return started
+        if self._pool is None:
+            fn(0, n)
+            return started
+        shares = min(self.threads - 1, max(1, n // self.min_share))
+        try:
+            for s in range(shares):
+                started.futures.append(self._pool.submit(started.guard.run, fn, n * s // shares,
+                                                         n * (s + 1) // shares))
+        except BaseException:
+            started.guard.settle()
+            raise
+        return started
+
     def run_chunks(self, fn: Callable[[int, int], object], n: int, chunk: int) -> None:
         """``fn(lo, hi)`` over ``[0, n)`` in chunks of ``chunk`` items, each claimed by
         whichever thread is free (the caller's included). Raises the first exception of a
@@ -115,6 +134,24 @@ class BatchPool:
         """Stop the worker threads."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+
+
+class Started:
+    """The shares :meth:`BatchPool.start` submitted."""
+
+    def __init__(self) -> None:
+        self.guard = _Guard()
+        self.futures: list[Future[object]] = []
+
+    def wait(self) -> None:
+        """Return once every share ran; raise the first exception of one. Interrupted, no
+        share starts any more and none is running when the interrupt propagates."""
+        try:
+            for future in self.futures:
+                future.result()
+        except BaseException:
+            self.guard.settle()
+            raise
 
 
 class _Guard:

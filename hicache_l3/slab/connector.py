@@ -24,7 +24,7 @@ from hicache_l3.common.pages import Page
 from hicache_l3.common.parallel import BatchPool
 from hicache_l3.common.safe_fs import private_root
 from hicache_l3.slab.format import Entry, Located, Slot, namespace_dir, read_namespace_file
-from hicache_l3.slab.frames import frame_align, is_frame_length, read_frames, write_frames
+from hicache_l3.slab.frames import FrameBuffers, frame_align, is_frame_length, read_frames, write_frames
 from hicache_l3.slab.fresh import reread
 from hicache_l3.slab.io import (
     CHECKSUM,
@@ -47,6 +47,7 @@ SUSPECT_S = 60.0  # shared across nodes: how long a page may fail its checks bef
 _SUSPECTS_MAX = 1 << 16  # pages tracked at once (beyond: the tracking starts again)
 FRESH_THREADS = 8  # re-reads past the page cache in flight at once (each waits on the network)
 FRAME_THREADS = 16  # frames read at once (each read waits on the device)
+FRAME_BUFFER = 16 << 20  # bytes of frames a get reads per pass (two buffers: one read, one decoded)
 
 
 class SlabConnector:
@@ -76,6 +77,7 @@ class SlabConnector:
         nodes may mount it. ``compression``: the setting (pages stored as frames where shorter)."""
         self._codec = PageCodec(compression, self.namespace.kv_dtype)
         self._frames: tuple[BatchPool, BatchPool] | None = None
+        self._frame_buffers = FrameBuffers(FRAME_BUFFER)
         self.root = private_root(root, f"{self.name} connector: root")
         if not os.access(self.root, os.W_OK | os.X_OK):
             raise ConfigError(f"{self.name} connector: root {self.root} is not writable")
@@ -371,7 +373,7 @@ class SlabConnector:
         entries = [e for _, e in frames]
         views = [self.regions.views(pages[i]) for i, _ in frames]
         status = read_frames(store.geometry, store.fd, fkeys, entries, views, self.multi_node,
-                             self._frame_pool(), self._frame_pool(cpu=True))
+                             self._frame_pool(), self._frame_pool(cpu=True), self._frame_buffers)
         self.metrics.count("frames_read", status.count(OK))
         self._settle_reads(store, keys, pages, reasons, frames, status, {}, reread=False)
 

@@ -8,24 +8,29 @@ one class per length).
 Frames move through the store's buffered descriptors, not the connector's transport: a
 frame lives in Python memory (not registered with NIXL or USRBIO) and is decoded in memory
 anyway. As for every slot, a write puts the marker record first and a read takes it last;
-a get batch's frames are read and checked by the C library's planned read, then decoded.
+a get batch's frames are read and checked by the C library's planned read, then decoded,
+in passes of at most one reused buffer (:class:`FrameBuffers`): a buffer allocated per
+batch costs a page fault per 4 KiB on every get.
 """
 
 from __future__ import annotations
 
 import array
+import contextlib
 import ctypes
 import errno
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from functools import partial
 from itertools import accumulate
-from typing import cast
+from typing import Any, cast
 
 from hicache_l3.common.compression import read_stored
 from hicache_l3.common.errors import Reason
 from hicache_l3.common.integrity import buffer_checksum, key_fingerprint
 from hicache_l3.common.pages import Page
-from hicache_l3.common.parallel import BatchPool
+from hicache_l3.common.parallel import BatchPool, Started
 from hicache_l3.slab.format import (
     RECORD_BYTES,
     Entry,
@@ -70,15 +75,52 @@ def write_frames(geometry: Geometry, keys: Sequence[str], frames: Sequence[bytes
     return status, sums
 
 
+class FrameBuffers:
+    """Read buffers of ``size`` bytes that outlive a get, one per concurrent get; at most
+    ``keep`` are kept between gets."""
+
+    def __init__(self, size: int, keep: int = 2) -> None:
+        self.size, self._keep = size, keep
+        self._free: list[bytearray] = []
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def taken(self) -> Iterator[bytearray]:
+        """A buffer of :attr:`size` bytes for the caller alone until the block ends."""
+        with self._lock:
+            buffer = self._free.pop() if self._free else None
+        buffer = buffer if buffer is not None else bytearray(self.size)
+        try:
+            yield buffer
+        finally:
+            with self._lock:
+                if len(self._free) < self._keep:
+                    self._free.append(buffer)
+
+
+def frame_passes(lengths: Sequence[int], size: int) -> Iterator[tuple[int, int]]:
+    """Consecutive ``[lo, hi)`` runs of frames whose lengths add up to at most ``size``
+    (a longer frame alone)."""
+    lo, total = 0, 0
+    for j, length in enumerate(lengths):
+        if j > lo and total + length > size:
+            yield lo, j
+            lo, total = j, 0
+        total += length
+    if lo < len(lengths):
+        yield lo, len(lengths)
+
+
 class FrameBatch:
-    """The frames of one get batch read into one scratch buffer by the C library's planned
-    read (data, then marker records, then the checksums; the GIL released), shaped as the
-    :class:`~hicache_l3.slab.native.PlannedRead` it takes. Frames without a destination
-    (``views[j]`` None) are left out as :data:`UNREGISTERED`, those whose slab cannot be
-    opened with their ``-errno`` in :attr:`status`."""
+    """Frames of a get read into ``buffer`` (one of their own when they do not fit) by the
+    C library's planned read (data, then marker records, then the checksums; the GIL
+    released), shaped as the :class:`~hicache_l3.slab.native.PlannedRead` it takes. Frames
+    without a destination (``views[j]`` None) are left out as :data:`UNREGISTERED`, those
+    whose slab cannot be opened with their ``-errno`` in :attr:`status`."""
 
     def __init__(self, geometry: Geometry, file_of: FileOf, keys: Sequence[str],
-                 entries: Sequence[Entry], views: Sequence[list[memoryview] | None]) -> None:
+                 entries: Sequence[Entry], views: Sequence[list[memoryview] | None],
+                 buffer: bytearray) -> None:
         n = len(entries)
         self.status = [PENDING] * n
         fds = []
@@ -100,7 +142,7 @@ class FrameBatch:
         self.csums = array.array("Q", [e.checksum for e in entries])
         self.lengths = [e.length for e in entries]
         self.starts = list(accumulate(self.lengths, initial=0))
-        self.scratch = bytearray(max(1, self.starts[-1]))
+        self.scratch = buffer if len(buffer) >= self.starts[-1] else bytearray(self.starts[-1])
         base = ctypes.addressof((ctypes.c_char * len(self.scratch)).from_buffer(self.scratch))
         self.pages: list[Page] = [[(base + at, length)] for at, length in zip(self.starts, self.lengths)]
 
@@ -111,18 +153,49 @@ class FrameBatch:
 
 def read_frames(geometry: Geometry, file_of: FileOf, keys: Sequence[str], entries: Sequence[Entry],
                 views: Sequence[list[memoryview] | None], fresh: bool, io: BatchPool,
-                cpu: BatchPool) -> list[int]:
+                cpu: BatchPool, buffers: FrameBuffers) -> list[int]:
     """Read, check and decode the frames of ``entries`` into ``views`` (None:
     :data:`UNREGISTERED`): per frame :data:`OK`, :data:`SHORT`, :data:`HEADER`,
     :data:`CHECKSUM` (a checksum mismatch, or a frame that does not decode to the page: the
-    page untouched then) or ``-errno``. The reads run on ``io``'s threads (each waits on
-    the device), the decoding on ``cpu``'s (one per core). ``fresh``: a frame failing its
-    checks is read once more past this node's page cache (a store shared across nodes)."""
-    batch = FrameBatch(geometry, file_of, keys, entries, views)
+    page untouched then) or ``-errno``. ``fresh``: a frame failing its checks is read once
+    more past this node's page cache (a store shared across nodes).
+
+    Frames go in passes of one buffer of ``buffers``, two buffers taking turns: ``io``'s
+    threads read a pass (each waits on the device) while the caller and ``cpu``'s threads
+    (one per core) decode the pass before it."""
+    status: list[int] = []
+    passes = list(frame_passes([e.length for e in entries], buffers.size))
+    started: list[Started] = []
+    with contextlib.ExitStack() as held:
+        turns = [held.enter_context(buffers.taken()) for _ in passes[:2]]
+        try:
+            reading: tuple[FrameBatch, Any, Started, int, int] | None = None
+            for i, (lo, hi) in enumerate(passes):
+                batch = FrameBatch(geometry, file_of, keys[lo:hi], entries[lo:hi], views[lo:hi], turns[i % 2])
+                call = library().plan_read(batch, batch.pages) if batch.count else None
+                started.append(io.start(partial(_read, call), batch.count))
+                if reading is not None:
+                    status += _checked(*reading[:3], views[reading[3]:reading[4]], fresh, cpu)
+                reading = (batch, call, started[-1], lo, hi)
+            if reading is not None:
+                status += _checked(*reading[:3], views[reading[3]:reading[4]], fresh, cpu)
+        finally:  # interrupted: no read goes on into a buffer given back
+            for reads in started:
+                reads.guard.settle()
+    return status
+
+
+def _read(call: Any, lo: int, hi: int) -> None:
+    library().read_plan(call, lo, hi)
+
+
+def _checked(batch: FrameBatch, call: Any, reads: Started, views: Sequence[list[memoryview] | None],
+             fresh: bool, cpu: BatchPool) -> list[int]:
+    """The statuses of a pass read by ``call`` once ``reads`` end, its frames that read
+    whole decoded."""
+    reads.wait()
     status = batch.status
     if batch.count:
-        call = library().plan_read(batch, batch.pages)
-        io.map(lambda lo, hi: library().read_plan(call, lo, hi), batch.count)
         for k in range(batch.count) if fresh else ():
             if call.status[k] in (SHORT, HEADER, CHECKSUM):
                 drop_cached(batch.fds[k], batch.data_offs[k], batch.lengths[k])

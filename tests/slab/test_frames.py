@@ -14,7 +14,7 @@ from hicache_l3.common.registry import open_connector
 from hicache_l3.conformance.compression import kv_pattern
 from hicache_l3.conformance.pages import Pages, page_pattern, store_pages
 from hicache_l3.conformance.slab_backdoor import live_entries, slab_location
-from hicache_l3.slab.frames import frame_align, is_frame_length
+from hicache_l3.slab.frames import FrameBuffers, frame_align, frame_passes, is_frame_length
 
 NS = Namespace(model="frames/model", kv_dtype="bfloat16", layout="page_first", page_size=16)
 PAGE = 64 << 10
@@ -120,4 +120,23 @@ def test_flipped_frame_on_a_shared_store_is_read_again_then_kept_as_suspect(tmp_
     assert conn.batch_reasons("get", keys, pages.pages) == [Reason.OK, Reason.CORRUPT, Reason.OK]
     assert pages.matches(0, keys[0], kv_pattern) and pages.matches(2, keys[2], kv_pattern)
     assert conn.batch_exists(keys) == [True, True, True]
+    conn.close()
+
+
+def test_frame_passes_fill_each_buffer_and_take_a_longer_frame_alone() -> None:
+    assert list(frame_passes([], 10)) == []
+    assert list(frame_passes([4, 4, 4, 12, 3, 3], 10)) == [(0, 2), (2, 3), (3, 4), (4, 6)]
+
+
+def test_a_get_larger_than_its_buffer_is_read_in_passes_and_the_buffer_kept(tmp_path: Path) -> None:
+    conn = open_connector("file", NS, {"root": str(tmp_path / "s"), "compression": "zstd"})
+    keys = [f"p-{i}" for i in range(24)]
+    pages = store_pages(conn, PAGE, keys, _varied)
+    buffers = FrameBuffers(3 * PAGE // 2, keep=1)  # a frame or two a pass
+    conn._frame_buffers = buffers  # type: ignore[attr-defined]
+    for _ in range(2):
+        pages.wipe()
+        assert conn.batch_get(keys, pages.pages) == [True] * len(keys)
+        assert pages.holds(keys, _varied)
+    assert len(buffers._free) == 1
     conn.close()

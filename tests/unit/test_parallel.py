@@ -1,4 +1,4 @@
-"""BatchPool.run_chunks: every item once, errors propagate, nothing runs after return."""
+"""BatchPool: every item once, errors propagate, nothing runs after return."""
 
 from __future__ import annotations
 
@@ -134,5 +134,53 @@ def test_run_shared_raises_a_pool_drains_error_after_waiting_for_it() -> None:
         with pytest.raises(OSError, match="failed"):
             pool.run_shared(share.drain, share.stop, 16, 50_000_000)
         assert share.stopped == 1
+    finally:
+        pool.shutdown()
+
+
+@pytest.mark.parametrize("threads, n", [(1, 5), (2, 1), (4, 3), (16, 128)])
+def test_start_runs_every_item_once_off_the_caller(threads: int, n: int) -> None:
+    pool = BatchPool(threads, "t", min_share=1)
+    try:
+        seen: list[int] = []
+        where: set[int] = set()
+        lock = threading.Lock()
+
+        def fn(lo: int, hi: int) -> None:
+            with lock:
+                seen.extend(range(lo, hi))
+                where.add(threading.get_ident())
+
+        pool.start(fn, n).wait()
+        assert sorted(seen) == list(range(n))
+        assert (threading.get_ident() in where) == (threads == 1)
+        pool.start(fn, 0).wait()
+        assert len(seen) == n
+    finally:
+        pool.shutdown()
+
+
+def test_start_wait_raises_a_shares_error_once_none_is_running() -> None:
+    pool = BatchPool(4, "t", min_share=1)
+    try:
+        running = 0
+        lock = threading.Lock()
+
+        def fn(lo: int, hi: int) -> None:
+            nonlocal running
+            with lock:
+                running += 1
+            try:
+                time.sleep(0.01 if lo else 0.0)
+                if lo == 0:
+                    raise OSError("share 0 failed")
+            finally:
+                with lock:
+                    running -= 1
+
+        started = pool.start(fn, 3)
+        with pytest.raises(OSError, match="share 0"):
+            started.wait()
+        assert running == 0  # the other shares ended before wait raised
     finally:
         pool.shutdown()
