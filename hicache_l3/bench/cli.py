@@ -119,7 +119,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="each backend of --compression-backends with compression=zstd against "
                              "itself with none, interleaved: stored ratio and effective GB/s")
     parser.add_argument("--compression-backends", default="memory,nixl-obj", metavar="B[,B]",
-                        help="--compression: memory, nixl-obj, mooncake, file-fsspec, file")
+                        help="--compression: memory, nixl-obj, mooncake, file-fsspec, s3-fsspec "
+                             "(the file connector on an s3:// root on the local S3 server; needs "
+                             "s3fs), file")
     parser.add_argument("--beyond-memory", action="store_true",
                         help="instead: file and hf3fs stores several times the page cache allowed (a "
                              "memory cgroup), random gets and evicting sets from the device against raw "

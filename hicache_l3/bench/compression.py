@@ -7,6 +7,7 @@ get is verified.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import statistics
 import tempfile
@@ -25,7 +26,41 @@ from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.pages import contiguous_pages
 from hicache_l3.common.registry import open_connector
 
-BACKENDS = ("memory", "nixl-obj", "mooncake", "file-fsspec", "file")
+BACKENDS = ("memory", "nixl-obj", "mooncake", "file-fsspec", "s3-fsspec", "file")
+
+
+def require_s3fs() -> None:
+    """Raise :class:`BenchError` naming the fix when ``s3fs`` (fsspec's ``s3://``) cannot be imported."""
+    try:
+        importlib.import_module("s3fs")
+    except ImportError as exc:
+        raise BenchError(
+            f"--compression s3-fsspec needs s3fs for the file connector's s3:// root: pip install s3fs "
+            f"(its aiobotocore pins botocore to a narrow range, so pip may move boto3 and botocore to "
+            f"an older matching pair; or install it with --target into a separate folder and run the "
+            f"bench with that folder on PYTHONPATH) ({exc})"
+        ) from None
+
+
+@contextlib.contextmanager
+def s3_storage_options(endpoint: str, access_key: str, secret_key: str,
+                       region: str = "us-east-1") -> Iterator[dict[str, Any]]:
+    """fsspec's defaults for ``s3://`` (``fsspec.config.conf["s3"]``) set to reach ``endpoint``
+    with these keys for the block, then put back as they were; yields the options."""
+    import fsspec.config
+
+    options: dict[str, Any] = {"endpoint_url": endpoint, "key": access_key, "secret": secret_key,
+                               "client_kwargs": {"region_name": region}}
+    had = "s3" in fsspec.config.conf
+    before = fsspec.config.conf.get("s3")
+    fsspec.config.conf["s3"] = options
+    try:
+        yield options
+    finally:
+        if had:
+            fsspec.config.conf["s3"] = before
+        else:
+            fsspec.config.conf.pop("s3", None)
 
 
 @contextlib.contextmanager
@@ -38,6 +73,13 @@ def backend_settings(backend: str, store_bytes: int) -> Iterator[tuple[str, dict
 
         with S3Engine() as s3:
             yield "nixl", dict(s3.settings)
+    elif backend == "s3-fsspec":
+        require_s3fs()
+        from hicache_l3.engines import S3Engine
+
+        s3 = S3Engine()
+        with s3, s3_storage_options(s3.endpoint, s3.access_key, s3.secret_key):
+            yield "file", {"root": f"s3://{s3.bucket}/bench-{uuid.uuid4().hex[:8]}"}
     elif backend == "mooncake":
         from hicache_l3.engines import MooncakeEngine
 

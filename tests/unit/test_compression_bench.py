@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+import sys
+import types
 from pathlib import Path
 
+import fsspec.config
 import numpy as np
 import pytest
 
+from hicache_l3 import engines
 from hicache_l3.bench import real_kv
-from hicache_l3.bench.compression import format_rows, run_backend
+from hicache_l3.bench.compression import backend_settings, format_rows, run_backend
+from hicache_l3.bench.runner import BenchError
 from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.memory import HostBuffer
 
@@ -51,3 +56,41 @@ def test_bench_row_on_the_memory_connector(cached_kv: np.ndarray, monkeypatch: p
     assert "memory" in format_rows([row])
     random_row = run_backend("memory", 8192, 8, 4, 2, "random")
     assert random_row["ratio"] == 1.0  # random pages are stored raw
+
+
+def test_s3_fsspec_without_s3fs_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "s3fs", None)  # import s3fs raises ImportError
+    started = []
+    monkeypatch.setattr(engines, "S3Engine", lambda: started.append(1))
+    with pytest.raises(BenchError, match="pip install s3fs"), backend_settings("s3-fsspec", 1 << 20):
+        pass
+    assert not started  # refused before an S3 server is started
+
+
+class _FakeS3:
+    """Stands in for S3Engine: its endpoint, bucket and keys, no server."""
+
+    endpoint = "http://127.0.0.1:5999"
+    bucket = "bench-bucket"
+    access_key = "k-id"
+    secret_key = "k-secret"
+
+    def __enter__(self) -> _FakeS3:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def test_s3_fsspec_points_fsspec_at_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "s3fs", types.ModuleType("s3fs"))
+    monkeypatch.setattr(engines, "S3Engine", _FakeS3)
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": "http://elsewhere"})
+    with backend_settings("s3-fsspec", 1 << 20) as (name, settings):
+        assert name == "file"
+        assert settings["root"].startswith("s3://bench-bucket/bench-")
+        assert fsspec.config.conf["s3"] == {
+            "endpoint_url": "http://127.0.0.1:5999", "key": "k-id", "secret": "k-secret",
+            "client_kwargs": {"region_name": "us-east-1"},
+        }
+    assert fsspec.config.conf["s3"] == {"endpoint_url": "http://elsewhere"}  # put back
