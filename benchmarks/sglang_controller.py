@@ -407,10 +407,11 @@ def beyond_memory(args: argparse.Namespace, host: Any, work: str, open_ours: Cal
     from hicache_l3.bench.raw_direct import FIO_JOBS, RawDirect, fio_available, run_fio
     from hicache_l3.bench.runner import drop_page_cache, quantile
     from hicache_l3.common.memory import HostBuffer
+    from hicache_l3.slab.auto_direct import memory_total
 
     limit = args.beyond_cache + BEYOND_SLACK
     cgroup, why = memcg.create(limit, f"hicache-l3-sgbench-{os.getpid()}")
-    store_bytes = args.beyond_store or (4 * limit if cgroup else 2 * memcg.memory_total())
+    store_bytes = args.beyond_store or (4 * limit if cgroup else 2 * memory_total())
     pages = max(BATCH, store_bytes // page_bytes)
     capacity = pages * Geometry(page_bytes).stride
     stamps = StampedPages(host)
@@ -521,7 +522,7 @@ def beyond_memory(args: argparse.Namespace, host: Any, work: str, open_ours: Cal
     even = break_even_gb_s(LLAMA31_8B_KV_BYTES_PER_TOKEN, H100_LLAMA31_8B_PREFILL_TOKENS_PER_S)
     meta = {"cpu": cpu, "store_bytes": pages * page_bytes, "pages": pages, "page_bytes": page_bytes,
             "cache_bytes": limit, "cgroup": bool(cgroup), "cgroup_why_not": why,
-            "memory_bytes": memcg.memory_total(), "batch": BATCH, "rounds": args.reps, "raw_threads": 16,
+            "memory_bytes": memory_total(), "batch": BATCH, "rounds": args.reps, "raw_threads": 16,
             "kv_bytes_per_token": LLAMA31_8B_KV_BYTES_PER_TOKEN,
             "prefill_tokens_per_s": H100_LLAMA31_8B_PREFILL_TOKENS_PER_S, "break_even_gb_s": even,
             "path": "HiCacheController._page_get_zero_copy / _page_set_zero_copy",

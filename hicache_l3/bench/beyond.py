@@ -41,6 +41,7 @@ from hicache_l3.common.errors import ConfigError, HiCacheL3Error
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.pages import contiguous_pages
 from hicache_l3.common.registry import open_connector
+from hicache_l3.slab.auto_direct import memory_total
 from hicache_l3.slab.format import Geometry
 
 BODIES = 64  # distinct page bodies; page i has body i % BODIES and its index in its first 8 bytes
@@ -132,7 +133,7 @@ def run_beyond(opts: BeyondOptions, quiet: bool = False) -> tuple[int, dict[str,
         opts.validate()
         cgroup, why = memcg.create(opts.cgroup_bytes, f"hicache-l3-bench-{os.getpid()}")
         if opts.store_bytes <= 0:
-            opts.store_bytes = 4 * opts.cache_bytes if cgroup else 2 * memcg.memory_total()
+            opts.store_bytes = 4 * opts.cache_bytes if cgroup else 2 * memory_total()
         base = Path(opts.workdir) if opts.workdir else Path(tempfile.gettempdir())
         base.mkdir(parents=True, exist_ok=True)
         stores = len(opts.backends) * len(opts.modes) + 1
@@ -151,8 +152,8 @@ def run_beyond(opts: BeyondOptions, quiet: bool = False) -> tuple[int, dict[str,
     try:
         if cgroup is None:
             print(f"bench: no memory cgroup ({why}): the page cache is the machine's "
-                  f"({memcg.memory_total() / 2**30:.1f} GiB), the store "
-                  f"{opts.store_bytes / memcg.memory_total():.1f}x that", file=sys.stderr)
+                  f"({memory_total() / 2**30:.1f} GiB), the store "
+                  f"{opts.store_bytes / memory_total():.1f}x that", file=sys.stderr)
         config = dataclasses.replace(opts, workdir=str(work), cgroup=str(cgroup or ""))
         args = [sys.executable, "-m", "hicache_l3.bench.beyond", json.dumps(dataclasses.asdict(config))]
         done = subprocess.run(args, stdout=subprocess.PIPE, text=True,
@@ -388,7 +389,7 @@ def worker(opts: BeyondOptions) -> dict[str, Any]:
                         fio_figures.setdefault((name, op), []).append(fig)
         results = _results(contenders, fio_figures, opts)
         compressed = _compressed(contenders, results, opts.page_bytes)
-    return {"meta": {**dataclasses.asdict(opts), "pages": opts.pages, "memory_bytes": memcg.memory_total(),
+    return {"meta": {**dataclasses.asdict(opts), "pages": opts.pages, "memory_bytes": memory_total(),
                      "break_even_gb_s": break_even_gb_s(opts.kv_bytes_per_token, opts.prefill_tokens_per_s),
                      "fio": fio},
             "results": results, "compressed": compressed}

@@ -56,11 +56,3 @@ def remove(path: Path, timeout_s: float = 5.0) -> bool:
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.05)
-
-
-def memory_total() -> int:
-    """Bytes of memory of this machine (``MemTotal`` of ``/proc/meminfo``)."""
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            return int(line.split()[1]) << 10
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

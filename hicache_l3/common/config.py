@@ -177,6 +177,8 @@ def _coerce(value: Any, hint: Any, field: dataclasses.Field[Any], name: str) -> 
                 errors.append(str(exc))
         raise ConfigError(errors[0] if errors else f"{name}: bad value {value!r}")
     if typing.get_origin(hint) is typing.Literal:
+        if isinstance(value, bool) and "true" in args and "false" in args:
+            value = "true" if value else "false"
         if value not in args:
             raise ConfigError(f"{name}: {value!r} is not one of {list(args)}")
         return value

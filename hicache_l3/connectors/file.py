@@ -1,15 +1,18 @@
 """The file connector: pages in preallocated slab files on any POSIX path (the shared slab
 store, :mod:`hicache_l3.slab`), moved zero-copy between registered memory and the slabs by
 the C batch library, a share of a batch per call; a torn, stale, recycled or corrupted slot
-is a miss. ``o_direct=true`` moves a page whose segments are 4 KiB-aligned with O_DIRECT, other
-pages through the page cache (counted ``direct_fallback``). Roots that are URLs go through
-fsspec instead (:mod:`hicache_l3.connectors.fsspec_root`).
+is a miss. With O_DIRECT (``o_direct=true``, or ``auto`` once the page size shows a store of
+large pages many times the page cache: :mod:`hicache_l3.slab.auto_direct`) a page whose
+segments are 4 KiB-aligned bypasses the page cache, other pages go through it (counted
+``direct_fallback``). Roots that are URLs go through fsspec instead
+(:mod:`hicache_l3.connectors.fsspec_root`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -20,11 +23,15 @@ from hicache_l3.common.connector import Capabilities, Connector
 from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.safe_fs import private_root
+from hicache_l3.slab.auto_direct import choose_o_direct, page_cache_bytes
 from hicache_l3.slab.connector import SlabConnector
 from hicache_l3.slab.format import ALIGN
+from hicache_l3.slab.io import SlotTransport
 from hicache_l3.slab.store import SlabStore
 from hicache_l3.slab.uring import MAX_DEPTH as URING_MAX_DEPTH
 from hicache_l3.slab.uring import select_transport
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -63,11 +70,14 @@ class FileConfig(ConnectorConfig):
         "cache before it is a miss (docs/reliability.md, 'Several nodes')")
     compression: Literal["none", "zstd"] = setting("none", COMPRESSION_HELP)
     fsync: Literal["none", "data", "always"] = setting("none", "durability policy (see docs)")
-    o_direct: bool = setting(
-        False, "move aligned pages with O_DIRECT, bypassing the page cache, io_uring_depth at once "
-        "(io_uring_depth=0: max(io_threads, write_threads, cold_read_threads) threads); for a store "
-        "bigger than memory, leaves the page cache to others (docs/benchmarks.md, 'Beyond memory'); "
-        "slower whenever the page cache would have held the pages, and for sets")
+    o_direct: Literal["auto", "true", "false"] = setting(
+        "auto", "move aligned pages with O_DIRECT, bypassing the page cache, io_uring_depth at once "
+        "(io_uring_depth=0: max(io_threads, write_threads, cold_read_threads) threads): faster gets "
+        "from a store much bigger than memory, slower whenever the page cache would have held the "
+        "pages, and for bursts of sets. auto = true for pages of 1 MiB or more in a store "
+        "(capacity_bytes) at least 4x the page cache this process may use (memory, or its memory "
+        "cgroup's limit), where the filesystem takes O_DIRECT; else false (docs/benchmarks.md, "
+        "'Beyond memory')")
 
     def validate(self) -> None:
         """Check values that types alone cannot."""
@@ -109,19 +119,40 @@ class FileConnector(SlabConnector, Connector[FileConfig]):
     def __init__(self, config: FileConfig, namespace: Namespace) -> None:
         super().__init__(config, namespace)
         self.checksum_writes = config.checksum != "none"
-        self.transport = select_transport(
-            self.metrics, direct=config.o_direct, io_threads=config.io_threads,
-            write_threads=config.write_threads,
-            cold_threads=config.cold_read_threads, ring_depth=config.io_uring_depth,
-            what=f"{self.name} connector",
-        )
+        self.transport = self._select_transport(direct=config.o_direct == "true")
         try:
-            if config.o_direct:
+            if config.o_direct == "true":
                 _probe_o_direct(private_root(config.root, f"{self.name} connector: root"))
             self._init_slab_root(config.root, config.capacity_bytes, config.multi_node, config.compression)
         except BaseException:
             self.transport.close()
             raise
+
+    def _select_transport(self, direct: bool) -> SlotTransport:
+        config = self.config
+        return select_transport(
+            self.metrics, direct=direct, io_threads=config.io_threads, write_threads=config.write_threads,
+            cold_threads=config.cold_read_threads, ring_depth=config.io_uring_depth,
+            what=f"{self.name} connector")
+
+    def _store_opened(self, store: SlabStore) -> None:
+        """``o_direct=auto``: O_DIRECT from now on where :func:`choose_o_direct` says so for
+        this store's pages and the filesystem takes it."""
+        if self.config.o_direct != "auto":
+            return
+        slot_bytes, cache = store.geometry.slot_bytes, page_cache_bytes()
+        if not choose_o_direct(slot_bytes, self.capacity_bytes, cache):
+            return
+        try:
+            _probe_o_direct(self.root)
+        except ConfigError as exc:
+            log.info("%s connector: o_direct=auto stays buffered: %s", self.name, exc)
+            return
+        old, self.transport = self.transport, self._select_transport(direct=True)
+        old.close()
+        log.info("%s connector: o_direct=auto chose O_DIRECT (%d KiB pages, capacity %.1f GiB, "
+                 "%.1f GiB of page cache)", self.name, slot_bytes >> 10, self.capacity_bytes / 2**30,
+                 cache / 2**30)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -154,7 +185,7 @@ def _probe_o_direct(root: Path) -> None:
     except OSError as exc:
         raise ConfigError(
             f"file connector: o_direct=true but the filesystem of {root} refuses O_DIRECT "
-            f"({exc.strerror}); use o_direct=false"
+            f"({exc.strerror}); use o_direct=false or auto"
         ) from None
     finally:
         with contextlib.suppress(FileNotFoundError):

@@ -520,6 +520,10 @@ class Hf3fsConnector(FileConnector):
             )
         return store
 
+    def _store_opened(self, store: SlabStore) -> None:
+        if self.usrbio is None:  # (USRBIO moves pages past the page cache anyway)
+            super()._store_opened(store)
+
     def _register(self, region: MemoryRegion) -> None:
         if self.usrbio is not None:
             self.usrbio.register(region)

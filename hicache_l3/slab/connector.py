@@ -122,10 +122,15 @@ class SlabConnector:
         """Build this connector's store (override to pass engine-specific options)."""
         raise NotImplementedError
 
+    def _store_opened(self, store: SlabStore) -> None:
+        """Called once the store is made, before any page moves (override to choose by
+        the page size)."""
+
     def _open_store(self, slot_bytes: int) -> SlabStore:
         with self._store_lock:
             if self._store is None:
                 self._store = self._make_store(slot_bytes)
+                self._store_opened(self._store)
             return self._store
 
     def _existing_store(self) -> SlabStore | None:
