@@ -493,10 +493,10 @@ def beyond_memory(args: argparse.Namespace, host: Any, work: str, open_ours: Cal
                             stamps.check(host, ids, f"{name} get")
                         elif what == "get":
                             stamps.check_flat(raw_views, ids, f"{name} get")
-                for name, rw, engine, depth, jobs in FIO_JOBS if fio_available() else ():
-                    if (rw == "randread") == (what == "get"):
-                        fio_figures[(name, what)].append(
-                            run_fio(raw.path, pages * page_bytes, page_bytes, rw, engine, depth, jobs, 2.0))
+                for job in FIO_JOBS if fio_available() else ():
+                    if (job.rw == "randread") == (what == "get"):
+                        fig = run_fio(raw.path, pages * page_bytes, page_bytes, job, 2.0)
+                        fio_figures[(job.name, what)].append(fig)
         fallback = {name: s.storage_backend.connector.stats()["ops"]["counters"].get("direct_fallback", 0)
                     for name, s in ours.items()}
     finally:

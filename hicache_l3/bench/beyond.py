@@ -382,11 +382,11 @@ def worker(opts: BeyondOptions) -> dict[str, Any]:
                             _timed(c, op, indices)
                     if op == "set":
                         fresh += opts.batch
-                for name, rw, engine, depth, jobs in FIO_JOBS if fio else ():
-                    if (rw == "randread") == (op == "get"):
-                        fig = run_fio(raw.path, opts.pages * opts.page_bytes, opts.page_bytes, rw,
-                                      engine, depth, jobs, opts.fio_seconds)
-                        fio_figures.setdefault((name, op), []).append(fig)
+                for job in FIO_JOBS if fio else ():
+                    if (job.rw == "randread") == (op == "get"):
+                        fig = run_fio(raw.path, opts.pages * opts.page_bytes, opts.page_bytes, job,
+                                      opts.fio_seconds)
+                        fio_figures.setdefault((job.name, op), []).append(fig)
         results = _results(contenders, fio_figures, opts)
         compressed = _compressed(contenders, results, opts.page_bytes)
     return {"meta": {**dataclasses.asdict(opts), "pages": opts.pages, "memory_bytes": memory_total(),

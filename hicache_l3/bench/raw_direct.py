@@ -11,14 +11,28 @@ import subprocess
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from hicache_l3.bench.runner import BenchError
 
-FIO_JOBS = (  # (name, rw, ioengine, iodepth, numjobs)
-    ("fio-io_uring-qd32", "randread", "io_uring", 32, 1),
-    ("fio-psync-16jobs", "randread", "psync", 1, 16),
-    ("fio-io_uring-qd32", "randwrite", "io_uring", 32, 1),
+
+class FioJob(NamedTuple):
+    """One ``fio`` contender; ``batch``: ``iodepth`` blocks submitted, then all of them
+    awaited (the shape of a connector's synchronous batch), else a queue kept full."""
+
+    name: str
+    rw: str
+    ioengine: str
+    iodepth: int
+    numjobs: int
+    batch: bool = False
+
+
+FIO_JOBS = (
+    FioJob("fio-io_uring-qd32", "randread", "io_uring", 32, 1),
+    FioJob("fio-io_uring-batch128", "randread", "io_uring", 128, 1, batch=True),
+    FioJob("fio-psync-16jobs", "randread", "psync", 1, 16),
+    FioJob("fio-io_uring-qd32", "randwrite", "io_uring", 32, 1),
 )
 
 
@@ -66,14 +80,15 @@ def fio_available() -> bool:
     return shutil.which("fio") is not None
 
 
-def run_fio(path: Path, size: int, page_bytes: int, rw: str, ioengine: str, iodepth: int,
-            numjobs: int, seconds: float) -> dict[str, Any]:
-    """``fio`` random ``rw`` of ``page_bytes`` blocks with O_DIRECT over the first ``size``
-    bytes of ``path`` for ``seconds``: ``{"bytes", "seconds"}`` it reported, all jobs
-    together. BenchError when it fails."""
-    args = ["fio", "--name=hicache-l3-beyond", f"--filename={path}", f"--rw={rw}",
-            f"--bs={page_bytes}", "--direct=1", f"--ioengine={ioengine}", f"--iodepth={iodepth}",
-            f"--numjobs={numjobs}", f"--size={size}", f"--runtime={max(1, round(seconds))}",
+def run_fio(path: Path, size: int, page_bytes: int, job: FioJob, seconds: float) -> dict[str, Any]:
+    """``fio`` random ``job.rw`` of ``page_bytes`` blocks with O_DIRECT over the first
+    ``size`` bytes of ``path`` for ``seconds``: ``{"bytes", "seconds"}`` it reported, all
+    jobs together. BenchError when it fails."""
+    rw, ioengine, depth = job.rw, job.ioengine, job.iodepth
+    batch = [f"--iodepth_batch_submit={depth}", f"--iodepth_batch_complete_min={depth}"] if job.batch else []
+    args = ["fio", "--name=hicache-l3-beyond", f"--filename={path}", f"--rw={rw}", *batch,
+            f"--bs={page_bytes}", "--direct=1", f"--ioengine={ioengine}", f"--iodepth={depth}",
+            f"--numjobs={job.numjobs}", f"--size={size}", f"--runtime={max(1, round(seconds))}",
             "--time_based", "--group_reporting", "--norandommap", "--randrepeat=0",
             "--output-format=json"]
     try:
@@ -83,6 +98,6 @@ def run_fio(path: Path, size: int, page_bytes: int, rw: str, ioengine: str, iode
     if done.returncode != 0:
         raise BenchError(f"fio {rw} ({ioengine}) failed: {done.stderr.strip()[-500:]}")
     text = done.stdout[done.stdout.find("{"):]
-    job = json.loads(text)["jobs"][0]
-    side = job["read" if rw == "randread" else "write"]
+    report = json.loads(text)["jobs"][0]
+    side = report["read" if rw == "randread" else "write"]
     return {"bytes": int(side["io_bytes"]), "seconds": side["runtime"] / 1e3}

@@ -46,6 +46,9 @@ def test_tiny_store_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str
     for contender in ("file", "file+o_direct", "hf3fs", "hf3fs+o_direct", "raw-direct-16t",
                       "raw-buffered-16t"):
         assert {(contender, "get"), (contender, "set")} <= names
+    if meta["fio"]:
+        assert {("fio-io_uring-qd32", "get"), ("fio-io_uring-batch128", "get"),
+                ("fio-io_uring-qd32", "set")} <= names
     for row in report["results"]:
         assert row["gb_s"] > 0
         if not row["contender"].startswith("fio"):
