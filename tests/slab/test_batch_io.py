@@ -210,33 +210,39 @@ buf = HostBuffer(2 * 4096)
 buf.view()[:] = b"D" * 8192
 pages = [((buf.address, 4096),), ((buf.address + 4096, 4096),)]
 path, marker_at, data_at, limit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+ring = sys.argv[5] == "ring"
 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 w = PageBatch(128, [fd, fd], [data_at, data_at + 4096], [marker_at, marker_at + 128], pages,
               [b"M" * 128] * 2, writing=True)
-lib.write(w, 0, 2, False)
+if ring:
+    from hicache_l3.slab.uring import Rings
+    Rings(4).write(w, None, False)
+else:
+    lib.write(w, 0, 2, False)
 print(w.status[0], w.status[1], os.fstat(fd).st_size)
 """
 
 
-def _cut_write(tmp_path: Path, marker_at: int, data_at: int, limit: int) -> tuple[int, int, int]:
+def _cut_write(tmp_path: Path, marker_at: int, data_at: int, limit: int, how: str) -> tuple[int, int, int]:
     out = subprocess.run([sys.executable, "-c", _ORDER_SCRIPT, str(tmp_path / "slab"), str(marker_at),
-                          str(data_at), str(limit)], check=True, capture_output=True, text=True,
+                          str(data_at), str(limit), how], check=True, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     a, b, size = map(int, out.stdout.split())
     return a, b, size
 
 
-def test_marker_records_are_written_before_any_data(tmp_path: Path) -> None:
-    """The write order of format 2, coalesced or not: the marker records first, then the
-    data; a page whose marker was not written writes no data. Writes are cut short by
-    RLIMIT_FSIZE here."""
+@pytest.mark.parametrize("how", ["calls", "ring"])
+def test_marker_records_are_written_before_any_data(tmp_path: Path, how: str) -> None:
+    """The write order of format 2, by blocking calls or through the write ring: a page's
+    marker record first, then its data; a page whose marker was not written writes no
+    data. Writes are cut short by RLIMIT_FSIZE here."""
     # markers before the data in the file: the limit lets the markers land, not the data
-    assert _cut_write(tmp_path, 0, 4096, 4096 + 100) == (batch_io.SHORT, -errno.EFBIG, 4096 + 100)
+    assert _cut_write(tmp_path, 0, 4096, 4096 + 100, how) == (batch_io.SHORT, -errno.EFBIG, 4096 + 100)
     assert (tmp_path / "slab").read_bytes()[:256] == b"M" * 256
     # markers after the data in the file: they fail, and no data byte is written
-    assert _cut_write(tmp_path, 16384, 0, 8192) == (-errno.EFBIG, -errno.EFBIG, 0)
+    assert _cut_write(tmp_path, 16384, 0, 8192, how) == (-errno.EFBIG, -errno.EFBIG, 0)
 
 
 def test_marker_calls_report_each_marker(native: batch_io.BatchIO, tmp_path: Path) -> None:
