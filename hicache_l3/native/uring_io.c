@@ -148,29 +148,16 @@ struct op {
 };
 
 typedef void (*done_fn)(void *ctx, const struct op *op, int res);
-/* Makes a group's ops ready just before they are queued: 0, or not 0 to leave them out. */
-typedef int (*prep_fn)(void *ctx, const struct op *op);
-
-enum { RING_EAGER_BYTES = 256 << 10 }; /* with a prep: bytes queued before a submit */
 
 /* Run ops[0..n) through the ring, `group` consecutive ops per page, at most r->depth groups
- * in flight; done(ctx, op, res) for every op, in completion order. With `prep`, each group
- * is prepared just before it is queued, and queued groups are submitted every
- * RING_EAGER_BYTES, so that the device works while later groups are prepared. Returns 0,
- * or -errno when the ring failed: it is then broken, and the ops without a done() are the
- * caller's. */
-static int ring_run(struct hl3_ring *r, const struct op *ops, int n, int group, done_fn done, prep_fn prep,
-                    void *ctx)
+ * in flight; done(ctx, op, res) for every op, in completion order. Returns 0, or -errno
+ * when the ring failed: it is then broken, and the ops without a done() are the caller's. */
+static int ring_run(struct hl3_ring *r, const struct op *ops, int n, int group, done_fn done, void *ctx)
 {
     int next = 0, inflight = 0, err = 0; /* inflight: ops submitted, not completed */
-    uint64_t queued = 0; /* bytes queued since the last submit (with prep) */
     unsigned mask = *r->sq_mask, cmask = *r->cq_mask;
     while (next < n || inflight > 0) {
         while (next < n && inflight + group <= group * r->depth) {
-            if (prep != NULL && prep(ctx, ops + next) != 0) {
-                next += group;
-                continue;
-            }
             for (int g = 0; g < group && next < n; g++, next++) {
                 const struct op *o = ops + next;
                 unsigned idx = r->tail & mask;
@@ -186,21 +173,8 @@ static int ring_run(struct hl3_ring *r, const struct op *ops, int n, int group, 
                 r->sq_array[idx] = idx;
                 r->tail++;
                 inflight++;
-                queued += o->want;
-            }
-            if (prep != NULL && queued >= RING_EAGER_BYTES) {
-                atomic_store_explicit((_Atomic unsigned *)r->sq_tail, r->tail, memory_order_release);
-                unsigned ready = r->tail - atomic_load_explicit((_Atomic unsigned *)r->sq_head, memory_order_acquire);
-                int e = ring_enter(r->fd, ready, 0);
-                if (e < 0 && e != -EINTR && e != -EAGAIN && e != -EBUSY) {
-                    err = e;
-                    break;
-                }
-                queued = 0;
             }
         }
-        if (err != 0)
-            break;
         atomic_store_explicit((_Atomic unsigned *)r->sq_tail, r->tail, memory_order_release);
         unsigned pending = r->tail - atomic_load_explicit((_Atomic unsigned *)r->sq_head, memory_order_acquire);
         int e = ring_enter(r->fd, pending, 1);
@@ -324,7 +298,7 @@ int hl3_ring_read(struct hl3_ring *r, int lo, int hi, int only, const int32_t *d
     if (r->broken)
         err = -EIO;
     else if (m > 0)
-        err = ring_run(r, ops, m, 2, read_done, NULL, &c);
+        err = ring_run(r, ops, m, 2, read_done, &c);
     pthread_mutex_unlock(&r->lock);
     int bad = 0;
     for (int j = lo; j < hi; j++) {
@@ -353,45 +327,19 @@ int hl3_ring_read(struct hl3_ring *r, int lo, int hi, int only, const int32_t *d
 
 struct write_ctx {
     int32_t *status;
-    const struct iovec *segs;
-    const int32_t *at;
-    unsigned char *markers;
-    int64_t mlen;
-    int with_csum;
-    uint64_t *csums;
-    const struct hl3_xxh3 *x;
-    void *state;
+    int32_t to;
 };
-
-/* A page's group (its marker record, then its data): checksummed into the record first. */
-static int write_prep(void *vctx, const struct op *op)
-{
-    struct write_ctx *c = vctx;
-    int j = op->page;
-    if (c->with_csum && io_stamp_checksum(c->x, &c->state, c->segs + c->at[j], c->at[j + 1] - c->at[j],
-                                          c->markers + (size_t)j * c->mlen, c->csums + j) != HL3_OK) {
-        c->status[j] = HL3_NOMEM;
-        return 1;
-    }
-    return 0;
-}
 
 static void write_done(void *vctx, const struct op *op, int res)
 {
     struct write_ctx *c = vctx;
-    int32_t *s = c->status + op->page;
-    int32_t got = res < 0 ? res : (uint64_t)res == op->want ? HL3_OK : HL3_SHORT;
-    if (op->marker)
-        *s = got == HL3_OK ? HL3_STEP : got;
-    else if (*s == HL3_STEP) /* (else the record failed, and the data was cancelled) */
-        *s = got;
+    c->status[op->page] = res < 0 ? res : (uint64_t)res == op->want ? c->to : HL3_SHORT;
 }
 
-/* Write pages lo..hi-1 as hl3_write_pages: page j's marker record to fds[j] at
- * marker_offs[j], then, linked after it (only once it is in), its data to data_fds[j]
- * (fds[j] when NULL) at data_offs[j]. Each page is checksummed just before its pair is
- * queued, while the pages before it move. Returns the number not OK, or -errno when the
- * ring is broken (nothing written) or failed (the pages not done carry it). */
+/* Write pages lo..hi-1 as hl3_write_pages: every page's marker record to fds[j] at
+ * marker_offs[j], all of them completed, then the data of the pages whose record went in,
+ * to data_fds[j] (fds[j] when NULL) at data_offs[j]. Returns the number not OK, or -errno
+ * when the ring is broken (nothing written) or failed (the pages not done carry it). */
 int hl3_ring_write(struct hl3_ring *r, int lo, int hi, const int32_t *data_fds, const int32_t *fds,
                    const int64_t *data_offs, const int64_t *marker_offs, const struct iovec *segs,
                    const int32_t *at, unsigned char *markers, int64_t mlen, int with_csum, uint64_t *csums,
@@ -402,33 +350,45 @@ int hl3_ring_write(struct hl3_ring *r, int lo, int hi, const int32_t *data_fds, 
     if (data_fds == NULL)
         data_fds = fds;
     int n = hi - lo;
-    struct op *ops = malloc((size_t)n * 2 * sizeof(struct op));
+    struct op *ops = malloc((size_t)n * sizeof(struct op));
     if (ops == NULL) {
         for (int j = lo; j < hi; j++)
             status[j] = HL3_NOMEM;
         return n;
     }
+    void *state = NULL;
     int m = 0;
     for (int j = lo; j < hi; j++) {
-        if (!nseg_ok(at[j + 1] - at[j])) {
+        int nseg = at[j + 1] - at[j];
+        if (!nseg_ok(nseg)) {
             status[j] = -EINVAL;
             continue;
         }
         status[j] = HL3_TODO;
-        struct op mark = marker_op(IORING_OP_WRITE, fds[j], markers + (size_t)j * mlen, mlen, j, marker_offs[j]);
-        mark.link = 1;
-        ops[m++] = mark;
-        ops[m++] = data_op(IORING_OP_WRITE, IORING_OP_WRITEV, 0, data_fds[j], segs, at, j, data_offs[j]);
+        if (with_csum
+            && io_stamp_checksum(x, &state, segs + at[j], nseg, markers + (size_t)j * mlen, csums + j) != HL3_OK) {
+            status[j] = HL3_NOMEM;
+            continue;
+        }
+        ops[m++] = marker_op(IORING_OP_WRITE, fds[j], markers + (size_t)j * mlen, mlen, j, marker_offs[j]);
     }
-    struct write_ctx c = {status, segs, at, markers, mlen, with_csum, csums, x, NULL};
+    xxh_free(x, state);
     int err = 0;
     pthread_mutex_lock(&r->lock);
-    if (r->broken)
+    if (r->broken) {
         err = -EIO;
-    else if (m > 0)
-        err = ring_run(r, ops, m, 2, write_done, write_prep, &c);
+    } else {
+        struct write_ctx c = {status, HL3_STEP};
+        err = m > 0 ? ring_run(r, ops, m, 1, write_done, &c) : 0;
+        int d = 0;
+        for (int j = lo; j < hi && err == 0; j++)
+            if (status[j] == HL3_STEP)
+                ops[d++] = data_op(IORING_OP_WRITE, IORING_OP_WRITEV, 0, data_fds[j], segs, at, j, data_offs[j]);
+        c.to = HL3_OK;
+        if (err == 0 && d > 0)
+            err = ring_run(r, ops, d, 1, write_done, &c);
+    }
     pthread_mutex_unlock(&r->lock);
-    xxh_free(x, c.state);
     int bad = 0;
     for (int j = lo; j < hi; j++) {
         if (status[j] == HL3_TODO || status[j] == HL3_STEP)
