@@ -122,6 +122,7 @@ class FrameBatch:
                  entries: Sequence[Entry], views: Sequence[list[memoryview] | None],
                  buffer: bytearray) -> None:
         n = len(entries)
+        self.views = views
         self.status = [PENDING] * n
         fds = []
         for j, e in enumerate(entries):
@@ -169,16 +170,16 @@ def read_frames(geometry: Geometry, file_of: FileOf, keys: Sequence[str], entrie
     with contextlib.ExitStack() as held:
         turns = [held.enter_context(buffers.taken()) for _ in passes[:2]]
         try:
-            reading: tuple[FrameBatch, Any, Started, int, int] | None = None
+            reading: tuple[FrameBatch, Any, Started] | None = None
             for i, (lo, hi) in enumerate(passes):
                 batch = FrameBatch(geometry, file_of, keys[lo:hi], entries[lo:hi], views[lo:hi], turns[i % 2])
                 call = library().plan_read(batch, batch.pages) if batch.count else None
                 started.append(io.start(partial(_read, call), batch.count))
                 if reading is not None:
-                    status += _checked(*reading[:3], views[reading[3]:reading[4]], fresh, cpu)
-                reading = (batch, call, started[-1], lo, hi)
+                    status += _checked(*reading, fresh, cpu)
+                reading = (batch, call, started[-1])
             if reading is not None:
-                status += _checked(*reading[:3], views[reading[3]:reading[4]], fresh, cpu)
+                status += _checked(*reading, fresh, cpu)
         finally:  # interrupted: no read goes on into a buffer given back
             for reads in started:
                 reads.guard.settle()
@@ -189,8 +190,7 @@ def _read(call: Any, lo: int, hi: int) -> None:
     library().read_plan(call, lo, hi)
 
 
-def _checked(batch: FrameBatch, call: Any, reads: Started, views: Sequence[list[memoryview] | None],
-             fresh: bool, cpu: BatchPool) -> list[int]:
+def _checked(batch: FrameBatch, call: Any, reads: Started, fresh: bool, cpu: BatchPool) -> list[int]:
     """The statuses of a pass read by ``call`` once ``reads`` end, its frames that read
     whole decoded."""
     reads.wait()
@@ -204,6 +204,7 @@ def _checked(batch: FrameBatch, call: Any, reads: Started, views: Sequence[list[
         for k, j in enumerate(batch.read):
             status[j] = call.status[k]
     todo = [(k, j) for k, j in enumerate(batch.read) if status[j] == OK]  # read and checked
+    views = batch.views
 
     def decode(lo: int, hi: int) -> None:
         for k, j in todo[lo:hi]:
