@@ -402,10 +402,11 @@ def beyond_memory(args: argparse.Namespace, host: Any, work: str, open_ours: Cal
         H100_LLAMA31_8B_PREFILL_TOKENS_PER_S,
         LLAMA31_8B_KV_BYTES_PER_TOKEN,
         break_even_gb_s,
+        contender_rows,
         format_report,
     )
-    from hicache_l3.bench.raw_direct import FIO_JOBS, RawDirect, fio_available, run_fio
-    from hicache_l3.bench.runner import drop_page_cache, quantile
+    from hicache_l3.bench.raw_direct import RawDirect, fio_available, fio_round
+    from hicache_l3.bench.runner import drop_page_cache
     from hicache_l3.common.memory import HostBuffer
     from hicache_l3.slab.auto_direct import memory_total
 
@@ -445,8 +446,8 @@ def beyond_memory(args: argparse.Namespace, host: Any, work: str, open_ours: Cal
 
     contenders: dict[str, tuple[Batch, Batch]] = {name: our_pair(s) for name, s in ours.items()}
     contenders["raw-direct-16t"] = (lambda ids: raw.move("get", ids, raw_views[: len(ids)]), raw_put)
-    lat: dict[tuple[str, str], list[float]] = defaultdict(list)
-    fio_figures: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    lat: dict[str, dict[str, list[float]]] = {name: {"get": [], "set": []} for name in contenders}
+    fio_figures: dict[tuple[str, str], list[dict[str, Any]]] = {}
     rng = random.Random(0xB1660)
     try:
         if cgroup:
@@ -486,17 +487,15 @@ def beyond_memory(args: argparse.Namespace, host: Any, work: str, open_ours: Cal
                                 raw_stamp(ids)
                         t0 = time.perf_counter()
                         ok = get(ids) if what == "get" else put(ids)
-                        lat[(name, what)].append(time.perf_counter() - t0)
+                        lat[name][what].append(time.perf_counter() - t0)
                         if not ok:
                             raise RuntimeError(f"{name}: a {what} batch failed")
                         if what == "get" and name in ours:
                             stamps.check(host, ids, f"{name} get")
                         elif what == "get":
                             stamps.check_flat(raw_views, ids, f"{name} get")
-                for job in FIO_JOBS if fio_available() else ():
-                    if (job.rw == "randread") == (what == "get"):
-                        fig = run_fio(raw.path, pages * page_bytes, page_bytes, job, 2.0)
-                        fio_figures[(job.name, what)].append(fig)
+                if fio_available():
+                    fio_round(raw.path, pages * page_bytes, page_bytes, what, 2.0, fio_figures)
         fallback = {name: s.storage_backend.connector.stats()["ops"]["counters"].get("direct_fallback", 0)
                     for name, s in ours.items()}
     finally:
@@ -504,21 +503,7 @@ def beyond_memory(args: argparse.Namespace, host: Any, work: str, open_ours: Cal
         if cgroup:
             memcg.join(cgroup.parent)  # back out, so that the cgroup can go
             memcg.remove(cgroup)
-    results: list[dict[str, Any]] = []
-    for what in ("get", "set"):
-        rows: list[dict[str, Any]] = []
-        for name in contenders:
-            ms = [1e3 * t for t in lat[(name, what)]]
-            rows.append({"contender": name, "op": what, "gb_s": len(ms) * BATCH * page_bytes / sum(ms) / 1e6,
-                         "p50_ms": quantile(ms, 0.5), "p99_ms": quantile(ms, 0.99)})
-        for (name, fop), figs in fio_figures.items():
-            if fop == what:
-                rows.append({"contender": name, "op": what, "p50_ms": None, "p99_ms": None,
-                             "gb_s": sum(f["bytes"] for f in figs) / sum(f["seconds"] for f in figs) / 1e9})
-        raw_gb_s = next(float(r["gb_s"]) for r in rows if r["contender"] == "raw-direct-16t")
-        for row in rows:
-            row["x_raw"] = row["gb_s"] / raw_gb_s
-        results += rows
+    results = contender_rows(lat, BATCH * page_bytes, fio_figures, "raw-direct-16t")
     even = break_even_gb_s(LLAMA31_8B_KV_BYTES_PER_TOKEN, H100_LLAMA31_8B_PREFILL_TOKENS_PER_S)
     meta = {"cpu": cpu, "store_bytes": pages * page_bytes, "pages": pages, "page_bytes": page_bytes,
             "cache_bytes": limit, "cgroup": bool(cgroup), "cgroup_why_not": why,

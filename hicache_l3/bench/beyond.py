@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from hicache_l3.bench import memcg
-from hicache_l3.bench.raw_direct import FIO_JOBS, RawDirect, fio_available, run_fio
-from hicache_l3.bench.runner import BenchError, cpu_info, describe_cpu, drop_page_cache, fixed_width, quantile
+from hicache_l3.bench import memcg, runner
+from hicache_l3.bench.raw_direct import RawDirect, fio_available, fio_round
+from hicache_l3.bench.runner import BenchError, cpu_info, describe_cpu, drop_page_cache, quantile
 from hicache_l3.bench.targets import bench_namespace
 from hicache_l3.common.errors import ConfigError, HiCacheL3Error
 from hicache_l3.common.memory import HostBuffer
@@ -188,13 +188,11 @@ def format_report(report: dict[str, Any]) -> str:
              f"whole store, {meta['rounds']} interleaved rounds, every page read verified",
              f"break-even against recompute: {even:.2f} GB/s ({meta['kv_bytes_per_token']:,} KV bytes "
              f"per token x {meta['prefill_tokens_per_s']:,.0f} prefill tokens/s)"]
-    rows = [["contender", "op", "GB/s", "p50 ms", "p99 ms", "x raw", "x break-even"]]
-    for r in report["results"]:
-        rows.append([r["contender"], r["op"], f"{r['gb_s']:.2f}",
-                     "" if r.get("p50_ms") is None else f"{r['p50_ms']:.1f}",
-                     "" if r.get("p99_ms") is None else f"{r['p99_ms']:.1f}",
-                     "" if r.get("x_raw") is None else f"{r['x_raw']:.2f}", f"{r['gb_s'] / even:.2f}"])
-    lines.append(fixed_width(rows))
+    columns = [("contender", "{}"), ("op", "{}"), ("gb_s", "{:.2f}"), ("p50_ms", "{:.1f}"),
+               ("p99_ms", "{:.1f}"), ("x_raw", "{:.2f}"), ("x_even", "{:.2f}")]
+    header = ["contender", "op", "GB/s", "p50 ms", "p99 ms", "x raw", "x break-even"]
+    lines.append(runner.format_columns([{**r, "x_even": r["gb_s"] / even} for r in report["results"]],
+                                       columns, header))
     lines.append(f"(x raw: against raw-direct-{meta['raw_threads']}t of the same op in the same rounds; "
                  "x break-even > 1: a hit loads faster than recomputing)")
     for z in report.get("compressed", []):
@@ -270,7 +268,6 @@ class _Contender:
     counters: Callable[[], dict[str, int]] | None = None  # a connector's metrics counters
     written: int = 0  # pages written, filling included
     latencies: dict[str, list[float]] = dataclasses.field(default_factory=lambda: {"get": [], "set": []})
-    pages: dict[str, int] = dataclasses.field(default_factory=lambda: {"get": 0, "set": 0})
 
 
 def _connector(opts: BeyondOptions, backend: str, mode: str, source: HostBuffer,
@@ -340,7 +337,6 @@ def _timed(c: _Contender, op: str, indices: list[int]) -> None:
     t0 = time.perf_counter()
     ok = (c.get if op == "get" else c.set)(indices)
     c.latencies[op].append(time.perf_counter() - t0)
-    c.pages[op] += len(indices)
     c.written += len(indices) if op == "set" else 0
     if not ok:
         raise BenchError(f"{c.name}: a {op} batch failed (a miss or an I/O error)")
@@ -382,17 +378,39 @@ def worker(opts: BeyondOptions) -> dict[str, Any]:
                             _timed(c, op, indices)
                     if op == "set":
                         fresh += opts.batch
-                for job in FIO_JOBS if fio else ():
-                    if (job.rw == "randread") == (op == "get"):
-                        fig = run_fio(raw.path, opts.pages * opts.page_bytes, opts.page_bytes, job,
-                                      opts.fio_seconds)
-                        fio_figures.setdefault((job.name, op), []).append(fig)
-        results = _results(contenders, fio_figures, opts)
+                if fio:
+                    fio_round(raw.path, opts.pages * opts.page_bytes, opts.page_bytes, op, opts.fio_seconds,
+                              fio_figures)
+        results = contender_rows({c.name: c.latencies for c in contenders}, opts.batch * opts.page_bytes,
+                                 fio_figures, contenders[-1].name)
         compressed = _compressed(contenders, results, opts.page_bytes)
     return {"meta": {**dataclasses.asdict(opts), "pages": opts.pages, "memory_bytes": memory_total(),
                      "break_even_gb_s": break_even_gb_s(opts.kv_bytes_per_token, opts.prefill_tokens_per_s),
                      "fio": fio},
             "results": results, "compressed": compressed}
+
+
+def contender_rows(latencies: dict[str, dict[str, list[float]]], batch_bytes: int,
+                   fio: dict[tuple[str, str], list[dict[str, Any]]], raw_name: str) -> list[dict[str, Any]]:
+    """The report's rows, gets then sets: per contender (``latencies[name][op]``: seconds per
+    batch of ``batch_bytes``) and fio job (:func:`.raw_direct.fio_round`'s figures), its GB/s
+    and that over ``raw_name``'s of the same op."""
+    out: list[dict[str, Any]] = []
+    for op in ("get", "set"):
+        rows: list[dict[str, Any]] = []
+        for name, lat in latencies.items():
+            ms = [1e3 * t for t in lat[op]]
+            rows.append({"contender": name, "op": op, "gb_s": len(ms) * batch_bytes / sum(lat[op]) / 1e9,
+                         "p50_ms": quantile(ms, 0.5), "p99_ms": quantile(ms, 0.99), "batches": len(ms)})
+        for (name, fop), figs in fio.items():
+            if fop == op:
+                rows.append({"contender": name, "op": op, "p50_ms": None, "p99_ms": None,
+                             "gb_s": sum(f["bytes"] for f in figs) / sum(f["seconds"] for f in figs) / 1e9})
+        raw = next(r["gb_s"] for r in rows if r["contender"] == raw_name)
+        for row in rows:
+            row["x_raw"] = row["gb_s"] / raw
+        out += rows
+    return out
 
 
 def stored_ratio(pages: int, frames: int, frame_bytes: int, page_bytes: int) -> float:
@@ -424,32 +442,10 @@ def _compressed(contenders: list[_Contender], results: list[dict[str, Any]],
     return out
 
 
-def _results(contenders: list[_Contender], fio: dict[tuple[str, str], list[dict[str, Any]]],
-             opts: BeyondOptions) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    raw_name = contenders[-1].name
-    for op in ("get", "set"):
-        rows: list[dict[str, Any]] = []
-        for c in contenders:
-            ms = [1e3 * t for t in c.latencies[op]]
-            rows.append({"contender": c.name, "op": op,
-                         "gb_s": c.pages[op] * opts.page_bytes / sum(c.latencies[op]) / 1e9,
-                         "p50_ms": quantile(ms, 0.5), "p99_ms": quantile(ms, 0.99), "batches": len(ms)})
-        for (name, fop), figs in fio.items():
-            if fop == op:
-                rows.append({"contender": name, "op": op, "p50_ms": None, "p99_ms": None,
-                             "gb_s": sum(f["bytes"] for f in figs) / sum(f["seconds"] for f in figs) / 1e9})
-        raw = next(r["gb_s"] for r in rows if r["contender"] == raw_name)
-        for row in rows:
-            row["x_raw"] = row["gb_s"] / raw
-        out += rows
-    return out
-
-
 def main(argv: list[str]) -> int:
     """Worker entry: ``BEYOND_OPTIONS_JSON``; prints the report (or ``{"error"}``) as one
     JSON line."""
-    opts = BeyondOptions(**{**json.loads(argv[0])})
+    opts = BeyondOptions(**json.loads(argv[0]))
     opts.backends, opts.modes = tuple(opts.backends), tuple(opts.modes)
     try:
         report = worker(opts)

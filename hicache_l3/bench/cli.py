@@ -33,7 +33,7 @@ from hicache_l3.bench.runner import (
     BenchError,
     cpu_info,
     describe_cpu,
-    fixed_width,
+    format_columns,
     load_backend,
     parse_settings,
     progress,
@@ -290,19 +290,10 @@ COLUMNS = [("backend", "{}"), ("op", "{}"), ("cache", "{}"), ("page_size", "{}")
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """A fixed-width text table of result rows."""
-    header = [name for name, _ in COLUMNS]
-    lines = [header]
-    for row in rows:
-        cells = []
-        for name, fmt in COLUMNS:
-            value = row.get(name)
-            if name == "backend" and row.get("placement"):
-                value = f"{value}({row['placement']})"
-            if name == "page_size" and isinstance(value, int):
-                value = _human(value)
-            cells.append("" if value is None else fmt.format(value))
-        lines.append(cells)
-    return fixed_width(lines)
+    from hicache_l3.bench.plot import row_label
+
+    return format_columns([{**row, "backend": row_label(row), "page_size": _human(row["page_size"])}
+                           for row in rows], COLUMNS)
 
 
 def _human(n: int) -> str:
@@ -314,9 +305,7 @@ def _human(n: int) -> str:
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     """All result rows as CSV (union of their keys as columns)."""
-    fields: list[str] = []
-    for row in rows:
-        fields += [k for k in row if k not in fields]
+    fields = list(dict.fromkeys(key for row in rows for key in row))
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from hicache_l3.bench.runner import BenchError, balanced_ratio, fill
+from hicache_l3.bench.runner import BenchError, balanced_ratio, fill, format_columns
 from hicache_l3.common.compression import PageCodec
 from hicache_l3.common.connector import Connector
 from hicache_l3.common.keys import Namespace
@@ -175,15 +175,11 @@ def run_backend(backend: str, page_bytes: int, pages: int, batch: int, reps: int
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
     """A plain table of :func:`run_backend` rows."""
-    head = ("backend", "kv", "page", "ratio", "set none", "set zstd", "get none", "get zstd",
-            "get z/n", "set z/n")
-    lines = ["  ".join(f"{h:>11}" for h in head)]
-    for r in rows:
-        cells = (r["backend"], r["kv"], f"{r['page_bytes'] >> 10} KiB", f"{r['ratio']:.3f}",
-                 f"{r['set_none_gbps']:.3f}", f"{r['set_zstd_gbps']:.3f}", f"{r['get_none_gbps']:.3f}",
-                 f"{r['get_zstd_gbps']:.3f}", f"{r['get_zstd_over_none']:.2f}x",
-                 f"{r['set_zstd_over_none']:.2f}x")
-        lines.append("  ".join(f"{c:>11}" for c in cells))
-    lines.append("(GB/s: raw page bytes moved per second, medians; z/n: zstd over none, median over "
-                 "pairs of repetitions with the order swapped)")
-    return "\n".join(lines)
+    rates = [f"{op} {setting}" for op in ("set", "get") for setting in ("none", "zstd")]
+    columns = [("backend", "{}"), ("kv", "{}"), ("page", "{}"), ("ratio", "{:.3f}"),
+               *((f"{rate.replace(' ', '_')}_gbps", "{:.3f}") for rate in rates),
+               ("get_zstd_over_none", "{:.2f}x"), ("set_zstd_over_none", "{:.2f}x")]
+    header = ["backend", "kv", "page", "ratio", *rates, "get z/n", "set z/n"]
+    table = format_columns([{**r, "page": f"{r['page_bytes'] >> 10} KiB"} for r in rows], columns, header)
+    return (f"{table}\n(GB/s: raw page bytes moved per second, medians; z/n: zstd over none, median over "
+            "pairs of repetitions with the order swapped)")

@@ -10,7 +10,8 @@ from typing import Any
 from hicache_l3.common.errors import EngineUnavailableError
 
 
-def _label(row: dict[str, Any]) -> str:
+def row_label(row: dict[str, Any]) -> str:
+    """A result row's backend, with its placement when it has one: ``mooncake(local)``."""
     return f"{row['backend']}({row['placement']})" if row.get("placement") else str(row["backend"])
 
 
@@ -49,7 +50,7 @@ def plot_results(rows: list[dict[str, Any]], path: Path) -> None:
             for r in data:
                 raw = str(r["backend"]).startswith("raw-")
                 if r["op"] == op and r[fixed_key] == fixed and (raw or r.get("threads") == min_threads):
-                    lines[_label(r)].append(r)
+                    lines[row_label(r)].append(r)
             for label, pts in sorted(lines.items()):
                 pts.sort(key=lambda r: r[xkey])
                 xs = [p[xkey] for p in pts]
@@ -81,7 +82,7 @@ def _bars(plt: Any, data: list[dict[str, Any]], path: Path) -> None:
         if not rows:
             ax.set_axis_off()
             continue
-        labels = [_label(r) for r in rows]
+        labels = [row_label(r) for r in rows]
         ys = [r["gib_per_s"] for r in rows]
         err = [[y - r["gib_per_s_min"] for y, r in zip(ys, rows)],
                [r["gib_per_s_max"] - y for y, r in zip(ys, rows)]]

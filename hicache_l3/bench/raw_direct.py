@@ -101,3 +101,12 @@ def run_fio(path: Path, size: int, page_bytes: int, job: FioJob, seconds: float)
     report = json.loads(text)["jobs"][0]
     side = report["read" if rw == "randread" else "write"]
     return {"bytes": int(side["io_bytes"]), "seconds": side["runtime"] / 1e3}
+
+
+def fio_round(path: Path, size: int, page_bytes: int, op: str, seconds: float,
+              figures: dict[tuple[str, str], list[dict[str, Any]]]) -> None:
+    """One round of the :data:`FIO_JOBS` of ``op`` (``"get"``: reads, ``"set"``: writes) on
+    ``path`` (see :func:`run_fio`), each job's figures appended to ``figures[(name, op)]``."""
+    for job in FIO_JOBS:
+        if (job.rw == "randread") == (op == "get"):
+            figures.setdefault((job.name, op), []).append(run_fio(path, size, page_bytes, job, seconds))

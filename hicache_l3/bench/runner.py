@@ -73,6 +73,14 @@ def fixed_width(lines: list[list[str]]) -> str:
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines)
 
 
+def format_columns(rows: list[dict[str, Any]], columns: list[tuple[str, str]],
+                   header: list[str] | None = None, blank: str = "") -> str:
+    """:func:`fixed_width` of ``rows``' ``columns`` (key, format) under ``header`` (default: the
+    keys); ``blank`` where a row has no value or None."""
+    return fixed_width([header or [key for key, _ in columns]] + [
+        [blank if row.get(key) is None else fmt.format(row[key]) for key, fmt in columns] for row in rows])
+
+
 @contextlib.contextmanager
 def progress(total: int, quiet: bool, desc: str, unit: str, **tqdm_args: Any) -> Iterator[Callable[..., Any]]:
     """A tqdm bar on stderr (nothing when ``quiet``); yields ``update(n=1)``."""

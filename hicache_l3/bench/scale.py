@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hicache_l3.bench.runner import BenchError, cpu_info, describe_cpu, fixed_width, progress, quantile
+from hicache_l3.bench.runner import BenchError, cpu_info, describe_cpu, format_columns, progress, quantile
 from hicache_l3.bench.targets import bench_namespace
 from hicache_l3.common.errors import ConfigError, HiCacheL3Error
 from hicache_l3.common.keys import Namespace
@@ -33,7 +33,6 @@ from hicache_l3.common.pages import contiguous_pages
 from hicache_l3.common.registry import open_connector
 from hicache_l3.slab.format import RECORD, Geometry
 
-DEFAULT_SIZES = (10_000, 100_000, 1_000_000, 10_000_000)
 BATCH = 128  # pages per timed batch call (SGLang's prefetch batch)
 FILL_BATCH = 4096  # pages per batch call while filling
 MAX_SAMPLE = 16384  # keys per timed measure, at most
@@ -414,8 +413,7 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
             ("get_warm_pages_per_s", "{:,.0f}"), ("raw_get_pages_per_s", "{:,.0f}"),
             ("raw_get_warm_pages_per_s", "{:,.0f}"), ("set_pages_per_s", "{:,.0f}"),
             ("evict_set_pages_per_s", "{:,.0f}")]
-    return fixed_width([[name for name, _ in cols]] + [
-        ["-" if row[name] is None else fmt.format(row[name]) for name, fmt in cols] for row in rows])
+    return format_columns(rows, cols, blank="-")
 
 
 def plot_scale(rows: list[dict[str, Any]], path: Path) -> None:
