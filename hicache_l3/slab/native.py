@@ -235,27 +235,19 @@ class BatchIO:
             raise RuntimeError(f"{path} was built for another slab format (hl3_abi "
                                f"{'missing' if abi is None else abi()}, want {ABI}): rebuild it "
                                "(pip install ., or setup.py build_ext --inplace)")
-        self._read = lib.hl3_read_pages
-        self._read.restype = ctypes.c_int
-        self._read.argtypes = [_i32, _i32, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _vp, _vp, _vp]
-        self._write = lib.hl3_write_pages
-        self._write.restype = ctypes.c_int
-        self._write.argtypes = [_i32, _i32, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _i32, _vp, _vp, _vp]
-        self._read_apart, self._write_apart = lib.hl3_read_pages_apart, lib.hl3_write_pages_apart
-        self._read_apart.restype = self._write_apart.restype = ctypes.c_int
-        self._read_apart.argtypes = [_i32, _i32, _vp, *self._read.argtypes[2:]]
-        self._write_apart.argtypes = [_i32, _i32, _vp, *self._write.argtypes[2:]]
-        self._read_plan, self._read_plan_nowait = lib.hl3_read_plan, lib.hl3_read_plan_nowait
-        for fn in (self._read_plan, self._read_plan_nowait):
-            fn.restype = ctypes.c_int
-            fn.argtypes = [_i32, _i32, _vp, _vp, _vp, _vp, _vp, _vp, _i64, _vp, _vp, _vp]
+        # the arguments after each call's own: a batch's descriptors to its status
+        read_tail, plan_tail = [*[_vp] * 7, _i64, *[_vp] * 3], [*[_vp] * 6, _i64, *[_vp] * 3]
+        write_tail = [*[_vp] * 6, _i64, _i32, *[_vp] * 3]
+        self._read = _bind(lib, "hl3_read_pages", _int, _i32, _i32, *read_tail)
+        self._write = _bind(lib, "hl3_write_pages", _int, _i32, _i32, *write_tail)
+        self._read_apart = _bind(lib, "hl3_read_pages_apart", _int, _i32, _i32, _vp, *read_tail)
+        self._write_apart = _bind(lib, "hl3_write_pages_apart", _int, _i32, _i32, _vp, *write_tail)
+        self._read_plan = _bind(lib, "hl3_read_plan", _int, _i32, _i32, *plan_tail)
+        self._read_plan_nowait = _bind(lib, "hl3_read_plan_nowait", _int, _i32, _i32, *plan_tail)
         # one batch shared by threads, joined in C
-        read, write, stop = lib.hl3_share_read_plan, lib.hl3_share_write_pages, lib.hl3_share_stop
-        read.restype = write.restype = ctypes.c_int
-        read.argtypes = [_vp, _i64, _i32, *[_vp] * 6, _i64, _vp, _vp, _vp]
-        write.argtypes = [_vp, _i64, *[_vp] * 6, _i64, _i32, _vp, _vp, _vp]
-        stop.restype, stop.argtypes = None, [_vp]
-        self._share_read_plan, self._share_write, self._share_stop = read, write, stop
+        self._share_read_plan = _bind(lib, "hl3_share_read_plan", _int, _vp, _i64, _i32, *plan_tail)
+        self._share_write = _bind(lib, "hl3_share_write_pages", _int, _vp, _i64, *write_tail)
+        self._share_stop = _bind(lib, "hl3_share_stop", None, _vp)
         self.markers = _bind(lib, "hl3_markers", _int, _i32, _i32, _i32, _vp, _vp, _vp, _vp, _i64, _vp)
         # io_uring (slab/uring.py)
         self.ring_open = _bind(lib, "hl3_ring_open", _vp, _int)

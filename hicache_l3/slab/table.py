@@ -20,7 +20,7 @@ from typing import Protocol, overload
 import xxhash
 
 from hicache_l3.slab.format import Entry
-from hicache_l3.slab.native import DIGEST_SEED, IndexCalls, library
+from hicache_l3.slab.native import DIGEST_SEED, IndexCalls, _address, library
 
 DIGEST_BYTES = 16
 xxh3_128 = xxhash.xxh3_128_digest  # (data, seed) -> 16 bytes
@@ -184,26 +184,26 @@ class PageTable(Protocol):
 _LIMITS = "writer < 65535, slab and slot < 2**24, generation < 2**48, length < 2**32"
 
 
-def split_snapshot(ds: bytes, values: array.array[int]) -> tuple[list[bytes], list[Entry]]:
-    """The digests and entries of an :meth:`PageTable.export` snapshot as lists."""
+def _snapshot_pages(ds: bytes, values: array.array[int]) -> int:
+    """How many pages an :meth:`PageTable.export`-shaped snapshot holds; ValueError when
+    ``ds`` and ``values`` do not match."""
     n = len(ds) // DIGEST_BYTES
     if len(ds) != n * DIGEST_BYTES or len(values) != 6 * n:
         raise ValueError(f"page table snapshot: {len(ds)} digest bytes for {len(values)} values")
+    return n
+
+
+def split_snapshot(ds: bytes, values: array.array[int]) -> tuple[list[bytes], list[Entry]]:
+    """The digests and entries of an :meth:`PageTable.export` snapshot as lists."""
+    _snapshot_pages(ds, values)
     out_d = [ds[i : i + DIGEST_BYTES] for i in range(0, len(ds), DIGEST_BYTES)]
     out_e = [_make_entry(values[i : i + 6]) for i in range(0, len(values), 6)]
     return out_d, out_e
 
 
-_vp, _sz, _i64, _u64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64, ctypes.c_uint64
 _NOMEM, _BADVALUE, _BADIMAGE, _NOJOURNAL = -1, -2, -3, -4
 _ZERO6 = bytes(48)
 _ZERO_I32 = array.array("i", (0,))
-
-
-def _address(buf: array.array[int] | bytearray) -> int:
-    if isinstance(buf, array.array):
-        return buf.buffer_info()[0] if buf else 0
-    return ctypes.addressof(ctypes.c_char.from_buffer(buf)) if buf else 0
 
 
 def _raise(code: int) -> None:
@@ -289,10 +289,8 @@ class NativePageTable:
         :meth:`export`-shaped ``ds``/``values`` put after them, as a :class:`TableImage`
         for another thread; here only a fork (``hl3_pt_fork``). :class:`MemoryError` (or a
         value refused)."""
-        n = len(ds) // DIGEST_BYTES
         vals = values if values is not None else array.array("Q")
-        if len(ds) != n * DIGEST_BYTES or len(vals) != 6 * n:
-            raise ValueError(f"page table snapshot: {len(ds)} digest bytes for {len(vals)} values")
+        n = _snapshot_pages(ds, vals)
         handle = self._lib.fork(self._t)
         if not handle:
             raise MemoryError("page table: out of memory copying the table")
@@ -493,9 +491,7 @@ class NativePageTable:
         return fds
 
     def load(self, ds: bytes, values: array.array[int]) -> None:
-        if len(ds) % DIGEST_BYTES or len(values) != 6 * (len(ds) // DIGEST_BYTES):
-            raise ValueError(f"page table snapshot: {len(ds)} digest bytes for {len(values)} values")
-        if ds:
+        if _snapshot_pages(ds, values):
             self._load(ds, values)
 
 
@@ -542,9 +538,7 @@ class TableImage:
                       expect: int | None) -> TableImage:
         """A table of the pages of an :meth:`~PageTable.export`-shaped snapshot, built
         without the GIL, expecting ``expect`` pages at most as the live table does."""
-        n = len(ds) // DIGEST_BYTES
-        if len(ds) != n * DIGEST_BYTES or len(values) != 6 * n:
-            raise ValueError(f"page table snapshot: {len(ds)} digest bytes for {len(values)} values")
+        n = _snapshot_pages(ds, values)
         table = NativePageTable(lib)
         if expect:
             with contextlib.suppress(ValueError):
