@@ -36,7 +36,7 @@ log = logging.getLogger("hicache_l3.slab")
 CHECKPOINT_FILE = "index.ckpt"
 MAGIC = b"HL3INDEX"
 VERSION = 3  # the pages as a table image (written with the C table)
-VERSION_PAGES = 2  # the pages as digests and entries (written without it; read always)
+VERSION_PAGES = 2  # the pages as digests and entries (read always; :func:`encode` writes it)
 STALE_TMP_S = 3600.0  # a temporary checkpoint file this old was left by a crashed writer
 ANCHOR = 4096  # bytes of a log CRC-checked at its start and before the checkpointed offset
 HEADER = struct.Struct("<8sIIQ")
@@ -314,33 +314,27 @@ def write(directory: Path, state: IndexState, expect: int | None = None,
         return False
     try:
         image = state.table or build_image(state.digests, state.values, expect)  # (without the GIL)
-        if image is not None:
-            image.prepare()  # (a snapshot's standalone copy, made here without the GIL)
+        image.prepare()  # (a snapshot's standalone copy, made here without the GIL)
     except MemoryError as exc:
         raise OSError(errno.ENOMEM, f"no memory for the checkpoint's table image ({exc})") from exc
-    data = encode(state) if image is None else None
     _remove_stale_temporaries(directory)
     tmp = directory / f".{CHECKPOINT_FILE}.{os.getpid()}.{threading.get_ident()}.tmp"
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()  # a leftover of a crashed process that had our pid and thread id
     fd = open_file(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL)
     try:
-        if image is None:
-            assert data is not None
-            write_synced(fd, data)
-        else:
-            head = _encode_image_body(state, sections, 0, image.nbytes, 0, image.pages)
-            offset = -(-len(head) // IMAGE_ALIGN) * IMAGE_ALIGN
-            image.write(fd, offset)
-            head = _encode_image_body(state, sections, offset, image.nbytes,
-                                      image_hash(fd, offset, image.nbytes), image.pages)
-            write_synced(fd, head)  # (at offset 0: nothing was written through the offset)
+        head = _encode_image_body(state, sections, 0, image.nbytes, 0, image.pages)
+        offset = -(-len(head) // IMAGE_ALIGN) * IMAGE_ALIGN
+        image.write(fd, offset)
+        head = _encode_image_body(state, sections, offset, image.nbytes,
+                                  image_hash(fd, offset, image.nbytes), image.pages)
+        write_synced(fd, head)  # (at offset 0: nothing was written through the offset)
     except BaseException:
         os.close(fd)
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-    if image is not None and written is not None:
+    if written is not None:
         written.append(ImageRef(os.dup(fd), offset, image.nbytes, image.pages))
     os.close(fd)
     os.replace(tmp, directory / CHECKPOINT_FILE)
