@@ -13,11 +13,10 @@ import array
 import functools
 from collections.abc import Callable, Sequence
 
-from hicache_l3.slab.format import GROUP_SLOTS, RECORD_BYTES, Entry, Geometry
+from hicache_l3.slab.format import _GROUP_SHIFT, RECORD_BYTES, Entry, Geometry
 from hicache_l3.slab.table import NativePageTable, PageTable
 
 READ, MISS, SIZE, UNVERIFIED = 0, 1, 2, 3  # a key's verdict before I/O (page_table.c HL3_PLAN_*)
-_GROUP_SHIFT = GROUP_SLOTS.bit_length() - 1  # GROUP_SLOTS is a power of two (format.py)
 
 
 class GetPlan:
@@ -46,24 +45,16 @@ class GetPlan:
         return Entry._make(self.values[6 * i: 6 * i + 6])
 
     def own_columns(self, me: int | None) -> tuple[Sequence[int], Sequence[int]]:
-        """:meth:`own_slots` as columns ``(slabs, slots)``: strided slices of the entries,
-        no object per page, when every key is read and every page is own (the common
-        batch)."""
-        values = self.values
-        if me is not None and self.count == self.n and values[0::6].count(me) == self.n:
-            return values[1::6], values[2::6]
-        own = self.own_slots(me)
-        return [slab for slab, _ in own], [slot for _, slot in own]
-
-    def own_slots(self, me: int | None) -> list[tuple[int, int]]:
-        """``(slab, slot)`` of the pages to read that writer ``me`` wrote (the LRU touch);
-        C-level slices when every key is read and every page is own (the common batch)."""
+        """Columns ``(slabs, slots)`` of the pages to read that writer ``me`` wrote (the LRU
+        touch): strided slices of the entries, no object per page, when every key is read
+        and every page is own (the common batch)."""
         values = self.values
         if me is None:
-            return []
+            return [], []
         if self.count == self.n and values[0::6].count(me) == self.n:
-            return list(zip(values[1::6], values[2::6]))
-        return [(values[6 * i + 1], values[6 * i + 2]) for i in self.where if values[6 * i] == me]
+            return values[1::6], values[2::6]
+        own = [6 * i for i in self.where if values[6 * i] == me]
+        return [values[i + 1] for i in own], [values[i + 2] for i in own]
 
 
 @functools.lru_cache(maxsize=16)
