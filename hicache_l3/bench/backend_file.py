@@ -16,14 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from hicache_l3.bench.targets import (
-    BenchOptions,
-    BenchTarget,
-    ConnectorTarget,
-    Pair,
-    bench_namespace,
-    write_file,
-)
+from hicache_l3.bench.targets import BenchOptions, BenchTarget, ConnectorTarget, Pair, bench_namespace
 from hicache_l3.common.memory import MemoryRegion, RegionTable
 from hicache_l3.common.pages import Page, page_nbytes
 from hicache_l3.common.registry import open_connector
@@ -47,7 +40,10 @@ class RawPosix(BenchTarget):
         """Register ``buffers`` (any host memory) and write the whole file once from the first."""
         for b in buffers:
             self.regions.add(b)
-        self.fd = write_file(self.path, buffers[0], self.size)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        src, written = buffers[0].view(), 0
+        while written < self.size:
+            written += os.pwrite(self.fd, src[written : self.size], written)
 
     def _offset(self, page: Page) -> int:
         region = self.regions.find(page[0][0], page[0][1])

@@ -137,10 +137,15 @@ class RawNixlObj(BenchTarget):
             self.agent = None
 
 
-def _obj_pairs(opts: BenchOptions, stack: contextlib.ExitStack,
-               overrides: dict[str, Any]) -> list[Pair]:
-    settings = dict(overrides)
-    if not settings.get("endpoint"):
+def make_pairs(opts: BenchOptions, stack: contextlib.ExitStack) -> list[Pair]:
+    """The nixl connector (file mode, in ``workdir`` unless configured) and raw-nixl;
+    with ``nixl.mode=obj``, obj mode and raw-nixl-obj."""
+    settings: dict[str, Any] = dict(opts.settings.get("nixl", {}))
+    obj = NixlConfig.load("nixl", {"root": "-", "bucket": "-", **settings}).mode == "obj"
+    if not obj:
+        settings = {"mode": "file", "root": str(opts.workdir / "nixl-store"),
+                    "capacity_bytes": opts.pages * Geometry(opts.page_bytes).stride, **settings}
+    elif not settings.get("endpoint"):
         from hicache_l3.engines import S3Engine
 
         engine = S3Engine()
@@ -149,27 +154,11 @@ def _obj_pairs(opts: BenchOptions, stack: contextlib.ExitStack,
     config = NixlConfig.load("nixl", settings)
     conn = open_connector("nixl", bench_namespace(opts.page_bytes, "bench-nixl"), settings)
     stack.callback(conn.close)
-    raw = RawNixlObj(config)
+    raw: BenchTarget
+    if obj:
+        raw, extra = RawNixlObj(config), {"mode": "obj", "checksum": config.use_checksum()}
+    else:
+        raw = RawNixl(opts.workdir / "raw-nixl.dat", opts.pages * opts.page_bytes, config.posix_engine)
+        extra = {"mode": config.mode, "posix_engine": config.posix_engine}
     stack.callback(raw.close)
-    return [Pair(ConnectorTarget(conn, "nixl", mode="obj", checksum=config.use_checksum()), raw)]
-
-
-def make_pairs(opts: BenchOptions, stack: contextlib.ExitStack) -> list[Pair]:
-    """The nixl connector (file mode, in ``workdir`` unless configured) and raw-nixl;
-    with ``nixl.mode=obj``, obj mode and raw-nixl-obj."""
-    overrides = dict(opts.settings.get("nixl", {}))
-    if NixlConfig.load("nixl", {"root": "-", "bucket": "-", **overrides}).mode == "obj":
-        return _obj_pairs(opts, stack, overrides)
-    settings: dict[str, Any] = {
-        "mode": "file",
-        "root": str(opts.workdir / "nixl-store"),
-        "capacity_bytes": opts.pages * Geometry(opts.page_bytes).stride,
-    }
-    settings.update(overrides)
-    config = NixlConfig.load("nixl", settings)
-    conn = open_connector("nixl", bench_namespace(opts.page_bytes, "bench-nixl"), settings)
-    stack.callback(conn.close)
-    raw = RawNixl(opts.workdir / "raw-nixl.dat", opts.pages * opts.page_bytes, config.posix_engine)
-    stack.callback(raw.close)
-    return [Pair(ConnectorTarget(conn, "nixl", mode=config.mode,
-                                 posix_engine=config.posix_engine), raw)]
+    return [Pair(ConnectorTarget(conn, "nixl", **extra), raw)]

@@ -31,11 +31,10 @@ from typing import Any
 
 from hicache_l3.bench.runner import (
     BenchError,
-    cpu_info,
-    describe_cpu,
     format_columns,
     load_backend,
     parse_settings,
+    print_results,
     progress,
     run_pairs,
     size_arg,
@@ -203,14 +202,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    cpu = cpu_info()
-    print(describe_cpu(cpu))
-    print(format_table(rows))
-    print(f"({time.monotonic() - started:.1f} s; medians over {args.reps} repetitions; "
-          "ratio = connector / raw, median over pairs of repetitions with the order swapped)")
-    meta = {"pages": args.pages, "reps": args.reps, "backends": backends, "cpu": cpu}
-    if args.json:
-        args.json.write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
+    note = (f"({time.monotonic() - started:.1f} s; medians over {args.reps} repetitions; "
+            "ratio = connector / raw, median over pairs of repetitions with the order swapped)")
+    meta = {"pages": args.pages, "reps": args.reps, "backends": backends}
+    print_results(f"{format_table(rows)}\n{note}", meta, rows, args.json)
     if args.csv:
         write_csv(args.csv, rows)
     if args.plot:
@@ -231,11 +226,7 @@ def _run_compression(args: argparse.Namespace) -> int:
     except (HiCacheL3Error, OSError) as exc:
         print(f"bench failed: {exc}", file=sys.stderr)
         return 1
-    cpu = cpu_info()
-    print(describe_cpu(cpu))
-    print(format_rows(rows))
-    if args.json:
-        args.json.write_text(json.dumps({"meta": {"cpu": cpu, "kv": args.kv}, "results": rows}, indent=1))
+    print_results(format_rows(rows), {"kv": args.kv}, rows, args.json)
     return 0
 
 
@@ -268,10 +259,9 @@ def _run_beyond(args: argparse.Namespace) -> int:
     except HiCacheL3Error as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
-    if args.kv_bytes_per_token is not None:
-        opts.kv_bytes_per_token = args.kv_bytes_per_token
-    if args.prefill_tokens_per_s is not None:
-        opts.prefill_tokens_per_s = args.prefill_tokens_per_s
+    for name in ("kv_bytes_per_token", "prefill_tokens_per_s"):  # None: the model's default
+        if getattr(args, name) is not None:
+            setattr(opts, name, getattr(args, name))
     reports = []
     for page_bytes in args.page_size:
         code, report = run_beyond(dataclasses.replace(opts, page_bytes=page_bytes), args.quiet)

@@ -86,13 +86,7 @@ def fill_real(view: memoryview, page_bytes: int, pages: int, tokens: int = TOKEN
                           f"{per_token} KV bytes per token (64 tokens: {64 * per_token})")
     flat = kv.reshape(-1).view(np.uint8)
     dst = np.frombuffer(view, np.uint8)
-    pos = 0
-    for i in range(pages):
-        page = dst[i * page_bytes:(i + 1) * page_bytes]
-        filled = 0
-        while filled < page_bytes:
-            n = min(page_bytes - filled, flat.size - pos)
-            page[filled:filled + n] = flat[pos:pos + n]
-            filled += n
-            pos = (pos + n) % flat.size
+    end = pages * page_bytes
+    for lo in range(0, end, flat.size):  # the pages are one stream through the tokens, repeated
+        dst[lo : min(end, lo + flat.size)] = flat[: min(flat.size, end - lo)]
     return page_bytes / per_token

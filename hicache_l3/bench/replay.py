@@ -178,9 +178,8 @@ def summarize(rows: Sequence[dict[str, Any]], config: ReplayConfig,
         "token_hit_rate_no_l3": 1 - _ratio(tot("recompute_tokens_no_l3"), tot("prompt_tokens")),
         "token_hit_rate_with_l3": 1 - _ratio(tot("recompute_tokens"), tot("prompt_tokens")),
         "ttft_mean_no_l3_s": mean_base, "ttft_mean_s": mean,
-        "ttft_p50_no_l3_s": quantile(base, 0.5), "ttft_p50_s": quantile(ttft, 0.5),
-        "ttft_p90_no_l3_s": quantile(base, 0.9), "ttft_p90_s": quantile(ttft, 0.9),
-        "ttft_p99_no_l3_s": quantile(base, 0.99), "ttft_p99_s": quantile(ttft, 0.99),
+        **{f"ttft_p{q}{side}_s": quantile(values, q / 100) for q in (50, 90, 99)
+           for side, values in (("_no_l3", base), ("", ttft))},
         "ttft_reduction_mean": 1 - _ratio(mean, mean_base),
         "ttft_reduction_p50": 1 - _ratio(quantile(ttft, 0.5), quantile(base, 0.5)),
         "l3_bytes_loaded": l3_bytes, "l3_get_s": get_s, "l3_exists_s": exists_s,
@@ -376,10 +375,8 @@ def format_report(meta: dict[str, Any], s: dict[str, Any]) -> str:
         f"{'':28}{'without L3':>14}{'with L3':>14}",
         f"{'page hit rate':28}{s['hit_rate_no_l3']:>14.1%}{s['hit_rate_with_l3']:>14.1%}",
         f"{'token hit rate':28}{s['token_hit_rate_no_l3']:>14.1%}{s['token_hit_rate_with_l3']:>14.1%}",
-        f"{'TTFT mean':28}{ms(s['ttft_mean_no_l3_s']):>14}{ms(s['ttft_mean_s']):>14}",
-        f"{'TTFT p50':28}{ms(s['ttft_p50_no_l3_s']):>14}{ms(s['ttft_p50_s']):>14}",
-        f"{'TTFT p90':28}{ms(s['ttft_p90_no_l3_s']):>14}{ms(s['ttft_p90_s']):>14}",
-        f"{'TTFT p99':28}{ms(s['ttft_p99_no_l3_s']):>14}{ms(s['ttft_p99_s']):>14}",
+        *(f"{'TTFT ' + q:28}{ms(s[f'ttft_{q}_no_l3_s']):>14}{ms(s[f'ttft_{q}_s']):>14}"
+          for q in ("mean", "p50", "p90", "p99")),
         "",
         f"pages: {s['pages_needed']:,} needed; L1 {s['l1_hits']:,}, L2 {s['l2_hits']:,}, "
         f"L3 {s['l3_hits']:,} ({s['l3_hits_cross_instance']:,} written by another instance); "

@@ -5,7 +5,9 @@ every bench mode shares (CPU line, quantiles, tables, progress bars, ``--set`` p
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
+import json
 import math
 import os
 import statistics
@@ -81,6 +83,17 @@ def format_columns(rows: list[dict[str, Any]], columns: list[tuple[str, str]],
         [blank if row.get(key) is None else fmt.format(row[key]) for key, fmt in columns] for row in rows])
 
 
+def print_results(table: str, meta: dict[str, Any], rows: list[dict[str, Any]],
+                  json_path: Path | None) -> None:
+    """Print the CPU line and ``table``; with ``json_path``, write ``{"meta", "results": rows}``
+    there, ``meta`` with the CPU added."""
+    meta["cpu"] = cpu_info()
+    print(describe_cpu(meta["cpu"]))
+    print(table)
+    if json_path:
+        json_path.write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
+
+
 @contextlib.contextmanager
 def progress(total: int, quiet: bool, desc: str, unit: str, **tqdm_args: Any) -> Iterator[Callable[..., Any]]:
     """A tqdm bar on stderr (nothing when ``quiet``); yields ``update(n=1)``."""
@@ -146,13 +159,13 @@ def fill(buffer: HostBuffer, page_bytes: int) -> None:
         view[off : off + 8] = i.to_bytes(8, "little")
 
 
+@dataclasses.dataclass
 class Measure:
     """Timings of one target and op across repetitions."""
 
-    def __init__(self) -> None:
-        self.rep_seconds: list[float] = []
-        self.batch_seconds: list[float] = []
-        self.failures = 0
+    rep_seconds: list[float] = dataclasses.field(default_factory=list)
+    batch_seconds: list[float] = dataclasses.field(default_factory=list)
+    failures: int = 0
 
 
 def _mixed_plans(target: BenchTarget, keys: list[str], src: list[Page], dst: list[Page],

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hicache_l3.bench.runner import BenchError, cpu_info, describe_cpu, format_columns, progress, quantile
+from hicache_l3.bench.runner import BenchError, format_columns, print_results, progress, quantile
 from hicache_l3.bench.targets import bench_namespace
 from hicache_l3.common.errors import ConfigError, HiCacheL3Error
 from hicache_l3.common.keys import Namespace
@@ -466,15 +466,11 @@ def run_scale(sizes: list[int], page_bytes: int, workdir: Path | None, settings:
     finally:
         if own:
             shutil.rmtree(root, ignore_errors=True)
-    cpu = cpu_info()
     load = os.getloadavg()
-    print(describe_cpu(cpu))
-    print("load average: {:.2f} {:.2f} {:.2f}".format(*load))
-    print(format_rows(rows))
-    if json_path:
-        meta = {"mode": "scale", "page_bytes": page_bytes, "sizes": sizes, "batch": BATCH,
-                "opens": OPENS, "cpu": cpu, "loadavg": list(load), "index_only": index_only}
-        json_path.write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
+    meta = {"mode": "scale", "page_bytes": page_bytes, "sizes": sizes, "batch": BATCH, "opens": OPENS,
+            "loadavg": list(load), "index_only": index_only}
+    print_results("load average: {:.2f} {:.2f} {:.2f}\n".format(*load) + format_rows(rows), meta, rows,
+                  json_path)
     if plot_path:
         plot_scale(rows, plot_path)
     return 0

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import os
 from pathlib import Path
 from typing import Any
 
 from hicache_l3.common.connector import Connector
 from hicache_l3.common.keys import Namespace
-from hicache_l3.common.memory import HostBuffer, MemoryRegion
+from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.pages import Page
 
 OPS = ("set", "get", "exists", "mixed")
@@ -45,16 +44,6 @@ def bench_namespace(page_bytes: int, tag: str, kv_dtype: str = "uint8") -> Names
     ``kv_dtype`` ``bfloat16`` where pages hold bf16 KV (zstd then splits byte planes)."""
     return Namespace(model="hicache-l3-bench", kv_dtype=kv_dtype, layout="page_first",
                      page_size=page_bytes, tag=tag)
-
-
-def write_file(path: Path, source: MemoryRegion, size: int) -> int:
-    """Create ``path`` and write its first ``size`` bytes from ``source``; its open fd."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-    src = source.view()
-    written = 0
-    while written < size:
-        written += os.pwrite(fd, src[written:size], written)
-    return fd
 
 
 class BenchTarget(abc.ABC):

@@ -113,11 +113,11 @@ class L3Tier:
         self.buffer = HostBuffer(batch * page_bytes, touch=True, name="replay-l2-staging")
         self._view = self.buffer.view()
         self.pages = contiguous_pages(self.buffer.address, page_bytes, range(batch))
-        registered: set[int] = set()
-        for conn in self.connectors:
-            if id(conn) not in registered:
-                conn.register(self.buffer)
-                registered.add(id(conn))
+        for conn in self._distinct():
+            conn.register(self.buffer)
+
+    def _distinct(self) -> list[Connector[Any]]:
+        return list({id(conn): conn for conn in self.connectors}.values())
 
     def connector(self, instance: int) -> Connector[Any]:
         """The connector serving ``instance``."""
@@ -174,9 +174,6 @@ class L3Tier:
 
     def close(self) -> None:
         """Close every connector once, then release the buffer view."""
-        closed: set[int] = set()
-        for conn in self.connectors:
-            if id(conn) not in closed:
-                closed.add(id(conn))
-                conn.close()
+        for conn in self._distinct():
+            conn.close()
         self._view.release()
