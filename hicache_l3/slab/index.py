@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
-from itertools import chain, repeat
+from itertools import repeat
 from operator import itemgetter
 from pathlib import Path
 from typing import NamedTuple
@@ -26,6 +26,7 @@ from hicache_l3.slab.table import (
     PageTable,
     digest,
     digests,
+    entry_values,
     joined,
     live_put_spans,
     new_table,
@@ -246,12 +247,7 @@ class SlabIndex:
         deleted = self.deleted
         if not deleted or deleted.keys().isdisjoint(map(_WHERE, entries)):
             if self._evicted:
-                try:
-                    values = array.array("Q", chain.from_iterable(entries))
-                except OverflowError:
-                    raise ValueError("page table: an entry is out of range (negative or over "
-                                     "64 bits)") from None
-                self._settle_evicted(values)
+                self._settle_evicted(entry_values(entries))
             if self._unlogged:
                 self.settle_unlogged_many(ds, entries)
             self.table.put_many(ds, entries)

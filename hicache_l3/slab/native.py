@@ -118,8 +118,7 @@ class PageBatch:
         self.fds = array.array("i", fds)
         self.data_offsets = array.array("q", data_offsets)
         self.marker_offsets = array.array("q", marker_offsets)
-        self.segments = array.array("Q", chain.from_iterable(chain.from_iterable(pages)))
-        self.at = array.array("i", accumulate(map(len, pages), initial=0))
+        self.segments, self.at = flat_segments(pages)
         self.checksums = array.array("Q", checksums if checksums is not None else bytes(8 * n))
         joined = bytearray(b"".join(markers))
         if len(joined) != n * marker_len:

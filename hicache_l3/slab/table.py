@@ -397,7 +397,7 @@ class NativePageTable:
         if len(ds) != len(entries):
             raise ValueError(f"page table: {len(ds)} digests for {len(entries)} entries")
         if ds:
-            self._load(joined(ds), _values(entries))
+            self._load(joined(ds), entry_values(entries))
 
     def _load(self, ds: bytes, values: array.array[int]) -> None:
         _raise(self._lib.put_many(self._t, len(ds) // DIGEST_BYTES, ds, values.buffer_info()[0]))
@@ -497,7 +497,7 @@ class NativePageTable:
 
 class TableImage:
     """A table no other thread sees (:meth:`NativePageTable.snapshot`, or
-    :meth:`from_snapshot`), for its image (:attr:`nbytes`, then :meth:`write`) or to be
+    :func:`build_image`), for its image (:attr:`nbytes`, then :meth:`write`) or to be
     rebased (:meth:`rebase`) and then used as :attr:`table`; its calls run without the GIL,
     and only the thread that holds it may use it. A snapshot's first use makes its
     standalone copy (``hl3_pt_flatten``); a rebase needs none."""
@@ -532,21 +532,6 @@ class TableImage:
     def nbytes(self) -> int:
         """Bytes of the image (:meth:`write`)."""
         return int(self._lib.image_bytes(self.prepare()._t))
-
-    @classmethod
-    def from_snapshot(cls, lib: IndexCalls, ds: bytes, values: array.array[int],
-                      expect: int | None) -> TableImage:
-        """A table of the pages of an :meth:`~PageTable.export`-shaped snapshot, built
-        without the GIL, expecting ``expect`` pages at most as the live table does."""
-        n = _snapshot_pages(ds, values)
-        table = NativePageTable(lib)
-        if expect:
-            with contextlib.suppress(ValueError):
-                table.expect(expect)
-        _raise(lib.build_reserve(table._t, n))
-        if n:
-            _raise(lib.build_put_many(table._t, n, ds, values.buffer_info()[0]))
-        return cls(lib, table)
 
     def write(self, fd: int, offset: int) -> None:
         """Write the image at ``offset`` (a multiple of 8) of ``fd``; :class:`OSError`."""
@@ -615,9 +600,15 @@ class JournalPart:
 
 
 def build_image(ds: bytes, values: array.array[int], expect: int | None = None) -> TableImage:
-    """The :class:`TableImage` of an :meth:`~PageTable.export`-shaped snapshot (expecting
-    ``expect`` pages at most, as the live table does)."""
-    return TableImage.from_snapshot(native_library(), ds, values, expect)
+    """The :class:`TableImage` of an :meth:`~PageTable.export`-shaped snapshot, built
+    without the GIL, expecting ``expect`` pages at most as the live table does."""
+    n = _snapshot_pages(ds, values)
+    table = new_table(expect)
+    lib = table._lib
+    _raise(lib.build_reserve(table._t, n))
+    if n:
+        _raise(lib.build_put_many(table._t, n, ds, values.buffer_info()[0]))
+    return TableImage(lib, table)
 
 
 def _take_at(table: PageTable, wheres: Sequence[Where]) -> tuple[bytes, array.array[int]]:
@@ -659,7 +650,9 @@ def live_put_spans(table: PageTable, data: bytes, expect: int = -1) -> list[tupl
     return table._live_puts(data, expect)
 
 
-def _values(entries: Sequence[Entry]) -> array.array[int]:
+def entry_values(entries: Sequence[Entry]) -> array.array[int]:
+    """The six values of each entry, flat (an :meth:`PageTable.export`'s shape); ValueError
+    for a value that is negative or over 64 bits."""
     try:
         values = array.array("Q", itertools.chain.from_iterable(entries))
     except OverflowError:
@@ -672,7 +665,7 @@ def native_library() -> IndexCalls:
     return library().index
 
 
-def new_table(capacity: int | None = None) -> PageTable:
+def new_table(capacity: int | None = None) -> NativePageTable:
     """An empty C table, expecting at most ``capacity`` pages when given
     (:meth:`PageTable.expect`)."""
     table = NativePageTable(native_library())
