@@ -283,11 +283,10 @@ def _connector(opts: BeyondOptions, backend: str, mode: str, source: HostBuffer,
     ns = bench_namespace(opts.page_bytes, f"beyond-{backend}", kv_dtype="bfloat16")  # byte planes for zstd
     conn = open_connector(backend, ns, settings)
     stack.callback(conn.close)
-    dst = HostBuffer(opts.batch * opts.page_bytes, pin=False)
+    dst, dst_pages = runner.page_buffer(opts.batch, opts.page_bytes, pin=False)
     conn.register(source)
     conn.register(dst)
     src_pages = contiguous_pages(source.address, opts.page_bytes, range(opts.batch))
-    dst_pages = contiguous_pages(dst.address, opts.page_bytes, range(opts.batch))
 
     def get(indices: list[int]) -> bool:
         return all(conn.batch_get([key(i) for i in indices], dst_pages[: len(indices)]))

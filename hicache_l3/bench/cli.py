@@ -151,6 +151,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "Llama-3.1-8B on one H100)")
 
 
+def _refuse(message: str) -> int:
+    """Print ``bench: message`` on stderr; 2, the exit code of bad options."""
+    print(f"bench: {message}", file=sys.stderr)
+    return 2
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the bench; print the table; write JSON/CSV/plot. Exit 1 on failure, 2 on bad options."""
     quiet_credential_loggers()
@@ -161,19 +167,15 @@ def run(args: argparse.Namespace) -> int:
     if args.compression:
         return _run_compression(args)
     if args.reps < 1 or args.pages < 1:
-        print("bench: --reps and --pages must be >= 1", file=sys.stderr)
-        return 2
+        return _refuse("--reps and --pages must be >= 1")
     if not 0.0 <= args.read_fraction <= 1.0:
-        print("bench: --read-fraction must lie in [0, 1]", file=sys.stderr)
-        return 2
+        return _refuse("--read-fraction must lie in [0, 1]")
     if not 0.0 <= args.idle_ms <= 60_000:
-        print(f"bench: --idle-ms must lie in [0, 60000], got {args.idle_ms:g}", file=sys.stderr)
-        return 2
+        return _refuse(f"--idle-ms must lie in [0, 60000], got {args.idle_ms:g}")
     ops = tuple(_items(args.ops))
     bad = [o for o in ops if o not in OPS]
     if bad:
-        print(f"bench: unknown op(s) {bad}; choose from {list(OPS)}", file=sys.stderr)
-        return 2
+        return _refuse(f"unknown op(s) {bad}; choose from {list(OPS)}")
     backends = _items(args.backend)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="hicache-l3-bench-"))
     rows: list[dict[str, Any]] = []
@@ -237,11 +239,9 @@ def _run_scale(args: argparse.Namespace) -> int:
         sizes = parse_counts(args.scale_sizes)
         settings = parse_settings(args.overrides)
     except HiCacheL3Error as exc:
-        print(f"bench: {exc}", file=sys.stderr)
-        return 2
+        return _refuse(str(exc))
     if len(args.scale_page_bytes) != 1 or set(settings) - {"file"}:
-        print("bench: --scale takes one --scale-page-bytes and only file.* settings", file=sys.stderr)
-        return 2
+        return _refuse("--scale takes one --scale-page-bytes and only file.* settings")
     return run_scale(sizes, args.scale_page_bytes[0], args.workdir, settings.get("file", {}),
                      args.json, args.plot, args.quiet, args.scale_index_only)
 
@@ -257,8 +257,7 @@ def _run_beyond(args: argparse.Namespace) -> int:
             backends=tuple(_items(args.beyond_backends)), modes=tuple(_items(args.beyond_modes)),
             kv=args.kv, workdir=str(args.workdir or ""))
     except HiCacheL3Error as exc:
-        print(f"bench: {exc}", file=sys.stderr)
-        return 2
+        return _refuse(str(exc))
     for name in ("kv_bytes_per_token", "prefill_tokens_per_s"):  # None: the model's default
         if getattr(args, name) is not None:
             setattr(opts, name, getattr(args, name))

@@ -16,14 +16,11 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
-
-from hicache_l3.bench.runner import BenchError, balanced_ratio, fill, format_columns
+from hicache_l3.bench.runner import BenchError, balanced_ratio, fill, format_columns, page_buffer, verify
 from hicache_l3.common.compression import PageCodec
 from hicache_l3.common.connector import Connector
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer
-from hicache_l3.common.pages import contiguous_pages
 from hicache_l3.common.registry import open_connector
 
 BACKENDS = ("memory", "nixl-obj", "mooncake", "file-fsspec", "s3-fsspec", "file")
@@ -128,13 +125,9 @@ def _timed(call: Callable[[list[str], list[Any]], list[bool]], keys: list[str], 
 def run_backend(backend: str, page_bytes: int, pages: int, batch: int, reps: int, kv: str,
                 kv_dtype: str = "bfloat16") -> dict[str, Any]:
     """One backend's row: ratio, effective GB/s per setting and op, get zstd / none."""
-    src = HostBuffer(pages * page_bytes, name="bench-z-src")
-    dst = HostBuffer(pages * page_bytes, name="bench-z-dst")
+    src, src_pages = page_buffer(pages, page_bytes, name="bench-z-src")
+    dst, dst_pages = page_buffer(pages, page_bytes, name="bench-z-dst")
     fill_kv(src, page_bytes, pages, kv)
-    src_pages = contiguous_pages(src.address, page_bytes, range(pages))
-    dst_pages = contiguous_pages(dst.address, page_bytes, range(pages))
-    expect = np.frombuffer(src.view(), np.uint8)
-    got_view = np.frombuffer(dst.view(), np.uint8)
     rates: dict[tuple[str, str], list[float]] = {}
     run = uuid.uuid4().hex[:8]
     with backend_settings(backend, pages * page_bytes) as (name, settings):
@@ -153,11 +146,9 @@ def run_backend(backend: str, page_bytes: int, pages: int, batch: int, reps: int
                 for setting in order:
                     conn = conns[setting]
                     keys = [f"{run}-{rep}-{i}" for i in range(pages)]
-                    got_view[:] = 0
                     t_set = _timed(conn.batch_set, keys, src_pages, batch)
                     t_get = _timed(conn.batch_get, keys, dst_pages, batch)
-                    if not np.array_equal(got_view, expect):
-                        raise BenchError(f"{backend} compression={setting}: wrong bytes after get")
+                    verify(f"{backend} compression={setting}", src, dst, page_bytes)
                     conn.delete(keys)
                     moved = pages * page_bytes / 1e9
                     rates.setdefault((setting, "set"), []).append(moved / t_set)

@@ -148,6 +148,12 @@ def load_backend(name: str) -> Callable[[BenchOptions, contextlib.ExitStack], li
     return make
 
 
+def page_buffer(pages: int, page_bytes: int, **kwargs: Any) -> tuple[HostBuffer, list[Page]]:
+    """A :class:`HostBuffer` of ``pages`` pages (``kwargs``: its options) and its pages."""
+    buffer = HostBuffer(pages * page_bytes, **kwargs)
+    return buffer, contiguous_pages(buffer.address, page_bytes, range(pages))
+
+
 def fill(buffer: HostBuffer, page_bytes: int) -> None:
     """Distinct, incompressible-looking bytes in every page (1 MiB random block + page id)."""
     view = buffer.view()
@@ -235,12 +241,10 @@ def run_pairs(pairs: list[Pair], opts: BenchOptions, ops: tuple[str, ...]) -> li
     """Measure every pair (one untimed warm-up, then ``opts.reps`` repetitions, the order
     swapped every other one); one JSON row per target and op. BenchError on a failed page
     or wrong bytes."""
-    src = HostBuffer(opts.pages * opts.page_bytes, name="bench-src")
-    dst = HostBuffer(opts.pages * opts.page_bytes, name="bench-dst")
+    src, src_pages = page_buffer(opts.pages, opts.page_bytes, name="bench-src")
+    dst, dst_pages = page_buffer(opts.pages, opts.page_bytes, name="bench-dst")
     fill(src, opts.page_bytes)
-    src_pages = contiguous_pages(src.address, opts.page_bytes, range(opts.pages))
-    dst_pages = contiguous_pages(dst.address, opts.page_bytes, range(opts.pages))
-    targets = [t for pair in pairs for t in (pair.connector, pair.raw) if t is not None]
+    targets = [t for pair in pairs for t in (pair.connector, pair.raw)]
     for t in targets:
         t.prepare([src, dst], opts.page_bytes)
     run_id = uuid.uuid4().hex[:8]
@@ -254,9 +258,7 @@ def run_pairs(pairs: list[Pair], opts: BenchOptions, ops: tuple[str, ...]) -> li
     for rep in range(opts.reps):
         keys = [f"{run_id}-r{rep}-{i}" for i in range(opts.pages)]
         for pair in pairs:
-            order = [t for t in (pair.connector, pair.raw) if t is not None]
-            if rep % 2:
-                order.reverse()
+            order = (pair.raw, pair.connector) if rep % 2 else (pair.connector, pair.raw)
             if "set" not in ops:  # get/exists need the pages stored: store them untimed
                 for t in order:
                     if "set" in t.ops:
@@ -275,33 +277,35 @@ def run_pairs(pairs: list[Pair], opts: BenchOptions, ops: tuple[str, ...]) -> li
                     _time_op(t, op, keys, src_pages if op == "set" else dst_pages, opts.batch,
                              opts.threads, measures[(id(t), op)], plans)
                     if op == "get":
-                        _verify(t, src, dst, opts)
+                        verify(t.backend, src, dst, opts.page_bytes)
     rows = []
     for pair in pairs:
         for op in ops:
-            raw_m = measures.get((id(pair.raw), op)) if pair.raw is not None else None
-            for t in [x for x in (pair.connector, pair.raw) if x is not None]:
+            raw_m = measures[(id(pair.raw), op)]
+            for t in (pair.connector, pair.raw):
                 if not t.supports(op):
                     continue
                 m = measures[(id(t), op)]
                 if m.failures:
                     raise BenchError(f"{t.backend} {op}: {m.failures} pages failed during timing")
                 row = _row(t, op, m, opts)
-                if t is pair.connector and raw_m is not None and raw_m.rep_seconds:
+                if t is pair.connector and raw_m.rep_seconds:
                     row["ratio_to_raw"] = balanced_ratio([r / c for c, r in zip(m.rep_seconds,
                                                                                   raw_m.rep_seconds)])
-                    row["raw_backend"] = pair.raw.backend if pair.raw else None
+                    row["raw_backend"] = pair.raw.backend
                 rows.append(row)
     return rows
 
 
-def _verify(target: BenchTarget, src: HostBuffer, dst: HostBuffer, opts: BenchOptions) -> None:
+def verify(what: str, src: HostBuffer, dst: HostBuffer, page_bytes: int) -> None:
+    """BenchError naming the first page of ``dst`` that differs from ``src``; then ``dst``
+    zeroed, so that the next get must write every byte again."""
     a, b = src.view(), dst.view()
     if a != b:
-        pb = opts.page_bytes
-        bad = next(i for i in range(opts.pages) if a[i * pb : (i + 1) * pb] != b[i * pb : (i + 1) * pb])
-        raise BenchError(f"{target.backend}: page {bad} read back differs from what was written")
-    b[:] = bytes(len(b))  # the next get must write every byte again
+        pb = page_bytes
+        bad = next(i for i in range(len(a) // pb) if a[i * pb : (i + 1) * pb] != b[i * pb : (i + 1) * pb])
+        raise BenchError(f"{what}: page {bad} read back differs from what was written")
+    b[:] = bytes(len(b))
 
 
 def _row(t: BenchTarget, op: str, m: Measure, opts: BenchOptions) -> dict[str, Any]:

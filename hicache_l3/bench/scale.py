@@ -185,10 +185,6 @@ def _measure_index_only(n: int, page_bytes: int, root: Path, settings: dict[str,
     return row
 
 
-def _without_root(settings: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in settings.items() if k != "root"}
-
-
 def _probe_all(row: dict[str, Any], store: Path, page_bytes: int, settings: dict[str, Any],
                last_key: str) -> None:
     """Open ``store`` in fresh processes, :data:`OPENS` times and once ignoring the index
@@ -211,13 +207,13 @@ def _probe_all(row: dict[str, Any], store: Path, page_bytes: int, settings: dict
 def _measure_size(n: int, page_bytes: int, root: Path, settings: dict[str, Any],
                   show_progress: bool) -> dict[str, Any]:
     s = sample_size(n)
-    store_settings = {**settings, "root": str(root / "store"),
-                      "capacity_bytes": (n + s) * Geometry(page_bytes).stride}
+    settings = {**settings, "capacity_bytes": (n + s) * Geometry(page_bytes).stride}
     buffer = HostBuffer(FILL_BATCH * page_bytes)
     buffer.view()[:] = random.Random(n).randbytes(buffer.size)
     rng = random.Random(0x5CA1E)
     row: dict[str, Any] = {"pages": n, "page_bytes": page_bytes, "sample": s, "batch": BATCH}
-    with contextlib.closing(open_connector("file", scale_namespace(page_bytes), store_settings)) as conn:
+    with contextlib.closing(open_connector("file", scale_namespace(page_bytes),
+                                           {**settings, "root": str(root / "store")})) as conn:
         conn.register(buffer)
         started = time.perf_counter()
         with progress(n, not show_progress, f"fill {n:,}", "page", unit_scale=True) as tick:
@@ -229,7 +225,7 @@ def _measure_size(n: int, page_bytes: int, root: Path, settings: dict[str, Any],
                 tick(count)
         row["fill_s"] = time.perf_counter() - started
         os.sync()  # the fill's writeback out of the measures
-        _probe_all(row, root / "store", page_bytes, _without_root(store_settings), key(n - 1))
+        _probe_all(row, root / "store", page_bytes, settings, key(n - 1))
         row["settle_s"] = _settle(conn)
         pages = contiguous_pages(buffer.address, page_bytes, range(BATCH))
         stored = [key(rng.randrange(n)) for _ in range(s)]

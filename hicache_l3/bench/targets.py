@@ -79,7 +79,7 @@ class Pair:
     """A connector target and the raw engine baseline it is compared with."""
 
     connector: BenchTarget
-    raw: BenchTarget | None
+    raw: BenchTarget
 
 
 class ConnectorTarget(BenchTarget):

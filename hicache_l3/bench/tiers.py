@@ -14,9 +14,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from hicache_l3.bench.runner import page_buffer
 from hicache_l3.common.connector import Connector
-from hicache_l3.common.memory import HostBuffer
-from hicache_l3.common.pages import contiguous_pages
 
 PATTERN_UNIT = 64
 POISON = 0xA5
@@ -110,9 +109,8 @@ class L3Tier:
         self.connectors = list(connectors)
         self.page_bytes = page_bytes
         self.batch = batch
-        self.buffer = HostBuffer(batch * page_bytes, touch=True, name="replay-l2-staging")
+        self.buffer, self.pages = page_buffer(batch, page_bytes, name="replay-l2-staging")
         self._view = self.buffer.view()
-        self.pages = contiguous_pages(self.buffer.address, page_bytes, range(batch))
         for conn in self._distinct():
             conn.register(self.buffer)
 
