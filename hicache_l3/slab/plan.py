@@ -13,7 +13,8 @@ import array
 import functools
 from collections.abc import Callable, Sequence
 
-from hicache_l3.slab.format import _GROUP_SHIFT, RECORD_BYTES, Entry, Geometry
+from hicache_l3.slab.format import RECORD_BYTES, Entry, Geometry
+from hicache_l3.slab.native import _marker_geometry
 from hicache_l3.slab.table import NativePageTable, PageTable
 
 READ, MISS, SIZE, UNVERIFIED = 0, 1, 2, 3  # a key's verdict before I/O (page_table.c HL3_PLAN_*)
@@ -59,9 +60,8 @@ class GetPlan:
 
 @functools.lru_cache(maxsize=16)
 def _geometry_array(geometry: Geometry) -> array.array[int]:
-    """The ``hl3_geometry`` the C plan reads (never writes), once per geometry."""
-    return array.array("q", (geometry.slot_bytes, _GROUP_SHIFT, geometry.table, geometry.data_stride,
-                             (1 << _GROUP_SHIFT) * geometry.data_stride, RECORD_BYTES))
+    """The ``hl3_geometry`` the C plan reads (never writes): the slot size, then the marker geometry."""
+    return array.array("q", (geometry.slot_bytes, *_marker_geometry(geometry)))
 
 
 _ZEROS: dict[str, array.array[int]] = {}

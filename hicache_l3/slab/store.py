@@ -488,10 +488,6 @@ class SlabStore:
             raise
         self._install(job, tail)
 
-    def _gen_record(self, me: int) -> bytes:
-        """A compacted log's GEN record: the highest generation used so far."""
-        return encode_record(GEN, "", Entry(me, 0, 0, self._next_gen - 1, 0, 0))
-
     def _kept_dels(self, dels: Sequence[tuple[str, Entry]]) -> list[tuple[str, Entry]]:
         """The DELs in ``dels`` no newer PUT superseded. Caller holds the lock."""
         table, kept = self.index.table, []
@@ -503,7 +499,7 @@ class SlabStore:
         return kept
 
     def _compacted(self, me: int, size: int, dels: list[tuple[str, Entry]],
-                   forget: dict[bytes, Entry] | None) -> None:
+                   forget: dict[bytes, Entry]) -> None:
         """Go on with the log just renamed into place (``size`` bytes, holding the foreign
         DELs ``dels``): reopen it, drop the unlogged own pages ``forget`` it no longer
         holds, start a checkpoint. Caller holds the lock."""
@@ -515,10 +511,7 @@ class SlabStore:
         tail.offset = size
         tail.foreign_dels = dels
         tail.max_gen = max(tail.max_gen, self._next_gen - 1)  # its GEN record
-        if forget is None:
-            self.index.forget_unlogged(me)
-        else:
-            self.index.forget_unlogged_entries(forget)
+        self.index.forget_unlogged_entries(forget)
         self.compactions += 1
         self._published(me)
         self.index.checkpoints.save_later()
@@ -582,7 +575,8 @@ class SlabStore:
         over the log, the store going on with it. Caller holds the lock."""
         kept = self._kept_dels(tail.foreign_dels[: job.dels])
         dels = b"".join([encode_record(DEL, key, gone) for key, gone in kept])
-        size = job.finish(tail.ino, tail.offset, dels, self._gen_record(job.writer), self.fsync != "none")
+        gen = encode_record(GEN, "", Entry(job.writer, 0, 0, self._next_gen - 1, 0, 0))  # the highest used
+        size = job.finish(tail.ino, tail.offset, dels, gen, self.fsync != "none")
         self._compacted(job.writer, size, tail.foreign_dels[job.dels :] + kept, job.forget)  # log order
 
     def _live_puts(self, me: int, old_log: bytes) -> bytes:

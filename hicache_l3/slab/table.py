@@ -462,14 +462,6 @@ class NativePageTable:
     def export(self) -> tuple[bytes, array.array[int]]:
         return self._select(None, None)
 
-    def _live_puts(self, data: bytes, expect: int = -1) -> list[tuple[int, int]] | None:
-        """See :func:`live_put_spans`."""
-        found = _find_live_puts(self._lib.live_puts, self._lib, self._t, data, expect)
-        if found is None:
-            return None
-        starts, ends, n = found
-        return list(zip(starts[:n], ends[:n]))
-
     def plan_get(self, n: int, keys: bytes, geometry: array.array[int], verified_only: bool,
                  out: Sequence[array.array[int] | bytearray]) -> tuple[int, int]:
         """``hl3_pt_plan_get`` of ``n`` keys, each followed by one ``\\n`` in ``keys``, into
@@ -647,7 +639,11 @@ def live_put_spans(table: PageTable, data: bytes, expect: int = -1) -> list[tupl
     the caller expects, to size the result arrays."""
     if not isinstance(table, NativePageTable) or not data:
         return None if data else []
-    return table._live_puts(data, expect)
+    found = _find_live_puts(table._lib.live_puts, table._lib, table._t, data, expect)
+    if found is None:
+        return None
+    starts, ends, n = found
+    return list(zip(starts[:n], ends[:n]))
 
 
 def entry_values(entries: Sequence[Entry]) -> array.array[int]:
