@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
 from hicache_l3.slab import checkpoint
@@ -189,18 +190,27 @@ class IndexCheckpoints:
         rebased on the checkpoint without the GIL."""
         new: tuple[NativePageTable, tuple[int, int]] | None = None
         try:
-            state = checkpoint.read(self.directory)
-            if state is not None and state.image is not None:
-                image = state.image
-                try:
-                    copy.rebase(image.fd, image.offset, image.length)
-                    new = copy.table, _file_id(image.fd)
-                except (ValueError, MemoryError) as exc:
-                    log.warning("%s: index not rebased on its checkpoint (%s)", self.directory, exc)
-                finally:
-                    image.close()
+            base_id = self._rebase_on_checkpoint(copy.rebase)
+            if base_id is not None:
+                new = copy.table, base_id
         finally:
             self._pending_base = new if new is not None else False
+
+    def _rebase_on_checkpoint(self, rebase: Callable[[int, int, int], None]) -> tuple[int, int] | None:
+        """``rebase(fd, offset, length)`` onto the image of the namespace's checkpoint: the
+        image file's id, or None (no image; refused, logged)."""
+        state = checkpoint.read(self.directory)
+        if state is None or state.image is None:
+            return None
+        image = state.image
+        try:
+            rebase(image.fd, image.offset, image.length)
+            return _file_id(image.fd)
+        except (ValueError, MemoryError) as exc:
+            log.warning("%s: index not rebased on its checkpoint (%s)", self.directory, exc)
+            return None
+        finally:
+            image.close()
 
     def rebase_on_newer(self, force: bool = False) -> bool:
         """Rebase the table onto the namespace's checkpoint when it is another than the
@@ -213,18 +223,10 @@ class IndexCheckpoints:
         table = self.index.table
         if not isinstance(table, NativePageTable) or not self._newer_checkpoint():
             return False
-        state = checkpoint.read(self.directory)
-        if state is None or state.image is None:
+        base_id = self._rebase_on_checkpoint(table.rebase)
+        if base_id is None:
             return False
-        image = state.image
-        try:
-            table.rebase(image.fd, image.offset, image.length)
-            self.base_id = _file_id(image.fd)
-        except (ValueError, MemoryError) as exc:
-            log.warning("%s: index not rebased on its checkpoint (%s)", self.directory, exc)
-            return False
-        finally:
-            image.close()
+        self.base_id = base_id
         self.rebases += 1
         self.index.applied = 0
         return True
