@@ -152,17 +152,11 @@ class SlabIndex:
         return self.logs.tails
 
     def forget_writer(self, *writers: int) -> None:
-        """Drop every entry of ``writers`` (their logs are about to be read again)."""
+        """Drop every entry of ``writers``, :attr:`unlogged` ones too (their logs are about
+        to be read again)."""
         for writer in set(writers):
             self.table.pop_many([d for d, _ in self.table.select(writer)])
-        self.forget_unlogged(*writers)
-
-    def forget_unlogged(self, *writers: int) -> None:
-        """Drop the :attr:`unlogged` pages of ``writers``."""
-        for d, entry in list(self.unlogged.items()):
-            if entry.writer in writers:
-                del self.unlogged[d]
-                self.unlogged_at.pop((entry.writer, entry.slab, entry.slot), None)
+        self.forget_unlogged_entries({d: e for d, e in self.unlogged.items() if e.writer in writers})
 
     def unlogged_of(self, writer: int) -> dict[bytes, Entry]:
         """A copy of the :attr:`unlogged` pages of ``writer``. Caller holds ``lock``."""

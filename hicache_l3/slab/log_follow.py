@@ -75,7 +75,10 @@ class LogFollower:
             return False
         if mtime != self.dir_mtime:
             self.dir_mtime = mtime
-            self._scan_writers()
+            for name in os.listdir(self.writers_dir):
+                writer = parse_writer_name(name)
+                if writer is not None and writer not in self.tails:
+                    self._follow(writer, name)
         elif self.pending:  # a log is created inside its directory: writers/ does not change
             for writer in list(self.pending):
                 self._follow(writer, writer_name(writer))
@@ -93,13 +96,6 @@ class LogFollower:
             if st.st_size > tail.offset:
                 self.read_tail(writer, tail, st.st_size)
         return True
-
-    def _scan_writers(self) -> None:
-        for name in os.listdir(self.writers_dir):
-            writer = parse_writer_name(name)
-            if writer is None or writer in self.tails:
-                continue
-            self._follow(writer, name)
 
     def _follow(self, writer: int, name: str) -> None:
         """Start tailing writer ``name``'s log; remember it as pending while it has none,

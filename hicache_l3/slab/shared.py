@@ -66,15 +66,12 @@ class ClaimState:
 
 
 def _epochs(wdir: Path, prefix: str) -> list[int]:
-    out: list[int] = []
     try:
         names = os.listdir(wdir)
     except OSError:  # gone, or not a directory
-        return out
-    for name in names:
-        if name.startswith(prefix) and name[len(prefix):].isdigit():
-            out.append(int(name[len(prefix):]))
-    return out
+        return []
+    n = len(prefix)
+    return [int(name[n:]) for name in names if name.startswith(prefix) and name[n:].isdigit()]
 
 
 def claim_path(wdir: Path, epoch: int) -> Path:
