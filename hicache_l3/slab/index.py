@@ -337,12 +337,9 @@ class SlabIndex:
         if d is None:
             return
         entry = self.unlogged.get(d)
-        if entry is None:
-            return
-        if where is not None and (entry.writer, entry.slab, entry.slot) != where:
-            return
-        del self.unlogged[d]
-        self.unlogged_at.pop((entry.writer, entry.slab, entry.slot), None)
+        if entry is not None and (where is None or _WHERE(entry) == where):
+            del self.unlogged[d]
+            self.unlogged_at.pop(_WHERE(entry), None)
 
     def remove_unlogged(self, d: bytes, entry: Entry) -> None:
         """Take digest ``d`` (mapped to ``entry``) out of the table without a log record."""
