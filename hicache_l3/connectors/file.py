@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from hicache_l3.common.compression import COMPRESSION_HELP
 from hicache_l3.common.config import ConnectorConfig, setting
-from hicache_l3.common.connector import Capabilities, Connector
+from hicache_l3.common.connector import Connector
 from hicache_l3.common.errors import ConfigError
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.safe_fs import private_root
@@ -119,14 +119,10 @@ class FileConnector(SlabConnector, Connector[FileConfig]):
     def __init__(self, config: FileConfig, namespace: Namespace) -> None:
         super().__init__(config, namespace)
         self.checksum_writes = config.checksum != "none"
+        if config.o_direct == "true":
+            _probe_o_direct(private_root(config.root, f"{self.name} connector: root"))
         self.transport = self._select_transport(direct=config.o_direct == "true")
-        try:
-            if config.o_direct == "true":
-                _probe_o_direct(private_root(config.root, f"{self.name} connector: root"))
-            self._init_slab_root(config.root, config.capacity_bytes, config.multi_node, config.compression)
-        except BaseException:
-            self.transport.close()
-            raise
+        self._init_slab_root()
 
     def _select_transport(self, direct: bool) -> SlotTransport:
         config = self.config
@@ -153,28 +149,6 @@ class FileConnector(SlabConnector, Connector[FileConfig]):
         log.info("%s connector: o_direct=auto chose O_DIRECT (%d KiB pages, capacity %.1f GiB, "
                  "%.1f GiB of page cache)", self.name, slot_bytes >> 10, self.capacity_bytes / 2**30,
                  cache / 2**30)
-
-    @property
-    def capabilities(self) -> Capabilities:
-        """Persistent, shared across processes, evicting, compressing; detects corruption
-        with checksums."""
-        return Capabilities(
-            persistent=True,
-            shared_across_processes=True,
-            detects_corruption=self.config.checksum != "none",
-            evicts=True,
-            compresses=True,
-        )
-
-    def _make_store(self, slot_bytes: int) -> SlabStore:
-        return SlabStore(
-            self.root, self.namespace, slot_bytes,
-            capacity_bytes=self.capacity_bytes, slab_bytes=self.config.slab_bytes,
-            fsync=self.config.fsync,
-        )
-
-    def _engine_stats(self) -> dict[str, Any]:
-        return self._slab_stats()
 
 
 def _probe_o_direct(root: Path) -> None:

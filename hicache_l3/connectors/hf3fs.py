@@ -25,7 +25,6 @@ from multiprocessing import shared_memory
 from typing import Any, Literal
 
 from hicache_l3.common.config import setting
-from hicache_l3.common.connector import Capabilities
 from hicache_l3.common.errors import ConfigError, EngineUnavailableError, Reason
 from hicache_l3.common.integrity import key_fingerprint, page_checksum
 from hicache_l3.common.keys import Namespace
@@ -311,19 +310,19 @@ class UsrbioTransport(SlotTransport):
             out.append(iov[off : off + length])
         return out
 
-    def _chunks(self, plans: list[_Plan], extra_ios: int, page_bytes: int) -> list[list[_Plan]]:
-        """Split plans into ring rounds: I/Os within ``entries``, staged bytes within the
-        staging area. Pages whose segments alone exceed a round are staged."""
-        stage_size = page_bytes
-        entries, staging = self.rings.entries, max(self.rings.staging, stage_size)
+    def _rounds(self, pages: list[Page], page_bytes: int) -> list[list[_Plan]]:
+        """The pages' plans split into ring rounds: I/Os within ``entries``, staged bytes
+        within the staging area. Pages whose segments alone exceed a round are staged."""
+        entries, staging = self.rings.entries, max(self.rings.staging, page_bytes)
         rounds: list[list[_Plan]] = []
         current: list[_Plan] = []
         ios = staged = 0
-        for p in plans:
-            if p.zero_copy is not None and len(p.zero_copy) + extra_ios > entries:
+        for j, page in enumerate(pages):
+            p = _Plan(j, self._iov_slices(page))
+            if p.zero_copy is not None and len(p.zero_copy) > entries:
                 p.zero_copy = None
-            need = extra_ios + (len(p.zero_copy) if p.zero_copy is not None else 1)
-            stage = 0 if p.zero_copy is not None else stage_size
+            need = len(p.zero_copy) if p.zero_copy is not None else 1
+            stage = 0 if p.zero_copy is not None else page_bytes
             if current and (ios + need > entries or staged + stage > staging
                             or len(current) >= entries // 2):
                 rounds.append(current)
@@ -336,6 +335,12 @@ class UsrbioTransport(SlotTransport):
         if current:
             rounds.append(current)
         return rounds
+
+    def _count(self, plans: list[_Plan]) -> None:
+        """Count the pages of ``plans`` moved zero-copy and staged."""
+        zero = sum(p.zero_copy is not None for p in plans)
+        self.metrics.count("usrbio_zero_copy", zero)
+        self.metrics.count("usrbio_staged", len(plans) - zero)
 
     def _settle(self, results: list[int], ios: list[tuple[Any, int, int]], owners: list[_Plan]) -> None:
         """Mark a page failed when any of its I/Os moved fewer bytes than asked."""
@@ -352,10 +357,9 @@ class UsrbioTransport(SlotTransport):
         usrbio, geometry = self.rings, batch.geometry
         page_bytes = geometry.slot_bytes
         keys, pages, slots = batch.keys, batch.pages, batch.slots
-        plans = [_Plan(j, self._iov_slices(pages[j])) for j in range(len(keys))]
         data_at, marker_at = geometry.offsets(s[2] for s in slots)
         with usrbio.locks[False]:
-            for plan_round in self._chunks(plans, 0, page_bytes):
+            for plan_round in self._rounds(pages, page_bytes):
                 scratch = usrbio.scratch(False, page_bytes)
                 iov, view, base = scratch.iov, scratch.view, scratch.markers
                 ios: list[tuple[Any, int, int]] = []
@@ -372,14 +376,11 @@ class UsrbioTransport(SlotTransport):
                     owners.append(p)
                 self._settle(usrbio.run(False, ios), ios, owners)
                 ios, owners = [], []
-                staged = zero = 0
-                for p in plan_round:  # round 2: the data, once the markers are written
-                    if not p.ok:
-                        continue
+                written = [p for p in plan_round if p.ok]
+                for p in written:  # round 2: the data, once the markers are written
                     fd = slots[p.index][0]
                     if p.zero_copy is not None:
                         _zero_copy_ios(ios, owners, p, fd, data_at[p.index])
-                        zero += 1
                     else:
                         o = pos = base + p.stage
                         for seg in self.regions.views(pages[p.index]) or []:
@@ -387,10 +388,8 @@ class UsrbioTransport(SlotTransport):
                             pos += len(seg)
                         ios.append((iov[o:pos], fd, data_at[p.index]))
                         owners.append(p)
-                        staged += 1
                 self._settle(usrbio.run(False, ios), ios, owners)
-                self.metrics.count("usrbio_zero_copy", zero)
-                self.metrics.count("usrbio_staged", staged)
+                self._count(written)
                 for p in plan_round:
                     if p.ok:
                         batch.status[p.index] = OK
@@ -402,27 +401,24 @@ class UsrbioTransport(SlotTransport):
         usrbio, geometry = self.rings, batch.geometry
         page_bytes = geometry.slot_bytes
         keys, pages, located, status = batch.keys, batch.pages, batch.located, batch.status
-        plans = [_Plan(j, self._iov_slices(pages[j])) for j in range(len(keys))]
         data_at, marker_at = geometry.offsets(loc[1][2] for loc in located)
         with usrbio.locks[True]:
-            for plan_round in self._chunks(plans, 0, page_bytes):
+            for plan_round in self._rounds(pages, page_bytes):
                 scratch = usrbio.scratch(True, page_bytes)
                 iov, view, base = scratch.iov, scratch.view, scratch.markers
                 ios: list[tuple[Any, int, int]] = []
                 owners: list[_Plan] = []
-                staged = zero = 0
                 for p in plan_round:  # round 1: the data
                     fd = located[p.index][0]
                     usrbio.register_fd(fd)
                     if p.zero_copy is not None:
                         _zero_copy_ios(ios, owners, p, fd, data_at[p.index])
-                        zero += 1
                     else:
                         o = base + p.stage
                         ios.append((iov[o : o + page_bytes], fd, data_at[p.index]))
                         owners.append(p)
-                        staged += 1
                 self._settle(usrbio.run(True, ios), ios, owners)
+                self._count(plan_round)
                 ios, owners = [], []
                 for n, p in enumerate(plan_round):  # round 2: marker records, after the data
                     if p.ok:
@@ -430,8 +426,6 @@ class UsrbioTransport(SlotTransport):
                         ios.append((iov[r : r + RECORD_BYTES], located[p.index][0], marker_at[p.index]))
                         owners.append(p)
                 self._settle(usrbio.run(True, ios), ios, owners)
-                self.metrics.count("usrbio_zero_copy", zero)
-                self.metrics.count("usrbio_staged", staged)
                 for n, p in enumerate(plan_round):
                     j = p.index
                     if not p.ok:
@@ -493,11 +487,6 @@ class Hf3fsConnector(FileConnector):
         return _Usrbio(io, mount, config.usrbio_entries, staging, config.usrbio_timeout_s)
 
     @property
-    def capabilities(self) -> Capabilities:
-        """Persistent, shared across processes and nodes, evicting; checksummed."""
-        return super().capabilities
-
-    @property
     def mode(self) -> str:
         """``"usrbio"`` or ``"posix"``: how this connector moves bytes."""
         return "usrbio" if self.usrbio is not None else "posix"
@@ -533,9 +522,7 @@ class Hf3fsConnector(FileConnector):
             self.usrbio.unregister(region)
 
     def _engine_stats(self) -> dict[str, Any]:
-        out = super()._engine_stats()
-        out["mode"] = self.mode
-        return out
+        return {**super()._engine_stats(), "mode": self.mode}
 
 
 def _zero_copy_ios(ios: list[Any], owners: list[Any], plan: Any, fd: int, offset: int) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from hicache_l3.common.compression import PageCodec
+from hicache_l3.common.connector import Capabilities
 from hicache_l3.common.errors import ConfigError, Reason
 from hicache_l3.common.filesystems import Mount, mount_of
 from hicache_l3.common.keys import Namespace
@@ -52,9 +53,11 @@ FRAME_BUFFER = 16 << 20  # bytes of frames a get reads per pass (two buffers: on
 
 class SlabConnector:
     """Mixin placed before :class:`~hicache_l3.common.connector.Connector` in the bases:
-    the page hooks of a slab-backed connector. The connector sets :attr:`transport` and
-    :attr:`checksum_writes`, then calls :meth:`_init_slab_root` after ``Connector.__init__``."""
+    the page hooks, capabilities and stats of a slab-backed connector. The connector sets
+    :attr:`transport` and :attr:`checksum_writes`, then calls :meth:`_init_slab_root` after
+    ``Connector.__init__``."""
 
+    config: Any  # root, capacity_bytes, multi_node, compression, slab_bytes, fsync
     namespace: Namespace
     page_bytes: int | None
     name: ClassVar[str]
@@ -70,30 +73,36 @@ class SlabConnector:
     if TYPE_CHECKING:
         def _learn_page_bytes(self, nbytes: int) -> int: ...  # Connector's
 
-    def _init_slab_root(self, root: str, capacity_bytes: int, multi_node: str = "auto",
-                        compression: str = "none") -> None:
-        """Create ``root`` private (0700) or check an existing one; capacity 0 means half
-        the filesystem's free space. ``multi_node`` (``auto``, ``true``, ``false``): whether other
-        nodes may mount it. ``compression``: the setting (pages stored as frames where shorter)."""
-        self._codec = PageCodec(compression, self.namespace.kv_dtype)
+    def _init_slab_root(self) -> None:
+        """Create the ``root`` setting's directory private (0700) or check an existing one;
+        ``capacity_bytes`` 0 means half the filesystem's free space; ``multi_node`` (``auto``,
+        ``true``, ``false``): whether other nodes may mount it; ``compression``: pages stored
+        as frames where shorter. On failure :meth:`_close` releases what was opened."""
+        config = self.config
         self._frames: tuple[BatchPool, BatchPool] | None = None
-        self._frame_buffers = FrameBuffers(FRAME_BUFFER)
-        self.root = private_root(root, f"{self.name} connector: root")
-        if not os.access(self.root, os.W_OK | os.X_OK):
-            raise ConfigError(f"{self.name} connector: root {self.root} is not writable")
-        self.mount = mount_of(self.root)
-        self.multi_node = self.mount.shared_across_nodes if multi_node == "auto" else multi_node == "true"
-        self._check_multi_node(multi_node)
-        self._suspects: dict[tuple[str, Entry], float] = {}
-        self._suspects_lock = threading.Lock()
         self._fresh_pool: BatchPool | None = None
-        self.capacity_bytes = capacity_bytes or shutil.disk_usage(self.root).free // 2
         self._store: SlabStore | None = None
-        self._store_lock = threading.Lock()
-        if self.page_bytes is None:
-            self.page_bytes = read_namespace_file(self._ns_dir()).get("slot_bytes")
-        if self.page_bytes is not None:
-            self._open_store(self.page_bytes)
+        try:
+            self._codec = PageCodec(config.compression, self.namespace.kv_dtype)
+            self._frame_buffers = FrameBuffers(FRAME_BUFFER)
+            self.root = private_root(config.root, f"{self.name} connector: root")
+            if not os.access(self.root, os.W_OK | os.X_OK):
+                raise ConfigError(f"{self.name} connector: root {self.root} is not writable")
+            self.mount = mount_of(self.root)
+            multi_node = config.multi_node
+            self.multi_node = self.mount.shared_across_nodes if multi_node == "auto" else multi_node == "true"
+            self._check_multi_node(multi_node)
+            self._suspects: dict[tuple[str, Entry], float] = {}
+            self._suspects_lock = threading.Lock()
+            self.capacity_bytes = config.capacity_bytes or shutil.disk_usage(self.root).free // 2
+            self._store_lock = threading.Lock()
+            if self.page_bytes is None:
+                self.page_bytes = read_namespace_file(self._ns_dir()).get("slot_bytes")
+            if self.page_bytes is not None:
+                self._open_store(self.page_bytes)
+        except BaseException:
+            self._close()
+            raise
 
     def _check_multi_node(self, setting: str) -> None:
         """Refuse unchecked pages on a store other nodes share; warn when the user says no
@@ -119,8 +128,17 @@ class SlabConnector:
         return namespace_dir(self.root, self.namespace)
 
     def _make_store(self, slot_bytes: int) -> SlabStore:
-        """Build this connector's store (override to pass engine-specific options)."""
-        raise NotImplementedError
+        """This connector's store of ``slot_bytes`` pages (override for another kind)."""
+        config = self.config
+        return SlabStore(self.root, self.namespace, slot_bytes, capacity_bytes=self.capacity_bytes,
+                         slab_bytes=config.slab_bytes, fsync=config.fsync)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Persistent, shared across processes, evicting, compressing; detects corruption
+        where pages carry checksums."""
+        return Capabilities(persistent=True, shared_across_processes=True,
+                            detects_corruption=self.checksum_writes, evicts=True, compresses=True)
 
     def _store_opened(self, store: SlabStore) -> None:
         """Called once the store is made, before any page moves (override to choose by
@@ -186,13 +204,11 @@ class SlabConnector:
             if code == OK:
                 done.append(j)
                 continue
-            reasons[i] = self._write_reason(code, batch, j)
+            reasons[i] = self._write_failed(keys[i], code, batch.reasons.get(j, Reason.ENGINE_ERROR))
             if j in held:
                 self.quarantined_slots += 1
             else:
                 failed.append(slots[j])
-            self._log.warning("set-io", "%s: write of %s failed: %s", self.name, keys[i],
-                              batch.reasons[j].value if code == FAILED else explain(code))
         store.commit([batch.keys[j] for j in done], [slots[j] for j in done],
                      [batch.checksums[j] for j in done], [ds[j] for j in done])
         store.abort(failed)
@@ -208,15 +224,15 @@ class SlabConnector:
         geometry, checksum, codec = store.geometry, self.checksum_writes, self._codec
         align, views_of = frame_align(geometry.slot_bytes), self.regions.views
 
-        def encode(lo: int, hi: int) -> list[tuple[int | Reason | None, int, int]]:
-            """Per page: the frame write's status, its length and checksum; None: stored
-            whole (no shorter frame), or UNREGISTERED."""
-            out: list[tuple[int | Reason | None, int, int]] = []
+        def encode(lo: int, hi: int) -> list[tuple[int | None, int, int]]:
+            """Per page: the frame write's status (UNREGISTERED outside registered memory),
+            its length and checksum; None: stored whole (no shorter frame)."""
+            out: list[tuple[int | None, int, int]] = []
             for j in range(lo, hi):
                 views = views_of(pages[todo[j]])
                 frame = None if views is None else codec.encode(views, align)
                 if frame is None:
-                    out.append((None if views is not None else Reason.UNREGISTERED, 0, 0))
+                    out.append((None if views is not None else UNREGISTERED, 0, 0))
                     continue
                 status, sums = write_frames(geometry, [keys[todo[j]]], [frame], [slots[j]], checksum)
                 out.append((status[0], len(frame), sums[0]))
@@ -227,21 +243,16 @@ class SlabConnector:
         except BaseException:  # interrupted: no share runs any more, nothing was committed
             store.abort(slots)
             raise
-        ok = [j for j, (code, _, _) in enumerate(done) if code == OK]  # (a Reason is never OK, 0)
+        ok = [j for j, (code, _, _) in enumerate(done) if code == OK]
         if not ok and all(code is None for code, _, _ in done):
             return todo, slots, ds
         store.commit([keys[todo[j]] for j in ok], [slots[j] for j in ok], [done[j][2] for j in ok],
                      [ds[j] for j in ok], lengths=[done[j][1] for j in ok])
         failed = []
         for j, (code, _, _) in enumerate(done):
-            if code is None or code == OK:
-                continue
-            failed.append(slots[j])
-            if isinstance(code, Reason):
-                reasons[todo[j]] = code
-                continue
-            reasons[todo[j]] = Reason.NO_SPACE if code == -errno.ENOSPC else Reason.ENGINE_ERROR
-            self._log.warning("set-io", "%s: write of %s failed: %s", self.name, keys[todo[j]], explain(code))
+            if code is not None and code != OK:
+                failed.append(slots[j])
+                reasons[todo[j]] = self._write_failed(keys[todo[j]], code)
         store.abort(failed)
         self.metrics.count("frames_written", len(ok))
         self.metrics.count("frame_bytes_written", sum(done[j][1] for j in ok))
@@ -257,15 +268,16 @@ class SlabConnector:
                                 BatchPool(len(os.sched_getaffinity(0)), "hicache-codec", min_share=1))
             return self._frames[1 if cpu else 0]
 
-    @staticmethod
-    def _write_reason(code: int, batch: WriteBatch, j: int) -> Reason:
+    def _write_failed(self, key: str, code: int, failed: Reason = Reason.ENGINE_ERROR) -> Reason:
+        """The Reason of ``key``'s page whose write ended in status ``code`` (``failed``:
+        the transport's Reason of a FAILED one), logged."""
+        self._log.warning("set-io", "%s: write of %s failed: %s", self.name, key,
+                          failed.value if code == FAILED else explain(code))
         if code == -errno.ENOSPC:
             return Reason.NO_SPACE
         if code == UNREGISTERED:
             return Reason.UNREGISTERED
-        if code == FAILED:
-            return batch.reasons[j]
-        return Reason.ENGINE_ERROR
+        return failed if code == FAILED else Reason.ENGINE_ERROR
 
     def _get(self, keys: list[str], pages: list[Page]) -> list[Reason]:
         store = self._existing_store()
@@ -287,11 +299,8 @@ class SlabConnector:
             reasons = [Reason.MISS] * n
             frames: list[tuple[int, Entry]] = []
             for i, code in enumerate(plan.code):
-                if code == SIZE:
-                    self._sort_short(store, keys[i], plan.entry(i), i, reasons, frames)
-                elif code == UNVERIFIED:  # see _get_located
-                    reasons[i] = Reason.UNVERIFIED
-                    store.invalidate(keys[i], plan.entry(i))
+                if code in (SIZE, UNVERIFIED):
+                    self._sort_unread(store, keys[i], plan.entry(i), i, reasons, frames)
             if frames:
                 self._get_frames(store, keys, pages, reasons, frames)
             if not count:
@@ -330,17 +339,11 @@ class SlabConnector:
         for i, loc in enumerate(found if not work else ()):
             if loc is None:
                 continue
-            if loc.entry.length != nbytes:
-                self._sort_short(store, keys[i], loc.entry, i, reasons, frames)
-                continue
-            if verified_only and not loc.entry.checksum:
-                # stored by a writer without checksums: a miss here, dropped from this
-                # process's index so that a later set stores it again, checksummed
-                reasons[i] = Reason.UNVERIFIED
-                store.invalidate(keys[i], loc.entry)
-                continue
-            work.append(i)
-            located.append(loc)
+            if loc.entry.length == nbytes and (not verified_only or loc.entry.checksum):
+                work.append(i)
+                located.append(loc)
+            else:
+                self._sort_unread(store, keys[i], loc.entry, i, reasons, frames)
         if frames:
             self._get_frames(store, keys, pages, reasons, frames)
         if not work:
@@ -357,12 +360,13 @@ class SlabConnector:
                            status, batch.reasons)
         return reasons
 
-    def _sort_short(self, store: SlabStore, key: str, entry: Entry, i: int, reasons: list[Reason],
-                    frames: list[tuple[int, Entry]]) -> None:
-        """Key ``i``, indexed with another length than a slot's: a frame to read (appended to
-        ``frames``), unverified (under checksums, a frame stored without one) or a size
-        mismatch."""
-        if not is_frame_length(entry.length, store.geometry.slot_bytes):
+    def _sort_unread(self, store: SlabStore, key: str, entry: Entry, i: int, reasons: list[Reason],
+                     frames: list[tuple[int, Entry]]) -> None:
+        """Key ``i``, not a checked whole slot: a size mismatch, unverified (under checksums,
+        stored without one: dropped from this process's index so that a later set stores it
+        again, checksummed) or a frame to read (appended to ``frames``)."""
+        slot_bytes = store.geometry.slot_bytes
+        if entry.length != slot_bytes and not is_frame_length(entry.length, slot_bytes):
             reasons[i] = Reason.SIZE_MISMATCH
         elif self.checksum_writes and not entry.checksum:
             reasons[i] = Reason.UNVERIFIED
@@ -454,15 +458,11 @@ class SlabConnector:
 
     def _exists(self, keys: list[str]) -> list[Reason]:
         store = self._existing_store()
-        if store is None:
-            return [Reason.MISS] * len(keys)
-        return [Reason.OK if hit else Reason.MISS for hit in store.contains(keys)]
+        return _hits(keys, None if store is None else store.contains(keys))
 
     def _delete(self, keys: list[str]) -> list[Reason]:
         store = self._existing_store()
-        if store is None:
-            return [Reason.MISS] * len(keys)
-        return [Reason.OK if hit else Reason.MISS for hit in store.delete(keys)]
+        return _hits(keys, None if store is None else store.delete(keys))
 
     def _clear(self) -> None:
         store = self._existing_store()
@@ -470,17 +470,22 @@ class SlabConnector:
             store.clear()
 
     def _close(self) -> None:
-        for pool in (getattr(self, "_fresh_pool", None), *(getattr(self, "_frames", None) or ())):
+        for pool in (self._fresh_pool, *(self._frames or ())):
             if pool is not None:
                 pool.shutdown()
         self.transport.close()
         if self._store is not None:
             self._store.close()
 
-    def _slab_stats(self) -> dict[str, Any]:
+    def _engine_stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {"root": str(self.root), "capacity_bytes": self.capacity_bytes,
                                "io_path": self.transport.name,
                                "quarantined_slots": self.quarantined_slots, **self.transport.stats()}
         if self._store is not None:
             out.update(self._store.stats())
         return out
+
+
+def _hits(keys: list[str], hits: Sequence[bool] | None) -> list[Reason]:
+    """OK for each key found, MISS for the others (all of them without a store)."""
+    return [Reason.MISS] * len(keys) if hits is None else [Reason.OK if hit else Reason.MISS for hit in hits]

@@ -19,7 +19,6 @@ from collections.abc import Callable, Sequence
 from itertools import pairwise, repeat
 from typing import Any
 
-from hicache_l3.common.connector import Capabilities
 from hicache_l3.common.errors import Reason
 from hicache_l3.common.integrity import page_checksum
 from hicache_l3.common.keys import Namespace
@@ -74,6 +73,14 @@ def posix_params(engine: str) -> dict[str, str]:
     return {flag: "true" if name == engine else "false" for name, flag in ENGINE_PARAMS.items()}
 
 
+def _short_is_header(status: array.array[int]) -> None:
+    """Marker records read cut short (SHORT) are not the ones expected: HEADER."""
+    if SHORT in status:
+        for j, code in enumerate(status):
+            if code == SHORT:
+                status[j] = HEADER
+
+
 def _flat_bytes(segments: array.array[int] | bytes) -> int:
     """The bytes of every segment of flat ``(address, length)`` uint64 pairs."""
     return sum(memoryview(segments).cast("B").cast("Q")[1::2])
@@ -114,15 +121,13 @@ def _page_bounds(n: int, parts: int, first: float) -> list[int]:
 
 Transfer = Callable[[Any, Any], None]  # one transfer of rows (local, remote) on some agent
 PagesJob = Callable[[int, int, Transfer], None]  # job(lo, hi, transfer): pages lo..hi-1, moved by transfer
-# share(n, size, job): a get's pages 0..n-1 of size bytes cut in consecutive parts, job of each
-# part run at once on the caller's agent and the lanes'; False when not shared
-# (NixlFileConnector._share_read_pages)
-SharePages = Callable[[int, int, PagesJob], bool]
 
 
 class NixlTransport(SlotTransport):
     """Slot bytes moved by NIXL's POSIX plugin, markers and checksums by the C library.
-    ``transfer(op)`` gives the connector's transfer function for ``op``.
+    ``transfer(op)`` gives the connector's transfer function for ``op``; ``share_read``,
+    ``share_write`` and ``share_read_pages`` move a batch with the lanes, or answer False
+    (:meth:`NixlFileConnector._share_read` and the others).
 
     A write transfer that timed out or was interrupted may still write its slots later:
     they are *held* (:attr:`~hicache_l3.slab.io.WriteBatch.held`), never reused or
@@ -130,13 +135,11 @@ class NixlTransport(SlotTransport):
 
     name = "NIXL POSIX transfers"
 
-    def __init__(self, transfer: Callable[[str], Callable[[list[Any], list[Any]], None]],
-                 max_descs: int, checksum_threads: int, lib: native.BatchIO,
-                 helpers: batch_lib.NixlBatchLib,
-                 share_read: Callable[[Any, Any], bool] | None = None,
-                 share_write: Callable[[Any, Any], bool] | None = None,
-                 share_read_pages: SharePages | None = None) -> None:
-        self._transfer, self.max_descs, self.lib, self.helpers = transfer, max_descs, lib, helpers
+    def __init__(self, transfer: Callable[[str], Transfer], max_descs: int, checksum_threads: int,
+                 share_read: Callable[[Any, Any], bool], share_write: Callable[[Any, Any], bool],
+                 share_read_pages: Callable[[int, int, PagesJob], bool]) -> None:
+        self._transfer, self.max_descs = transfer, max_descs
+        self.lib, self.helpers = native.library(), batch_lib.library()
         self._share_read, self._share_write = share_read, share_write
         self._share_read_pages = share_read_pages
         self._pool = BatchPool(checksum_threads, "hicache-nixl-csum", min_share=4)
@@ -199,38 +202,27 @@ class NixlTransport(SlotTransport):
     def read(self, store: SlabStore, batch: ReadBatch) -> None:
         """The data of every page (one NIXL transfer), then every marker record (a
         rewrite that began meanwhile shows there), then checksums."""
-        located, status, pages = batch.located, batch.status, batch.pages
-        n = len(located)
-        entries = [loc[1] for loc in located]
-        fds = [loc[0] for loc in located]
-        data_at, marker_at = batch.geometry.offsets([e[2] for e in entries])  # e[2]: e.slot
-        results = self._move("READ", pages, fds, data_at)
-        if results.count(Reason.OK) == n:  # the common batch: every page moved
-            moved: list[int] = list(range(n))
-            keys = batch.keys
-        else:
-            moved = []
-            for j, result in enumerate(results):
-                if result is Reason.OK:
-                    moved.append(j)
-                else:
-                    batch.fail(j, result)
-            entries, fds, marker_at = ([entries[j] for j in moved], [fds[j] for j in moved],
-                                       [marker_at[j] for j in moved])
-            keys = [batch.keys[j] for j in moved]
+        located, pages = batch.located, batch.pages
+        fds = [loc.fd for loc in located]
+        data_at, marker_at = batch.geometry.offsets([loc.entry.slot for loc in located])
+        moved = []
+        for j, result in enumerate(self._move("READ", pages, fds, data_at)):
+            if result is Reason.OK:
+                moved.append(j)
+            else:
+                batch.fail(j, result)
         if not moved:
             return
-        check = [k for k, e in enumerate(entries) if e[5]]  # e[5]: e.checksum; such pages are verified
+        entries = [located[j].entry for j in moved]
+        check = [k for k, e in enumerate(entries) if e.checksum]  # such pages are verified
         sums = self._checksums([pages[moved[k]] for k in check]) if check else []
-        codes = self._check_markers(fds, marker_at, entries, keys)
+        codes = self._check_markers([fds[j] for j in moved], [marker_at[j] for j in moved], entries,
+                                    [batch.keys[j] for j in moved])
         for k, value in zip(check, sums):
-            if codes[k] == OK and value != entries[k][5]:
+            if codes[k] == OK and value != entries[k].checksum:
                 codes[k] = CHECKSUM
-        if len(moved) == n:
-            status[:] = array.array("i", codes)
-        else:
-            for j, code in zip(moved, codes):
-                status[j] = code
+        for j, code in zip(moved, codes):
+            batch.status[j] = code
 
     def read_plan(self, plan: GetPlan, pages: Sequence[Page],
                   reasons: dict[int, Reason] | None = None) -> array.array[int]:
@@ -256,9 +248,7 @@ class NixlTransport(SlotTransport):
         results = move(self._transfer("READ"), True, segments, at, plan.fds, plan.data_offs)
         # after the data: a rewrite that began meanwhile shows there
         if helpers.plan_markers(plan.fds, plan.marker_offs, plan.expect, status):
-            for j, code in enumerate(status):
-                if code == SHORT:  # a record cut short is not the one expected
-                    status[j] = HEADER
+            _short_is_header(status)
         if results is not None:
             for j, result in enumerate(results):
                 if result is not Reason.OK:
@@ -303,17 +293,13 @@ class NixlTransport(SlotTransport):
                 helpers.plan_sums(segments, at, csums, status, a, b)  # the pages their records vouch for
 
         try:
-            share = self._share_read_pages
-            if share is None or not share(n, size, verify):
+            if not self._share_read_pages(n, size, verify):
                 verify(0, n, self._transfer("READ"))
         except TransferError as exc:  # a run's (in errors), or the lanes' (a lane's agent not renewed)
             if not errors:
                 errors.append(exc)
         if not errors:
-            if SHORT in status:
-                for j, code in enumerate(status):
-                    if code == SHORT:  # a record cut short is not the one expected
-                        status[j] = HEADER
+            _short_is_header(status)
             return True
         if any(exc.reason is Reason.TIMEOUT for exc in errors):
             status[:] = array.array("i", [FAILED]) * n
@@ -348,8 +334,7 @@ class NixlTransport(SlotTransport):
         local, remote = helpers.rows(segments, at, fds, offsets, MERGE_MAX_BYTES, arrays=True)
         if len(local) <= self.max_descs:
             try:
-                share = self._share_read if reread else self._share_write
-                if share is None or not share(local, remote):  # (the lanes: lanes.py)
+                if not (self._share_read if reread else self._share_write)(local, remote):
                     transfer(local, remote)
                 return None
             except TransferError as exc:
@@ -392,36 +377,22 @@ class NixlFileConnector(SlabConnector, NixlConnector):
         self._agent_params = posix_params(config.posix_engine)
         self._renew_lock = threading.Lock()
         self.agent = Agent("POSIX", self._agent_params, abandon_on_timeout=True)
-        lib, helpers = native.library(), batch_lib.library()
-        # the lanes share a batch's bytes (lanes.py)
-        self._lanes: Lanes | None = None
         if config.transfer_agents > 1 and len(os.sched_getaffinity(0)) > 1:
             self._lanes = Lanes([Agent("POSIX", self._agent_params, abandon_on_timeout=True)
-                                     for _ in range(config.transfer_agents - 1)], self._renew_agent)
+                                 for _ in range(config.transfer_agents - 1)], self._renew_agent)
         self._read_balance = Balance(config.transfer_agents)  # the caller's share of a shared get
         self.transport = NixlTransport(lambda op: self._xfer(op, "FILE"), config.max_descs,
-                                       config.checksum_threads, lib, helpers,
-                                       self._share_read if self._lanes is not None else None,
-                                       self._share_write if self._lanes is not None else None,
-                                       self._share_read_pages if self._lanes is not None else None)
-        try:
-            self._init_slab_root(config.root, config.capacity_bytes, config.multi_node, config.compression)
-        except BaseException:
-            if self._lanes is not None:
-                self._lanes.close()
-            raise
+                                       config.checksum_threads, self._share_read, self._share_write,
+                                       self._share_read_pages)
+        self._init_slab_root()
 
     def _share_read(self, local: Any, remote: Any) -> bool:
         """Move the read rows ``local``/``remote`` split between the caller's agent and the
         lanes; False (nothing moved) when too small to share or the lanes are taken. A
         TransferError as one transfer would raise it."""
-        lanes = self._lanes
-        if lanes is None or not len(local):
-            return False
-        parts = min(len(lanes) + 1, sum(row_lengths(local)) // SHARE_MIN_BYTES)
+        parts, balance = self._read_parts(sum(row_lengths(local)))
         if parts < 2:
             return False
-        balance = self._read_balance if parts == len(lanes) + 1 else None  # (learnt for all the lanes)
         pieces = split_rows(local, remote, parts, first=balance.share if balance is not None else None)
         if len(pieces) < 2:
             return False
@@ -446,26 +417,32 @@ class NixlFileConnector(SlabConnector, NixlConnector):
         :attr:`Balance.share` first), ``job(lo, hi, transfer)`` of each run at once on the
         caller's agent and the lanes'. False (nothing run) when too few or too small to
         share, or the lanes are taken."""
-        lanes = self._lanes
-        if lanes is None:
-            return False
-        parts = min(len(lanes) + 1, n * size // SHARE_MIN_BYTES)
+        parts, balance = self._read_parts(n * size)
         if parts < 2 or n < 4 * parts:  # (a few big pages: parts of whole pages would be uneven)
             return False
-        balance = self._read_balance if parts == len(lanes) + 1 else None
         bounds = _page_bounds(n, parts, balance.share if balance is not None else 1 / parts)
         own, timeout = self._xfer("READ", "FILE"), self.config.timeout_s
         return self._run_parts(lambda: job(0, bounds[1], own),
                                [functools.partial(_lane_read_pages, job, lo, hi, timeout)
                                 for lo, hi in pairwise(bounds[1:])], balance)
 
+    def _read_parts(self, nbytes: int) -> tuple[int, Balance | None]:
+        """The parts a get of ``nbytes`` would be cut in (under 2: not shared) and the
+        :class:`Balance` sizing the caller's, learnt where every lane takes one."""
+        lanes = self._lanes
+        if lanes is None:
+            return 0, None
+        parts = min(len(lanes) + 1, nbytes // SHARE_MIN_BYTES)
+        return parts, self._read_balance if parts == len(lanes) + 1 else None
+
     def _run_shared(self, op: str, pieces: list[tuple[Any, Any]], balance: Balance | None = None) -> bool:
         """``pieces[0]`` moved by the caller's agent, the others by the lanes, at once;
         ``balance`` learns from their times (:meth:`Lanes.run`)."""
         own, timeout = self._xfer(op, "FILE"), self.config.timeout_s
         return self._run_parts(lambda: own(*pieces[0]),
-                               [functools.partial(_lane_move, op, piece, timeout) for piece in pieces[1:]],
-                               balance)
+                               [functools.partial(run_on, op=op, remote_type="FILE", local=local,
+                                                  remote=remote, timeout_s=timeout)
+                                for local, remote in pieces[1:]], balance)
 
     def _run_parts(self, own: Callable[[], None], shares: list[Callable[[Agent], None]],
                    balance: Balance | None) -> bool:
@@ -491,19 +468,6 @@ class NixlFileConnector(SlabConnector, NixlConnector):
         for agent in self._lanes.agents if self._lanes is not None else ():
             agent.deregister_dram(region)
 
-    @property
-    def capabilities(self) -> Capabilities:
-        """Persistent, shared across processes, evicting, compressing; corruption detected
-        with checksums."""
-        return Capabilities(persistent=True, shared_across_processes=True,
-                            detects_corruption=self.checksum_writes, evicts=True, compresses=True)
-
-    def _make_store(self, slot_bytes: int) -> SlabStore:
-        return SlabStore(
-            self.root, self.namespace, slot_bytes, capacity_bytes=self.capacity_bytes,
-            slab_bytes=self.config.slab_bytes, fsync=self.config.fsync,
-        )
-
     def _close(self) -> None:
         if self._lanes is not None:
             self._lanes.close()
@@ -519,12 +483,7 @@ class NixlFileConnector(SlabConnector, NixlConnector):
                 "lane_shared_batches": self._lanes.shared if self._lanes is not None else 0,
                 "lane_renewals": self._lanes.renewals if self._lanes is not None else 0,
                 "lane_read_share": round(self._read_balance.share, 3),
-                **self._slab_stats()}
-
-
-def _lane_move(op: str, piece: tuple[Any, Any], timeout_s: float, agent: Agent) -> None:
-    """A lane's share of a get or set: its rows moved on the lane's agent."""
-    run_on(agent, op, "FILE", piece[0], piece[1], timeout_s)
+                **super()._engine_stats()}
 
 
 def _lane_read_pages(job: PagesJob, lo: int, hi: int, timeout_s: float, agent: Agent) -> None:
