@@ -1,12 +1,9 @@
-"""Bench backend ``mooncake``: the Mooncake connector against raw ``MooncakeDistributedStore``,
-in two placements on one master: ``local`` (pages in this client's own segment: in-process
-copies) and ``remote`` (no segment here: pages go to the segment holder over TCP).
-
-raw-mooncake: its own client with the same setup, buffers registered once, one object per
-page with ``batch_put_from``/``batch_get_into``, ``batch_is_exist`` of the connector's own
-storage keys. The previous repetition's keys are removed in ``plan`` (untimed), so the
-segments never fill. Without ``mooncake.master_address`` a local master and segment holder
-are started for the run.
+"""Bench backend ``mooncake``: the Mooncake connector against raw ``MooncakeDistributedStore``
+(:class:`RawMooncake`, its own client with the same setup), in two placements on one master:
+``local`` (pages in this client's own segment: in-process copies) and ``remote`` (no segment
+here: pages go to the segment holder over TCP). Both remove the previous repetition's keys in
+``plan`` (untimed), so the segments never fill. Without ``mooncake.master_address`` a local
+master and segment holder are started for the run.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""Bench backend ``nixl``: the nixl connector against raw NIXL.
-
-File mode (default): raw-nixl is its own agent with the POSIX plugin and the connector's
-``posix_engine``, buffers registered as DRAM and one file (written in full once) as FILE;
-one transfer per batch with adjacent pages joined into one row (:func:`coalesce`, as the
-connector does), polled until done. The connector's capacity is one repetition's pages.
-``--set nixl.mode=obj``: obj mode against a local ``moto_server`` (unless ``nixl.endpoint``
-is set) and raw-nixl-obj, one PUT or ranged GET per page in one transfer per batch.
+"""Bench backend ``nixl``: the nixl connector against raw NIXL. File mode (default): raw-nixl,
+its own POSIX-plugin agent with the connector's ``posix_engine`` on one file, one transfer per
+batch with adjacent pages joined (:func:`coalesce`, as the connector does); the connector's
+capacity is one repetition's pages. ``--set nixl.mode=obj``: obj mode against a local
+``moto_server`` (unless ``nixl.endpoint`` is set) and raw-nixl-obj, one object per page.
 """
 
 from __future__ import annotations
