@@ -88,14 +88,11 @@ class BeyondOptions:
             raise ConfigError(f"--beyond-fio-seconds must lie in (0, 600], got {self.fio_seconds:g}")
         if self.kv_bytes_per_token < 1 or self.prefill_tokens_per_s <= 0:
             raise ConfigError("--kv-bytes-per-token and --prefill-tokens-per-s must be > 0")
-        for name in self.backends:
-            if name not in CONNECTORS:
-                raise ConfigError(f"--beyond-backends: {name!r} is not one of {list(CONNECTORS)}")
-        for mode in self.modes:
-            if mode not in MODES:
-                raise ConfigError(f"--beyond-modes: {mode!r} is not one of {list(MODES)}")
-        if self.kv not in KV_BYTES:
-            raise ConfigError(f"--kv: {self.kv!r} is not one of {list(KV_BYTES)}")
+        for option, given, known in (("--beyond-backends", self.backends, CONNECTORS),
+                                     ("--beyond-modes", self.modes, MODES), ("--kv", (self.kv,), KV_BYTES)):
+            for value in given:
+                if value not in known:
+                    raise ConfigError(f"{option}: {value!r} is not one of {list(known)}")
         for backend, values in self.settings.items():
             taken = {"root", "capacity_bytes", "o_direct", "compression"} & set(values)
             if taken:

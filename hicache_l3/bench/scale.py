@@ -178,8 +178,7 @@ def _measure_index_only(n: int, page_bytes: int, root: Path, settings: dict[str,
     with contextlib.closing(open_connector("file", scale_namespace(page_bytes),
                                            {**settings, **capacity, "root": str(root / "store")})) as conn:
         _all_ok(conn.batch_exists(stored[:1]), "exists")
-        row["exists_keys_per_s"] = _rate(stored, lambda ks: conn.batch_exists(ks), "exists", row,
-                                         "exists", EXISTS_SECONDS)
+        _rates(row, [("exists", stored, conn.batch_exists, "exists")], EXISTS_SECONDS, "keys")
     for measure in (*MEASURES[len(INDEX_ONLY_MEASURES):], *RAW_MEASURES.values()):
         row[measure] = None
     return row
@@ -230,25 +229,20 @@ def _measure_size(n: int, page_bytes: int, root: Path, settings: dict[str, Any],
         pages = contiguous_pages(buffer.address, page_bytes, range(BATCH))
         stored = [key(rng.randrange(n)) for _ in range(s)]
         others = [key(rng.randrange(n)) for _ in range(s)]  # the raw first pass's (own draws)
-        row["exists_keys_per_s"] = _rate(stored, lambda ks: conn.batch_exists(ks), "exists", row,
-                                         "exists", EXISTS_SECONDS)
+        _rates(row, [("exists", stored, conn.batch_exists, "exists")], EXISTS_SECONDS, "keys")
 
         def get(ks: list[str]) -> list[bool]:
             return conn.batch_get(ks, pages)
 
-        first = _rates([("get", stored, get, "get"),
-                        ("raw_get", others, _raw_reader(conn, page_bytes, others), "raw get")], row)
+        _rates(row, [("get", stored, get, "get"),
+                     ("raw_get", others, _raw_reader(conn, page_bytes, others), "raw get")])
         # the same keys again: their slots in the page cache, the index's cost without the disk's
-        warm = _rates([("get_warm", stored, get, "get (warm)"),
-                       ("raw_get_warm", stored, _raw_reader(conn, page_bytes, stored), "raw get (warm)")],
-                      row)
-        for name, rate in (*first.items(), *warm.items()):
-            row[f"{name}_pages_per_s"] = rate
+        _rates(row, [("get_warm", stored, get, "get (warm)"),
+                     ("raw_get_warm", stored, _raw_reader(conn, page_bytes, stored), "raw get (warm)")])
         fresh = [key(i) for i in range(n, n + 2 * s)]
-        row["set_pages_per_s"] = _rate(fresh[:s], lambda ks: conn.batch_set(ks, pages), "set", row, "set")
+        _rates(row, [("set", fresh[:s], lambda ks: conn.batch_set(ks, pages), "set")])
         before = conn.stats()["engine"].get("evictions", 0)
-        row["evict_set_pages_per_s"] = _rate(fresh[s:], lambda ks: conn.batch_set(ks, pages),
-                                             "set at capacity", row, "evict_set")
+        _rates(row, [("evict_set", fresh[s:], lambda ks: conn.batch_set(ks, pages), "set at capacity")])
         row["evictions"] = conn.stats()["engine"].get("evictions", 0) - before
     if row["evictions"] != s:
         raise BenchError(f"store of {n:,} pages: {row['evictions']} evictions while setting {s} "
@@ -278,18 +272,13 @@ def _all_ok(results: list[bool], what: str) -> None:
 Contender = tuple[str, list[str], Callable[[list[str]], list[bool]], str]  # name, keys, call, what
 
 
-def _rate(keys: list[str], call: Callable[[list[str]], list[bool]], what: str,
-          row: dict[str, Any] | None = None, name: str = "", seconds: float = 0.0) -> float:
-    """Keys per second of ``call`` over ``keys`` in batches of :data:`BATCH`, passes repeated
-    for ``seconds`` (at least one); every key must succeed. With ``row``: the batch
-    latencies in ``row[name + "_batch_ms"]`` (p50, p99, max), the passes in ``name + "_passes"``."""
-    return _rates([(name, keys, call, what)], row, seconds)[name]
-
-
-def _rates(contenders: list[Contender], row: dict[str, Any] | None = None,
-           seconds: float = 0.0) -> dict[str, float]:
-    """:func:`_rate` of several contenders (each its own keys, equally many) interleaved
-    batch by batch, the order turning every batch; keys per second per name."""
+def _rates(row: dict[str, Any], contenders: list[Contender], seconds: float = 0.0,
+           unit: str = "pages") -> None:
+    """Time each contender's ``call`` over its keys (equally many) in batches of :data:`BATCH`,
+    interleaved batch by batch with the order turning every batch, passes repeated for
+    ``seconds`` (at least one); every key must succeed (``what`` names a failure). Into ``row``
+    per ``name``: keys per second as ``{name}_{unit}_per_s``, the batch latencies as
+    ``{name}_batch_ms`` (p50, p99, max), the passes as ``{name}_passes``."""
     results: dict[str, list[bool]] = {name: [] for name, *_ in contenders}
     latencies: dict[str, list[float]] = {name: [] for name, *_ in contenders}
     clock = time.perf_counter
@@ -306,15 +295,12 @@ def _rates(contenders: list[Contender], row: dict[str, Any] | None = None,
                 latencies[name].append(spent)
                 total += spent
         passes += 1
-    out = {}
     for name, keys, _, what in contenders:
         _all_ok(results[name], what)
-        out[name] = passes * len(keys) / sum(latencies[name])
-        if row is not None:
-            ms = [1e3 * t for t in latencies[name]]
-            row[f"{name}_batch_ms"] = {"p50": quantile(ms, 0.5), "p99": quantile(ms, 0.99), "max": max(ms)}
-            row[f"{name}_passes"] = passes
-    return out
+        row[f"{name}_{unit}_per_s"] = passes * len(keys) / sum(latencies[name])
+        ms = [1e3 * t for t in latencies[name]]
+        row[f"{name}_batch_ms"] = {"p50": quantile(ms, 0.5), "p99": quantile(ms, 0.99), "max": max(ms)}
+        row[f"{name}_passes"] = passes
 
 
 def _raw_reader(conn: Any, page_bytes: int, keys: list[str]) -> Callable[[list[str]], list[bool]]:
