@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import ctypes
 import dataclasses
 import datetime
 import errno
@@ -88,16 +89,18 @@ class SharedHostBuffer(MemoryRegion):
     def __init__(self, size: int, name: str = "") -> None:
         shm = shared_memory.SharedMemory(create=True, size=(size + mmap.PAGESIZE - 1)
                                          // mmap.PAGESIZE * mmap.PAGESIZE)
-        import ctypes
-
-        assert shm.buf is not None
-        address = ctypes.addressof(ctypes.c_char.from_buffer(shm.buf))
-        super().__init__(address, size, owner=shm, pinned=False, name=name)
+        super().__init__(_shm_address(shm), size, owner=shm, pinned=False, name=name)
         object.__setattr__(self, "_finalizer", weakref.finalize(self, _free_shm, shm))
 
     def close(self) -> None:
         """Unmap and unlink the shared memory (no page in it may be in use)."""
         self._finalizer()  # type: ignore[attr-defined]
+
+
+def _shm_address(shm: shared_memory.SharedMemory) -> int:
+    """The address where ``shm`` is mapped in this process."""
+    assert shm.buf is not None
+    return ctypes.addressof(ctypes.c_char.from_buffer(shm.buf))
 
 
 def _free_shm(shm: shared_memory.SharedMemory) -> None:
@@ -274,16 +277,12 @@ class UsrbioTransport(SlotTransport):
         """Make an iovec over ``region`` when it lies in POSIX shared memory (zero-copy)."""
         if not isinstance(region.owner, shared_memory.SharedMemory):
             return  # pages in it are staged
-        import ctypes
-
         shm = region.owner
-        assert shm.buf is not None
-        base = ctypes.addressof(ctypes.c_char.from_buffer(shm.buf))
         iov = self.rings.io.make_iovec(shm, self.rings.mount)
         with self._iov_lock:
             i = bisect.bisect_right(self._iov_starts, region.address)
             self._iov_starts.insert(i, region.address)
-            self._iovs.insert(i, (region, iov, region.address - base))
+            self._iovs.insert(i, (region, iov, region.address - _shm_address(shm)))
 
     def unregister(self, region: MemoryRegion) -> None:
         """Drop the iovec over ``region``, if any."""

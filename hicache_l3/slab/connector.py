@@ -79,8 +79,7 @@ class SlabConnector:
         ``true``, ``false``): whether other nodes may mount it; ``compression``: pages stored
         as frames where shorter. On failure :meth:`_close` releases what was opened."""
         config = self.config
-        self._frames: tuple[BatchPool, BatchPool] | None = None
-        self._fresh_pool: BatchPool | None = None
+        self._pools: dict[str, BatchPool] = {}
         self._store: SlabStore | None = None
         try:
             self._codec = PageCodec(config.compression, self.namespace.kv_dtype)
@@ -239,7 +238,7 @@ class SlabConnector:
             return out
 
         try:
-            done = [f for share in self._frame_pool(cpu=True).map(encode, len(todo)) for f in share]
+            done = [f for share in self._pool("codec").map(encode, len(todo)) for f in share]
         except BaseException:  # interrupted: no share runs any more, nothing was committed
             store.abort(slots)
             raise
@@ -259,14 +258,20 @@ class SlabConnector:
         rest = [j for j, (code, _, _) in enumerate(done) if code is None]
         return [todo[j] for j in rest], [slots[j] for j in rest], [ds[j] for j in rest]
 
-    def _frame_pool(self, cpu: bool = False) -> BatchPool:
-        """The threads that read frames (each waits on the device), or with ``cpu`` those
-        that encode and decode them, one per core; made on first use."""
+    def _pool(self, use: str) -> BatchPool:
+        """Threads made on first use: ``frames`` read frames (each waits on the device),
+        ``codec`` encode and decode them (one per core), ``fresh`` read pages again past the
+        page cache (each waits on the network; only a store that ever re-reads has them)."""
         with self._suspects_lock:
-            if self._frames is None:
-                self._frames = (BatchPool(FRAME_THREADS, "hicache-frames", min_share=1),
-                                BatchPool(len(os.sched_getaffinity(0)), "hicache-codec", min_share=1))
-            return self._frames[1 if cpu else 0]
+            pool = self._pools.get(use)
+            if pool is None:
+                if use == "fresh":
+                    pool = BatchPool(FRESH_THREADS, "hicache-fresh")
+                else:
+                    threads = FRAME_THREADS if use == "frames" else len(os.sched_getaffinity(0))
+                    pool = BatchPool(threads, f"hicache-{use}", min_share=1)
+                self._pools[use] = pool
+            return pool
 
     def _write_failed(self, key: str, code: int, failed: Reason = Reason.ENGINE_ERROR) -> Reason:
         """The Reason of ``key``'s page whose write ended in status ``code`` (``failed``:
@@ -382,7 +387,7 @@ class SlabConnector:
         entries = [e for _, e in frames]
         views = [self.regions.views(pages[i]) for i, _ in frames]
         status = read_frames(store.geometry, store.fd, fkeys, entries, views, self.multi_node,
-                             self._frame_pool(), self._frame_pool(cpu=True), self._frame_buffers)
+                             self._pool("frames"), self._pool("codec"), self._frame_buffers)
         self.metrics.count("frames_read", status.count(OK))
         self._settle_reads(store, keys, pages, reasons, frames, status, {}, reread=False)
 
@@ -429,11 +434,7 @@ class SlabConnector:
             return {}
         entries = [read[j][1] for j in failed]
         fkeys, fpages = [keys[read[j][0]] for j in failed], [pages[read[j][0]] for j in failed]
-        with self._suspects_lock:
-            pool = self._fresh_pool
-            if pool is None:  # threads only on a store that ever re-reads
-                pool = self._fresh_pool = BatchPool(FRESH_THREADS, "hicache-fresh")
-        shares = pool.map(
+        shares = self._pool("fresh").map(
             lambda lo, hi: reread(store.geometry, store.fd, self.regions.views, fkeys[lo:hi], fpages[lo:hi],
                                   entries[lo:hi]), len(failed))
         codes = [code for share in shares for code in share]
@@ -470,9 +471,8 @@ class SlabConnector:
             store.clear()
 
     def _close(self) -> None:
-        for pool in (self._fresh_pool, *(self._frames or ())):
-            if pool is not None:
-                pool.shutdown()
+        for pool in self._pools.values():
+            pool.shutdown()
         self.transport.close()
         if self._store is not None:
             self._store.close()

@@ -365,10 +365,7 @@ class Agent:
 
 
 class Unit(NamedTuple):
-    """The descriptors of one page in a transfer: local (DRAM) and remote rows, same count.
-
-    A named tuple: one is built per page per batch, and a dataclass's ``__init__`` costs
-    noticeably more on that path."""
+    """The descriptors of one page in a transfer: local (DRAM) and remote rows, same count."""
 
     local: list[tuple[int, int, int]]
     remote: list[tuple[int, int, int]]
@@ -384,18 +381,13 @@ def run_units(
     laid end to end."""
     local = [d for u in units for d in u.local]
     remote = [d for u in units for d in u.remote]
-    bounds = [0]
-    for u in units:
-        bounds.append(bounds[-1] + len(u.local))
+    bounds = [0, *itertools.accumulate(len(u.local) for u in units)]
     return run_flat(transfer, local, remote, bounds, max_descs, reread)
 
 
-def _row_fds(rows: Any) -> set[int]:
-    """The descriptors (third column) of remote rows: a list of ``(offset, length, fd)``
-    tuples, or an ``m x 3`` numpy array of them (its column in one call)."""
-    if isinstance(rows, list):
-        return {fd for _, _, fd in rows}
-    return set(rows[:, 2].tolist())
+def row_column(rows: Any, k: int) -> list[int]:
+    """Column ``k`` of transfer rows (``m x 3`` numpy array or list of 3-tuples) as ints."""
+    return rows[:, k].tolist() if hasattr(rows, "shape") else [row[k] for row in rows]
 
 
 def run_flat(
@@ -465,9 +457,7 @@ def run_flat(
     if reread and Reason.OK in out and any(r is not Reason.OK for r in out):
         good = [i for i, r in enumerate(out) if r is Reason.OK]
         rows = [k for i in good for k in range(b[i], b[i + 1])]
-        again_bounds = [0]
-        for i in good:
-            again_bounds.append(again_bounds[-1] + b[i + 1] - b[i])
+        again_bounds = [0, *itertools.accumulate(b[i + 1] - b[i] for i in good)]
         again = run_flat(transfer, [local[k] for k in rows], [remote[k] for k in rows], again_bounds,
                          max_descs)
         for i, r in zip(good, again):
@@ -564,7 +554,7 @@ def run_on(agent: Agent, op: str, remote_type: str, local: Any, remote: Any, tim
     rows name registered with that agent first (once per agent)."""
     if remote_type == "FILE":
         try:
-            agent.register_files(_row_fds(remote))
+            agent.register_files(set(row_column(remote, 2)))  # the slab files' descriptors
         except Exception as exc:
             raise TransferError(f"NIXL could not register a slab: {type(exc).__name__}: "
                                 f"{exc}") from None

@@ -60,11 +60,6 @@ from hicache_l3.slab.store import SlabStore
 HOT_BYTES = 4 << 20
 
 
-def _all_ok(n: int) -> array.array[int]:
-    """``n`` OK statuses (a batch's ``status`` array when every page moved)."""
-    return array.array("i", [OK]) * n
-
-
 ENGINE_PARAMS = {"aio": "use_aio", "uring": "use_uring", "posix_aio": "use_posix_aio"}
 
 
@@ -133,7 +128,8 @@ class NixlTransport(SlotTransport):
     they are *held* (:attr:`~hicache_l3.slab.io.WriteBatch.held`), never reused or
     published by this process (a restart's adoption frees them; no record names them)."""
 
-    name = "NIXL POSIX transfers"
+    name = "NIXL POSIX transfers, markers by the C batch library"
+    reads_plans = True
 
     def __init__(self, transfer: Callable[[str], Transfer], max_descs: int, checksum_threads: int,
                  share_read: Callable[[Any, Any], bool], share_write: Callable[[Any, Any], bool],
@@ -143,8 +139,6 @@ class NixlTransport(SlotTransport):
         self._share_read, self._share_write = share_read, share_write
         self._share_read_pages = share_read_pages
         self._pool = BatchPool(checksum_threads, "hicache-nixl-csum", min_share=4)
-        self.name = f"{self.name}, markers by the C batch library"
-        self.reads_plans = True
 
     def _checksums(self, pages: list[Page]) -> list[int]:
         """XXH3 of each page, over ``checksum_threads`` threads (the hash releases the GIL)."""
@@ -185,7 +179,7 @@ class NixlTransport(SlotTransport):
         results = self._move("WRITE", pages, fds, data_at)
         if results.count(Reason.OK) == n:  # the common batch: all written
             batch.held.clear()
-            status[:] = _all_ok(n)
+            status[:] = array.array("i", [OK]) * n
             if sums is not None:
                 batch.checksums[:] = array.array("Q", sums)
             return

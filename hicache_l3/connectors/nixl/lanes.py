@@ -13,36 +13,24 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hicache_l3.connectors.nixl.base import Agent
+from hicache_l3.connectors.nixl.base import Agent, row_column
 
 SHARE_MIN_BYTES = 2 << 20  # a get moving less than this per lane goes alone
 ALIGN = 4096  # parts are cut on this byte boundary of the transfer
 
 
-def _column(rows: Any, k: int) -> list[int]:
-    """Column ``k`` of transfer rows (``m x 3`` numpy array or list of 3-tuples) as ints."""
-    return rows[:, k].tolist() if hasattr(rows, "shape") else [row[k] for row in rows]
-
-
 def row_lengths(rows: Any) -> list[int]:
     """The lengths (column 1) of transfer rows."""
-    return _column(rows, 1)
+    return row_column(rows, 1)
 
 
 def _trimmed(rows: Any, skip: int, over: int) -> Any:
     """A copy of ``rows`` whose first row starts ``skip`` bytes later and last ends ``over`` earlier."""
-    if hasattr(rows, "shape"):
-        rows = rows.copy()
-        if skip or over:
-            rows[0, 0] += skip
-            rows[0, 1] -= skip
-            rows[-1, 1] -= over
-        return rows
-    rows = list(rows)
+    rows = rows.copy() if hasattr(rows, "shape") else list(rows)
     if skip or over:
-        start, length, device = rows[0]
+        start, length, device = map(int, rows[0])
         rows[0] = (start + skip, length - skip, device)
-        start, length, device = rows[-1]
+        start, length, device = map(int, rows[-1])
         rows[-1] = (start, length - over, device)
     return rows
 
@@ -80,7 +68,7 @@ def by_file(local: Any, remote: Any, parts: int) -> list[tuple[Any, Any]]:
     rows (column 2) in one part, in order, files dealt greedily to even the parts' bytes."""
     per_file: dict[int, list[int]] = {}  # fd -> its rows, in order
     arrays = hasattr(remote, "shape")
-    for row, fd in enumerate(_column(remote, 2)):
+    for row, fd in enumerate(row_column(remote, 2)):
         per_file.setdefault(fd, []).append(row)
     lengths = row_lengths(local)
     files = sorted(((sum(lengths[row] for row in rows), fd) for fd, rows in per_file.items()), reverse=True)
