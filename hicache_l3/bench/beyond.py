@@ -4,10 +4,12 @@ A worker process joins a memory cgroup limited to ``cache_bytes`` (:mod:`.memcg`
 one the store is sized from the machine's memory), fills one store per contender (file and
 hf3fs, buffered, ``o_direct`` and buffered with ``compression="zstd"``) and a raw file, drops
 their page cache, then times random batch gets over the whole store and evicting sets of
-fresh keys, interleaved round by round with the raw contenders (:mod:`.raw_direct`). Every
-page read is verified. Each GB/s is page bytes moved per second (for a zstd store the
-effective rate), put beside the break-even against recompute (``kv_bytes_per_token *
-prefill_tokens_per_s``). A zstd store's stored ratio comes from its connector's counters.
+fresh keys, interleaved round by round with the raw contenders (:mod:`.raw_direct`); each
+set batch and each fio job starts after an untimed ``sync()``, so none pays for the page cache
+another left dirty. Every page read is verified. Each GB/s is page bytes moved per second
+(for a zstd store the effective rate), put beside the break-even against recompute
+(``kv_bytes_per_token * prefill_tokens_per_s``). A zstd store's stored ratio comes from its
+connector's counters.
 
 Page bytes (``kv``): ``random`` (incompressible), ``real`` (the bf16 KV of a real model,
 :mod:`.real_kv`) or ``synthetic`` (bf16 values of a normal distribution: compressible like
@@ -371,6 +373,7 @@ def worker(opts: BeyondOptions) -> dict[str, Any]:
                         else:
                             indices = list(range(fresh, fresh + opts.batch))
                             pages.stamp(source.view(), fresh, opts.batch)
+                            os.sync()  # untimed: the last contender's dirty pages are not this one's
                             _timed(c, op, indices)
                     if op == "set":
                         fresh += opts.batch

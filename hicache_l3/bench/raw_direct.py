@@ -109,4 +109,5 @@ def fio_round(path: Path, size: int, page_bytes: int, op: str, seconds: float,
     ``path`` (see :func:`run_fio`), each job's figures appended to ``figures[(name, op)]``."""
     for job in FIO_JOBS:
         if (job.rw == "randread") == (op == "get"):
+            os.sync()  # untimed: the contenders' dirty pages are not fio's
             figures.setdefault((job.name, op), []).append(run_fio(path, size, page_bytes, job, seconds))
