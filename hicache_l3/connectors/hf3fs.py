@@ -341,9 +341,11 @@ class UsrbioTransport(SlotTransport):
         self.metrics.count("usrbio_zero_copy", zero)
         self.metrics.count("usrbio_staged", len(plans) - zero)
 
-    def _settle(self, results: list[int], ios: list[tuple[Any, int, int]], owners: list[_Plan]) -> None:
-        """Mark a page failed when any of its I/Os moved fewer bytes than asked."""
-        for r, (iov, _, _), p in zip(results, ios, owners):
+    def _run(self, read: bool, ios: list[tuple[Any, int, int, _Plan]]) -> None:
+        """One ring round of ``(iov slice, fd, offset, plan)`` I/Os; a page fails when any
+        of its I/Os moved fewer bytes than asked."""
+        results = self.rings.run(read, [io[:3] for io in ios])
+        for r, (iov, _, _, p) in zip(results, ios):
             if r != len(iov):
                 if p.ok:
                     self._log.warning("usrbio-io", "hf3fs: USRBIO I/O failed: result %d of %d", r,
@@ -361,8 +363,7 @@ class UsrbioTransport(SlotTransport):
             for plan_round in self._rounds(pages, page_bytes):
                 scratch = usrbio.scratch(False, page_bytes)
                 iov, view, base = scratch.iov, scratch.view, scratch.markers
-                ios: list[tuple[Any, int, int]] = []
-                owners: list[_Plan] = []
+                ios: list[tuple[Any, int, int, _Plan]] = []
                 for n, p in enumerate(plan_round):  # round 1: marker records
                     fd, _, _, gen = slots[p.index]
                     usrbio.register_fd(fd)
@@ -371,23 +372,21 @@ class UsrbioTransport(SlotTransport):
                     r = RECORD_BYTES * n
                     view[r : r + RECORD_BYTES] = encode_marker(gen, page_bytes, csum,
                                                                key_fingerprint(keys[p.index]))
-                    ios.append((iov[r : r + RECORD_BYTES], fd, marker_at[p.index]))
-                    owners.append(p)
-                self._settle(usrbio.run(False, ios), ios, owners)
-                ios, owners = [], []
+                    ios.append((iov[r : r + RECORD_BYTES], fd, marker_at[p.index], p))
+                self._run(False, ios)
+                ios = []
                 written = [p for p in plan_round if p.ok]
                 for p in written:  # round 2: the data, once the markers are written
                     fd = slots[p.index][0]
                     if p.zero_copy is not None:
-                        _zero_copy_ios(ios, owners, p, fd, data_at[p.index])
+                        _zero_copy_ios(ios, p, fd, data_at[p.index])
                     else:
                         o = pos = base + p.stage
                         for seg in self.regions.views(pages[p.index]) or []:
                             view[pos : pos + len(seg)] = seg
                             pos += len(seg)
-                        ios.append((iov[o:pos], fd, data_at[p.index]))
-                        owners.append(p)
-                self._settle(usrbio.run(False, ios), ios, owners)
+                        ios.append((iov[o:pos], fd, data_at[p.index], p))
+                self._run(False, ios)
                 self._count(written)
                 for p in plan_round:
                     if p.ok:
@@ -405,26 +404,23 @@ class UsrbioTransport(SlotTransport):
             for plan_round in self._rounds(pages, page_bytes):
                 scratch = usrbio.scratch(True, page_bytes)
                 iov, view, base = scratch.iov, scratch.view, scratch.markers
-                ios: list[tuple[Any, int, int]] = []
-                owners: list[_Plan] = []
+                ios: list[tuple[Any, int, int, _Plan]] = []
                 for p in plan_round:  # round 1: the data
                     fd = located[p.index][0]
                     usrbio.register_fd(fd)
                     if p.zero_copy is not None:
-                        _zero_copy_ios(ios, owners, p, fd, data_at[p.index])
+                        _zero_copy_ios(ios, p, fd, data_at[p.index])
                     else:
                         o = base + p.stage
-                        ios.append((iov[o : o + page_bytes], fd, data_at[p.index]))
-                        owners.append(p)
-                self._settle(usrbio.run(True, ios), ios, owners)
+                        ios.append((iov[o : o + page_bytes], fd, data_at[p.index], p))
+                self._run(True, ios)
                 self._count(plan_round)
-                ios, owners = [], []
+                ios = []
                 for n, p in enumerate(plan_round):  # round 2: marker records, after the data
                     if p.ok:
                         r = RECORD_BYTES * n
-                        ios.append((iov[r : r + RECORD_BYTES], located[p.index][0], marker_at[p.index]))
-                        owners.append(p)
-                self._settle(usrbio.run(True, ios), ios, owners)
+                        ios.append((iov[r : r + RECORD_BYTES], located[p.index][0], marker_at[p.index], p))
+                self._run(True, ios)
                 for n, p in enumerate(plan_round):
                     j = p.index
                     if not p.ok:
@@ -524,9 +520,8 @@ class Hf3fsConnector(FileConnector):
         return {**super()._engine_stats(), "mode": self.mode}
 
 
-def _zero_copy_ios(ios: list[Any], owners: list[Any], plan: Any, fd: int, offset: int) -> None:
+def _zero_copy_ios(ios: list[tuple[Any, int, int, _Plan]], plan: _Plan, fd: int, offset: int) -> None:
     """Queue one zero-copy page's ring I/Os: its segments in place, from ``offset``."""
-    for seg in plan.zero_copy:
-        ios.append((seg, fd, offset))
-        owners.append(plan)
+    for seg in plan.zero_copy or ():
+        ios.append((seg, fd, offset, plan))
         offset += len(seg)

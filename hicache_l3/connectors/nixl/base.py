@@ -444,16 +444,13 @@ def run_flat(
             attempt(lo, mid)
             attempt(mid, hi)
 
-    if count and b[count] - b[0] <= max_descs:  # the common batch: one transfer
-        attempt(0, count)
-    else:
-        lo = 0
-        while lo < count:
-            hi = lo + 1
-            while hi < count and b[hi + 1] - b[lo] <= max_descs:
-                hi += 1
-            attempt(lo, hi)
-            lo = hi
+    lo = 0
+    while lo < count:  # the common batch fits one transfer
+        hi = lo + 1
+        while hi < count and b[hi + 1] - b[lo] <= max_descs:
+            hi += 1
+        attempt(lo, hi)
+        lo = hi
     if reread and Reason.OK in out and any(r is not Reason.OK for r in out):
         good = [i for i, r in enumerate(out) if r is Reason.OK]
         rows = [k for i in good for k in range(b[i], b[i + 1])]

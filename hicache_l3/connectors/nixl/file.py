@@ -239,7 +239,7 @@ class NixlTransport(SlotTransport):
             return status
         # (after the hot read's engine error, the rows one per segment: the failing pages)
         move = self._move_apart if hot else self._move_flat
-        results = move(self._transfer("READ"), True, segments, at, plan.fds, plan.data_offs)
+        results = move("READ", segments, at, plan.fds, plan.data_offs)
         # after the data: a rewrite that began meanwhile shows there
         if helpers.plan_markers(plan.fds, plan.marker_offs, plan.expect, status):
             _short_is_header(status)
@@ -306,15 +306,12 @@ class NixlTransport(SlotTransport):
     def _move(self, op: str, pages: list[Page], fds: Sequence[int], offsets: Sequence[int]) -> list[Reason]:
         """Move ``pages[j]`` to or from ``offsets[j]`` of ``fds[j]`` (``op`` "READ" or
         "WRITE"), adjacent rows joined (built in C); one Reason per page."""
-        transfer, reread = self._transfer(op), op == "READ"
         segments, at = batch_lib.flatten(pages)
-        results = self._move_flat(transfer, reread, segments, at, array.array("i", fds),
-                                  array.array("q", offsets))
+        results = self._move_flat(op, segments, at, array.array("i", fds), array.array("q", offsets))
         return [Reason.OK] * len(pages) if results is None else results
 
-    def _move_flat(self, transfer: Callable[[list[Any], list[Any]], None], reread: bool,
-                   segments: array.array[int] | bytes, at: array.array[int], fds: array.array[int],
-                   offsets: array.array[int]) -> list[Reason] | None:
+    def _move_flat(self, op: str, segments: array.array[int] | bytes, at: array.array[int],
+                   fds: array.array[int], offsets: array.array[int]) -> list[Reason] | None:
         """:func:`run_flat` with ``merge`` of the pages in flat arrays
         (:meth:`~hicache_l3.connectors.nixl.batch_lib.NixlBatchLib.rows`): the joined rows
         in one transfer when they fit ``max_descs``; after an engine error, the rows one
@@ -328,24 +325,23 @@ class NixlTransport(SlotTransport):
         local, remote = helpers.rows(segments, at, fds, offsets, MERGE_MAX_BYTES, arrays=True)
         if len(local) <= self.max_descs:
             try:
-                if not (self._share_read if reread else self._share_write)(local, remote):
-                    transfer(local, remote)
+                if not (self._share_read if op == "READ" else self._share_write)(local, remote):
+                    self._transfer(op)(local, remote)
                 return None
             except TransferError as exc:
                 if exc.reason is Reason.TIMEOUT:
                     return [Reason.TIMEOUT] * n
-        return self._move_apart(transfer, reread, segments, at, fds, offsets)
+        return self._move_apart(op, segments, at, fds, offsets)
 
-    def _move_apart(self, transfer: Callable[[list[Any], list[Any]], None], reread: bool,
-                    segments: array.array[int] | bytes, at: array.array[int], fds: array.array[int],
-                    offsets: array.array[int]) -> list[Reason] | None:
+    def _move_apart(self, op: str, segments: array.array[int] | bytes, at: array.array[int],
+                    fds: array.array[int], offsets: array.array[int]) -> list[Reason] | None:
         """:meth:`_move_flat` once its joined rows failed: the rows one per segment, on the
         caller's agent, through :func:`run_flat`, which isolates the failing pages."""
         helpers = self.helpers
         n = len(fds)
         local, remote = helpers.rows(segments, at, fds, offsets, 0)
         bounds = None if at[n] == n else at.tolist()  # every page at least one segment
-        results = run_flat(transfer, local, remote, bounds, self.max_descs, reread=reread)
+        results = run_flat(self._transfer(op), local, remote, bounds, self.max_descs, reread=op == "READ")
         return None if results.count(Reason.OK) == n else results
 
     def _check_markers(self, fds: list[int], offsets: list[int], entries: list[Entry],
