@@ -250,8 +250,8 @@ def decode_records(data: bytes) -> tuple[list[Record], int, int]:
     pos, n, skipped = 0, len(data), 0
     unpack, size, crc32, append = RECORD.unpack_from, RECORD.size, zlib.crc32, out.append
     while pos < n:
-        # fast path: a whole, good record here (what _record_at checks, inlined: opening
-        # a store replays every record through this loop)
+        # a whole, good record here (what _record_at checks, inlined: opening a store
+        # replays every record through this loop)
         if pos + size <= n:
             crc, kind, _, keylen, w, slab, slot, _, gen, length, checksum = unpack(data, pos)
             end = pos + size + keylen
@@ -264,18 +264,13 @@ def decode_records(data: bytes) -> tuple[list[Record], int, int]:
                     append(_new_record((kind, key, _new_entry((w, slab, slot, gen, length, checksum)))))
                     pos = end
                     continue
-        record = _record_at(data, pos)
-        if record is None:
-            nxt = pos + 1
-            while nxt < n and _record_at(data, nxt) is None:
-                nxt += 1
-            if nxt >= n:
-                break  # nothing good follows: an incomplete tail, left for later
-            skipped += nxt - pos
-            pos = nxt
-            continue
-        out.append(record)
-        pos += RECORD.size + len(record.key.encode())
+        nxt = pos + 1  # none: the next good record, past damage
+        while nxt < n and _record_at(data, nxt) is None:
+            nxt += 1
+        if nxt >= n:
+            break  # nothing good follows: an incomplete tail, left for later
+        skipped += nxt - pos
+        pos = nxt
     return out, pos, skipped
 
 
