@@ -184,11 +184,6 @@ class Clock:
         if hi > lo and self.state.find(HOT, lo, hi) >= 0:
             self.state[lo:hi] = self.state[lo:hi].replace(_HOT, _COLD)
 
-    def own(self) -> list[tuple[int, int]]:
-        """Every own ``(slab, slot)``, in slot order (for tests and rebuilds)."""
-        st, stride = self.state, self.stride
-        return [divmod(i, stride) for i in range(len(st)) if st[i]]
-
     def start_past(self, pages: Sequence[tuple[int, int]]) -> None:
         """Put the hand just past the newest of ``pages`` (oldest to newest, not empty)."""
         self.hand = self.index(*pages[-1]) + 1
@@ -294,11 +289,6 @@ class Clocks:
         if n - k:
             runs += [(2 * slab + 1, first, count) for slab, first, count in odd.evict_runs(n - k)]
         return runs
-
-    def own(self) -> list[tuple[int, int]]:
-        """Every own ``(slab, slot)``, in slab then slot order (for tests and rebuilds)."""
-        return sorted([(2 * slab + p, slot) for p, clock in enumerate(self.clocks)
-                       for slab, slot in clock.own()])
 
     def start_past(self, pages: Sequence[tuple[int, int]]) -> None:
         """Put each clock's hand just past the newest of ``pages`` (oldest to newest) in its slabs."""
