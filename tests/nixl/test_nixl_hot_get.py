@@ -129,7 +129,7 @@ def test_a_run_engine_error_isolates_pages_on_the_callers_agent(tmp_path: Path,
     monkeypatch.setattr(nixl_file, "SHARE_MIN_BYTES", P)
     conn, keys, buf, pages, want = _stored(tmp_path)
     with conn:
-        assert conn._lanes is not None, "lanes need two CPUs (the test set-up's machines have them)"
+        assert conn._lanes, "lanes need two CPUs (the test set-up's machines have them)"
         calls = _fail(conn._lanes.agents[0], Reason.ENGINE_ERROR, 2)  # its second run
         buf.view()[:] = bytes(N * P)
         assert conn.batch_get(keys, pages) == [True] * N

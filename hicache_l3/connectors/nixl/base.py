@@ -182,7 +182,6 @@ class Agent:
     def __init__(self, backend: str, params: dict[str, str], abandon_on_timeout: bool = False) -> None:
         api = load_nixl_api()
         _purge_retired()
-        self.api = api
         self.name = f"hicache-l3-{os.getpid()}-{next(_agent_ids)}"
         config = api.nixl_agent_config(
             enable_prog_thread=True, enable_listen_thread=False, backends=[],

@@ -359,17 +359,15 @@ class NixlTransport(SlotTransport):
 class NixlFileConnector(SlabConnector, NixlConnector):
     """Pages in slab files under ``root``, moved by NIXL's POSIX plugin (module docstring)."""
 
-    _lanes: Lanes | None = None
-
     def __init__(self, config: NixlConfig, namespace: Namespace) -> None:
         super().__init__(config, namespace)
         self.checksum_writes = config.use_checksum()
         self._agent_params = posix_params(config.posix_engine)
         self._renew_lock = threading.Lock()
         self.agent = Agent("POSIX", self._agent_params, abandon_on_timeout=True)
-        if config.transfer_agents > 1 and len(os.sched_getaffinity(0)) > 1:
-            self._lanes = Lanes([Agent("POSIX", self._agent_params, abandon_on_timeout=True)
-                                 for _ in range(config.transfer_agents - 1)], self._renew_agent)
+        lanes = config.transfer_agents - 1 if len(os.sched_getaffinity(0)) > 1 else 0  # (none on one CPU)
+        self._lanes = Lanes([Agent("POSIX", self._agent_params, abandon_on_timeout=True)
+                             for _ in range(lanes)], self._renew_agent)
         self._read_balance = Balance(config.transfer_agents)  # the caller's share of a shared get
         self.transport = NixlTransport(lambda op: self._xfer(op, "FILE"), config.max_descs,
                                        config.checksum_threads, self._share_read, self._share_write,
@@ -392,12 +390,9 @@ class NixlFileConnector(SlabConnector, NixlConnector):
         """Move the write rows split by slab file between the caller's agent and the lanes
         (writes to one file serialise in the kernel); False (nothing moved) when the rows
         name one file or the lanes are taken. A TransferError as one transfer would raise it."""
-        lanes = self._lanes
-        if lanes is None or len(local) < 2:
-            return False
-        if sum(row_lengths(local)) < 2 * SHARE_MIN_BYTES:
+        if not self._lanes or len(local) < 2 or sum(row_lengths(local)) < 2 * SHARE_MIN_BYTES:
             return False  # too small to pay a lane's wake-up
-        pieces = by_file(local, remote, len(lanes) + 1)
+        pieces = by_file(local, remote, len(self._lanes) + 1)
         if len(pieces) < 2:
             return False  # one file: nothing to gain
         return self._run_shared("WRITE", pieces)
@@ -419,11 +414,8 @@ class NixlFileConnector(SlabConnector, NixlConnector):
     def _read_parts(self, nbytes: int) -> tuple[int, Balance | None]:
         """The parts a get of ``nbytes`` would be cut in (under 2: not shared) and the
         :class:`Balance` sizing the caller's, learnt where every lane takes one."""
-        lanes = self._lanes
-        if lanes is None:
-            return 0, None
-        parts = min(len(lanes) + 1, nbytes // SHARE_MIN_BYTES)
-        return parts, self._read_balance if parts == len(lanes) + 1 else None
+        parts = min(len(self._lanes) + 1, nbytes // SHARE_MIN_BYTES)
+        return parts, self._read_balance if parts == len(self._lanes) + 1 else None
 
     def _run_shared(self, op: str, pieces: list[tuple[Any, Any]], balance: Balance | None = None) -> bool:
         """``pieces[0]`` moved by the caller's agent, the others by the lanes, at once;
@@ -440,7 +432,6 @@ class NixlFileConnector(SlabConnector, NixlConnector):
         (:meth:`Lanes.run`; ``balance`` learns from their times when every lane takes a
         part); a lane's agent that cannot be renewed is a TransferError."""
         lanes = self._lanes
-        assert lanes is not None
         try:
             return lanes.run(own, shares, balance if len(shares) == len(lanes) else None)
         except TransferError:
@@ -450,17 +441,16 @@ class NixlFileConnector(SlabConnector, NixlConnector):
 
     def _register(self, region: MemoryRegion) -> None:
         super()._register(region)
-        for agent in self._lanes.agents if self._lanes is not None else ():
+        for agent in self._lanes.agents:
             agent.register_dram(region)
 
     def _unregister(self, region: MemoryRegion) -> None:
         super()._unregister(region)
-        for agent in self._lanes.agents if self._lanes is not None else ():
+        for agent in self._lanes.agents:
             agent.deregister_dram(region)
 
     def _close(self) -> None:
-        if self._lanes is not None:
-            self._lanes.close()
+        self._lanes.close()
         self.agent.close()  # deregisters the slab files before the store closes them
         super()._close()
 
@@ -469,9 +459,8 @@ class NixlFileConnector(SlabConnector, NixlConnector):
                 "checksum": self.checksum_writes, "registered_files": self.agent.registered_files,
                 "planned_get": self.transport.reads_plans,
                 "agent_renewals": self.agent_renewals,
-                "lanes": len(self._lanes) if self._lanes is not None else 0,
-                "lane_shared_batches": self._lanes.shared if self._lanes is not None else 0,
-                "lane_renewals": self._lanes.renewals if self._lanes is not None else 0,
+                "lanes": len(self._lanes), "lane_shared_batches": self._lanes.shared,
+                "lane_renewals": self._lanes.renewals,
                 "lane_read_share": round(self._read_balance.share, 3),
                 **super()._engine_stats()}
 
