@@ -26,7 +26,8 @@ from hicache_l3.common.errors import ConfigError, EngineUnavailableError, Reason
 from hicache_l3.common.integrity import buffer_checksum, key_fingerprint, page_checksum
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer, MemoryRegion
-from hicache_l3.common.pages import Page
+from hicache_l3.common.objects import once_per_key
+from hicache_l3.common.pages import Page, page_nbytes
 
 log = logging.getLogger("hicache_l3.mooncake")
 
@@ -432,34 +433,26 @@ class MooncakeConnector(Connector[MooncakeConfig]):
                     self._down_since = time.monotonic()
                     self._log.warning("master-down", "mooncake: master %s is not answering",
                                       self.config.master_address)
-        elif self._down_since is not None and codes:
+        elif self._down_since is not None:
             with self._down_lock:
                 self._down_since = None
             log.info("mooncake: master %s answers again", self.config.master_address)
 
     # ---- hooks --------------------------------------------------------------------
     def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
-        n = len(keys)
         if self._master_unreachable():
-            return [Reason.ENGINE_DOWN] * n
-        prefix = self._prefix
-        skeys = [prefix + k for k in keys]
-        first: dict[str, int] = {}
-        todo: list[int] | None = None
-        if len(set(skeys)) < n:  # duplicates: put each key once, give all copies its result
-            for i, k in enumerate(skeys):
-                first.setdefault(k, i)
-            todo = list(first.values())
-            skeys = [skeys[i] for i in todo]
-            pages = [pages[i] for i in todo]
+            return [Reason.ENGINE_DOWN] * len(keys)
+        done = once_per_key(keys, pages, self._put_once)
+        if self._lru is not None:
+            self._lru_stored(keys, done)
+        return done
+
+    def _put_once(self, keys: list[str], pages: list[Page]) -> list[Reason]:
+        """Put the pages of distinct keys; OK once each object is complete."""
+        skeys = [self._prefix + k for k in keys]
         codes = self._chunked(self._put, skeys, pages)
         done = [Reason.OK if c in (0, OBJECT_ALREADY_EXISTS) else _reason(c) for c in codes]
         self._confirm_stored(skeys, done)
-        if todo is not None:
-            where = {i: j for j, i in enumerate(todo)}
-            done = [done[where[first[prefix + key]]] for key in keys]
-        if self._lru is not None:
-            self._lru_stored(keys, done)
         return done
 
     def _confirm_stored(self, skeys: list[str], done: list[Reason]) -> None:
@@ -482,15 +475,26 @@ class MooncakeConnector(Connector[MooncakeConfig]):
             frames = self._encode(pages)
             if any(f is not None for f in frames):
                 return self._put_framed(skeys, pages, frames)
-        if self._checksum:
-            ptrs, sizes = self._with_trailers(skeys, pages)
-            codes = self._store.batch_put_from_multi_buffers(skeys, ptrs, sizes, self._replicate)
-        elif max(map(len, pages)) == 1:
+        if not self._checksum and max(map(len, pages)) == 1:
             codes = self._store.batch_put_from(
                 skeys, [p[0][0] for p in pages], [self.page_bytes or 0] * len(pages), self._replicate)
         else:
-            codes = self._store.batch_put_from_multi_buffers(skeys, *_buffers(pages), self._replicate)
+            codes = self._store.batch_put_from_multi_buffers(skeys, *self._sources(skeys, pages),
+                                                             self._replicate)
         return list(codes)
+
+    def _sources(self, skeys: list[str], pages: list[Page]) -> tuple[list[list[int]], list[list[int]]]:
+        """Each page's segments for a multi-buffer put, then (with checksums) its trailer,
+        written to registered scratch."""
+        if not self._checksum or not pages:
+            return _buffers(pages)
+        assert self._trailers is not None
+        scratch = self._trailers.get(len(pages))
+        view = scratch.view()
+        for j, (skey, page) in enumerate(zip(skeys, pages)):
+            view[j * TRAILER.size:(j + 1) * TRAILER.size] = _trailer(
+                skey, page_nbytes(page), page_checksum(page))
+        return _buffers(pages, scratch.address)
 
     def _encode(self, pages: list[Page]) -> list[bytes | None]:
         """Each page's frame, or None where it is stored raw (a frame leaves room for the trailer)."""
@@ -505,33 +509,35 @@ class MooncakeConnector(Connector[MooncakeConfig]):
     def _put_framed(self, skeys: list[str], pages: list[Page], frames: list[bytes | None]) -> list[int]:
         """Put frames from registered scratch (with their trailers), raw pages from the page."""
         extra = TRAILER.size if self._checksum else 0
-        assert self._frames is not None
         stage = self._frames.get(sum(len(f) + extra for f in frames if f is not None))
         view = stage.view()
         raw = [j for j, f in enumerate(frames) if f is None]
-        if raw and self._checksum:
-            rptrs, rsizes = self._with_trailers([skeys[j] for j in raw], [pages[j] for j in raw])
-        else:
-            rptrs, rsizes = _buffers([pages[j] for j in raw])
+        sources = zip(*self._sources([skeys[j] for j in raw], [pages[j] for j in raw]))
         ptrs: list[list[int]] = []
         sizes: list[list[int]] = []
-        r = off = 0
-        for j, frame in enumerate(frames):
+        off = 0
+        for skey, frame in zip(skeys, frames):
             if frame is None:
-                ptrs.append(rptrs[r])
-                sizes.append(rsizes[r])
-                r += 1
-                continue
-            n = len(frame)
-            view[off:off + n] = frame
-            if extra:
-                view[off + n:off + n + extra] = TRAILER.pack(
-                    TRAILER_MAGIC, n, buffer_checksum([frame]), key_fingerprint(skeys[j])[:8])
-            ptrs.append([stage.address + off])
-            sizes.append([n + extra])
-            off += n + extra
+                ptr, size = next(sources)
+            else:
+                n = len(frame)
+                view[off:off + n] = frame
+                if extra:
+                    view[off + n:off + n + extra] = _trailer(skey, n, buffer_checksum([frame]))
+                ptr, size = [stage.address + off], [n + extra]
+                off += n + extra
+            ptrs.append(ptr)
+            sizes.append(size)
         self.metrics.count("compressed", len(frames) - len(raw))
         return list(self._store.batch_put_from_multi_buffers(skeys, ptrs, sizes, self._replicate))
+
+    def _check_trailer(self, trailer: bytes | memoryview, skey: str, length: int, checksum: int) -> Reason:
+        """OK when ``trailer`` is the one of ``length`` stored bytes of XXH3 ``checksum``
+        under ``skey``; else CORRUPT (counted as ``mooncake_bad_checksum``)."""
+        if trailer == _trailer(skey, length, checksum):
+            return Reason.OK
+        self.metrics.count("mooncake_bad_checksum")
+        return Reason.CORRUPT
 
     def _from_stored(self, skey: str, page: Page, stored: bytes | memoryview) -> Reason:
         """The whole object ``stored`` (raw or a frame, then any trailer), checked, into ``page``."""
@@ -539,15 +545,13 @@ class MooncakeConnector(Connector[MooncakeConfig]):
         if views is None:
             return Reason.UNREGISTERED
         if self._checksum:
-            got = len(stored)
-            if got < TRAILER.size:
+            body = len(stored) - TRAILER.size
+            if body < 0:
                 return Reason.SIZE_MISMATCH
-            magic, length, csum, fp = TRAILER.unpack_from(stored, got - TRAILER.size)
-            stored = stored[:got - TRAILER.size]
-            if (magic != TRAILER_MAGIC or fp != key_fingerprint(skey)[:8] or length != len(stored)
-                    or buffer_checksum([stored]) != csum):
-                self.metrics.count("mooncake_bad_checksum")
-                return Reason.CORRUPT
+            reason = self._check_trailer(stored[body:], skey, body, buffer_checksum([stored[:body]]))
+            if reason is not Reason.OK:
+                return reason
+            stored = stored[:body]
         return read_stored(stored, views)
 
     def _get_staged(self, skeys: list[str], pages: list[Page]) -> list[Reason]:
@@ -560,21 +564,6 @@ class MooncakeConnector(Connector[MooncakeConfig]):
         view = stage.view()
         return [self._from_stored(k, p, view[j * slot:j * slot + g]) if g >= 0 else _reason(g)
                 for j, (k, p, g) in enumerate(zip(skeys, pages, got))]
-
-    def _with_trailers(self, skeys: list[str], pages: list[Page]) -> tuple[list[list[int]], list[list[int]]]:
-        assert self._trailers is not None
-        scratch = self._trailers.get(len(pages))
-        view = scratch.view()
-        ptrs, sizes = [], []
-        for j, (skey, page) in enumerate(zip(skeys, pages)):
-            nbytes = sum(s for _, s in page)
-            trailer = TRAILER.pack(TRAILER_MAGIC, nbytes, page_checksum(page),
-                                   key_fingerprint(skey)[:8])
-            off = j * TRAILER.size
-            view[off : off + TRAILER.size] = trailer
-            ptrs.append([*(a for a, _ in page), scratch.address + off])
-            sizes.append([*(s for _, s in page), TRAILER.size])
-        return ptrs, sizes
 
     def _get(self, keys: list[str], pages: list[Page]) -> list[Reason]:
         out: list[Reason] = []
@@ -590,30 +579,30 @@ class MooncakeConnector(Connector[MooncakeConfig]):
 
     def _get_chunk(self, keys: list[str], pages: list[Page]) -> list[Reason]:
         n = len(keys)
-        prefix = self._prefix
-        skeys = [prefix + k for k in keys]
-        expected = [self.page_bytes or 0] * n  # the base class checked every page's size
-        scratch: HostBuffer | None = None
+        skeys = [self._prefix + k for k in keys]
+        page_bytes = self.page_bytes or 0  # the base class checked every page's size
+        size = page_bytes + (TRAILER.size if self._checksum else 0)
+        expected = [size] * n
+        trailers: memoryview | None = None
         if self._checksum:
             assert self._trailers is not None
             scratch = self._trailers.get(n)
-            base = scratch.address
-            ptrs = [[*(a for a, _ in p), base + j * TRAILER.size] for j, p in enumerate(pages)]
-            sizes = [[*(s for _, s in p), TRAILER.size] for p in pages]
-            got = self._store.batch_get_into_multi_buffers(skeys, ptrs, sizes)
-            expected = [e + TRAILER.size for e in expected]
+            trailers = scratch.view()
+            got = self._store.batch_get_into_multi_buffers(skeys, *_buffers(pages, scratch.address))
         elif max(map(len, pages)) == 1:
             got = self._store.batch_get_into(skeys, [p[0][0] for p in pages], expected)
         else:
             got = self._store.batch_get_into_multi_buffers(skeys, *_buffers(pages))
         self._note_codes(got)
-        if got == expected and scratch is None:  # the common case, compared in C
+        if got == expected and trailers is None:  # the common case, compared in C
             return [Reason.OK] * n
         out = []
-        for j, (g, e) in enumerate(zip(got, expected)):
-            if g == e:
-                out.append(Reason.OK if scratch is None else self._verify(skeys[j], pages[j], scratch, j))
-            elif 0 <= g < (self.page_bytes or 0):  # a frame (or a short object): in the page
+        for j, g in enumerate(got):
+            if g == size:
+                out.append(Reason.OK if trailers is None else self._check_trailer(
+                    trailers[j * TRAILER.size:(j + 1) * TRAILER.size], skeys[j], page_bytes,
+                    page_checksum(pages[j])))
+            elif 0 <= g < page_bytes:  # a frame (or a short object): in the page
                 views = self.regions.views(pages[j])
                 out.append(Reason.UNREGISTERED if views is None
                            else self._from_stored(skeys[j], pages[j], leading_bytes(views, g)))
@@ -622,7 +611,7 @@ class MooncakeConnector(Connector[MooncakeConfig]):
                 out.append(Reason.SIZE_MISMATCH)
             else:
                 out.append(_reason(g))
-        if scratch is not None or max(map(len, pages)) > 1:  # a short object fails these gets
+        if trailers is not None or max(map(len, pages)) > 1:  # a short object fails these gets
             again = [j for j, r in enumerate(out)
                      if got[j] < 0 and r not in (Reason.MISS, Reason.ENGINE_DOWN)]
             if again:
@@ -631,22 +620,12 @@ class MooncakeConnector(Connector[MooncakeConfig]):
                     out[j] = r
         return out
 
-    def _verify(self, skey: str, page: Page, scratch: HostBuffer, j: int) -> Reason:
-        view = scratch.view()
-        magic, length, csum, fp = TRAILER.unpack_from(view, j * TRAILER.size)
-        if (magic != TRAILER_MAGIC or fp != key_fingerprint(skey)[:8]
-                or length != sum(s for _, s in page) or page_checksum(page) != csum):
-            self.metrics.count("mooncake_bad_checksum")
-            return Reason.CORRUPT
-        return Reason.OK
-
     def _exists(self, keys: list[str]) -> list[Reason]:
-        prefix = self._prefix
-        return self._exists_prefixed([prefix + k for k in keys])
+        return self._exists_prefixed([self._prefix + k for k in keys])
 
     def _exists_prefixed(self, skeys: list[str]) -> list[Reason]:
         """One ``batch_is_exist`` per ``max_batch`` storage keys: 1 ok, 0 miss, else its reason."""
-        if self._down_since is not None and self._master_unreachable():
+        if self._master_unreachable():
             return [Reason.ENGINE_DOWN] * len(skeys)
         if len(skeys) <= self.config.max_batch:
             codes = self._store.batch_is_exist(skeys)
@@ -743,6 +722,15 @@ def _reason(code: int) -> Reason:
     return CODE_REASONS.get(code, Reason.ENGINE_ERROR)
 
 
-def _buffers(pages: list[Page]) -> tuple[list[list[int]], list[list[int]]]:
-    """Each page's segment addresses and lengths, for Mooncake's multi-buffer calls."""
-    return [[a for a, _ in p] for p in pages], [[s for _, s in p] for p in pages]
+def _trailer(skey: str, length: int, checksum: int) -> bytes:
+    """The trailer stored after ``length`` bytes of XXH3 ``checksum`` under ``skey``."""
+    return TRAILER.pack(TRAILER_MAGIC, length, checksum, key_fingerprint(skey)[:8])
+
+
+def _buffers(pages: list[Page], trailers: int | None = None) -> tuple[list[list[int]], list[list[int]]]:
+    """Each page's segment addresses and lengths, for Mooncake's multi-buffer calls; with
+    ``trailers`` (an address), page ``j``'s trailer slot at ``trailers + j * TRAILER.size`` last."""
+    if trailers is None:
+        return [[a for a, _ in p] for p in pages], [[s for _, s in p] for p in pages]
+    return ([[*(a for a, _ in p), trailers + j * TRAILER.size] for j, p in enumerate(pages)],
+            [[*(s for _, s in p), TRAILER.size] for p in pages])
