@@ -9,13 +9,14 @@ page's PUT, required by ``exists`` and checked by ``get``. Delete, clear and evi
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import queue
 import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from hicache_l3.common.compression import PageCodec, leading_bytes, read_stored
@@ -24,9 +25,10 @@ from hicache_l3.common.errors import ConfigError, EngineUnavailableError, Reason
 from hicache_l3.common.integrity import buffer_checksum, key_fingerprint, page_checksum
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer
+from hicache_l3.common.objects import commit_record, once_per_key
 from hicache_l3.common.pages import Page
 from hicache_l3.connectors.nixl.base import Agent, NixlConfig, NixlConnector, TransferError, Unit, run_units
-from hicache_l3.slab.format import MARKER, START, START_MAGIC, encode_start
+from hicache_l3.slab.format import MARKER, START, START_MAGIC
 
 CHUNK = 256  # pages per transfer round (one scratch buffer of commit records)
 SCRATCH_BUFFERS = 4  # concurrent calls that can hold a scratch buffer
@@ -37,16 +39,16 @@ REG_CACHE = 1 << 16  # object keys kept registered with NIXL
 def endpoint_address(config: NixlConfig) -> tuple[str, int, str]:
     """``(host, port, scheme)`` the OBJ plugin will connect to."""
     scheme: str = config.scheme
-    if config.endpoint:
-        url = config.endpoint if "://" in config.endpoint else f"{scheme or 'https'}://{config.endpoint}"
+    url = endpoint_url(config, scheme or "https")
+    host, port = f"s3.{config.region}.amazonaws.com", None
+    if url is not None:
         parsed = urllib.parse.urlsplit(url)
-        scheme = scheme or parsed.scheme or "https"
+        scheme = scheme or parsed.scheme
         if not parsed.hostname:
             raise ConfigError(f"nixl: endpoint {config.endpoint!r} has no host")
-        port = parsed.port or (443 if scheme == "https" else 80)
-        return parsed.hostname, port, scheme
+        host, port = parsed.hostname, parsed.port
     scheme = scheme or "https"
-    return f"s3.{config.region}.amazonaws.com", 443 if scheme == "https" else 80, scheme
+    return host, port or (443 if scheme == "https" else 80), scheme
 
 
 def endpoint_url(config: NixlConfig, scheme: str) -> str | None:
@@ -115,10 +117,9 @@ class NixlObjConnector(NixlConnector):
                 self.agent.register_dram(buf)
                 self._scratch_all.append(buf)
                 self._scratch.put(buf)
-        self._stage: HostBuffer | None = None
+        self._stages: queue.Queue[HostBuffer] = queue.Queue()
+        self._stage_count = 0
         self._stage_lock = threading.Lock()
-        self._read_stages: queue.Queue[HostBuffer] = queue.Queue()
-        self._read_stage_count = 0
         self._lru: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._lru_lock = threading.Lock()
         self.evictions = 0
@@ -179,19 +180,17 @@ class NixlObjConnector(NixlConnector):
         finally:
             client.close()
 
-    def _list_pages(self) -> list[tuple[Any, str]]:
-        """(last modified, key) of every page of this namespace in the bucket."""
-        marker = "h/" if self._checksum else "d/"
-        out = []
+    def _objects(self, prefix: str) -> Iterator[dict[str, Any]]:
+        """The listing entries of every object under ``prefix`` in the bucket."""
         pager = self._s3.get_paginator("list_objects_v2")
-        for page in pager.paginate(Bucket=self.config.bucket, Prefix=self.base + marker):
-            for obj in page.get("Contents", []):
-                out.append((obj["LastModified"], obj["Key"][len(self.base) + 2 :]))
-        return out
+        for page in pager.paginate(Bucket=self.config.bucket, Prefix=prefix):
+            yield from page.get("Contents", [])
 
     def _seed_lru(self) -> None:
-        for _, key in sorted(self._list_pages()):
-            self._lru[key] = None
+        """The LRU from the pages of this namespace in the bucket, oldest first."""
+        prefix = self.base + ("h/" if self._checksum else "d/")
+        found = sorted((obj["LastModified"], obj["Key"][len(prefix) :]) for obj in self._objects(prefix))
+        self._lru.update((key, None) for _, key in found)
 
     def _remove(self, keys: list[str]) -> None:
         """Delete the records (first) and the page objects of ``keys``."""
@@ -281,8 +280,10 @@ class NixlObjConnector(NixlConnector):
         self._suspect = False
         return False
 
-    def _xfer(self, op: str, remote_type: str) -> Any:
-        inner = super()._xfer(op, remote_type)
+    def _run(self, op: str, units: list[Unit]) -> list[Reason]:
+        """Move ``units`` (one per object) by ``op``, READ or WRITE, one Reason per unit; a
+        failed transfer makes the endpoint suspect (:meth:`_down`)."""
+        inner = self._xfer(op, "OBJ")
 
         def go(local: list[Any], remote: list[Any]) -> None:
             try:
@@ -291,32 +292,48 @@ class NixlObjConnector(NixlConnector):
                 self._suspect = True
                 raise
 
-        return go
+        return run_units(go, units, self.config.max_descs, reread=op == "READ")
+
+    @contextlib.contextmanager
+    def _stage(self) -> Iterator[HostBuffer]:
+        """A registered staging buffer of ``STAGE_PAGES`` pages, lent for the block (at most
+        SCRATCH_BUFFERS are made)."""
+        with self._stage_lock:
+            make = self._stages.empty() and self._stage_count < SCRATCH_BUFFERS
+            self._stage_count += make
+        if make:
+            buf = HostBuffer(STAGE_PAGES * (self.page_bytes or 0), name="nixl-obj-stage")
+            self.agent.register_dram(buf)
+        else:
+            buf = self._stages.get()
+        try:
+            yield buf
+        finally:
+            self._stages.put(buf)
 
     def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
         if self._down():
             return [Reason.ENGINE_DOWN] * len(keys)
-        reasons = [Reason.OK] * len(keys)
-        stored = self._exists(keys)  # asked now, so a page another process deleted is written again
-        first: dict[str, int] = {}
-        todo = []
-        for i, key in enumerate(keys):
-            if key not in first:
-                first[key] = i
-                if stored[i] is not Reason.OK:
-                    todo.append(i)
+        reasons = once_per_key(keys, pages, self._set_once)
+        self._remember([k for k, r in zip(keys, reasons) if r is Reason.OK])
+        return reasons
+
+    def _set_once(self, keys: list[str], pages: list[Page]) -> list[Reason]:
+        """PUT the pages of distinct keys not stored yet (asked now, so that a page another
+        process deleted is written again)."""
+        reasons = self._exists(keys)
+        todo = [i for i, r in enumerate(reasons) if r is not Reason.OK]
         for lo in range(0, len(todo), CHUNK):
             self._set_chunk(keys, pages, todo[lo : lo + CHUNK], reasons)
-        for i, key in enumerate(keys):
-            reasons[i] = reasons[first[key]]
-        self._remember([k for i, k in enumerate(keys) if reasons[i] is Reason.OK])
         return reasons
 
     def _set_chunk(self, keys: list[str], pages: list[Page], idx: list[int],
                    reasons: list[Reason]) -> None:
+        """PUT pages ``idx`` (a raw single-segment page in place, the others staged), then,
+        with checksums, the commit records of those written."""
         n = self.page_bytes
         assert n is not None
-        devs = self._devs([self.base + "d/" + keys[i] for i in idx], n)
+        devs = dict(zip(idx, self._devs([self.base + "d/" + keys[i] for i in idx], n)))
         frames: dict[int, bytes] = {}
         if self._codec.enabled:
             for i in idx:
@@ -324,54 +341,40 @@ class NixlObjConnector(NixlConnector):
                 frame = None if views is None else self._codec.encode(views)
                 if frame is not None:
                     frames[i] = frame
-        single = [(j, i) for j, i in enumerate(idx) if len(pages[i]) == 1 and i not in frames]
-        multi = [(j, i) for j, i in enumerate(idx) if len(pages[i]) > 1 and i not in frames]
-        units = [Unit([(pages[i][0][0], n, 0)], [(0, n, devs[j])]) for j, i in single]
-        results = run_units(self._xfer("WRITE", "OBJ"), units, self.config.max_descs)
-        for (_, i), r in zip(single, results):
+        direct = [i for i in idx if len(pages[i]) == 1 and i not in frames]
+        units = [Unit([(pages[i][0][0], n, 0)], [(0, n, devs[i])]) for i in direct]
+        for i, r in zip(direct, self._run("WRITE", units)):
             reasons[i] = r
-        for lo in range(0, len(multi), STAGE_PAGES):
-            self._set_staged(pages, devs, multi[lo : lo + STAGE_PAGES], reasons)
-        framed = [(j, i) for j, i in enumerate(idx) if i in frames]
-        for lo in range(0, len(framed), STAGE_PAGES):
-            self._set_staged(pages, devs, framed[lo : lo + STAGE_PAGES], reasons, frames)
-        if not self._checksum:
-            return
-        written = [(j, i) for j, i in enumerate(idx) if reasons[i] is Reason.OK]
-        if not written:
+        multi = [i for i in idx if len(pages[i]) > 1 and i not in frames]
+        for items, counter in ((multi, "staged"), (list(frames), "compressed")):
+            for lo in range(0, len(items), STAGE_PAGES):
+                self._set_staged(pages, devs, items[lo : lo + STAGE_PAGES], frames, reasons, counter)
+        written = [i for i in idx if reasons[i] is Reason.OK]
+        if not self._checksum or not written:
             return
         scratch = self._scratch.get()
         try:
             view = scratch.view()
-            for s, (_, i) in enumerate(written):
-                frame = frames.get(i)
-                record = (encode_start(0, n, page_checksum(pages[i]), key_fingerprint(keys[i]))
-                          if frame is None else
-                          encode_start(0, len(frame), buffer_checksum([frame]), key_fingerprint(keys[i])))
-                view[s * MARKER : (s + 1) * MARKER] = record
-            hdevs = self._devs([self.base + "h/" + keys[i] for _, i in written], MARKER)
-            units = [Unit([(scratch.address + s * MARKER, MARKER, 0)], [(0, MARKER, hdevs[s])])
-                     for s in range(len(written))]
-            results = run_units(self._xfer("WRITE", "OBJ"), units, self.config.max_descs)
+            for s, i in enumerate(written):
+                view[s * MARKER : (s + 1) * MARKER] = commit_record(keys[i], pages[i], frames.get(i))
+            hdevs = self._devs([self.base + "h/" + keys[i] for i in written], MARKER)
+            results = self._run("WRITE", [Unit([(scratch.address + s * MARKER, MARKER, 0)],
+                                               [(0, MARKER, hdevs[s])]) for s in range(len(written))])
         finally:
             self._scratch.put(scratch)
-        for (_, i), r in zip(written, results):
+        for i, r in zip(written, results):
             reasons[i] = r
 
-    def _set_staged(self, pages: list[Page], devs: list[int], items: list[tuple[int, int]],
-                    reasons: list[Reason], frames: dict[int, bytes] | None = None) -> None:
-        """PUT multi-segment pages, or ``frames`` (page index -> frame), from a staging buffer."""
+    def _set_staged(self, pages: list[Page], devs: dict[int, int], items: list[int],
+                    frames: dict[int, bytes], reasons: list[Reason], counter: str) -> None:
+        """PUT pages ``items`` from a staging buffer: each one's frame, or its segments gathered."""
         n = self.page_bytes
         assert n is not None
-        with self._stage_lock:
-            if self._stage is None:
-                self._stage = HostBuffer(STAGE_PAGES * n, name="nixl-obj-stage")
-                self.agent.register_dram(self._stage)
-            stage = self._stage
+        with self._stage() as stage:
             view = stage.view()
             units = []
-            for s, (j, i) in enumerate(items):
-                frame = None if frames is None else frames[i]
+            for s, i in enumerate(items):
+                frame = frames.get(i)
                 views = self.regions.views(pages[i]) if frame is None else [memoryview(frame)]
                 assert views is not None  # the base class checked the page
                 pos = s * n
@@ -379,10 +382,10 @@ class NixlObjConnector(NixlConnector):
                     view[pos : pos + len(v)] = v
                     pos += len(v)
                 size = pos - s * n
-                units.append(Unit([(stage.address + s * n, size, 0)], [(0, size, devs[j])]))
-            results = run_units(self._xfer("WRITE", "OBJ"), units, self.config.max_descs)
-        self.metrics.count("staged" if frames is None else "compressed", len(items))
-        for (_, i), r in zip(items, results):
+                units.append(Unit([(stage.address + s * n, size, 0)], [(0, size, devs[i])]))
+            results = self._run("WRITE", units)
+        self.metrics.count(counter, len(items))
+        for i, r in zip(items, results):
             reasons[i] = r
 
     def _get(self, keys: list[str], pages: list[Page]) -> list[Reason]:
@@ -391,13 +394,11 @@ class NixlObjConnector(NixlConnector):
         reasons = [Reason.MISS] * len(keys)
         direct = list(range(len(keys)))
         if self._codec.enabled:  # frames likely: a multi-segment page through a staging buffer
-            staged = [i for i in direct if len(pages[i]) > 1]
-            if staged:
-                self._get_staged(keys, pages, staged, reasons)
-                direct = [i for i in direct if len(pages[i]) == 1]
+            self._get_staged(keys, pages, [i for i in direct if len(pages[i]) > 1], reasons)
+            direct = [i for i in direct if len(pages[i]) == 1]
         for lo in range(0, len(direct), CHUNK):
             self._get_chunk(keys, pages, direct[lo : lo + CHUNK], reasons)
-        self._remember([k for i, k in enumerate(keys) if reasons[i] is Reason.OK])
+        self._remember([k for k, r in zip(keys, reasons) if r is Reason.OK])
         return reasons
 
     def _get_chunk(self, keys: list[str], pages: list[Page], idx: list[int],
@@ -430,7 +431,7 @@ class NixlObjConnector(NixlConnector):
                         local.append((address + length - 1, 1, 0))
                         remote.append((n - 1, 1, devs[j]))
                 units.append(Unit(local, remote))
-            results = run_units(self._xfer("READ", "OBJ"), units, self.config.max_descs, reread=True)
+            results = self._run("READ", units)
             failed = self._settle(keys, idx, results, reasons, lambda j, i: (
                 Reason.OK if scratch is None else self._check_record(scratch, j, keys[i], pages[i])))
         finally:
@@ -438,22 +439,7 @@ class NixlObjConnector(NixlConnector):
                 self._scratch.put(scratch)
         if scratch is not None and failed:  # a frame's GET past its end fails: read it staged
             again = [idx[j] for j in failed if reasons[idx[j]] not in (Reason.MISS, Reason.TIMEOUT)]
-            if again:
-                self._get_staged(keys, pages, again, reasons)
-
-    def _take_read_stage(self) -> HostBuffer:
-        """A registered staging buffer of ``STAGE_PAGES`` pages (at most SCRATCH_BUFFERS)."""
-        with self._stage_lock:
-            make = self._read_stages.empty() and self._read_stage_count < SCRATCH_BUFFERS
-            if make:
-                self._read_stage_count += 1
-        if not make:
-            return self._read_stages.get()
-        n = self.page_bytes
-        assert n is not None
-        buf = HostBuffer(STAGE_PAGES * n, name="nixl-obj-read-stage")
-        self.agent.register_dram(buf)
-        return buf
+            self._get_staged(keys, pages, again, reasons)
 
     def _get_staged(self, keys: list[str], pages: list[Page], items: list[int],
                     reasons: list[Reason]) -> None:
@@ -465,21 +451,22 @@ class NixlObjConnector(NixlConnector):
                          reasons: list[Reason]) -> None:
         n = self.page_bytes
         assert n is not None
-        stage, scratch = self._take_read_stage(), self._scratch.get()
-        try:
-            devs = self._devs([self.base + "d/" + keys[i] for i in part], n)
-            hdevs = self._devs([self.base + "h/" + keys[i] for i in part], MARKER)
-            records = scratch.view()
-            records[: len(part) * MARKER] = bytes(len(part) * MARKER)
-            units = [Unit([(stage.address + s * n, n, 0), (scratch.address + s * MARKER, MARKER, 0)],
-                          [(0, n, devs[s]), (0, MARKER, hdevs[s])]) for s in range(len(part))]
-            results = run_units(self._xfer("READ", "OBJ"), units, self.config.max_descs, reread=True)
-            got = stage.view()
-            self._settle(keys, part, results, reasons, lambda s, i: self._stored_into(
-                bytes(records[s * MARKER : (s + 1) * MARKER]), got[s * n : (s + 1) * n], keys[i], pages[i]))
-        finally:
-            self._scratch.put(scratch)
-            self._read_stages.put(stage)
+        with self._stage() as stage:
+            scratch = self._scratch.get()
+            try:
+                devs = self._devs([self.base + "d/" + keys[i] for i in part], n)
+                hdevs = self._devs([self.base + "h/" + keys[i] for i in part], MARKER)
+                records = scratch.view()
+                records[: len(part) * MARKER] = bytes(len(part) * MARKER)
+                results = self._run("READ", [
+                    Unit([(stage.address + s * n, n, 0), (scratch.address + s * MARKER, MARKER, 0)],
+                         [(0, n, devs[s]), (0, MARKER, hdevs[s])]) for s in range(len(part))])
+                got = stage.view()
+                self._settle(keys, part, results, reasons, lambda s, i: self._stored_into(
+                    bytes(records[s * MARKER : (s + 1) * MARKER]), got[s * n : (s + 1) * n], keys[i],
+                    pages[i]))
+            finally:
+                self._scratch.put(scratch)
 
     def _stored_into(self, record: bytes, got: memoryview, key: str, page: Page) -> Reason:
         """Check ``got`` (the object is its first ``length`` bytes) against its commit record,
@@ -561,11 +548,7 @@ class NixlObjConnector(NixlConnector):
         return found
 
     def _clear(self) -> None:
-        names: list[str] = []
-        pager = self._s3.get_paginator("list_objects_v2")
-        for page in pager.paginate(Bucket=self.config.bucket, Prefix=self.base):
-            names.extend(obj["Key"] for obj in page.get("Contents", []))
-        self._delete_objects(names)
+        self._delete_objects([obj["Key"] for obj in self._objects(self.base)])
         with self._lru_lock:
             self._lru.clear()
 
