@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any, Literal
 
 from hicache_l3.common.compression import COMPRESSION_HELP, PageCodec, read_stored
@@ -17,10 +18,11 @@ from hicache_l3.common.connector import Capabilities, Connector
 from hicache_l3.common.errors import ConfigError, EngineUnavailableError, Reason
 from hicache_l3.common.integrity import buffer_checksum, key_fingerprint
 from hicache_l3.common.keys import Namespace
-from hicache_l3.common.pages import Page, page_nbytes
+from hicache_l3.common.objects import commit_record
+from hicache_l3.common.pages import Page
 from hicache_l3.common.parallel import BatchPool
 from hicache_l3.common.safe_fs import private_root
-from hicache_l3.slab.format import MARKER, START, START_MAGIC, encode_start
+from hicache_l3.slab.format import MARKER, START, START_MAGIC
 
 log = logging.getLogger("hicache_l3.fsspec")
 
@@ -104,79 +106,66 @@ class FsspecConnector(Connector[FsspecConfig]):
     def _path(self, key: str) -> str:
         return f"{self.base}/{key_fingerprint(key).hex()[:2]}/{key}.page"
 
-    def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
-        reasons = [Reason.OK] * len(keys)
+    def _each(self, n: int, one: Callable[[int], Reason]) -> list[Reason]:
+        """``one(i)`` for every ``i`` below ``n``, spread over the I/O threads."""
+        out = [Reason.OK] * n
 
-        def write(lo: int, hi: int) -> None:
+        def run(lo: int, hi: int) -> None:
             for i in range(lo, hi):
-                path = self._path(keys[i])
-                views = self.regions.views(pages[i])
-                if views is None:
-                    reasons[i] = Reason.UNREGISTERED
-                    continue
-                try:
-                    if self.fs.exists(path):
-                        continue
-                    frame = self._codec.encode(views) if self._codec.enabled else None
-                    body: list[Any] = views if frame is None else [frame]
-                    csum = buffer_checksum(body) if self.config.checksum != "none" else 0
-                    nbytes = page_nbytes(pages[i]) if frame is None else len(frame)
-                    head = encode_start(0, nbytes, csum, key_fingerprint(keys[i]))
-                    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-                    self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-                    self.fs.pipe_file(tmp, b"".join([head, *body]))
-                    self.fs.mv(tmp, path)
-                except Exception as exc:
-                    self._log.warning("set-io", "file(fsspec): write of %s failed: %s", keys[i], exc)
-                    reasons[i] = Reason.ENGINE_ERROR
+                out[i] = one(i)
 
-        self._pool.map(write, len(keys))
-        return reasons
+        self._pool.map(run, n)
+        return out
+
+    def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
+        return self._each(len(keys), lambda i: self._write(keys[i], pages[i]))
+
+    def _write(self, key: str, page: Page) -> Reason:
+        """Store ``page`` under ``key`` unless it is there: written to a temporary name, then
+        moved into place."""
+        path = self._path(key)
+        views = self.regions.views(page)
+        if views is None:
+            return Reason.UNREGISTERED
+        try:
+            if self.fs.exists(path):
+                return Reason.OK
+            frame = self._codec.encode(views)
+            head = commit_record(key, page, frame, self.config.checksum != "none")
+            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            self.fs.pipe_file(tmp, b"".join([head, *(views if frame is None else [frame])]))
+            self.fs.mv(tmp, path)
+        except Exception as exc:
+            self._log.warning("set-io", "file(fsspec): write of %s failed: %s", key, exc)
+            return Reason.ENGINE_ERROR
+        return Reason.OK
 
     def _get(self, keys: list[str], pages: list[Page]) -> list[Reason]:
-        reasons = [Reason.OK] * len(keys)
+        return self._each(len(keys), lambda i: self._read(keys[i], pages[i]))
 
-        def read(lo: int, hi: int) -> None:
-            for i in range(lo, hi):
-                try:
-                    blob = self.fs.cat_file(self._path(keys[i]))
-                except FileNotFoundError:
-                    reasons[i] = Reason.MISS
-                    continue
-                except Exception as exc:
-                    self._log.warning("get-io", "file(fsspec): read of %s failed: %s", keys[i], exc)
-                    reasons[i] = Reason.ENGINE_ERROR
-                    continue
-                if len(blob) < MARKER:
-                    reasons[i] = Reason.CORRUPT
-                    continue
-                magic, _, _, _, length, csum, fp = START.unpack_from(blob)
-                body = memoryview(blob)[MARKER:]
-                if magic != START_MAGIC or fp != key_fingerprint(keys[i]) or len(body) != length:
-                    reasons[i] = Reason.CORRUPT
-                    continue
-                if csum and buffer_checksum([body]) != csum:
-                    reasons[i] = Reason.CORRUPT
-                    continue
-                views = self.regions.views(pages[i])
-                if views is None:
-                    reasons[i] = Reason.UNREGISTERED
-                    continue
-                reasons[i] = read_stored(body, views)  # the page, or its frame decoded
-
-        self._pool.map(read, len(keys))
-        return reasons
+    def _read(self, key: str, page: Page) -> Reason:
+        """Page ``key`` checked against its header, then copied (or its frame decoded) into ``page``."""
+        try:
+            blob = self.fs.cat_file(self._path(key))
+        except FileNotFoundError:
+            return Reason.MISS
+        except Exception as exc:
+            self._log.warning("get-io", "file(fsspec): read of %s failed: %s", key, exc)
+            return Reason.ENGINE_ERROR
+        if len(blob) < MARKER:
+            return Reason.CORRUPT
+        magic, _, _, _, length, csum, fp = START.unpack_from(blob)
+        body = memoryview(blob)[MARKER:]
+        if (magic != START_MAGIC or fp != key_fingerprint(key) or len(body) != length
+                or (csum and buffer_checksum([body]) != csum)):
+            return Reason.CORRUPT
+        views = self.regions.views(page)
+        return Reason.UNREGISTERED if views is None else read_stored(body, views)
 
     def _exists(self, keys: list[str]) -> list[Reason]:
-        out = [Reason.MISS] * len(keys)
-
-        def check(lo: int, hi: int) -> None:
-            for i in range(lo, hi):
-                if self.fs.exists(self._path(keys[i])):
-                    out[i] = Reason.OK
-
-        self._pool.map(check, len(keys))
-        return out
+        return self._each(len(keys),
+                          lambda i: Reason.OK if self.fs.exists(self._path(keys[i])) else Reason.MISS)
 
     def _delete(self, keys: list[str]) -> list[Reason]:
         out = []
