@@ -15,7 +15,7 @@ from hicache_l3.common.config import ConnectorConfig, setting
 from hicache_l3.common.connector import Capabilities, Connector
 from hicache_l3.common.errors import Reason
 from hicache_l3.common.keys import Namespace
-from hicache_l3.common.pages import Page, page_nbytes
+from hicache_l3.common.pages import Page
 
 
 @dataclasses.dataclass
@@ -72,8 +72,7 @@ class MemoryConnector(Connector[MemoryConfig]):
                 if key in self._pages.data:
                     continue  # same key, same bytes: keep the stored page
             value = b"".join(ctypes.string_at(address, length) for address, length in page)
-            if self._codec.enabled:
-                value = self._codec.encode([memoryview(value)]) or value
+            value = self._codec.encode([memoryview(value)]) or value
             with self._pages.lock:
                 self._pages.data.setdefault(key, value)
         return [Reason.OK] * len(keys)
@@ -83,17 +82,9 @@ class MemoryConnector(Connector[MemoryConfig]):
         for key, page in zip(keys, pages):
             with self._pages.lock:
                 value = self._pages.data.get(key)
-            if value is None:
-                reasons.append(Reason.MISS)
-            elif len(value) != page_nbytes(page):  # a frame, or a page of another size
-                views = self.regions.views(page)
-                reasons.append(Reason.UNREGISTERED if views is None else read_stored(value, views))
-            else:
-                offset = 0
-                for address, length in page:
-                    ctypes.memmove(address, value[offset:offset + length], length)
-                    offset += length
-                reasons.append(Reason.OK)
+            views = self.regions.views(page)
+            reasons.append(Reason.MISS if value is None else Reason.UNREGISTERED if views is None
+                           else read_stored(value, views))  # the page, or its frame decoded
         return reasons
 
     def _exists(self, keys: list[str]) -> list[Reason]:
