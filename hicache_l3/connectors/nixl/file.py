@@ -162,14 +162,10 @@ class NixlTransport(SlotTransport):
         if sums is not None:  # each record's checksum field: its fourth uint64
             memoryview(records).cast("Q")[3::RECORD_BYTES // 8] = array.array("Q", sums)
         marks: Sequence[int] = self.helpers.write_markers(cols.fds, marker_at, records)
-        if marks.count(OK) == n:  # the common batch: every marker written
-            staged: list[int] = list(range(n))
-        else:
-            staged = []
+        staged = [j for j, code in enumerate(marks) if code == OK]
+        if len(staged) < n:  # the data of a page whose marker failed is not written
             for j, code in enumerate(marks):
-                if code == OK:
-                    staged.append(j)
-                else:
+                if code != OK:
                     status[j] = code if code < 0 else SHORT
             pages, fds, data_at = ([pages[j] for j in staged], [fds[j] for j in staged],
                                    [data_at[j] for j in staged])
