@@ -87,11 +87,11 @@ class Clock:
         i = slab * self.stride + slot
         return 0 <= slot < self.stride and 0 <= i < len(self.state) and self.state[i] != ABSENT
 
-    def add(self, wheres: Sequence[tuple[int, int]], state: int = COLD) -> None:
+    def add(self, wheres: Sequence[tuple[int, int]]) -> None:
         """Own pages now in these ``(slab, slot)`` slots (just written: COLD)."""
-        self.add_slots([slab for slab, _ in wheres], [slot for _, slot in wheres], state)
+        self.add_slots([slab for slab, _ in wheres], [slot for _, slot in wheres])
 
-    def add_slots(self, slabs: Sequence[int], slots: Sequence[int], state: int = COLD) -> None:
+    def add_slots(self, slabs: Sequence[int], slots: Sequence[int]) -> None:
         """:meth:`add` of ``(slabs[j], slots[j])`` for each ``j`` (a commit's columns)."""
         n = len(slots)
         if not n:
@@ -102,13 +102,13 @@ class Clock:
                 and slabs.count(slab0) == n and is_run(slots, first, n)):
             lo = self.index(slab0, first)  # one run in one slab: the batch of an eviction pass
             self.count += st.count(ABSENT, lo, lo + n)
-            st[lo : lo + n] = bytes((state,)) * n
+            st[lo : lo + n] = _COLD * n
             return
         for slab, slot in zip(slabs, slots):
             i = self.index(slab, slot)
             if st[i] == ABSENT:
                 self.count += 1
-            st[i] = state
+            st[i] = COLD
 
     def touch(self, wheres: Iterable[tuple[int, int]]) -> None:
         """Own pages just read: HOT (slots without an own page are ignored)."""
@@ -220,14 +220,14 @@ class Clocks:
         slab, slot = where
         return slab >= 0 and (slab // 2, slot) in self.clocks[slab % 2]
 
-    def add(self, wheres: Sequence[tuple[int, int]], state: int = COLD) -> None:
+    def add(self, wheres: Sequence[tuple[int, int]]) -> None:
         """Own pages now in these ``(slab, slot)`` slots (just written: COLD)."""
-        self.add_slots([slab for slab, _ in wheres], [slot for _, slot in wheres], state)
+        self.add_slots([slab for slab, _ in wheres], [slot for _, slot in wheres])
 
-    def add_slots(self, slabs: Sequence[int], slots: Sequence[int], state: int = COLD) -> None:
+    def add_slots(self, slabs: Sequence[int], slots: Sequence[int]) -> None:
         """:meth:`Clock.add_slots` of ``(slabs[j], slots[j])``, each slab's in one call."""
         for clock, local, part in self._per_slab(slabs, slots):
-            clock.add_slots(local, part, state)
+            clock.add_slots(local, part)
 
     def touch(self, wheres: Iterable[tuple[int, int]]) -> None:
         """Own pages just read: HOT (slots without an own page are ignored)."""

@@ -44,13 +44,13 @@ class Rings:
             raise OSError(err, f"io_uring_setup of depth {depth}: {os.strerror(err)}")
         return int(ring)
 
-    def read(self, pb: native.PageBatch, data_fds: array.array[int] | None, only: int = -1) -> int:
-        """Read every page of ``pb`` (those whose status is ``only``, when >= 0): data from
-        ``data_fds`` (``pb.fds`` when None), then each page's marker record, then checked,
-        as :meth:`~hicache_l3.slab.native.BatchIO.read`. The number not OK, or ``-errno``
-        when the ring failed (then the pages not read carry that code)."""
+    def read(self, pb: native.PageBatch, data_fds: array.array[int] | None) -> int:
+        """Read every page of ``pb``: data from ``data_fds`` (``pb.fds`` when None), then
+        each page's marker record, then checked, as :meth:`~hicache_l3.slab.native.BatchIO.read`.
+        The number not OK, or ``-errno`` when the ring failed (then the pages not read carry
+        that code)."""
         fds, doffs, moffs, segs, at, _markers = pb.addresses
-        return int(self.lib.ring_read(self._read, 0, len(pb), only, _addr(data_fds), fds, doffs, moffs, segs,
+        return int(self.lib.ring_read(self._read, 0, len(pb), -1, _addr(data_fds), fds, doffs, moffs, segs,
                                       at, pb.expect_at, pb.marker_len, pb.checksums_at, self.lib.xxh3_at,
                                       pb.status_at))
 
