@@ -67,7 +67,7 @@ class IndexCheckpoints:
         if self._pending_base is not None:
             self._adopt_base(defer=True)
         if self._rebase_due:
-            self.rebase_on_newer(force=True)
+            self.rebase_on_newer()
         elif self.delta_big():
             if self.index.own is not None and self.due():
                 self.save_later()
@@ -212,14 +212,10 @@ class IndexCheckpoints:
         finally:
             image.close()
 
-    def rebase_on_newer(self, force: bool = False) -> bool:
-        """Rebase the table onto the namespace's checkpoint when it is another than the
-        mapped base (looked for at most every :data:`REBASE_CHECK_S` unless ``force``); counts as
-        a checkpoint written. Caller holds the lock. Whether it rebased."""
-        now = time.monotonic()
-        if not force and now - self._rebase_checked < REBASE_CHECK_S:
-            return False
-        self._rebase_checked, self._rebase_due = now, False
+    def rebase_on_newer(self) -> bool:
+        """Rebase the table onto the namespace's checkpoint now when it is another than the
+        mapped base; counts as a checkpoint written. Caller holds the lock. Whether it rebased."""
+        self._rebase_checked, self._rebase_due = time.monotonic(), False
         table = self.index.table
         if not isinstance(table, NativePageTable) or not self._newer_checkpoint():
             return False

@@ -170,7 +170,7 @@ def run_history(root: Path, ops: list[tuple[str, int, Any]]) -> list[SlabStore]:
                 store.index.checkpoints.save_later()
         elif op == "rebase":  # onto whichever checkpoint is there now (its pages unchanged)
             with store._lock:
-                store.index.checkpoints.rebase_on_newer(force=True)
+                store.index.checkpoints.rebase_on_newer()
         elif op == "restart":
             store.close()
             stores[who] = open_store(root)

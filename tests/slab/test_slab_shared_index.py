@@ -34,7 +34,7 @@ answer()
 for line in sys.stdin:
     if line.strip() == "rebase":
         with store._lock:
-            store.index.checkpoints.rebase_on_newer(force=True)
+            store.index.checkpoints.rebase_on_newer()
     answer()
 store.close()
 """
