@@ -98,11 +98,9 @@ class IndexCheckpoints:
         for mark in state.marks:
             wdir = logs.writers_dir / writer_name(mark.writer)
             tail = None
-            try:
+            with contextlib.suppress(OSError):
                 if is_real_dir(wdir):
                     tail = LogTail(wdir / "index.log")
-            except OSError:
-                pass
             if tail is None:
                 stale.append(mark.writer)  # gone, or not a writer directory: found by the scan
                 continue
