@@ -12,12 +12,13 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from pathlib import Path
+from typing import Literal, Protocol
 
 from hicache_l3.slab import checkpoint
 from hicache_l3.slab.files import is_real_dir, writer_name
 from hicache_l3.slab.format import Entry
-from hicache_l3.slab.log_follow import LogTail
+from hicache_l3.slab.log_follow import LogFollower, LogTail
 from hicache_l3.slab.table import (
     DIGEST_BYTES,
     JournalPart,
@@ -29,9 +30,6 @@ from hicache_l3.slab.table import (
     split_snapshot,
 )
 
-if TYPE_CHECKING:
-    from hicache_l3.slab.index import SlabIndex
-
 log = logging.getLogger("hicache_l3.slab")
 CHECKPOINT_MIN_RECORDS = 1 << 13  # records applied since the last checkpoint before a new one
 CHECKPOINT_FRACTION = 32  # ... and at least 1/this of the indexed pages (the delta's bound)
@@ -40,12 +38,28 @@ REBASE_CHECK_S = 1.0  # a big delta looks for a newer checkpoint at most this of
 JOURNAL_ON_LOCK = 4096  # a longer journal catch-up is applied off the lock first
 
 
+class CheckpointedIndex(Protocol):
+    """What the checkpoints read and replace of the index (:class:`~hicache_l3.slab.index.SlabIndex`)."""
+
+    table: PageTable
+    deleted: dict[tuple[int, int, int], int]
+    logs: LogFollower
+    own: int | None
+    applied: int
+    directory: Path
+    capacity: int | None
+
+    @property
+    def unlogged(self) -> dict[bytes, Entry]: ...
+    def forget_writer(self, *writers: int) -> None: ...
+
+
 class IndexCheckpoints:
     """The checkpoints of one index. Caller holds the index's lock unless a method says
     otherwise; at most one background job (write, rebase, journal catch-up) runs at a time,
     and the next :meth:`maintain` adopts what it made."""
 
-    def __init__(self, index: SlabIndex) -> None:
+    def __init__(self, index: CheckpointedIndex) -> None:
         self.index = index
         self.directory = index.directory
         self.capacity = index.capacity

@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from hicache_l3.slab import checkpoint
 from hicache_l3.slab.changes import ChangeFile
 from hicache_l3.slab.files import is_real_dir, open_file, parse_writer_name, writer_name
 from hicache_l3.slab.format import DEL, GEN, PUT, Entry, decode_records
 from hicache_l3.slab.table import DIGEST_SEED, xxh3_128
-
-if TYPE_CHECKING:
-    from hicache_l3.slab.index import SlabIndex
 
 log = logging.getLogger("hicache_l3.slab")
 TAIL_CHUNK = 1 << 20  # bytes of a log decoded at a time
@@ -44,13 +42,25 @@ class LogTail:
         self.foreign_dels = []
 
 
+class RecordSink(Protocol):
+    """What the records read are applied to (:class:`~hicache_l3.slab.index.SlabIndex`)."""
+
+    own: int | None  # the writer whose log this process appends (not tailed)
+    applied: int  # records applied since the last checkpoint
+    replayed: int  # records read from logs
+
+    def apply_puts(self, ds: Sequence[bytes], entries: Sequence[Entry]) -> None: ...
+    def apply_del(self, d: bytes, entry: Entry) -> None: ...
+    def forget_writer(self, *writers: int) -> None: ...
+
+
 class LogFollower:
     """Every writer's log under ``writers_dir`` followed: ``tails`` by writer, writer
     directories seen without a log yet (``pending``), entries of ``writers/`` that are not
     writer directories (``ignored``, logged once), and the change file (``changes``) when
     used. Caller holds the index's lock."""
 
-    def __init__(self, writers_dir: Path, sink: SlabIndex) -> None:
+    def __init__(self, writers_dir: Path, sink: RecordSink) -> None:
         self.writers_dir = writers_dir
         self.sink = sink
         self.tails: dict[int, LogTail] = {}
