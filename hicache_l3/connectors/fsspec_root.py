@@ -18,11 +18,10 @@ from hicache_l3.common.connector import Capabilities, Connector
 from hicache_l3.common.errors import ConfigError, EngineUnavailableError, Reason
 from hicache_l3.common.integrity import buffer_checksum, key_fingerprint
 from hicache_l3.common.keys import Namespace
-from hicache_l3.common.objects import commit_record
-from hicache_l3.common.pages import Page
+from hicache_l3.common.pages import Page, page_nbytes
 from hicache_l3.common.parallel import BatchPool
 from hicache_l3.common.safe_fs import private_root
-from hicache_l3.slab.format import MARKER, START, START_MAGIC
+from hicache_l3.slab.format import MARKER, START, START_MAGIC, encode_start
 
 log = logging.getLogger("hicache_l3.fsspec")
 
@@ -131,10 +130,13 @@ class FsspecConnector(Connector[FsspecConfig]):
             if self.fs.exists(path):
                 return Reason.OK
             frame = self._codec.encode(views)
-            head = commit_record(key, page, frame, self.config.checksum != "none")
+            body: list[Any] = views if frame is None else [frame]
+            csum = buffer_checksum(body) if self.config.checksum != "none" else 0
+            nbytes = page_nbytes(page) if frame is None else len(frame)
+            head = encode_start(0, nbytes, csum, key_fingerprint(key))
             tmp = f"{path}.tmp-{uuid.uuid4().hex}"
             self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-            self.fs.pipe_file(tmp, b"".join([head, *(views if frame is None else [frame])]))
+            self.fs.pipe_file(tmp, b"".join([head, *body]))
             self.fs.mv(tmp, path)
         except Exception as exc:
             self._log.warning("set-io", "file(fsspec): write of %s failed: %s", key, exc)

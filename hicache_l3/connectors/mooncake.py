@@ -26,7 +26,6 @@ from hicache_l3.common.errors import ConfigError, EngineUnavailableError, Reason
 from hicache_l3.common.integrity import buffer_checksum, key_fingerprint, page_checksum
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer, MemoryRegion
-from hicache_l3.common.objects import once_per_key
 from hicache_l3.common.pages import Page, page_nbytes
 
 log = logging.getLogger("hicache_l3.mooncake")
@@ -442,14 +441,21 @@ class MooncakeConnector(Connector[MooncakeConfig]):
     def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
         if self._master_unreachable():
             return [Reason.ENGINE_DOWN] * len(keys)
-        done = once_per_key(keys, pages, self._put_once)
+        skeys = [self._prefix + k for k in keys]
+        if len(set(skeys)) == len(skeys):
+            done = self._put_unique(skeys, pages)
+        else:  # duplicates: put each key once, give all copies its result
+            first: dict[str, int] = {}
+            for i, k in enumerate(skeys):
+                first.setdefault(k, i)
+            result = dict(zip(first, self._put_unique(list(first), [pages[i] for i in first.values()])))
+            done = [result[k] for k in skeys]
         if self._lru is not None:
             self._lru_stored(keys, done)
         return done
 
-    def _put_once(self, keys: list[str], pages: list[Page]) -> list[Reason]:
-        """Put the pages of distinct keys; OK once each object is complete."""
-        skeys = [self._prefix + k for k in keys]
+    def _put_unique(self, skeys: list[str], pages: list[Page]) -> list[Reason]:
+        """Put pages under distinct storage keys; OK once each object is complete."""
         codes = self._chunked(self._put, skeys, pages)
         done = [Reason.OK if c in (0, OBJECT_ALREADY_EXISTS) else _reason(c) for c in codes]
         self._confirm_stored(skeys, done)
@@ -645,12 +651,9 @@ class MooncakeConnector(Connector[MooncakeConfig]):
                 if r is Reason.OK:
                     self._lru[key] = None
                     self._lru.move_to_end(key)
-            excess = len(self._lru) - capacity
-            victims = [self._lru.popitem(last=False)[0] for _ in range(max(0, excess))]
+            victims = [self._lru.popitem(last=False)[0] for _ in range(len(self._lru) - capacity)]
         if victims:
-            codes = self._chunked(lambda ks: self._store.batch_remove(ks, True),
-                                  [self._prefix + k for k in victims])
-            self.metrics.count("capacity_evictions", sum(1 for c in codes if c == 0))
+            self.metrics.count("capacity_evictions", self._remove(victims).count(0))
 
     def _lru_touch(self, keys: list[str], reasons: list[Reason]) -> None:
         """Hits become the most recently used pages."""
@@ -667,10 +670,12 @@ class MooncakeConnector(Connector[MooncakeConfig]):
                     self._lru.pop(key, None)
         if self._master_unreachable():
             return [Reason.ENGINE_DOWN] * len(keys)
-        # force: a page read within the last lease period (10 s by default) is removed too
-        codes = self._chunked(lambda ks: self._store.batch_remove(ks, True),
-                              [self._prefix + k for k in keys])
-        return [Reason.OK if c == 0 else _reason(c) for c in codes]
+        return [Reason.OK if c == 0 else _reason(c) for c in self._remove(keys)]
+
+    def _remove(self, keys: list[str]) -> list[int]:
+        """Mooncake's code per key of removing it, forced: a page read within the last lease
+        period (10 s by default) is removed too."""
+        return self._chunked(lambda ks: self._store.batch_remove(ks, True), [self._prefix + k for k in keys])
 
     def _chunked(self, call: Any, skeys: list[str], *more: list[Any]) -> list[int]:
         """``call`` of every ``max_batch`` storage keys (and the same slice of ``more``)."""

@@ -25,10 +25,9 @@ from hicache_l3.common.errors import ConfigError, EngineUnavailableError, Reason
 from hicache_l3.common.integrity import buffer_checksum, key_fingerprint, page_checksum
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer
-from hicache_l3.common.objects import commit_record, once_per_key
 from hicache_l3.common.pages import Page
 from hicache_l3.connectors.nixl.base import Agent, NixlConfig, NixlConnector, TransferError, Unit, run_units
-from hicache_l3.slab.format import MARKER, START, START_MAGIC
+from hicache_l3.slab.format import MARKER, START, START_MAGIC, encode_start
 
 CHUNK = 256  # pages per transfer round (one scratch buffer of commit records)
 SCRATCH_BUFFERS = 4  # concurrent calls that can hold a scratch buffer
@@ -110,12 +109,10 @@ class NixlObjConnector(NixlConnector):
         self._reg_lock = threading.Lock()
         self._dev_ids = itertools.count(1)
         self._scratch: queue.Queue[HostBuffer] = queue.Queue()
-        self._scratch_all: list[HostBuffer] = []
         if self._checksum:
             for _ in range(SCRATCH_BUFFERS):
                 buf = HostBuffer(CHUNK * MARKER, name="nixl-obj-records")
                 self.agent.register_dram(buf)
-                self._scratch_all.append(buf)
                 self._scratch.put(buf)
         self._stages: queue.Queue[HostBuffer] = queue.Queue()
         self._stage_count = 0
@@ -212,9 +209,7 @@ class NixlObjConnector(NixlConnector):
             for k in keys:
                 self._lru[k] = None
                 self._lru.move_to_end(k)
-            victims = []
-            while len(self._lru) > limit:
-                victims.append(self._lru.popitem(last=False)[0])
+            victims = [self._lru.popitem(last=False)[0] for _ in range(len(self._lru) - limit)]
         if victims:
             try:
                 self._remove(victims)
@@ -314,17 +309,15 @@ class NixlObjConnector(NixlConnector):
     def _set(self, keys: list[str], pages: list[Page]) -> list[Reason]:
         if self._down():
             return [Reason.ENGINE_DOWN] * len(keys)
-        reasons = once_per_key(keys, pages, self._set_once)
-        self._remember([k for k, r in zip(keys, reasons) if r is Reason.OK])
-        return reasons
-
-    def _set_once(self, keys: list[str], pages: list[Page]) -> list[Reason]:
-        """PUT the pages of distinct keys not stored yet (asked now, so that a page another
-        process deleted is written again)."""
-        reasons = self._exists(keys)
-        todo = [i for i, r in enumerate(reasons) if r is not Reason.OK]
+        reasons = self._exists(keys)  # asked now, so a page another process deleted is written again
+        first: dict[str, int] = {}
+        for i, key in enumerate(keys):
+            first.setdefault(key, i)
+        todo = [i for i in first.values() if reasons[i] is not Reason.OK]
         for lo in range(0, len(todo), CHUNK):
             self._set_chunk(keys, pages, todo[lo : lo + CHUNK], reasons)
+        reasons = [reasons[first[key]] for key in keys]
+        self._remember([k for k, r in zip(keys, reasons) if r is Reason.OK])
         return reasons
 
     def _set_chunk(self, keys: list[str], pages: list[Page], idx: list[int],
@@ -356,7 +349,11 @@ class NixlObjConnector(NixlConnector):
         try:
             view = scratch.view()
             for s, i in enumerate(written):
-                view[s * MARKER : (s + 1) * MARKER] = commit_record(keys[i], pages[i], frames.get(i))
+                frame = frames.get(i)
+                record = (encode_start(0, n, page_checksum(pages[i]), key_fingerprint(keys[i]))
+                          if frame is None else
+                          encode_start(0, len(frame), buffer_checksum([frame]), key_fingerprint(keys[i])))
+                view[s * MARKER : (s + 1) * MARKER] = record
             hdevs = self._devs([self.base + "h/" + keys[i] for i in written], MARKER)
             results = self._run("WRITE", [Unit([(scratch.address + s * MARKER, MARKER, 0)],
                                                [(0, MARKER, hdevs[s])]) for s in range(len(written))])
