@@ -86,8 +86,6 @@ class FaultyConnector(Connector[FaultConfig]):
 
     def _draws(self, op: str, keys: list[str], rate: float, drop: bool) -> list[bool]:
         """Per key: is it faulted?"""
-        if self.config.delay_s:
-            time.sleep(self.config.delay_s)
         with self._rng_lock:
             faulted = [rate > 0 and self._rng.random() < rate for _ in keys]
             if drop:
@@ -101,7 +99,10 @@ class FaultyConnector(Connector[FaultConfig]):
 
     def _forward(self, op: str, keys: list[str], pages: list[Page] | None, faulted: list[bool],
                  fault: Reason) -> list[Reason]:
-        """``fault`` for the faulted keys, the inner connector's own reason for the others."""
+        """After ``delay_s``, ``fault`` for the faulted keys, the inner connector's own reason
+        for the others."""
+        if self.config.delay_s:
+            time.sleep(self.config.delay_s)
         todo = [i for i, f in enumerate(faulted) if not f]
         out = [fault] * len(keys)
         if todo:

@@ -78,13 +78,16 @@ def test_fault_drop_keys_read_as_misses() -> None:
     assert inner.closed
 
 
-def test_fault_delay_is_applied_per_call() -> None:
-    conn = open_connector("faulty", _ns(), {"inner": "memory", "delay_s": 0.2})
+def test_fault_delay_is_applied_once_per_call() -> None:
+    conn = open_connector("faulty", _ns(), {"inner": "memory", "delay_s": 0.3})
     with conn:
-        start = time.monotonic()
-        conn.batch_exists(["x"])
-        elapsed = time.monotonic() - start
-    assert 0.2 <= elapsed < 0.4
+        pages = Pages(conn, PAGE, 1)
+        for call in (lambda: conn.batch_exists(["x"]), lambda: conn.batch_set(["x"], pages.pages),
+                     lambda: conn.batch_get(["x"], pages.pages)):
+            start = time.monotonic()
+            call()
+            elapsed = time.monotonic() - start
+            assert 0.3 <= elapsed < 0.55  # a get draws two kinds of fault, and sleeps once
 
 
 def test_fault_settings_are_checked() -> None:
