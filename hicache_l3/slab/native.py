@@ -83,7 +83,8 @@ def _xxh3_entry_points() -> ctypes.Structure:
     return _XXH3(*(ctypes.cast(xxh3_function(role), ctypes.c_void_p).value for role in _XXH3_ROLES))
 
 
-def _address(buf: array.array | bytearray) -> int:
+def address_of(buf: array.array | bytearray) -> int:
+    """The address of ``buf``'s first byte (0 when it is empty), valid while it lives."""
     if isinstance(buf, array.array):
         return buf.buffer_info()[0] if buf else 0
     return ctypes.addressof(ctypes.c_char.from_buffer(buf)) if buf else 0
@@ -152,10 +153,11 @@ class PageBatch:
     def _addressed(self) -> PageBatch:
         """A status per page and the addresses the C calls take (the arrays never grow)."""
         self.status = array.array("i", bytes(4 * len(self.fds)))
-        self.addresses = (_address(self.fds), _address(self.data_offsets), _address(self.marker_offsets),
-                          _address(self.segments), _address(self.at), _address(self.markers))
-        self.expect_at = _address(self.expect)
-        self.checksums_at, self.status_at = _address(self.checksums), _address(self.status)
+        self.addresses = (address_of(self.fds), address_of(self.data_offsets),
+                          address_of(self.marker_offsets), address_of(self.segments), address_of(self.at),
+                          address_of(self.markers))
+        self.expect_at = address_of(self.expect)
+        self.checksums_at, self.status_at = address_of(self.checksums), address_of(self.status)
         return self
 
 
@@ -272,7 +274,7 @@ class BatchIO:
                 batch.status_at)
         if data_fds is None:
             return int(self._read(lo, hi, *tail))
-        return int(self._read_apart(lo, hi, _address(data_fds), *tail))
+        return int(self._read_apart(lo, hi, address_of(data_fds), *tail))
 
     def write(self, batch: PageBatch, lo: int, hi: int, checksum: bool,
               data_fds: array.array[int] | None = None) -> int:
@@ -283,7 +285,7 @@ class BatchIO:
             return 0
         if data_fds is None:
             return int(self._write(lo, hi, *self._write_tail(batch, checksum)))
-        return int(self._write_apart(lo, hi, _address(data_fds), *self._write_tail(batch, checksum)))
+        return int(self._write_apart(lo, hi, address_of(data_fds), *self._write_tail(batch, checksum)))
 
     def plan_read(self, plan: PlannedRead, pages: Sequence[Page]) -> PlanRead:
         """The call :meth:`read_plan` makes for ``plan``'s pages into ``pages`` (page ``j`` into
@@ -294,8 +296,8 @@ class BatchIO:
             raise ValueError(f"read_plan: {len(pages)} pages for a plan of {n}")
         status = array.array("i", bytes(4 * n))
         args = (plan.fds.buffer_info()[0], plan.data_offs.buffer_info()[0], plan.marker_offs.buffer_info()[0],
-                _bytes_address(segments) if isinstance(segments, bytes) else _address(segments),
-                at.buffer_info()[0], _address(plan.expect), RECORD_BYTES, plan.csums.buffer_info()[0],
+                _bytes_address(segments) if isinstance(segments, bytes) else address_of(segments),
+                at.buffer_info()[0], address_of(plan.expect), RECORD_BYTES, plan.csums.buffer_info()[0],
                 self.xxh3_at, status.buffer_info()[0])
         return PlanRead(status, array.array("q", args), (segments, at, plan))
 
@@ -360,8 +362,8 @@ class BatchIO:
         status = array.array("i", bytes(4 * n))
         if n:
             fd_arr, off_arr = array.array("i", fds), array.array("q", offsets)
-            self.markers(writing, 0, n, _address(fd_arr), _address(off_arr), _address(bufs),
-                          _address(expect) if expect is not None else None, length, _address(status))
+            self.markers(writing, 0, n, address_of(fd_arr), address_of(off_arr), address_of(bufs),
+                          address_of(expect) if expect is not None else None, length, address_of(status))
         return status
 
 
@@ -386,7 +388,7 @@ class SetMarkers(NamedTuple):
 
 
 @functools.lru_cache(maxsize=16)
-def _marker_geometry(geometry: Geometry) -> array.array[int]:
+def marker_geometry(geometry: Geometry) -> array.array[int]:
     """The geometry array ``hl3_write_markers`` reads (never writes), once per geometry."""
     return array.array("q", (_GROUP_SHIFT, geometry.table, geometry.data_stride,
                              (1 << _GROUP_SHIFT) * geometry.data_stride, RECORD_BYTES))
@@ -488,7 +490,7 @@ class IndexCalls:
         if blob is None:
             return None
         out = bytearray(16 * len(keys))
-        code = self._digests(len(keys), blob, len(blob), self.seeded128, DIGEST_SEED, _address(out))
+        code = self._digests(len(keys), blob, len(blob), self.seeded128, DIGEST_SEED, address_of(out))
         return (bytes(out), (True, False, None)[code]) if code in (0, 1, 2) else None
 
     def write_markers(self, keys: Sequence[str], gens: array.array[int], slots: array.array[int],
@@ -506,8 +508,8 @@ class IndexCalls:
         out = SetMarkers(bytearray(RECORD_BYTES * n), array.array("q", bytes(8 * n)),
                          array.array("q", bytes(8 * n)))
         if self._markers(n, blob, len(blob), self.seeded128, gens.buffer_info()[0], slots.buffer_info()[0],
-                         geometry.slot_bytes, _marker_geometry(geometry).buffer_info()[0],
-                         _address(out.records), out.data_offsets.buffer_info()[0],
+                         geometry.slot_bytes, marker_geometry(geometry).buffer_info()[0],
+                         address_of(out.records), out.data_offsets.buffer_info()[0],
                          out.marker_offsets.buffer_info()[0]) != 0:
             return None
         return out
@@ -542,7 +544,7 @@ def _self_test(io: BatchIO) -> None:
     segs = array.array("Q", (4096, 100, 4196, 60, 9000, 8))  # pages 0 and 1 continue each other
     at, fds = array.array("i", (0, 1, 2, 3)), array.array("i", (7, 7, 7))
     offs = array.array("q", (0, 100, 500))
-    got = io.join_rows(3, *map(_address, (segs, at, fds, offs, local, remote)), 1 << 20)
+    got = io.join_rows(3, *map(address_of, (segs, at, fds, offs, local, remote)), 1 << 20)
     if got != 2 or list(local[:6]) != [4096, 160, 0, 9000, 8, 0] \
             or list(remote[:6]) != [0, 160, 7, 500, 8, 7]:
         raise RuntimeError("hl3_join_rows disagrees with the reference")
@@ -577,8 +579,9 @@ def _check_index(ix: IndexCalls) -> None:
         at = bytearray(16)
         log = encode_record(PUT, "a", put[0]) + encode_record(PUT, "b", put[1])
         spans = array.array("Q", bytes(32))
-        if ix.len(t) != 3 or not ix.at(t, 1, 2, 3, _address(at)) or bytes(at) != ds[1] or ix.live_puts(
-                t, log, len(log), DIGEST_SEED, ix.seeded128, _address(spans), _address(spans) + 16, 2) != 1 \
+        if ix.len(t) != 3 or not ix.at(t, 1, 2, 3, address_of(at)) or bytes(at) != ds[1] or ix.live_puts(
+                t, log, len(log), DIGEST_SEED, ix.seeded128, address_of(spans), address_of(spans) + 16,
+                2) != 1 \
                 or list(spans) != [len(log) // 2, 0, len(log), 0]:
             raise RuntimeError("the C page table disagrees with the reference")
         if ix.take_run(t, 1, 2, 3, 3) != (ds[1] + ds[2], array.array("Q", chain(put[1], put[2]))) \
@@ -594,7 +597,7 @@ def _check_io(io: BatchIO) -> None:
     import tempfile
 
     data = bytearray(os.urandom(3 * 4096))
-    base = _address(data)
+    base = address_of(data)
     pages: list[Page] = [((base, 4096),), ((base + 4096, 1000), (base + 8192, 3000))]
     records = [bytes(range(64)) * 2, bytes(range(64, 128)) * 2]
     with tempfile.TemporaryFile() as f:

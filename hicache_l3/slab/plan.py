@@ -14,7 +14,7 @@ import functools
 from collections.abc import Callable, Sequence
 
 from hicache_l3.slab.format import RECORD_BYTES, Entry, Geometry
-from hicache_l3.slab.native import _marker_geometry
+from hicache_l3.slab.native import marker_geometry
 from hicache_l3.slab.table import NativePageTable, PageTable
 
 READ, MISS, SIZE, UNVERIFIED = 0, 1, 2, 3  # a key's verdict before I/O (page_table.c HL3_PLAN_*)
@@ -61,7 +61,7 @@ class GetPlan:
 @functools.lru_cache(maxsize=16)
 def _geometry_array(geometry: Geometry) -> array.array[int]:
     """The ``hl3_geometry`` the C plan reads (never writes): the slot size, then the marker geometry."""
-    return array.array("q", (geometry.slot_bytes, *_marker_geometry(geometry)))
+    return array.array("q", (geometry.slot_bytes, *marker_geometry(geometry)))
 
 
 _ZEROS: dict[str, array.array[int]] = {}

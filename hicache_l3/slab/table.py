@@ -20,7 +20,7 @@ from typing import Protocol, overload
 import xxhash
 
 from hicache_l3.slab.format import Entry
-from hicache_l3.slab.native import DIGEST_SEED, IndexCalls, _address, library
+from hicache_l3.slab.native import DIGEST_SEED, IndexCalls, address_of, library
 
 DIGEST_BYTES = 16
 xxh3_128 = xxhash.xxh3_128_digest  # (data, seed) -> 16 bytes
@@ -339,7 +339,7 @@ class NativePageTable:
     def get(self, d: bytes) -> Entry | None:
         out = array.array("Q", _ZERO6)
         found = bytearray(1)
-        if not self._lib.get_many(self._t, 1, d, out.buffer_info()[0], _address(found)):
+        if not self._lib.get_many(self._t, 1, d, out.buffer_info()[0], address_of(found)):
             return None
         return _make_entry(out)
 
@@ -349,7 +349,7 @@ class NativePageTable:
             return []
         values = array.array("Q", bytes(48 * n))
         found = bytearray(n)
-        hits = self._lib.get_many(self._t, n, joined(ds), values.buffer_info()[0], _address(found))
+        hits = self._lib.get_many(self._t, n, joined(ds), values.buffer_info()[0], address_of(found))
         if not hits:
             return [None] * n
         made = map(_new_entry, _SIX.iter_unpack(values))  # C-level: no slice per entry
@@ -362,7 +362,7 @@ class NativePageTable:
         if not n:
             return []
         found = bytearray(n)
-        hits = self._lib.get_many(self._t, n, joined(ds), None, _address(found))
+        hits = self._lib.get_many(self._t, n, joined(ds), None, address_of(found))
         if hits == 0 or hits == n:  # (a set batch's keys: all new, the common case)
             return [hits > 0] * n
         return list(map(bool, found))
@@ -372,7 +372,7 @@ class NativePageTable:
         w, slab, slot = where
         if w < 0 or slab < 0 or slot < 0:
             return None
-        if not self._lib.at(self._t, w, slab, slot, _address(out)):
+        if not self._lib.at(self._t, w, slab, slot, address_of(out)):
             return None
         return bytes(out)
 
@@ -387,7 +387,7 @@ class NativePageTable:
         if len(where) != 3 * n:
             raise ValueError("page table: a slot is (writer, slab, slot)")
         ds, found = bytearray(16 * n), bytearray(n)
-        self._lib.at_many(self._t, n, where.buffer_info()[0], _address(ds), _address(found))
+        self._lib.at_many(self._t, n, where.buffer_info()[0], address_of(ds), address_of(found))
         return [bytes(ds[16 * i : 16 * i + 16]) if f else None for i, f in enumerate(found)]
 
     def put(self, d: bytes, entry: Entry) -> None:
@@ -422,12 +422,12 @@ class NativePageTable:
         if not n or where is None or len(where) != 3 * n or len(set(wheres)) != n:
             return _take_at(self, wheres)  # (a slot named twice is taken once)
         buf, found = bytearray(16 * n), bytearray(n)
-        hits = self._lib.at_many(self._t, n, where.buffer_info()[0], _address(buf), _address(found))
+        hits = self._lib.at_many(self._t, n, where.buffer_info()[0], address_of(buf), address_of(found))
         ds = bytes(buf) if hits == n else b"".join(buf[16 * i : 16 * i + 16] for i in range(n) if found[i])
         values = array.array("Q", bytes(48 * hits))
         if hits:  # (the GIL is held: nothing changes between the calls)
             got = bytearray(hits)  # (held: the call writes into it)
-            self._lib.get_many(self._t, hits, ds, values.buffer_info()[0], _address(got))
+            self._lib.get_many(self._t, hits, ds, values.buffer_info()[0], address_of(got))
             self._lib.pop_many(self._t, hits, ds)
         return ds, values
 
@@ -438,7 +438,7 @@ class NativePageTable:
             n = self._lib.select(self._t, w, s, None, None, 0)
             ds = bytearray(16 * n)
             values = array.array("Q", bytes(48 * n))
-            got = self._lib.select(self._t, w, s, _address(ds), _address(values), n)
+            got = self._lib.select(self._t, w, s, address_of(ds), address_of(values), n)
             if got == n:  # (the GIL is held: nothing changes between the two calls)
                 return bytes(ds), values
 
@@ -454,7 +454,7 @@ class NativePageTable:
             n = self._lib.slots(self._t, None, None, 0)
             where = array.array("Q", bytes(24 * n))
             ds = bytearray(16 * n)
-            if self._lib.slots(self._t, _address(where), _address(ds), n) == n:
+            if self._lib.slots(self._t, address_of(where), address_of(ds), n) == n:
                 break  # (else another thread changed the table between the two calls)
         return [((where[3 * i], where[3 * i + 1], where[3 * i + 2]), bytes(ds[16 * i : 16 * i + 16]))
                 for i in range(n)]
@@ -468,7 +468,7 @@ class NativePageTable:
         the ten output buffers ``out`` (sized by :mod:`hicache_l3.slab.plan`): (pages to
         read, distinct slabs), or (-1, 0) when ``keys`` is not ``n`` keys."""
         count = self._lib.plan_get(self._t, n, keys, len(keys), DIGEST_SEED, self._lib.seeded128,
-                                   _address(geometry), int(verified_only), *map(_address, out))
+                                   address_of(geometry), int(verified_only), *map(address_of, out))
         return int(count), int(out[-1][0])
 
     def plan_fds(self, where: array.array[int], slab_of: array.array[int],
@@ -479,7 +479,7 @@ class NativePageTable:
         if not count:
             return array.array("i")
         fds = _ZERO_I32 * count  # (one allocation, filled at C level: no zero bytes copied in)
-        self._lib.plan_fds(count, _address(where), _address(slab_of), _address(by_slab), _address(fds))
+        self._lib.plan_fds(count, *map(address_of, (where, slab_of, by_slab, fds)))
         return fds
 
     def load(self, ds: bytes, values: array.array[int]) -> None:
