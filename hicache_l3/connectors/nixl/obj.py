@@ -297,8 +297,13 @@ class NixlObjConnector(NixlConnector):
             make = self._stages.empty() and self._stage_count < SCRATCH_BUFFERS
             self._stage_count += make
         if make:
-            buf = HostBuffer(STAGE_PAGES * (self.page_bytes or 0), name="nixl-obj-stage")
-            self.agent.register_dram(buf)
+            try:
+                buf = HostBuffer(STAGE_PAGES * (self.page_bytes or 0), name="nixl-obj-stage")
+                self.agent.register_dram(buf)
+            except BaseException:  # not made: a later call may make it (none waits for it)
+                with self._stage_lock:
+                    self._stage_count -= 1
+                raise
         else:
             buf = self._stages.get()
         try:
