@@ -374,6 +374,8 @@ class NixlFileConnector(SlabConnector, NixlConnector):
         """Move the read rows ``local``/``remote`` split between the caller's agent and the
         lanes; False (nothing moved) when too small to share or the lanes are taken. A
         TransferError as one transfer would raise it."""
+        if not self._lanes:
+            return False
         parts, balance = self._read_parts(sum(row_lengths(local)))
         if parts < 2:
             return False
