@@ -376,3 +376,33 @@ def test_only_the_plugin_in_use_is_loaded_and_no_ucx_env(s3: S3Engine, namespace
     assert set(file_conn.agent.agent.backends) == {"POSIX"}
     assert set(obj_conn.agent.agent.backends) == {"OBJ"}
     assert {k: v for k, v in os.environ.items() if k.startswith("UCX_")} == before
+
+
+def test_obj_staging_buffer_that_failed_to_register_is_made_again(
+        s3: S3Engine, namespace: Namespace, opened: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from hicache_l3.common.memory import HostBuffer
+    from hicache_l3.connectors.nixl.obj import SCRATCH_BUFFERS, STAGE_PAGES
+    conn = open_connector("nixl", namespace, s3.settings)
+    opened.append(conn)
+    pages = Pages(conn, PAGE, 2)
+    halves = [[(a, n // 2), (a + n // 2, n // 2)] for (a, n), in pages.pages]  # staged: two segments
+    pages.fill(["h0", "h1"])
+
+    def refuse(region: Any) -> None:
+        raise RuntimeError("registration refused")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(conn.agent, "register_dram", refuse)
+        for attempt in range(SCRATCH_BUFFERS):  # each would keep a count without the fix
+            assert conn.batch_set([f"h{attempt}-x"], halves[:1]) == [False]
+    done: list[list[bool]] = []
+    setter = threading.Thread(target=lambda: done.append(conn.batch_set(["h0", "h1"], halves)), daemon=True)
+    setter.start()
+    setter.join(timeout=60)
+    if not done:  # let the stuck set go (an unregistered buffer: it fails), so teardown does not hang
+        conn._stages.put(HostBuffer(STAGE_PAGES * PAGE))
+        setter.join(timeout=60)
+    assert done == [[True, True]], "a set waited for a staging buffer that was never made"
+    pages.wipe()
+    assert conn.batch_get(["h0", "h1"], halves) == [True, True]
+    assert pages.matches(0, "h0") and pages.matches(1, "h1")
