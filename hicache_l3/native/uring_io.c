@@ -1,8 +1,8 @@
 /* Batch page I/O through io_uring (hicache_l3/slab/uring.py): a batch's pages in flight at
  * once, up to the ring's depth, from one call with the GIL released. Raw syscalls, no
  * liburing; a ring is used by one call at a time (its mutex). Slab format 2's order holds:
- * a read links each page's marker read after its data read; a write puts every marker
- * record first and waits for them all, then the data. Checks and statuses are batch_io.c's.
+ * a read links each page's marker read after its data read; a write queues each page's
+ * data once its own marker record completed. Checks and statuses are batch_io.c's.
  */
 #include "batch_io.h"
 
@@ -325,21 +325,103 @@ int hl3_ring_read(struct hl3_ring *r, int lo, int hi, int only, const int32_t *d
     return err != 0 ? err : bad;
 }
 
-struct write_ctx {
-    int32_t *status;
-    int32_t to;
-};
+/* A write pass stamps and queues the marker records of pages totalling at least this many
+ * bytes, so the device writes one pass's data while the next pass is hashed. */
+#define WRITE_PASS_BYTES ((size_t)2 << 20)
 
-static void write_done(void *vctx, const struct op *op, int res)
+/* Queue one op on the ring's SQ (not yet published); user_data = page << 1 | is_data. */
+static void queue_op(struct hl3_ring *r, const struct op *o, int is_data)
 {
-    struct write_ctx *c = vctx;
-    c->status[op->page] = res < 0 ? res : (uint64_t)res == op->want ? c->to : HL3_SHORT;
+    unsigned idx = r->tail & *r->sq_mask;
+    struct io_uring_sqe *s = r->sqes + idx;
+    memset(s, 0, sizeof(*s));
+    s->opcode = o->opcode;
+    s->fd = o->fd;
+    s->addr = o->addr;
+    s->len = o->len;
+    s->off = (uint64_t)o->off;
+    s->user_data = ((uint64_t)o->page << 1) | (uint64_t)is_data;
+    r->sq_array[idx] = idx;
+    r->tail++;
 }
 
-/* Write pages lo..hi-1 as hl3_write_pages: every page's marker record to fds[j] at
- * marker_offs[j], all of them completed, then the data of the pages whose record went in,
- * to data_fds[j] (fds[j] when NULL) at data_offs[j]. Returns the number not OK, or -errno
- * when the ring is broken (nothing written) or failed (the pages not done carry it). */
+/* The pipeline of hl3_ring_write (status[lo..hi) HL3_TODO on entry; ready: room for hi-lo
+ * pages): passes of pages stamped and their marker records queued, each page's data queued
+ * as soon as its own record completed, at most r->depth data writes and 2 * r->depth ops in
+ * flight. A page ends HL3_OK, HL3_SHORT, -errno, or HL3_TODO/HL3_STEP where the ring failed
+ * first. Returns 0, or -errno when the ring failed (it is then broken). */
+static int write_pipe(struct hl3_ring *r, int lo, int hi, const int32_t *data_fds, const int32_t *fds,
+                      const int64_t *data_offs, const int64_t *marker_offs, const struct iovec *segs,
+                      const int32_t *at, unsigned char *markers, int64_t mlen, int with_csum, uint64_t *csums,
+                      const struct hl3_xxh3 *x, void **state, int32_t *status, int32_t *ready)
+{
+    int next = lo, nready = 0, took = 0, inflight = 0, data_inflight = 0, err = 0, cap = 2 * r->depth;
+    unsigned cmask = *r->cq_mask;
+    while (next < hi || took < nready || inflight > 0) {
+        while (took < nready && data_inflight < r->depth && inflight < cap) {
+            int j = ready[took++];
+            struct op o = data_op(IORING_OP_WRITE, IORING_OP_WRITEV, 0, data_fds[j], segs, at, j, data_offs[j]);
+            queue_op(r, &o, 1);
+            inflight++, data_inflight++;
+        }
+        for (size_t bytes = 0; next < hi && bytes < WRITE_PASS_BYTES && inflight < cap;) {
+            int j = next++, nseg = at[j + 1] - at[j];
+            if (!nseg_ok(nseg)) {
+                status[j] = -EINVAL;
+                continue;
+            }
+            if (with_csum
+                && io_stamp_checksum(x, state, segs + at[j], nseg, markers + (size_t)j * mlen, csums + j) != HL3_OK) {
+                status[j] = HL3_NOMEM;
+                continue;
+            }
+            struct op o = marker_op(IORING_OP_WRITE, fds[j], markers + (size_t)j * mlen, mlen, j, marker_offs[j]);
+            queue_op(r, &o, 0);
+            inflight++;
+            bytes += iov_bytes(segs + at[j], nseg);
+        }
+        if (inflight == 0)
+            continue;
+        int more = (next < hi && inflight < cap) || (took < nready && data_inflight < r->depth && inflight < cap);
+        atomic_store_explicit((_Atomic unsigned *)r->sq_tail, r->tail, memory_order_release);
+        unsigned pending = r->tail - atomic_load_explicit((_Atomic unsigned *)r->sq_head, memory_order_acquire);
+        int e = ring_enter(r->fd, pending, more ? 0 : 1);
+        if (e == -EAGAIN || e == -EBUSY) {
+            struct timespec pause = {0, 100000};
+            nanosleep(&pause, NULL);
+        } else if (e < 0 && e != -EINTR) {
+            err = e;
+            break;
+        }
+        unsigned head = *r->cq_head;
+        unsigned tail = atomic_load_explicit((_Atomic unsigned *)r->cq_tail, memory_order_acquire);
+        for (; head != tail; head++) {
+            const struct io_uring_cqe *c = r->cqes + (head & cmask);
+            int j = (int)(c->user_data >> 1), res = c->res;
+            atomic_store_explicit((_Atomic unsigned *)r->cq_head, head + 1, memory_order_release);
+            inflight--;
+            if (c->user_data & 1) {
+                data_inflight--;
+                status[j] = res < 0 ? res : (uint64_t)res == iov_bytes(segs + at[j], at[j + 1] - at[j]) ? HL3_OK : HL3_SHORT;
+            } else if (res < 0 || res != mlen) {
+                status[j] = res < 0 ? res : HL3_SHORT;
+            } else {
+                status[j] = HL3_STEP;
+                ready[nready++] = j;
+            }
+        }
+    }
+    if (err != 0)
+        r->broken = 1; /* ops may be in flight: closing the ring reaps them */
+    return err;
+}
+
+/* Write pages lo..hi-1 as hl3_write_pages, each page's marker record (to fds[j] at
+ * marker_offs[j], stamped with its checksum when with_csum) completed before its data goes
+ * to data_fds[j] (fds[j] when NULL) at data_offs[j]; not every record before any data, so
+ * hashing later pages overlaps the device writing earlier ones. Returns the number not OK,
+ * or -errno when the ring is broken (nothing written) or failed (the pages not done carry
+ * it). */
 int hl3_ring_write(struct hl3_ring *r, int lo, int hi, const int32_t *data_fds, const int32_t *fds,
                    const int64_t *data_offs, const int64_t *marker_offs, const struct iovec *segs,
                    const int32_t *at, unsigned char *markers, int64_t mlen, int with_csum, uint64_t *csums,
@@ -349,53 +431,26 @@ int hl3_ring_write(struct hl3_ring *r, int lo, int hi, const int32_t *data_fds, 
         return 0;
     if (data_fds == NULL)
         data_fds = fds;
-    int n = hi - lo;
-    struct op *ops = malloc((size_t)n * sizeof(struct op));
-    if (ops == NULL) {
-        for (int j = lo; j < hi; j++)
-            status[j] = HL3_NOMEM;
-        return n;
-    }
+    int32_t *ready = malloc((size_t)(hi - lo) * sizeof(int32_t));
+    for (int j = lo; j < hi; j++)
+        status[j] = ready == NULL ? HL3_NOMEM : HL3_TODO;
+    if (ready == NULL)
+        return hi - lo;
     void *state = NULL;
-    int m = 0;
-    for (int j = lo; j < hi; j++) {
-        int nseg = at[j + 1] - at[j];
-        if (!nseg_ok(nseg)) {
-            status[j] = -EINVAL;
-            continue;
-        }
-        status[j] = HL3_TODO;
-        if (with_csum
-            && io_stamp_checksum(x, &state, segs + at[j], nseg, markers + (size_t)j * mlen, csums + j) != HL3_OK) {
-            status[j] = HL3_NOMEM;
-            continue;
-        }
-        ops[m++] = marker_op(IORING_OP_WRITE, fds[j], markers + (size_t)j * mlen, mlen, j, marker_offs[j]);
-    }
-    xxh_free(x, state);
-    int err = 0;
+    int err;
     pthread_mutex_lock(&r->lock);
-    if (r->broken) {
-        err = -EIO;
-    } else {
-        struct write_ctx c = {status, HL3_STEP};
-        err = m > 0 ? ring_run(r, ops, m, 1, write_done, &c) : 0;
-        int d = 0;
-        for (int j = lo; j < hi && err == 0; j++)
-            if (status[j] == HL3_STEP)
-                ops[d++] = data_op(IORING_OP_WRITE, IORING_OP_WRITEV, 0, data_fds[j], segs, at, j, data_offs[j]);
-        c.to = HL3_OK;
-        if (err == 0 && d > 0)
-            err = ring_run(r, ops, d, 1, write_done, &c);
-    }
+    err = r->broken ? -EIO
+                    : write_pipe(r, lo, hi, data_fds, fds, data_offs, marker_offs, segs, at, markers, mlen,
+                                 with_csum, csums, x, &state, status, ready);
     pthread_mutex_unlock(&r->lock);
+    xxh_free(x, state);
     int bad = 0;
     for (int j = lo; j < hi; j++) {
         if (status[j] == HL3_TODO || status[j] == HL3_STEP)
             status[j] = err != 0 ? err : HL3_SHORT;
         bad += status[j] != HL3_OK;
     }
-    free(ops);
+    free(ready);
     return err != 0 ? err : bad;
 }
 #endif
