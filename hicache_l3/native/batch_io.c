@@ -75,12 +75,9 @@ int hl3_abi(void)
     return 2;
 }
 
-/* Move the slot markers of items lo..hi-1 whose status is `from`, each len bytes at offs[j]
- * of fds[j] and in bufs[(j - base) * len ..], adjacent ones in one call. A moved item's
- * status becomes `to`; a failed one's HL3_SHORT or -errno (retried item by item). */
-static void move_markers(int writing, int lo, int hi, const int32_t *fds, const int64_t *offs,
-                         unsigned char *bufs, int base, int64_t len, int32_t *status, int32_t from,
-                         int32_t to)
+/* (batch_io.h; a failed run is retried item by item) */
+void io_move_markers(int writing, int lo, int hi, const int32_t *fds, const int64_t *offs,
+                     unsigned char *bufs, int base, int64_t len, int32_t *status, int32_t from, int32_t to)
 {
     int j = lo;
     while (j < hi) {
@@ -256,8 +253,8 @@ static int read_pages(int lo, int hi, const int32_t *data_fds, const int32_t *fd
     for (int j = lo; j < hi; j++)
         if (status[j] == HL3_CHECKSUM)
             status[j] = HL3_BADSUM;
-    move_markers(0, lo, hi, fds, marker_offs, markers, base, mlen, status, HL3_STEP, HL3_TODO);
-    move_markers(0, lo, hi, fds, marker_offs, markers, base, mlen, status, HL3_BADSUM, HL3_CHECKSUM);
+    io_move_markers(0, lo, hi, fds, marker_offs, markers, base, mlen, status, HL3_STEP, HL3_TODO);
+    io_move_markers(0, lo, hi, fds, marker_offs, markers, base, mlen, status, HL3_BADSUM, HL3_CHECKSUM);
     for (int j = lo; j < hi; j++) {
         int32_t s = status[j]; /* HL3_TODO: data and marker read, checksum good or none */
         if (s != HL3_TODO && s != HL3_CHECKSUM)
@@ -360,7 +357,7 @@ static int write_pages(int lo, int hi, const int32_t *data_fds, const int32_t *f
         }
     }
     xxh_free(x, state);
-    move_markers(1, lo, hi, fds, marker_offs, markers, 0, mlen, status, HL3_TODO, HL3_STEP);
+    io_move_markers(1, lo, hi, fds, marker_offs, markers, 0, mlen, status, HL3_TODO, HL3_STEP);
     move_pages(1, lo, hi, data_fds, data_offs, segs, at, status, HL3_STEP, HL3_OK, 0, NULL, x, NULL, 0);
     return io_count_bad(lo, hi, status);
 }
@@ -395,7 +392,7 @@ int hl3_markers(int writing, int lo, int hi, const int32_t *fds, const int64_t *
 {
     for (int j = lo; j < hi; j++)
         status[j] = HL3_TODO;
-    move_markers(writing, lo, hi, fds, offs, bufs, 0, len, status, HL3_TODO, HL3_OK);
+    io_move_markers(writing, lo, hi, fds, offs, bufs, 0, len, status, HL3_TODO, HL3_OK);
     if (!writing && expect != NULL) {
         for (int j = lo; j < hi; j++) {
             if (status[j] == HL3_OK && memcmp(bufs + (size_t)j * len, expect + (size_t)j * len, (size_t)len) != 0)

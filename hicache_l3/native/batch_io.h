@@ -58,6 +58,12 @@ HL3_HIDDEN uint64_t io_checksum(const struct hl3_xxh3 *x, void **state, const st
 HL3_HIDDEN int io_stamp_checksum(const struct hl3_xxh3 *x, void **state, const struct iovec *seg, int n,
                                  unsigned char *marker, uint64_t *csum);
 HL3_HIDDEN int io_count_bad(int lo, int hi, const int32_t *status);
+/* Move the marker records of items lo..hi-1 whose status is `from` (len bytes each, at
+ * offs[j] of fds[j], in bufs[(j - base) * len ..]), adjacent ones in one call; a moved
+ * item's status becomes `to`, a failed one's HL3_SHORT or -errno. */
+HL3_HIDDEN void io_move_markers(int writing, int lo, int hi, const int32_t *fds, const int64_t *offs,
+                                unsigned char *bufs, int base, int64_t len, int32_t *status, int32_t from,
+                                int32_t to);
 HL3_HIDDEN int io_read_plan(int lo, int hi, const int32_t *fds, const int64_t *data_offs,
                             const int64_t *marker_offs, const struct iovec *segs, const int32_t *at,
                             const unsigned char *expect, int64_t mlen, const uint64_t *csums,

@@ -1,8 +1,8 @@
 /* Batch page I/O through io_uring (hicache_l3/slab/uring.py): a batch's pages in flight at
  * once, up to the ring's depth, from one call with the GIL released. Raw syscalls, no
  * liburing; a ring is used by one call at a time (its mutex). Slab format 2's order holds:
- * a read links each page's marker read after its data read; a write queues each page's
- * data once its own marker record completed. Checks and statuses are batch_io.c's.
+ * a read links each page's marker read after its data read; a write queues a page's data
+ * once its marker record is written. Checks and statuses are batch_io.c's.
  */
 #include "batch_io.h"
 
@@ -149,29 +149,34 @@ struct op {
 
 typedef void (*done_fn)(void *ctx, const struct op *op, int res);
 
+/* Put op on the ring's submission queue (published by the next ring_enter's caller). */
+static void queue_op(struct hl3_ring *r, const struct op *o, uint64_t user_data)
+{
+    unsigned idx = r->tail & *r->sq_mask;
+    struct io_uring_sqe *s = r->sqes + idx;
+    memset(s, 0, sizeof(*s));
+    s->opcode = o->opcode;
+    s->fd = o->fd;
+    s->addr = o->addr;
+    s->len = o->len;
+    s->off = (uint64_t)o->off;
+    s->flags = o->link ? IOSQE_IO_LINK : 0;
+    s->user_data = user_data;
+    r->sq_array[idx] = idx;
+    r->tail++;
+}
+
 /* Run ops[0..n) through the ring, `group` consecutive ops per page, at most r->depth groups
  * in flight; done(ctx, op, res) for every op, in completion order. Returns 0, or -errno
  * when the ring failed: it is then broken, and the ops without a done() are the caller's. */
 static int ring_run(struct hl3_ring *r, const struct op *ops, int n, int group, done_fn done, void *ctx)
 {
     int next = 0, inflight = 0, err = 0; /* inflight: ops submitted, not completed */
-    unsigned mask = *r->sq_mask, cmask = *r->cq_mask;
+    unsigned cmask = *r->cq_mask;
     while (next < n || inflight > 0) {
         while (next < n && inflight + group <= group * r->depth) {
             for (int g = 0; g < group && next < n; g++, next++) {
-                const struct op *o = ops + next;
-                unsigned idx = r->tail & mask;
-                struct io_uring_sqe *s = r->sqes + idx;
-                memset(s, 0, sizeof(*s));
-                s->opcode = o->opcode;
-                s->fd = o->fd;
-                s->addr = o->addr;
-                s->len = o->len;
-                s->off = (uint64_t)o->off;
-                s->flags = o->link ? IOSQE_IO_LINK : 0;
-                s->user_data = (uint64_t)next;
-                r->sq_array[idx] = idx;
-                r->tail++;
+                queue_op(r, ops + next, (uint64_t)next);
                 inflight++;
             }
         }
@@ -325,64 +330,48 @@ int hl3_ring_read(struct hl3_ring *r, int lo, int hi, int only, const int32_t *d
     return err != 0 ? err : bad;
 }
 
-/* A write pass stamps and queues the marker records of pages totalling at least this many
- * bytes, so the device writes one pass's data while the next pass is hashed. */
+/* A write pass stamps the pages totalling at least this many bytes and writes their marker
+ * records, so the device writes one pass's data while the next pass is hashed. */
 #define WRITE_PASS_BYTES ((size_t)2 << 20)
 
-/* Queue one op on the ring's SQ (not yet published); user_data = page << 1 | is_data. */
-static void queue_op(struct hl3_ring *r, const struct op *o, int is_data)
-{
-    unsigned idx = r->tail & *r->sq_mask;
-    struct io_uring_sqe *s = r->sqes + idx;
-    memset(s, 0, sizeof(*s));
-    s->opcode = o->opcode;
-    s->fd = o->fd;
-    s->addr = o->addr;
-    s->len = o->len;
-    s->off = (uint64_t)o->off;
-    s->user_data = ((uint64_t)o->page << 1) | (uint64_t)is_data;
-    r->sq_array[idx] = idx;
-    r->tail++;
-}
-
-/* The pipeline of hl3_ring_write (status[lo..hi) HL3_TODO on entry; ready: room for hi-lo
- * pages): passes of pages stamped and their marker records queued, each page's data queued
- * as soon as its own record completed, at most r->depth data writes and 2 * r->depth ops in
- * flight. A page ends HL3_OK, HL3_SHORT, -errno, or HL3_TODO/HL3_STEP where the ring failed
- * first. Returns 0, or -errno when the ring failed (it is then broken). */
+/* The pipeline of hl3_ring_write (status[lo..hi) HL3_TODO on entry): passes of pages
+ * stamped and their marker records written (blocking calls, adjacent ones together), each
+ * pass's data then queued, at most r->depth data writes in flight. A page ends HL3_OK,
+ * HL3_SHORT, -errno, or HL3_STEP where the ring failed first. Returns 0, or -errno when the
+ * ring failed (it is then broken). */
 static int write_pipe(struct hl3_ring *r, int lo, int hi, const int32_t *data_fds, const int32_t *fds,
                       const int64_t *data_offs, const int64_t *marker_offs, const struct iovec *segs,
                       const int32_t *at, unsigned char *markers, int64_t mlen, int with_csum, uint64_t *csums,
-                      const struct hl3_xxh3 *x, void **state, int32_t *status, int32_t *ready)
+                      const struct hl3_xxh3 *x, void **state, int32_t *status)
 {
-    int next = lo, nready = 0, took = 0, inflight = 0, data_inflight = 0, err = 0, cap = 2 * r->depth;
+    int next = lo, queued = lo, inflight = 0, err = 0; /* [queued, next): markers in, data not queued */
     unsigned cmask = *r->cq_mask;
-    while (next < hi || took < nready || inflight > 0) {
-        while (took < nready && data_inflight < r->depth && inflight < cap) {
-            int j = ready[took++];
-            struct op o = data_op(IORING_OP_WRITE, IORING_OP_WRITEV, 0, data_fds[j], segs, at, j, data_offs[j]);
-            queue_op(r, &o, 1);
-            inflight++, data_inflight++;
+    while (queued < hi || inflight > 0) {
+        if (next == queued && next < hi) {
+            int first = next;
+            for (size_t bytes = 0; next < hi && bytes < WRITE_PASS_BYTES; next++) {
+                int nseg = at[next + 1] - at[next];
+                if (!nseg_ok(nseg))
+                    status[next] = -EINVAL;
+                else if (with_csum && io_stamp_checksum(x, state, segs + at[next], nseg,
+                                                        markers + (size_t)next * mlen, csums + next) != HL3_OK)
+                    status[next] = HL3_NOMEM;
+                else
+                    bytes += iov_bytes(segs + at[next], nseg);
+            }
+            io_move_markers(1, first, next, fds, marker_offs, markers, 0, mlen, status, HL3_TODO, HL3_STEP);
         }
-        for (size_t bytes = 0; next < hi && bytes < WRITE_PASS_BYTES && inflight < cap;) {
-            int j = next++, nseg = at[j + 1] - at[j];
-            if (!nseg_ok(nseg)) {
-                status[j] = -EINVAL;
+        for (; queued < next && inflight < r->depth; queued++) {
+            int j = queued;
+            if (status[j] != HL3_STEP)
                 continue;
-            }
-            if (with_csum
-                && io_stamp_checksum(x, state, segs + at[j], nseg, markers + (size_t)j * mlen, csums + j) != HL3_OK) {
-                status[j] = HL3_NOMEM;
-                continue;
-            }
-            struct op o = marker_op(IORING_OP_WRITE, fds[j], markers + (size_t)j * mlen, mlen, j, marker_offs[j]);
-            queue_op(r, &o, 0);
+            struct op o = data_op(IORING_OP_WRITE, IORING_OP_WRITEV, 0, data_fds[j], segs, at, j, data_offs[j]);
+            queue_op(r, &o, (uint64_t)j);
             inflight++;
-            bytes += iov_bytes(segs + at[j], nseg);
         }
         if (inflight == 0)
             continue;
-        int more = (next < hi && inflight < cap) || (took < nready && data_inflight < r->depth && inflight < cap);
+        int more = next == queued && next < hi; /* a pass to hash while the device writes */
         atomic_store_explicit((_Atomic unsigned *)r->sq_tail, r->tail, memory_order_release);
         unsigned pending = r->tail - atomic_load_explicit((_Atomic unsigned *)r->sq_head, memory_order_acquire);
         int e = ring_enter(r->fd, pending, more ? 0 : 1);
@@ -397,18 +386,10 @@ static int write_pipe(struct hl3_ring *r, int lo, int hi, const int32_t *data_fd
         unsigned tail = atomic_load_explicit((_Atomic unsigned *)r->cq_tail, memory_order_acquire);
         for (; head != tail; head++) {
             const struct io_uring_cqe *c = r->cqes + (head & cmask);
-            int j = (int)(c->user_data >> 1), res = c->res;
+            int j = (int)c->user_data, res = c->res;
             atomic_store_explicit((_Atomic unsigned *)r->cq_head, head + 1, memory_order_release);
             inflight--;
-            if (c->user_data & 1) {
-                data_inflight--;
-                status[j] = res < 0 ? res : (uint64_t)res == iov_bytes(segs + at[j], at[j + 1] - at[j]) ? HL3_OK : HL3_SHORT;
-            } else if (res < 0 || res != mlen) {
-                status[j] = res < 0 ? res : HL3_SHORT;
-            } else {
-                status[j] = HL3_STEP;
-                ready[nready++] = j;
-            }
+            status[j] = res < 0 ? res : (uint64_t)res == iov_bytes(segs + at[j], at[j + 1] - at[j]) ? HL3_OK : HL3_SHORT;
         }
     }
     if (err != 0)
@@ -417,7 +398,7 @@ static int write_pipe(struct hl3_ring *r, int lo, int hi, const int32_t *data_fd
 }
 
 /* Write pages lo..hi-1 as hl3_write_pages, each page's marker record (to fds[j] at
- * marker_offs[j], stamped with its checksum when with_csum) completed before its data goes
+ * marker_offs[j], stamped with its checksum when with_csum) written before its data goes
  * to data_fds[j] (fds[j] when NULL) at data_offs[j]; not every record before any data, so
  * hashing later pages overlaps the device writing earlier ones. Returns the number not OK,
  * or -errno when the ring is broken (nothing written) or failed (the pages not done carry
@@ -431,17 +412,14 @@ int hl3_ring_write(struct hl3_ring *r, int lo, int hi, const int32_t *data_fds, 
         return 0;
     if (data_fds == NULL)
         data_fds = fds;
-    int32_t *ready = malloc((size_t)(hi - lo) * sizeof(int32_t));
     for (int j = lo; j < hi; j++)
-        status[j] = ready == NULL ? HL3_NOMEM : HL3_TODO;
-    if (ready == NULL)
-        return hi - lo;
+        status[j] = HL3_TODO;
     void *state = NULL;
     int err;
     pthread_mutex_lock(&r->lock);
     err = r->broken ? -EIO
                     : write_pipe(r, lo, hi, data_fds, fds, data_offs, marker_offs, segs, at, markers, mlen,
-                                 with_csum, csums, x, &state, status, ready);
+                                 with_csum, csums, x, &state, status);
     pthread_mutex_unlock(&r->lock);
     xxh_free(x, state);
     int bad = 0;
@@ -450,7 +428,6 @@ int hl3_ring_write(struct hl3_ring *r, int lo, int hi, const int32_t *data_fds, 
             status[j] = err != 0 ? err : HL3_SHORT;
         bad += status[j] != HL3_OK;
     }
-    free(ready);
     return err != 0 ? err : bad;
 }
 #endif

@@ -173,9 +173,13 @@ def direct_fds(store: SlabStore, metrics: Any, fds: Sequence[int], where: Sequen
     (counted ``direct_fallback``)."""
     out = array.array("i", fds)
     unaligned = 0
+    direct: dict[tuple[int, int], int] = {}  # a batch's pages sit in a few slabs
     for j, page in enumerate(pages):
         if all(address % ALIGN == 0 and length % ALIGN == 0 for address, length in page):
-            out[j] = store.fd(where[j][0], where[j][1], direct=True)
+            fd = direct.get(where[j])
+            if fd is None:
+                fd = direct[where[j]] = store.fd(where[j][0], where[j][1], direct=True)
+            out[j] = fd
         else:
             unaligned += 1
     if unaligned:
