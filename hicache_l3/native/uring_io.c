@@ -166,13 +166,56 @@ static void queue_op(struct hl3_ring *r, const struct op *o, uint64_t user_data)
     r->tail++;
 }
 
+typedef void (*cqe_fn)(void *ctx, uint64_t user_data, int res);
+
+/* Publish what was queued and enter the ring, waiting for a completion when `wait`; then
+ * reap(ctx, user_data, res) for every completion there. Returns how many were reaped, or
+ * -errno when the ring failed. */
+static int ring_step(struct hl3_ring *r, int wait, cqe_fn reap, void *ctx)
+{
+    atomic_store_explicit((_Atomic unsigned *)r->sq_tail, r->tail, memory_order_release);
+    unsigned pending = r->tail - atomic_load_explicit((_Atomic unsigned *)r->sq_head, memory_order_acquire);
+    int e = ring_enter(r->fd, pending, wait);
+    if (e == -EAGAIN || e == -EBUSY) { /* the kernel short of memory, or CQ full: wait */
+        struct timespec pause = {0, 100000};
+        nanosleep(&pause, NULL);
+    } else if (e < 0 && e != -EINTR) {
+        return e;
+    }
+    int got = 0;
+    unsigned cmask = *r->cq_mask, head = *r->cq_head;
+    unsigned tail = atomic_load_explicit((_Atomic unsigned *)r->cq_tail, memory_order_acquire);
+    for (; head != tail; head++, got++) {
+        const struct io_uring_cqe *c = r->cqes + (head & cmask);
+        uint64_t user_data = c->user_data;
+        int res = c->res;
+        atomic_store_explicit((_Atomic unsigned *)r->cq_head, head + 1, memory_order_release);
+        reap(ctx, user_data, res);
+    }
+    return got;
+}
+
+struct run_ctx {
+    const struct op *ops;
+    int n;
+    done_fn done;
+    void *ctx;
+};
+
+static void run_reap(void *vctx, uint64_t k, int res)
+{
+    struct run_ctx *c = vctx;
+    if (k < (uint64_t)c->n)
+        c->done(c->ctx, c->ops + k, res);
+}
+
 /* Run ops[0..n) through the ring, `group` consecutive ops per page, at most r->depth groups
  * in flight; done(ctx, op, res) for every op, in completion order. Returns 0, or -errno
  * when the ring failed: it is then broken, and the ops without a done() are the caller's. */
 static int ring_run(struct hl3_ring *r, const struct op *ops, int n, int group, done_fn done, void *ctx)
 {
     int next = 0, inflight = 0, err = 0; /* inflight: ops submitted, not completed */
-    unsigned cmask = *r->cq_mask;
+    struct run_ctx rc = {ops, n, done, ctx};
     while (next < n || inflight > 0) {
         while (next < n && inflight + group <= group * r->depth) {
             for (int g = 0; g < group && next < n; g++, next++) {
@@ -180,27 +223,12 @@ static int ring_run(struct hl3_ring *r, const struct op *ops, int n, int group, 
                 inflight++;
             }
         }
-        atomic_store_explicit((_Atomic unsigned *)r->sq_tail, r->tail, memory_order_release);
-        unsigned pending = r->tail - atomic_load_explicit((_Atomic unsigned *)r->sq_head, memory_order_acquire);
-        int e = ring_enter(r->fd, pending, 1);
-        if (e == -EAGAIN || e == -EBUSY) { /* the kernel short of memory, or CQ full: wait */
-            struct timespec pause = {0, 100000};
-            nanosleep(&pause, NULL);
-        } else if (e < 0 && e != -EINTR) {
-            err = e;
+        int got = ring_step(r, 1, run_reap, &rc);
+        if (got < 0) {
+            err = got;
             break;
         }
-        unsigned head = *r->cq_head;
-        unsigned tail = atomic_load_explicit((_Atomic unsigned *)r->cq_tail, memory_order_acquire);
-        for (; head != tail; head++) {
-            const struct io_uring_cqe *c = r->cqes + (head & cmask);
-            uint64_t k = c->user_data;
-            int res = c->res;
-            atomic_store_explicit((_Atomic unsigned *)r->cq_head, head + 1, memory_order_release);
-            inflight--;
-            if (k < (uint64_t)n)
-                done(ctx, ops + k, res);
-        }
+        inflight -= got;
     }
     if (err != 0)
         r->broken = 1; /* ops may be in flight: closing the ring reaps them */
@@ -334,6 +362,19 @@ int hl3_ring_read(struct hl3_ring *r, int lo, int hi, int only, const int32_t *d
  * records, so the device writes one pass's data while the next pass is hashed. */
 #define WRITE_PASS_BYTES ((size_t)2 << 20)
 
+struct pipe_ctx {
+    const struct iovec *segs;
+    const int32_t *at;
+    int32_t *status;
+};
+
+static void pipe_reap(void *vctx, uint64_t j, int res)
+{
+    struct pipe_ctx *c = vctx;
+    size_t want = iov_bytes(c->segs + c->at[j], c->at[j + 1] - c->at[j]);
+    c->status[j] = res < 0 ? res : (size_t)res == want ? HL3_OK : HL3_SHORT;
+}
+
 /* The pipeline of hl3_ring_write (status[lo..hi) HL3_TODO on entry): passes of pages
  * stamped and their marker records written (blocking calls, adjacent ones together), each
  * pass's data then queued, at most r->depth data writes in flight. A page ends HL3_OK,
@@ -345,7 +386,7 @@ static int write_pipe(struct hl3_ring *r, int lo, int hi, const int32_t *data_fd
                       const struct hl3_xxh3 *x, void **state, int32_t *status)
 {
     int next = lo, queued = lo, inflight = 0, err = 0; /* [queued, next): markers in, data not queued */
-    unsigned cmask = *r->cq_mask;
+    struct pipe_ctx pc = {segs, at, status};
     while (queued < hi || inflight > 0) {
         if (next == queued && next < hi) {
             int first = next;
@@ -372,25 +413,12 @@ static int write_pipe(struct hl3_ring *r, int lo, int hi, const int32_t *data_fd
         if (inflight == 0)
             continue;
         int more = next == queued && next < hi; /* a pass to hash while the device writes */
-        atomic_store_explicit((_Atomic unsigned *)r->sq_tail, r->tail, memory_order_release);
-        unsigned pending = r->tail - atomic_load_explicit((_Atomic unsigned *)r->sq_head, memory_order_acquire);
-        int e = ring_enter(r->fd, pending, more ? 0 : 1);
-        if (e == -EAGAIN || e == -EBUSY) {
-            struct timespec pause = {0, 100000};
-            nanosleep(&pause, NULL);
-        } else if (e < 0 && e != -EINTR) {
-            err = e;
+        int got = ring_step(r, !more, pipe_reap, &pc);
+        if (got < 0) {
+            err = got;
             break;
         }
-        unsigned head = *r->cq_head;
-        unsigned tail = atomic_load_explicit((_Atomic unsigned *)r->cq_tail, memory_order_acquire);
-        for (; head != tail; head++) {
-            const struct io_uring_cqe *c = r->cqes + (head & cmask);
-            int j = (int)c->user_data, res = c->res;
-            atomic_store_explicit((_Atomic unsigned *)r->cq_head, head + 1, memory_order_release);
-            inflight--;
-            status[j] = res < 0 ? res : (uint64_t)res == iov_bytes(segs + at[j], at[j + 1] - at[j]) ? HL3_OK : HL3_SHORT;
-        }
+        inflight -= got;
     }
     if (err != 0)
         r->broken = 1; /* ops may be in flight: closing the ring reaps them */
