@@ -170,7 +170,8 @@ typedef void (*cqe_fn)(void *ctx, uint64_t user_data, int res);
 
 /* Publish what was queued and enter the ring, waiting for a completion when `wait`; then
  * reap(ctx, user_data, res) for every completion there. Returns how many were reaped, or
- * -errno when the ring failed. */
+ * -errno when the ring failed: it is then broken (ops may be in flight: closing the ring
+ * reaps them). */
 static int ring_step(struct hl3_ring *r, int wait, cqe_fn reap, void *ctx)
 {
     atomic_store_explicit((_Atomic unsigned *)r->sq_tail, r->tail, memory_order_release);
@@ -180,6 +181,7 @@ static int ring_step(struct hl3_ring *r, int wait, cqe_fn reap, void *ctx)
         struct timespec pause = {0, 100000};
         nanosleep(&pause, NULL);
     } else if (e < 0 && e != -EINTR) {
+        r->broken = 1;
         return e;
     }
     int got = 0;
@@ -214,7 +216,7 @@ static void run_reap(void *vctx, uint64_t k, int res)
  * when the ring failed: it is then broken, and the ops without a done() are the caller's. */
 static int ring_run(struct hl3_ring *r, const struct op *ops, int n, int group, done_fn done, void *ctx)
 {
-    int next = 0, inflight = 0, err = 0; /* inflight: ops submitted, not completed */
+    int next = 0, inflight = 0; /* inflight: ops submitted, not completed */
     struct run_ctx rc = {ops, n, done, ctx};
     while (next < n || inflight > 0) {
         while (next < n && inflight + group <= group * r->depth) {
@@ -224,15 +226,11 @@ static int ring_run(struct hl3_ring *r, const struct op *ops, int n, int group, 
             }
         }
         int got = ring_step(r, 1, run_reap, &rc);
-        if (got < 0) {
-            err = got;
-            break;
-        }
+        if (got < 0)
+            return got;
         inflight -= got;
     }
-    if (err != 0)
-        r->broken = 1; /* ops may be in flight: closing the ring reaps them */
-    return err;
+    return 0;
 }
 
 /* Per-call state of a read. */
@@ -385,7 +383,7 @@ static int write_pipe(struct hl3_ring *r, int lo, int hi, const int32_t *data_fd
                       const int32_t *at, unsigned char *markers, int64_t mlen, int with_csum, uint64_t *csums,
                       const struct hl3_xxh3 *x, void **state, int32_t *status)
 {
-    int next = lo, queued = lo, inflight = 0, err = 0; /* [queued, next): markers in, data not queued */
+    int next = lo, queued = lo, inflight = 0; /* [queued, next): markers in, data not queued */
     struct pipe_ctx pc = {segs, at, status};
     while (queued < hi || inflight > 0) {
         if (next == queued && next < hi) {
@@ -414,15 +412,11 @@ static int write_pipe(struct hl3_ring *r, int lo, int hi, const int32_t *data_fd
             continue;
         int more = next == queued && next < hi; /* a pass to hash while the device writes */
         int got = ring_step(r, !more, pipe_reap, &pc);
-        if (got < 0) {
-            err = got;
-            break;
-        }
+        if (got < 0)
+            return got;
         inflight -= got;
     }
-    if (err != 0)
-        r->broken = 1; /* ops may be in flight: closing the ring reaps them */
-    return err;
+    return 0;
 }
 
 /* Write pages lo..hi-1 as hl3_write_pages, each page's marker record (to fds[j] at
