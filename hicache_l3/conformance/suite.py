@@ -61,6 +61,7 @@ class ConnectorTests(CompressionTests):
     connector_name: ClassVar[str]
     page_bytes: ClassVar[int] = 16 << 10
     stateful_kills: ClassVar[bool] = True  # the stateful model kills a second process mid-set
+    large_batch: ClassVar[int] = 4096  # test_batch_sizes' largest batch (a long prefix's pages)
 
     # ---- what a subclass provides ----------------------------------------------------
     @pytest.fixture
@@ -171,8 +172,9 @@ class ConnectorTests(CompressionTests):
         assert conn.leading_hits(keys[3:]) == 0
         assert conn.leading_hits([]) == 0
 
-    @pytest.mark.parametrize("count", [0, 1, 128, 4096])
-    def test_batch_sizes(self, open_conn: Any, count: int) -> None:
+    @pytest.mark.parametrize("size", ["0", "1", "128", "large"])
+    def test_batch_sizes(self, open_conn: Any, size: str) -> None:
+        count = self.large_batch if size == "large" else int(size)
         conn = open_conn()
         keys = _keys(f"b{count}", count)
         pages = Pages(conn, self.page_bytes, count)

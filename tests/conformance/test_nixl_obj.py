@@ -32,6 +32,9 @@ def object_key(settings: dict[str, Any], namespace: Namespace, key: str) -> str:
 class TestNixlObj(ConnectorTests):
     stateful_kills = True
     connector_name = "nixl"
+    # Every page is an object: 4096 of them are 16k round trips to moto (~100 s); 1024 are
+    # still four transfer rounds of obj.CHUNK pages.
+    large_batch = 1024
 
     @pytest.fixture
     def settings(self, s3: S3Engine) -> dict[str, Any]:
