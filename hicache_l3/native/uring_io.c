@@ -276,10 +276,10 @@ static struct op data_op(uint8_t one, uint8_t vec, uint8_t link, int32_t fd, con
                        nseg == 1 ? (uint32_t)len : (uint32_t)nseg, off, j, 0, len};
 }
 
-/* The op moving page j's marker record (mlen bytes at buf) at off of fd. */
-static struct op marker_op(uint8_t opcode, int32_t fd, unsigned char *buf, int64_t mlen, int j, int64_t off)
+/* The op reading page j's marker record (mlen bytes into buf) from off of fd. */
+static struct op marker_read(int32_t fd, unsigned char *buf, int64_t mlen, int j, int64_t off)
 {
-    return (struct op){opcode, 0, fd, (uint64_t)(uintptr_t)buf, (uint32_t)mlen, off, j, 1, (uint64_t)mlen};
+    return (struct op){IORING_OP_READ, 0, fd, (uint64_t)(uintptr_t)buf, (uint32_t)mlen, off, j, 1, (uint64_t)mlen};
 }
 
 /* Read pages lo..hi-1 (those whose status is `only`, or all when only < 0) as batch_io.c's
@@ -321,7 +321,7 @@ int hl3_ring_read(struct hl3_ring *r, int lo, int hi, int only, const int32_t *d
         }
         status[j] = HL3_TODO;
         ops[m++] = data_op(IORING_OP_READ, IORING_OP_READV, 1, data_fds[j], segs, at, j, data_offs[j]);
-        ops[m++] = marker_op(IORING_OP_READ, fds[j], marks + (size_t)(j - lo) * mlen, mlen, j, marker_offs[j]);
+        ops[m++] = marker_read(fds[j], marks + (size_t)(j - lo) * mlen, mlen, j, marker_offs[j]);
     }
     struct read_ctx c = {segs, at, csums, x, NULL, status, mres, lo};
     int err = 0;

@@ -63,8 +63,8 @@ class Rings:
                                    self.lib.xxh3_at, a[9]))
 
     def write(self, pb: native.PageBatch, data_fds: array.array[int] | None, checksum: bool) -> int:
-        """Write every page of ``pb`` (its marker record, then once that completed its data, to
-        ``data_fds`` or ``pb.fds``), checksummed first when ``checksum``, as
+        """Write every page of ``pb`` (its marker record, then once that is written its data,
+        to ``data_fds`` or ``pb.fds``), checksummed first when ``checksum``, as
         :meth:`~hicache_l3.slab.native.BatchIO.write`; the number not OK or ``-errno``."""
         fds, doffs, moffs, segs, at, markers = pb.addresses
         return int(self.lib.ring_write(self._write, 0, len(pb), _addr(data_fds), fds, doffs, moffs, segs, at,
