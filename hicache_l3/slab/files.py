@@ -25,6 +25,15 @@ def open_file(path: str | os.PathLike[str], flags: int) -> int:
     return fd
 
 
+def no_readahead(fd: int) -> None:
+    """Ask the kernel to read only what is asked of ``fd`` (``POSIX_FADV_RANDOM``): slab
+    pages are read one by one in random order, and readahead past a page fills the page
+    cache with slots nobody asked for (evicted unread where memory is short). A filesystem
+    that ignores or refuses the advice is left as it is."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+
+
 def make_dir(path: str | os.PathLike[str], exist_ok: bool = False) -> None:
     """Create a private directory (0700 whatever the umask); FileExistsError unless
     ``exist_ok``. An existing one must be a real directory (not a symlink)."""
@@ -91,6 +100,8 @@ class SlabFiles:
             if direct:
                 flags |= os.O_DIRECT
             fd = open_file(self.path(writer, slab), flags)
+            if not direct:
+                no_readahead(fd)
             self._fds[(writer, slab, direct)] = fd
         return fd
 
@@ -102,6 +113,7 @@ class SlabFiles:
         except OSError:
             os.close(fd)
             raise
+        no_readahead(fd)
         old = self._fds.get((writer, slab, False))
         if old is not None:
             self._retired.append(old)
