@@ -78,6 +78,8 @@ class BeyondOptions:
     prefill_tokens_per_s: float = H100_LLAMA31_8B_PREFILL_TOKENS_PER_S
     workdir: str = ""  # where stores live (a directory made and removed under it)
     cgroup: str = ""  # the worker's memory cgroup ("" = none)
+    device_rate: int = 0  # bytes/s the worker may move to and from the stores' disk (0: no limit)
+    io_cgroup: str = ""  # the cgroup holding that limit ("" = none)
 
     def validate(self) -> None:
         """ConfigError naming the option when a value cannot work."""
@@ -88,6 +90,8 @@ class BeyondOptions:
             raise ConfigError("--batch, --beyond-rounds, --beyond-batches and the raw threads must be >= 1")
         if not 0 < self.fio_seconds <= 600:
             raise ConfigError(f"--beyond-fio-seconds must lie in (0, 600], got {self.fio_seconds:g}")
+        if self.device_rate < 0:
+            raise ConfigError(f"--beyond-device-rate must be >= 0 bytes/s, got {self.device_rate}")
         if self.kv_bytes_per_token < 1 or self.prefill_tokens_per_s <= 0:
             raise ConfigError("--kv-bytes-per-token and --prefill-tokens-per-s must be > 0")
         for option, given, known in (("--beyond-backends", self.backends, CONNECTORS),
@@ -127,6 +131,7 @@ def run_beyond(opts: BeyondOptions, quiet: bool = False) -> tuple[int, dict[str,
     """Run the mode (a worker in a memory cgroup when one can be made); print the report.
     ``(exit code, report)``: 1 on a failed measure, 2 on bad options (no report then)."""
     cgroup: Path | None = None
+    io: Path | None = None
     why = ""
     try:
         opts.validate()
@@ -142,9 +147,13 @@ def run_beyond(opts: BeyondOptions, quiet: bool = False) -> tuple[int, dict[str,
             raise ConfigError(f"--beyond-store {opts.store_bytes / 2**30:.1f} GiB x {stores} stores needs "
                               f"{need / 2**30:.1f} GiB free in {base}, {free / 2**30:.1f} GiB is: lower "
                               "--beyond-store or --beyond-backends/--beyond-modes, or use another --workdir")
+        if opts.device_rate:
+            io, why_io = memcg.limit_io(opts.device_rate, base, f"hicache-l3-bench-io-{os.getpid()}", cgroup)
+            if io is None:
+                raise ConfigError(f"--beyond-device-rate: {why_io}")
     except (HiCacheL3Error, OSError) as exc:
-        if cgroup:
-            memcg.remove(cgroup)
+        for made in {cgroup, io} - {None}:
+            memcg.remove(made)  # type: ignore[arg-type]
         print(f"bench: {exc}", file=sys.stderr)
         return 2, None
     work = Path(tempfile.mkdtemp(prefix="hicache-l3-beyond-", dir=base))
@@ -153,7 +162,8 @@ def run_beyond(opts: BeyondOptions, quiet: bool = False) -> tuple[int, dict[str,
             print(f"bench: no memory cgroup ({why}): the page cache is the machine's "
                   f"({memory_total() / 2**30:.1f} GiB), the store "
                   f"{opts.store_bytes / memory_total():.1f}x that", file=sys.stderr)
-        config = dataclasses.replace(opts, workdir=str(work), cgroup=str(cgroup or ""))
+        config = dataclasses.replace(opts, workdir=str(work), cgroup=str(cgroup or ""),
+                                     io_cgroup=str(io or ""))
         args = [sys.executable, "-m", "hicache_l3.bench.beyond", json.dumps(dataclasses.asdict(config))]
         done = subprocess.run(args, stdout=subprocess.PIPE, text=True,
                               stderr=subprocess.DEVNULL if quiet else None)
@@ -164,8 +174,8 @@ def run_beyond(opts: BeyondOptions, quiet: bool = False) -> tuple[int, dict[str,
         report: dict[str, Any] = json.loads(lines[-1])
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        if cgroup:
-            memcg.remove(cgroup)
+        for made in {cgroup, io} - {None}:
+            memcg.remove(made)  # type: ignore[arg-type]
     if "error" in report:
         print(f"bench failed: {report['error']}", file=sys.stderr)
         return 1, None
@@ -180,6 +190,8 @@ def format_report(report: dict[str, Any]) -> str:
     limit = (f"page cache limited to {meta['cache_bytes'] / 2**30:.2f} GiB by a memory cgroup"
              if meta["cgroup"] else f"no memory cgroup ({meta['cgroup_why_not']}); the machine has "
              f"{meta['memory_bytes'] / 2**30:.1f} GiB")
+    if meta.get("device_rate"):
+        limit += f"; the disk limited to {meta['device_rate'] / 1e6:,.0f} MB/s each way by an I/O cgroup"
     even = meta["break_even_gb_s"]
     lines = [describe_cpu(meta["cpu"]),
              f"store {meta['store_bytes'] / 2**30:.2f} GiB per contender ({meta['pages']:,} pages of "
@@ -199,8 +211,9 @@ def format_report(report: dict[str, Any]) -> str:
                      f"{z['frames_written']:,} of {z['pages_written']:,} pages written as zstd frames, "
                      f"{meta.get('kv', 'random')} page bytes); get {z['get_gb_s']:.2f} GB/s effective "
                      "(page bytes moved per second)")
-        if "over_buffered_get" in z:
-            lines.append(f"zstd / buffered get ({z['backend']}, same rounds): {z['over_buffered_get']:.2f}x")
+        for mode in ("buffered", "o_direct"):
+            if f"over_{mode}_get" in z:
+                lines.append(f"zstd / {mode} get ({z['backend']}, same rounds): {z[f'over_{mode}_get']:.2f}x")
     return "\n".join(lines)
 
 
@@ -353,8 +366,8 @@ def worker(opts: BeyondOptions) -> dict[str, Any]:
             contenders.append(dataclasses.replace(_raw(opts, source, stack, direct=False)[0],
                                                   fills=False))
         contenders.append(raw_contender)
-        if opts.cgroup:
-            memcg.join(Path(opts.cgroup))  # after the buffers: their memory is not the page cache's
+        for cgroup in dict.fromkeys(c for c in (opts.cgroup, opts.io_cgroup) if c):
+            memcg.join(Path(cgroup))  # after the buffers: their memory is not the page cache's
         _fill(contenders, source, pages, opts)
         os.sync()
         drop_page_cache(Path(opts.workdir))
@@ -422,7 +435,7 @@ def stored_ratio(pages: int, frames: int, frame_bytes: int, page_bytes: int) -> 
 def _compressed(contenders: list[_Contender], results: list[dict[str, Any]],
                 page_bytes: int) -> list[dict[str, Any]]:
     """Per zstd contender: its stored ratio (from its connector's counters), its effective get
-    GB/s and that over the same backend's buffered get of the same rounds."""
+    GB/s and that over the same backend's buffered and ``o_direct`` gets of the same rounds."""
     get = {r["contender"]: r["gb_s"] for r in results if r["op"] == "get"}
     out: list[dict[str, Any]] = []
     for c in contenders:
@@ -435,8 +448,9 @@ def _compressed(contenders: list[_Contender], results: list[dict[str, Any]],
             "frame_bytes_written": frame_bytes, "frames_read": n.get("frames_read", 0),
             "stored_ratio": stored_ratio(c.written, frames, frame_bytes, page_bytes),
             "get_gb_s": get[c.name]}
-        if c.backend in get:
-            row["over_buffered_get"] = get[c.name] / get[c.backend]
+        for mode, name in (("buffered", c.backend), ("o_direct", f"{c.backend}+o_direct")):
+            if name in get:
+                row[f"over_{mode}_get"] = get[c.name] / get[name]
         out.append(row)
     return out
 

@@ -136,6 +136,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--beyond-memory: comma-separated from buffered, o_direct and zstd "
                              "(buffered with compression=zstd: stored ratio and effective GB/s; "
                              "compressible with --kv real) (default buffered,o_direct)")
+    parser.add_argument("--beyond-device-rate", type=_sizes, default=[0], metavar="RATE",
+                        help="--beyond-memory: limit the stores' disk to RATE bytes/s each way for the "
+                             "bench (an I/O cgroup; e.g. 600MB): a device slower than the cores decode, "
+                             "as a remote filesystem is to a many-core host. cgroup v1 leaves "
+                             "page-cache writeback unlimited (default 0: the disk as it is)")
     parser.add_argument("--beyond-rounds", type=int, default=3,
                         help="--beyond-memory: interleaved rounds (default 3)")
     parser.add_argument("--beyond-batches", type=int, default=256,
@@ -253,7 +258,7 @@ def _run_beyond(args: argparse.Namespace) -> int:
         opts = BeyondOptions(
             store_bytes=args.beyond_store[0], cache_bytes=args.beyond_cache[0], batch=args.batch[0],
             rounds=args.beyond_rounds, batches=args.beyond_batches, settings=parse_settings(args.overrides),
-            fio_seconds=args.beyond_fio_seconds,
+            fio_seconds=args.beyond_fio_seconds, device_rate=args.beyond_device_rate[0],
             backends=tuple(_items(args.beyond_backends)), modes=tuple(_items(args.beyond_modes)),
             kv=args.kv, workdir=str(args.workdir or ""))
     except HiCacheL3Error as exc:

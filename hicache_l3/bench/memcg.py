@@ -1,6 +1,8 @@
-"""A memory cgroup (v1 or v2; creating one needs root) that bounds the page cache a bench
-process may use. Charges made before a process joins stay where they were, so a worker
-allocates its buffers first and joins after."""
+"""The cgroups a bench worker runs in (v1 or v2; creating one needs root): a memory cgroup
+that bounds the page cache it may use, and an I/O limit on the disk its stores live on (a
+device slower than the cores, as a remote filesystem is to a many-core host). Charges made
+before a process joins stay where they were, so a worker allocates its buffers first and
+joins after."""
 
 from __future__ import annotations
 
@@ -36,6 +38,48 @@ def create(limit_bytes: int, name: str, root: Path = CGROUP_ROOT) -> tuple[Path 
         remove(path)
         return None, f"cannot set the limit of {path}: {exc.strerror or exc}"
     return path, ""
+
+
+def disk_of(directory: Path) -> str:
+    """``MAJ:MIN`` of the whole disk holding ``directory`` (a partition's parent): the
+    device an I/O limit names. ValueError for a filesystem on no block device (tmpfs, FUSE)."""
+    dev = os.stat(directory).st_dev
+    sysfs = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    if not sysfs.exists():
+        raise ValueError(f"{directory} is on no block device (device {os.major(dev)}:{os.minor(dev)})")
+    if (sysfs / "partition").exists():
+        sysfs = sysfs.resolve().parent
+    return (sysfs / "dev").read_text().strip()
+
+
+def limit_io(rate: int, directory: Path, name: str, memory: Path | None,
+             root: Path = CGROUP_ROOT) -> tuple[Path | None, str]:
+    """Limit reads and writes of the disk holding ``directory`` to ``rate`` bytes per second
+    for the processes of a cgroup: ``(the cgroup to join, "")`` or ``(None, why not)``. v2
+    sets ``io.max`` on the memory cgroup ``memory`` (a process is in one v2 cgroup); v1
+    makes the blkio cgroup ``name``, where page-cache writeback is not limited (the
+    flusher writes it, not the worker)."""
+    try:
+        disk = disk_of(directory)
+        v1 = root / "blkio"
+        if (v1 / "blkio.throttle.read_bps_device").exists():
+            path = v1 / name
+            path.mkdir()
+            try:
+                for op in ("read", "write"):
+                    (path / f"blkio.throttle.{op}_bps_device").write_text(f"{disk} {rate}")
+            except OSError:
+                remove(path)
+                raise
+            return path, ""
+        if memory is None or memory.parent != root:
+            return None, "a v2 I/O limit needs the bench's memory cgroup"
+        with contextlib.suppress(OSError):
+            (root / "cgroup.subtree_control").write_text("+io")
+        (memory / "io.max").write_text(f"{disk} rbps={rate} wbps={rate}")
+        return memory, ""
+    except (OSError, ValueError) as exc:
+        return None, f"cannot limit the disk of {directory}: {getattr(exc, 'strerror', None) or exc}"
 
 
 def join(path: Path) -> None:

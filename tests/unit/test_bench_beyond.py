@@ -187,3 +187,40 @@ def test_zstd_cgroup_holds_a_batch_of_frames_beyond_the_page_cache() -> None:
     zstd = BeyondOptions(batch=4, page_bytes=8192, modes=("buffered", "zstd"))
     assert plain.cgroup_bytes == plain.cache_bytes + beyond.CGROUP_SLACK
     assert zstd.cgroup_bytes == plain.cgroup_bytes + 4 * 8192
+
+
+def test_limit_io_names_the_disk_and_the_rate(tmp_path: Path) -> None:
+    here = Path(__file__).parent  # a directory on a disk
+    disk = memcg.disk_of(here)
+    assert Path(f"/sys/dev/block/{disk}/dev").read_text().strip() == disk
+    assert not Path(f"/sys/dev/block/{disk}/partition").exists()  # the whole disk, not a partition
+    v1 = tmp_path / "v1"
+    (v1 / "blkio").mkdir(parents=True)
+    (v1 / "blkio" / "blkio.throttle.read_bps_device").write_text("")
+    path, why = memcg.limit_io(123_000_000, here, "b", None, root=v1)
+    assert path == v1 / "blkio" / "b" and why == ""
+    for op in ("read", "write"):
+        assert (path / f"blkio.throttle.{op}_bps_device").read_text() == f"{disk} 123000000"
+    v2 = tmp_path / "v2"
+    (v2 / "m").mkdir(parents=True)
+    (v2 / "cgroup.controllers").write_text("memory io")
+    path, why = memcg.limit_io(5, here, "b", v2 / "m", root=v2)
+    assert path == v2 / "m" and (v2 / "m" / "io.max").read_text() == f"{disk} rbps=5 wbps=5"
+    path, why = memcg.limit_io(5, here, "b", None, root=v2)
+    assert path is None and "memory cgroup" in why
+
+
+def test_device_rate_is_applied_and_removed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["bench", "--beyond-memory", "--beyond-store", "8MiB", "--beyond-cache", "4MiB",
+            "--beyond-rounds", "1", "--beyond-batches", "2", "--batch", "32", "--quiet",
+            "--beyond-fio-seconds", "1", "--beyond-backends", "file", "--beyond-device-rate", "1GB",
+            "--workdir", str(tmp_path / "w")]
+    if os.geteuid() != 0:  # no cgroup can be made: the option is refused, naming itself
+        assert main(args) == 2
+        assert "--beyond-device-rate" in capsys.readouterr().err
+        return
+    assert main(args) == 0
+    assert "the disk limited to 1,000 MB/s each way by an I/O cgroup" in capsys.readouterr().out
+    assert not list(memcg.CGROUP_ROOT.glob(f"*/hicache-l3-bench-io-{os.getpid()}"))  # removed
+    with pytest.raises(ConfigError, match="--beyond-device-rate"):
+        BeyondOptions(device_rate=-1).validate()
