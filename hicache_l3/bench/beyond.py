@@ -206,6 +206,9 @@ def format_report(report: dict[str, Any]) -> str:
                                        columns, header))
     lines.append(f"(x raw: against raw-direct-{meta['raw_threads']}t of the same op in the same rounds; "
                  "x break-even > 1: a hit loads faster than recomputing)")
+    if meta.get("device_rate") and meta["batch"] * meta["page_bytes"] < meta["device_rate"] * 0.2:
+        lines.append("(the I/O cgroup meters in slices of up to 100 ms: batches that move under "
+                     f"{meta['device_rate'] * 0.2 / 1e6:,.0f} MB may run faster than the limit)")
     for z in report.get("compressed", []):
         lines.append(f"{z['contender']}: stored ratio {z['stored_ratio']:.2f} (page bytes / stored bytes; "
                      f"{z['frames_written']:,} of {z['pages_written']:,} pages written as zstd frames, "
