@@ -9,7 +9,9 @@ set batch and each fio job starts after an untimed ``sync()``, so none pays for 
 another left dirty. Every page read is verified. Each GB/s is page bytes moved per second
 (for a zstd store the effective rate), put beside the break-even against recompute
 (``kv_bytes_per_token * prefill_tokens_per_s``). A zstd store's stored ratio comes from its
-connector's counters.
+connector's counters. With ``device_rate`` the stores' disk is limited for the worker (an I/O
+cgroup, :func:`.memcg.limit_io`): a device slower than the cores decode, where zstd is meant
+to pay.
 
 Page bytes (``kv``): ``random`` (incompressible), ``real`` (the bf16 KV of a real model,
 :mod:`.real_kv`) or ``synthetic`` (bf16 values of a normal distribution: compressible like
