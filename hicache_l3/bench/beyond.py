@@ -135,6 +135,11 @@ def run_beyond(opts: BeyondOptions, quiet: bool = False) -> tuple[int, dict[str,
     cgroup: Path | None = None
     io: Path | None = None
     why = ""
+
+    def remove_cgroups() -> None:
+        for made in dict.fromkeys(p for p in (cgroup, io) if p):  # v2: io is the memory cgroup
+            memcg.remove(made)
+
     try:
         opts.validate()
         cgroup, why = memcg.create(opts.cgroup_bytes, f"hicache-l3-bench-{os.getpid()}")
@@ -154,8 +159,7 @@ def run_beyond(opts: BeyondOptions, quiet: bool = False) -> tuple[int, dict[str,
             if io is None:
                 raise ConfigError(f"--beyond-device-rate: {why_io}")
     except (HiCacheL3Error, OSError) as exc:
-        for made in {cgroup, io} - {None}:
-            memcg.remove(made)  # type: ignore[arg-type]
+        remove_cgroups()
         print(f"bench: {exc}", file=sys.stderr)
         return 2, None
     work = Path(tempfile.mkdtemp(prefix="hicache-l3-beyond-", dir=base))
@@ -176,8 +180,7 @@ def run_beyond(opts: BeyondOptions, quiet: bool = False) -> tuple[int, dict[str,
         report: dict[str, Any] = json.loads(lines[-1])
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        for made in {cgroup, io} - {None}:
-            memcg.remove(made)  # type: ignore[arg-type]
+        remove_cgroups()
     if "error" in report:
         print(f"bench failed: {report['error']}", file=sys.stderr)
         return 1, None
