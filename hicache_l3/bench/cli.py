@@ -121,6 +121,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--compression: memory, nixl-obj, mooncake, file-fsspec, s3-fsspec "
                              "(the file connector on an s3:// root on the local S3 server; needs "
                              "s3fs), file")
+    parser.add_argument("--compression-link-rate", type=_sizes, default=[0], metavar="RATE",
+                        help="--compression: reach the S3 server (nixl-obj, s3-fsspec) through a "
+                             "loopback proxy passing RATE bytes/s each way, as a link to a remote "
+                             "store does (e.g. 100MB; default: no limit; other backends refuse it)")
     parser.add_argument("--beyond-memory", action="store_true",
                         help="instead: file and hf3fs stores several times the page cache allowed (a "
                              "memory cgroup), random gets and evicting sets from the device against raw "
@@ -223,17 +227,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_compression(args: argparse.Namespace) -> int:
-    from hicache_l3.bench.compression import format_rows, run_backend
+    from hicache_l3.bench.compression import LINKED, format_rows, run_backend
 
     rows = []
+    backends, link_rate = _items(args.compression_backends), args.compression_link_rate[0]
+    if link_rate and set(backends) - set(LINKED):
+        return _refuse(f"--compression-link-rate limits the S3 server's link: "
+                       f"{', '.join(sorted(set(backends) - set(LINKED)))} have none; "
+                       f"pass --compression-backends {','.join(LINKED)}")
     try:
-        for backend in _items(args.compression_backends):
+        for backend in backends:
             rows.append(run_backend(backend, args.page_size[0], args.pages, args.batch[0],
-                                    args.reps, args.kv))
+                                    args.reps, args.kv, link_rate=link_rate))
     except (HiCacheL3Error, OSError) as exc:
         print(f"bench failed: {exc}", file=sys.stderr)
         return 1
-    print_results(format_rows(rows), {"kv": args.kv}, rows, args.json)
+    print_results(format_rows(rows), {"kv": args.kv, "link_rate": link_rate}, rows, args.json)
     return 0
 
 

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from hicache_l3.bench.link import LimitedLink
 from hicache_l3.bench.runner import BenchError, balanced_ratio, fill, format_columns, page_buffer, verify
 from hicache_l3.common.compression import PageCodec
 from hicache_l3.common.connector import Connector
@@ -24,6 +25,7 @@ from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.registry import open_connector
 
 BACKENDS = ("memory", "nixl-obj", "mooncake", "file-fsspec", "s3-fsspec", "file")
+LINKED = ("nixl-obj", "s3-fsspec")  # the backends --compression-link-rate applies to
 
 
 def require_s3fs() -> None:
@@ -61,21 +63,39 @@ def s3_storage_options(endpoint: str, access_key: str, secret_key: str,
 
 
 @contextlib.contextmanager
-def backend_settings(backend: str, store_bytes: int) -> Iterator[tuple[str, dict[str, Any]]]:
-    """``(connector name, settings)`` of ``backend``, its engine started for the run."""
+def _s3_endpoint(s3: Any, link_rate: float) -> Iterator[str]:
+    """The URL reaching ``s3``: its own, or a :class:`LimitedLink` of ``link_rate`` bytes/s
+    in front of it."""
+    if not link_rate:
+        yield s3.endpoint
+        return
+    with LimitedLink(("127.0.0.1", s3.port), link_rate) as link:
+        yield f"http://127.0.0.1:{link.port}"
+
+
+@contextlib.contextmanager
+def backend_settings(backend: str, store_bytes: int,
+                     link_rate: float = 0) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(connector name, settings)`` of ``backend``, its engine started for the run; the S3
+    backends reach their server through a link of ``link_rate`` bytes/s each way (0: no
+    limit), which the others refuse."""
+    if link_rate and backend not in LINKED:
+        raise BenchError(f"--compression-link-rate limits the S3 server's link: {backend!r} has none "
+                         f"(use it with {' or '.join(LINKED)})")
     if backend == "memory":
         yield "memory", {"store": f"bench-{uuid.uuid4().hex[:8]}"}
     elif backend == "nixl-obj":
         from hicache_l3.engines import S3Engine
 
-        with S3Engine() as s3:
-            yield "nixl", dict(s3.settings)
+        with S3Engine() as s3, _s3_endpoint(s3, link_rate) as endpoint:
+            yield "nixl", {**s3.settings, "endpoint": endpoint}
     elif backend == "s3-fsspec":
         require_s3fs()
         from hicache_l3.engines import S3Engine
 
         s3 = S3Engine()
-        with s3, s3_storage_options(s3.endpoint, s3.access_key, s3.secret_key):
+        with s3, _s3_endpoint(s3, link_rate) as endpoint, \
+                s3_storage_options(endpoint, s3.access_key, s3.secret_key):
             yield "file", {"root": f"s3://{s3.bucket}/bench-{uuid.uuid4().hex[:8]}"}
     elif backend == "mooncake":
         from hicache_l3.engines import MooncakeEngine
@@ -123,14 +143,15 @@ def _timed(call: Callable[[list[str], list[Any]], list[bool]], keys: list[str], 
 
 
 def run_backend(backend: str, page_bytes: int, pages: int, batch: int, reps: int, kv: str,
-                kv_dtype: str = "bfloat16") -> dict[str, Any]:
-    """One backend's row: ratio, effective GB/s per setting and op, get zstd / none."""
+                kv_dtype: str = "bfloat16", link_rate: float = 0) -> dict[str, Any]:
+    """One backend's row: ratio, effective GB/s per setting and op, get zstd / none; through a
+    link of ``link_rate`` bytes/s for the S3 backends (:func:`backend_settings`)."""
     src, src_pages = page_buffer(pages, page_bytes, name="bench-z-src")
     dst, dst_pages = page_buffer(pages, page_bytes, name="bench-z-dst")
     fill_kv(src, page_bytes, pages, kv)
     rates: dict[tuple[str, str], list[float]] = {}
     run = uuid.uuid4().hex[:8]
-    with backend_settings(backend, pages * page_bytes) as (name, settings):
+    with backend_settings(backend, pages * page_bytes, link_rate) as (name, settings):
         conns: dict[str, Connector[Any]] = {}
         with contextlib.ExitStack() as stack:
             for setting in ("none", "zstd"):
@@ -155,7 +176,8 @@ def run_backend(backend: str, page_bytes: int, pages: int, batch: int, reps: int
                     rates.setdefault((setting, "get"), []).append(moved / t_get)
     ratio = stored_ratio(src, page_bytes, pages, kv_dtype)
     row: dict[str, Any] = {"backend": backend, "kv": kv, "page_bytes": page_bytes, "pages": pages,
-                           "batch": batch, "reps": reps, "ratio": round(ratio, 3)}
+                           "batch": batch, "reps": reps, "link_mbps": round(link_rate / 1e6),
+                           "ratio": round(ratio, 3)}
     for (setting, op), values in rates.items():
         row[f"{op}_{setting}_gbps"] = round(statistics.median(values), 3)
     for op in ("set", "get"):
@@ -167,10 +189,12 @@ def run_backend(backend: str, page_bytes: int, pages: int, batch: int, reps: int
 def format_rows(rows: list[dict[str, Any]]) -> str:
     """A plain table of :func:`run_backend` rows."""
     rates = [f"{op} {setting}" for op in ("set", "get") for setting in ("none", "zstd")]
-    columns = [("backend", "{}"), ("kv", "{}"), ("page", "{}"), ("ratio", "{:.3f}"),
+    columns = [("backend", "{}"), ("kv", "{}"), ("page", "{}"), ("link", "{}"), ("ratio", "{:.3f}"),
                *((f"{rate.replace(' ', '_')}_gbps", "{:.3f}") for rate in rates),
                ("get_zstd_over_none", "{:.2f}x"), ("set_zstd_over_none", "{:.2f}x")]
-    header = ["backend", "kv", "page", "ratio", *rates, "get z/n", "set z/n"]
-    table = format_columns([{**r, "page": f"{r['page_bytes'] >> 10} KiB"} for r in rows], columns, header)
+    header = ["backend", "kv", "page", "link", "ratio", *rates, "get z/n", "set z/n"]
+    table = format_columns([{**r, "page": f"{r['page_bytes'] >> 10} KiB",
+                             "link": f"{r['link_mbps']} MB/s" if r.get("link_mbps") else "-"} for r in rows],
+                           columns, header)
     return (f"{table}\n(GB/s: raw page bytes moved per second, medians; z/n: zstd over none, median over "
             "pairs of repetitions with the order swapped)")
