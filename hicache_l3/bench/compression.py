@@ -14,7 +14,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hicache_l3.bench.link import LimitedLink
 from hicache_l3.bench.runner import BenchError, balanced_ratio, fill, format_columns, page_buffer, verify
@@ -23,6 +23,9 @@ from hicache_l3.common.connector import Connector
 from hicache_l3.common.keys import Namespace
 from hicache_l3.common.memory import HostBuffer
 from hicache_l3.common.registry import open_connector
+
+if TYPE_CHECKING:
+    from hicache_l3.engines import S3Engine
 
 BACKENDS = ("memory", "nixl-obj", "mooncake", "file-fsspec", "s3-fsspec", "file")
 LINKED = ("nixl-obj", "s3-fsspec")  # the backends --compression-link-rate applies to
@@ -63,7 +66,7 @@ def s3_storage_options(endpoint: str, access_key: str, secret_key: str,
 
 
 @contextlib.contextmanager
-def _s3_endpoint(s3: Any, link_rate: float) -> Iterator[str]:
+def _s3_endpoint(s3: S3Engine, link_rate: float) -> Iterator[str]:
     """The URL reaching ``s3``: its own, or a :class:`LimitedLink` of ``link_rate`` bytes/s
     in front of it."""
     if not link_rate:
@@ -87,7 +90,8 @@ def backend_settings(backend: str, store_bytes: int,
     elif backend == "nixl-obj":
         from hicache_l3.engines import S3Engine
 
-        with S3Engine() as s3, _s3_endpoint(s3, link_rate) as endpoint:
+        s3 = S3Engine()
+        with s3, _s3_endpoint(s3, link_rate) as endpoint:
             yield "nixl", {**s3.settings, "endpoint": endpoint}
     elif backend == "s3-fsspec":
         require_s3fs()
@@ -176,7 +180,7 @@ def run_backend(backend: str, page_bytes: int, pages: int, batch: int, reps: int
                     rates.setdefault((setting, "get"), []).append(moved / t_get)
     ratio = stored_ratio(src, page_bytes, pages, kv_dtype)
     row: dict[str, Any] = {"backend": backend, "kv": kv, "page_bytes": page_bytes, "pages": pages,
-                           "batch": batch, "reps": reps, "link_mbps": round(link_rate / 1e6),
+                           "batch": batch, "reps": reps, "link_rate": int(link_rate),
                            "ratio": round(ratio, 3)}
     for (setting, op), values in rates.items():
         row[f"{op}_{setting}_gbps"] = round(statistics.median(values), 3)
@@ -193,8 +197,8 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
                *((f"{rate.replace(' ', '_')}_gbps", "{:.3f}") for rate in rates),
                ("get_zstd_over_none", "{:.2f}x"), ("set_zstd_over_none", "{:.2f}x")]
     header = ["backend", "kv", "page", "link", "ratio", *rates, "get z/n", "set z/n"]
-    table = format_columns([{**r, "page": f"{r['page_bytes'] >> 10} KiB",
-                             "link": f"{r['link_mbps']} MB/s" if r.get("link_mbps") else "-"} for r in rows],
-                           columns, header)
+    shown = [{**r, "page": f"{r['page_bytes'] >> 10} KiB",
+              "link": f"{r['link_rate'] / 1e6:g} MB/s" if r.get("link_rate") else "-"} for r in rows]
+    table = format_columns(shown, columns, header)
     return (f"{table}\n(GB/s: raw page bytes moved per second, medians; z/n: zstd over none, median over "
             "pairs of repetitions with the order swapped)")
