@@ -227,14 +227,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_compression(args: argparse.Namespace) -> int:
-    from hicache_l3.bench.compression import LINKED, format_rows, run_backend
+    from hicache_l3.bench.compression import check_link, format_rows, run_backend
 
     rows = []
     backends, link_rate = _items(args.compression_backends), args.compression_link_rate[0]
-    if link_rate and set(backends) - set(LINKED):
-        return _refuse(f"--compression-link-rate limits the S3 server's link: "
-                       f"{', '.join(sorted(set(backends) - set(LINKED)))} have none; "
-                       f"pass --compression-backends {','.join(LINKED)}")
+    try:
+        check_link(backends, link_rate)
+    except HiCacheL3Error as exc:
+        return _refuse(str(exc))
     try:
         for backend in backends:
             rows.append(run_backend(backend, args.page_size[0], args.pages, args.batch[0],

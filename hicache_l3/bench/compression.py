@@ -65,6 +65,15 @@ def s3_storage_options(endpoint: str, access_key: str, secret_key: str,
             fsspec.config.conf.pop("s3", None)
 
 
+def check_link(backends: list[str], link_rate: float) -> None:
+    """Raise :class:`BenchError` naming the option when ``link_rate`` is set for a backend
+    with no S3 link to limit."""
+    unlinked = sorted(set(backends) - set(LINKED)) if link_rate else []
+    if unlinked:
+        raise BenchError(f"--compression-link-rate limits the S3 server's link, which "
+                         f"{', '.join(unlinked)} lack; pass --compression-backends {','.join(LINKED)}")
+
+
 @contextlib.contextmanager
 def _s3_endpoint(s3: S3Engine, link_rate: float) -> Iterator[str]:
     """The URL reaching ``s3``: its own, or a :class:`LimitedLink` of ``link_rate`` bytes/s
@@ -82,9 +91,7 @@ def backend_settings(backend: str, store_bytes: int,
     """``(connector name, settings)`` of ``backend``, its engine started for the run; the S3
     backends reach their server through a link of ``link_rate`` bytes/s each way (0: no
     limit), which the others refuse."""
-    if link_rate and backend not in LINKED:
-        raise BenchError(f"--compression-link-rate limits the S3 server's link: {backend!r} has none "
-                         f"(use it with {' or '.join(LINKED)})")
+    check_link([backend], link_rate)
     if backend == "memory":
         yield "memory", {"store": f"bench-{uuid.uuid4().hex[:8]}"}
     elif backend == "nixl-obj":

@@ -80,25 +80,35 @@ class LimitedLink:
             except OSError:
                 client.close()
                 continue
+            pair = [client, server]
             with self._lock:
                 if self._closed:
                     client.close()
                     server.close()
                     return
-                self._sockets += [client, server]
+                self._sockets += pair
+            running = [2]  # directions of this connection still copying
             for src, dst, pace in ((client, server, self.up), (server, client, self.down)):
-                threading.Thread(target=_pump, args=(src, dst, pace), name="bench-link-pump",
-                                 daemon=True).start()
+                threading.Thread(target=self._pump, args=(src, dst, pace, pair, running),
+                                 name="bench-link-pump", daemon=True).start()
 
-
-def _pump(src: socket.socket, dst: socket.socket, pace: Pace) -> None:
-    """Copy ``src`` to ``dst`` at ``pace`` until either end closes."""
-    buf = bytearray(_CHUNK)
-    view = memoryview(buf)
-    try:
-        while n := src.recv_into(buf):
-            pace.take(n)
-            dst.sendall(view[:n])
-        dst.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
+    def _pump(self, src: socket.socket, dst: socket.socket, pace: Pace, pair: list[socket.socket],
+              running: list[int]) -> None:
+        """Copy ``src`` to ``dst`` at ``pace`` until either end closes; the last direction of
+        ``pair`` to end closes both sockets."""
+        buf = bytearray(_CHUNK)
+        view = memoryview(buf)
+        try:
+            while n := src.recv_into(buf):
+                pace.take(n)
+                dst.sendall(view[:n])
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        with self._lock:
+            running[0] -= 1
+            if running[0] or self._closed:
+                return  # the other direction still copies, or close() has the sockets
+            self._sockets = [sock for sock in self._sockets if sock not in pair]
+        for sock in pair:
+            sock.close()

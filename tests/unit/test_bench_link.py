@@ -4,6 +4,7 @@ is no S3 link to limit."""
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -94,6 +95,17 @@ def test_closing_the_link_closes_its_connections(echo_port: int) -> None:
     sock.close()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", link.port), timeout=5)
+
+
+def test_a_finished_connection_gives_its_sockets_back(echo_port: int) -> None:
+    with LimitedLink(("127.0.0.1", echo_port), 1e9) as link:
+        before = len(os.listdir("/proc/self/fd"))
+        for _ in range(20):
+            assert _round_trip(link.port, b"ping") == b"ping"
+        deadline = time.monotonic() + 10
+        while len(os.listdir("/proc/self/fd")) > before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(os.listdir("/proc/self/fd")) <= before  # 20 connections held no descriptor
 
 
 def test_backends_without_an_s3_link_refuse_a_link_rate() -> None:
