@@ -289,7 +289,7 @@ class SlabConnector:
         if store is None:
             return [Reason.MISS] * len(keys)
         if self.transport.reads_plans:
-            plan = store.plan_get(keys, self.checksum_writes)
+            plan = store.plan_get(keys, self.checksum_writes, self.transport.plans_direct)
             if plan is not None:
                 return self._get_planned(store, keys, pages, plan)
         return self._get_located(store, keys, pages)

@@ -313,9 +313,11 @@ class SlabIndex:
             out.append(located((f, entry)))
         return out
 
-    def plan(self, keys: Sequence[str], geometry: Geometry, verified_only: bool) -> GetPlan | None:
+    def plan(self, keys: Sequence[str], geometry: Geometry, verified_only: bool,
+             direct: bool = False) -> GetPlan | None:
         """:meth:`lookup` and the checks before a read of ``keys`` in one C call, or None
-        where the table cannot plan. Caller holds ``lock``."""
+        where the table cannot plan; with ``direct``, its pages' O_DIRECT descriptors too.
+        Caller holds ``lock``."""
         def open_slab(writer: int, slab: int) -> int | None:
             try:
                 return self.files.get(writer, slab)
@@ -323,7 +325,10 @@ class SlabIndex:
                 self._drop_slab(writer, slab, exc)
                 return None
 
-        return plan_get(self.table, keys, geometry, verified_only, open_slab)
+        def open_direct(writer: int, slab: int) -> int:
+            return self.files.get(writer, slab, direct=True)
+
+        return plan_get(self.table, keys, geometry, verified_only, open_slab, open_direct if direct else None)
 
     def _drop_slab(self, writer: int, slab: int, exc: OSError) -> None:
         lost = self.table.select(writer, slab)

@@ -19,7 +19,7 @@ import abc
 import array
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from hicache_l3.common.errors import Reason
 from hicache_l3.common.integrity import key_fingerprint, page_checksum
@@ -138,6 +138,8 @@ class SlotTransport(abc.ABC):
     #: Whether :meth:`read_plan` reads a :class:`~hicache_l3.slab.plan.GetPlan` (the native
     #: transport); the others take :meth:`read` of a :class:`ReadBatch`.
     reads_plans: bool = False
+    #: Whether the plans it reads must hold O_DIRECT descriptors (``GetPlan.direct_fds``).
+    plans_direct: bool = False
 
     def read_plan(self, plan: GetPlan, pages: Sequence[Page],
                   reasons: dict[int, Reason] | None = None) -> array.array[int]:
@@ -184,6 +186,29 @@ def direct_fds(store: SlabStore, metrics: Any, fds: Sequence[int], where: Sequen
             unaligned += 1
     if unaligned:
         metrics.count("direct_fallback", unaligned)
+    return out
+
+
+def plan_data_fds(plan: GetPlan, call: native.PlanRead, metrics: Any) -> array.array[int]:
+    """The descriptors a planned O_DIRECT read (``call``, of ``plan``: made with its
+    ``direct_fds``) moves page ``j``'s data through, as :func:`direct_fds`: the O_DIRECT one
+    for a page whose every segment starts and ends on a 4 KiB boundary, else ``plan.fds[j]``
+    (counted ``direct_fallback``)."""
+    direct = plan.direct_fds
+    if direct is None:
+        raise ValueError("a plan made without O_DIRECT descriptors")
+    segments = cast("bytes | array.array[int]", call.keep[0])  # (keep: segments, at, plan)
+    at = cast("array.array[int]", call.keep[1])
+    words = memoryview(segments).cast("B").cast("Q")  # (address, length) pairs
+    if not any(w & (ALIGN - 1) for w in words):
+        return direct
+    out = array.array("i", direct)
+    unaligned = 0
+    for j in range(plan.count):
+        if any(w & (ALIGN - 1) for w in words[2 * at[j]: 2 * at[j + 1]]):
+            out[j] = plan.fds[j]
+            unaligned += 1
+    metrics.count("direct_fallback", unaligned)
     return out
 
 

@@ -28,18 +28,20 @@ class GetPlan:
     page ``j`` is key ``where[j]``, in descriptor ``fds[j]`` at ``data_offs[j]`` with its
     marker record at ``marker_offs[j]``, which must equal ``expect[128 j : 128 (j + 1)]``;
     ``csums[j]`` its checksum (0: none). Arrays are exactly ``count`` long. Every page
-    read is ``slot_bytes`` long (0: not said)."""
+    read is ``slot_bytes`` long (0: not said). ``direct_fds[j]``: an O_DIRECT descriptor on
+    page ``j``'s slab, in a plan made for O_DIRECT reads (else None)."""
 
-    __slots__ = ("code", "count", "csums", "data_offs", "expect", "fds", "marker_offs", "n", "slot_bytes",
-                 "values", "where")
+    __slots__ = ("code", "count", "csums", "data_offs", "direct_fds", "expect", "fds", "marker_offs", "n",
+                 "slot_bytes", "values", "where")
 
     def __init__(self, n: int, count: int, values: array.array[int], code: array.array[int],
                  data_offs: array.array[int], marker_offs: array.array[int], expect: bytearray,
                  csums: array.array[int], where: array.array[int], fds: array.array[int],
-                 slot_bytes: int = 0) -> None:
+                 slot_bytes: int = 0, direct_fds: array.array[int] | None = None) -> None:
         self.n, self.count, self.values, self.code = n, count, values, code
         self.data_offs, self.marker_offs, self.expect = data_offs, marker_offs, expect
         self.csums, self.where, self.fds, self.slot_bytes = csums, where, fds, slot_bytes
+        self.direct_fds = direct_fds
 
     def entry(self, i: int) -> Entry:
         """The index entry of key ``i`` (not a :data:`MISS`)."""
@@ -76,11 +78,14 @@ def _zeros(typecode: str, n: int) -> array.array[int]:
 
 
 def plan_get(table: PageTable, keys: Sequence[str], geometry: Geometry, verified_only: bool,
-             open_slab: Callable[[int, int], int | None]) -> GetPlan | None:
+             open_slab: Callable[[int, int], int | None],
+             open_direct: Callable[[int, int], int] | None = None) -> GetPlan | None:
     """The :class:`GetPlan` of ``keys`` (valid page keys) against ``table``, or None where
     none can be made (module docstring). ``open_slab(writer, slab)`` gives a descriptor, or
     None when the slab cannot be opened (it has then dropped the slab's keys from the
-    index): those keys are :data:`MISS`. Caller holds the index lock."""
+    index): those keys are :data:`MISS`. With ``open_direct(writer, slab)`` (an O_DIRECT
+    descriptor on a slab ``open_slab`` opened) the plan holds ``direct_fds``. Caller holds
+    the index lock."""
     if not isinstance(table, NativePageTable):
         return None
     n = len(keys)
@@ -117,9 +122,13 @@ def plan_get(table: PageTable, keys: Sequence[str], geometry: Geometry, verified
         csums, where = csums[:count], where[:count]
         del expect[RECORD_BYTES * count:]
     by_slab = array.array("i", [fd if fd is not None else -1 for fd in table_fds])
+    by_direct = None if open_direct is None else array.array("i", [
+        -1 if fd is None else open_direct(slabs[2 * k], slabs[2 * k + 1]) for k, fd in enumerate(table_fds)])
     if m == 1:  # the common batch: one slab, one C-level repeat
         fds = by_slab * count
+        direct_fds = None if by_direct is None else by_direct * count
     else:
         fds = table.plan_fds(where, slab_of, by_slab)
+        direct_fds = None if by_direct is None else table.plan_fds(where, slab_of, by_direct)
     return GetPlan(n, count, values, code, data_offs, marker_offs, expect, csums, where, fds,
-                   geometry.slot_bytes)
+                   geometry.slot_bytes, direct_fds)

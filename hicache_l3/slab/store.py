@@ -190,13 +190,14 @@ class SlabStore:
             self._check_open()
             return self.index.lookup(keys)
 
-    def plan_get(self, keys: Sequence[str], verified_only: bool) -> GetPlan | None:
+    def plan_get(self, keys: Sequence[str], verified_only: bool, direct: bool = False) -> GetPlan | None:
         """:meth:`lookup` of ``keys`` and the checks before their read, as one
-        :class:`~hicache_l3.slab.plan.GetPlan`; None where the table cannot plan."""
+        :class:`~hicache_l3.slab.plan.GetPlan` (with ``direct``, holding the pages' O_DIRECT
+        descriptors); None where the table cannot plan."""
         self.refresh()
         with self._lock:
             self._check_open()
-            return self.index.plan(keys, self.geometry, verified_only)
+            return self.index.plan(keys, self.geometry, verified_only, direct)
 
     def touch(self, own: Sequence[tuple[int, int]]) -> None:
         """Mark own ``(slab, slot)`` pairs as recently used (LRU order)."""

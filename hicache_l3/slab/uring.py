@@ -12,11 +12,15 @@ import ctypes
 import logging
 import os
 import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from hicache_l3.slab import io, native
 
 if TYPE_CHECKING:
+    from hicache_l3.common.errors import Reason
+    from hicache_l3.common.pages import Page
+    from hicache_l3.slab.plan import GetPlan
     from hicache_l3.slab.store import SlabStore
 
 log = logging.getLogger(__name__)
@@ -54,13 +58,15 @@ class Rings:
                                       at, pb.expect_at, pb.marker_len, pb.checksums_at, self.lib.xxh3_at,
                                       pb.status_at))
 
-    def read_cold(self, call: native.PlanRead) -> int:
+    def read_plan(self, call: native.PlanRead, only: int = -1,
+                  data_fds: array.array[int] | None = None) -> int:
         """The pages of a planned read (:meth:`~hicache_l3.slab.native.BatchIO.plan_read`)
-        left :data:`~hicache_l3.slab.native.AGAIN` by a nowait read, read through the ring
-        (data and markers from the plan's descriptors); as :meth:`read`."""
+        whose status is ``only`` (every page when -1), read through the ring: data from
+        ``data_fds`` (the plan's descriptors when None), markers from the plan's; as
+        :meth:`read`."""
         a = call.args  # (fds, data and marker offsets, segs, at, expect, mlen, csums, xxh3, status)
-        return int(self.lib.ring_read(self._read, 0, len(call.status), native.AGAIN, None, *a[:8],
-                                   self.lib.xxh3_at, a[9]))
+        return int(self.lib.ring_read(self._read, 0, len(call.status), only, _addr(data_fds), *a[:8],
+                                      self.lib.xxh3_at, a[9]))
 
     def write(self, pb: native.PageBatch, data_fds: array.array[int] | None, checksum: bool) -> int:
         """Write every page of ``pb`` (its marker record, then once that is written its data,
@@ -120,29 +126,52 @@ def _addr(fds: array.array[int] | None) -> int | None:
 
 class UringTransport(io.DirectTransport):
     """O_DIRECT slot I/O through :class:`Rings`, ``depth`` pages in flight from one C call
-    (data descriptors as :func:`~hicache_l3.slab.io.direct_fds`). Where the ring is refused
-    or fails, this and later batches take the blocking calls of
-    :class:`~hicache_l3.slab.io.DirectTransport`."""
+    (data descriptors as :func:`~hicache_l3.slab.io.direct_fds`); gets read their plan's
+    arrays as they are. Where the ring is refused or fails, this and later batches take the
+    blocking calls of :class:`~hicache_l3.slab.io.DirectTransport`."""
 
     name = "io_uring O_DIRECT (C)"
+    plans_direct = True
 
     def __init__(self, rings: LazyRings, lib: native.BatchIO, metrics: Any, threads: int) -> None:
         super().__init__(lib, metrics, threads)
         self.rings = rings
         self._failed = False
+        self.reads_plans = True  # until the ring is refused or fails
 
     def stats(self) -> dict[str, Any]:
         """The ring's depth."""
         return {"io_uring_depth": self.rings.depth}
 
     def _ready(self) -> Rings | None:
-        return None if self._failed else self.rings.get()
+        rings = None if self._failed else self.rings.get()
+        if rings is None:
+            self.reads_plans = False  # the blocking calls read located batches
+        return rings
 
     def _broke(self, err: int) -> None:
+        self.reads_plans = False
         if not self._failed:
             self._failed = True
             log.warning("io_uring failed (%s): O_DIRECT pages move by blocking calls from now on",
                         os.strerror(-err))
+
+    def read_plan(self, plan: GetPlan, pages: Sequence[Page],
+                  reasons: dict[int, Reason] | None = None) -> array.array[int]:
+        """The planned pages through the read ring from their O_DIRECT descriptors
+        (:func:`~hicache_l3.slab.io.plan_data_fds`), each page's marker record after its
+        data, checked. Where the ring is refused or fails, the batch is read again by one
+        blocking call through the page cache (later batches take :meth:`read`)."""
+        call = self.lib.plan_read(plan, pages)
+        rings = self._ready()
+        if rings is not None:
+            self.metrics.count("io_uring_pages", plan.count)
+            bad = rings.read_plan(call, -1, io.plan_data_fds(plan, call, self.metrics))
+            if bad >= 0:
+                return call.status
+            self._broke(bad)
+        self.lib.read_plan(call, 0, plan.count)
+        return call.status
 
     def write(self, store: SlabStore, batch: io.WriteBatch) -> None:
         """Every page's marker record, then its data, through the write ring (a page's data
@@ -204,7 +233,7 @@ class ColdRingTransport(io.NativeTransport):
             cold = call.status.count(native.AGAIN)
             self.metrics.count("cold_pages", cold)
             self.metrics.count("io_uring_pages", cold)
-            bad = rings.read_cold(call)
+            bad = rings.read_plan(call, native.AGAIN)
             if bad >= 0:
                 return
             self._failed = True

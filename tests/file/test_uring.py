@@ -3,15 +3,18 @@ suite: cold pages read through the ring, and the fallback when the kernel refuse
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import resource
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from hicache_l3 import Namespace, open_connector
-from hicache_l3.conformance.pages import Pages
+from hicache_l3.common.memory import HostBuffer
+from hicache_l3.conformance.pages import Pages, page_pattern
 from hicache_l3.conformance.slab_backdoor import SlabBackdoor
 from hicache_l3.slab import io, uring
 
@@ -70,6 +73,45 @@ def test_a_cold_page_rewritten_on_disk_is_a_miss(tmp_path: Path) -> None:
         assert got == [j not in (3, 5) for j in range(len(keys))]
         assert conn.stats()["ops"]["counters"].get("io_uring_pages", 0) > 0
         assert conn.stats()["ops"]["get"]["failed"]["corrupt"] >= 1
+
+
+def test_o_direct_gets_read_their_plan_through_o_direct_descriptors(tmp_path: Path) -> None:
+    """An O_DIRECT get reads its plan: every aligned page's data through the ring from the
+    slab's O_DIRECT descriptor, a page with an unaligned segment in the same batch through
+    the page cache (counted), every page right."""
+    with open_connector("file", NS, root=str(tmp_path), o_direct=True, io_uring_depth=4) as conn:
+        keys = [f"direct-{i}" for i in range(12)]
+        pages = Pages(conn, 64 << 10, len(keys))
+        pages.fill(keys)
+        assert conn.batch_set(keys, pages.pages) == [True] * len(keys)
+        store = conn._store  # type: ignore[attr-defined]
+        plans: list[Any] = []
+        real = store.plan_get
+        store.plan_get = lambda *a: plans.append(real(*a)) or plans[-1]
+        _drop_cache(tmp_path)
+        pages.wipe()
+        before = conn.stats()["ops"]["counters"].get("io_uring_pages", 0)
+        assert conn.batch_get(keys, pages.pages) == [True] * len(keys)
+        assert all(pages.matches(i, k) for i, k in enumerate(keys))
+        (plan,) = plans
+        assert plan.count == len(keys) and plan.direct_fds is not None
+        assert all(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT for fd in plan.direct_fds)
+        assert not any(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT for fd in plan.fds)
+        counters = conn.stats()["ops"]["counters"]
+        assert counters["io_uring_pages"] - before == len(keys)
+        assert counters.get("direct_fallback", 0) == 0
+
+        buf = HostBuffer(len(keys) * (64 << 10) + 4096)
+        conn.register(buf)
+        mixed = [p if i % 3 else ((buf.address + 512 + i * (64 << 10), 64 << 10),)
+                 for i, p in enumerate(pages.pages)]  # every third page off a 4 KiB boundary
+        pages.wipe()
+        assert conn.batch_get(keys, mixed) == [True] * len(keys)
+        view = buf.view()
+        for i, k in enumerate(keys):
+            got = view[512 + i * (64 << 10): 512 + (i + 1) * (64 << 10)] if i % 3 == 0 else pages.page(i)
+            assert bytes(got) == page_pattern(k, 64 << 10), i
+        assert conn.stats()["ops"]["counters"]["direct_fallback"] == 4
 
 
 class _NoDescriptors:
