@@ -48,22 +48,14 @@ class Rings:
             raise OSError(err, f"io_uring_setup of depth {depth}: {os.strerror(err)}")
         return int(ring)
 
-    def read(self, pb: native.PageBatch, data_fds: array.array[int] | None) -> int:
-        """Read every page of ``pb``: data from ``data_fds`` (``pb.fds`` when None), then
-        each page's marker record, then checked, as :meth:`~hicache_l3.slab.native.BatchIO.read`.
-        The number not OK, or ``-errno`` when the ring failed (then the pages not read carry
-        that code)."""
-        fds, doffs, moffs, segs, at, _markers = pb.addresses
-        return int(self.lib.ring_read(self._read, 0, len(pb), -1, _addr(data_fds), fds, doffs, moffs, segs,
-                                      at, pb.expect_at, pb.marker_len, pb.checksums_at, self.lib.xxh3_at,
-                                      pb.status_at))
-
     def read_plan(self, call: native.PlanRead, only: int = -1,
                   data_fds: array.array[int] | None = None) -> int:
         """The pages of a planned read (:meth:`~hicache_l3.slab.native.BatchIO.plan_read`)
         whose status is ``only`` (every page when -1), read through the ring: data from
-        ``data_fds`` (the plan's descriptors when None), markers from the plan's; as
-        :meth:`read`."""
+        ``data_fds`` (the plan's descriptors when None), then each page's marker record from
+        the plan's, checked as :meth:`~hicache_l3.slab.native.BatchIO.read_plan` does. The
+        number not OK, or ``-errno`` when the ring failed (then the pages not read carry that
+        code)."""
         a = call.args  # (fds, data and marker offsets, segs, at, expect, mlen, csums, xxh3, status)
         return int(self.lib.ring_read(self._read, 0, len(call.status), only, _addr(data_fds), *a[:8],
                                       self.lib.xxh3_at, a[9]))
@@ -125,10 +117,10 @@ def _addr(fds: array.array[int] | None) -> int | None:
 
 
 class UringTransport(io.DirectTransport):
-    """O_DIRECT slot I/O through :class:`Rings`, ``depth`` pages in flight from one C call
-    (data descriptors as :func:`~hicache_l3.slab.io.direct_fds`); gets read their plan's
-    arrays as they are. Where the ring is refused or fails, this and later batches take the
-    blocking calls of :class:`~hicache_l3.slab.io.DirectTransport`."""
+    """O_DIRECT slot I/O through :class:`Rings`, ``depth`` pages in flight from one C call:
+    sets (data descriptors as :func:`~hicache_l3.slab.io.direct_fds`) and planned gets.
+    Where the ring is refused or fails, this and later batches take the blocking calls of
+    :class:`~hicache_l3.slab.io.DirectTransport` (as do located gets: :meth:`read`)."""
 
     name = "io_uring O_DIRECT (C)"
     plans_direct = True
@@ -186,19 +178,6 @@ class UringTransport(io.DirectTransport):
                 return
             self._broke(bad)  # the ring failed: the whole batch again, by blocking calls
         super().write(store, batch)
-
-    def read(self, store: SlabStore, batch: io.ReadBatch) -> None:
-        """Every page's data, each followed by its marker record, through the read ring."""
-        rings = self._ready()
-        if rings is not None:
-            pb, data_fds = self._read_batch(store, batch)
-            self.metrics.count("io_uring_pages", len(pb))
-            bad = rings.read(pb, data_fds)
-            if bad >= 0:
-                batch.status = pb.status
-                return
-            self._broke(bad)  # the ring failed: the whole batch again, by blocking calls
-        super().read(store, batch)
 
     def close(self) -> None:
         """Tear the rings down and stop the threads."""
