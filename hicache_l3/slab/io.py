@@ -167,48 +167,51 @@ def write_page_batch(batch: WriteBatch) -> tuple[native.PageBatch, SlotColumns]:
                                       batch.pages, made.records), cols
 
 
-def direct_fds(store: SlabStore, metrics: Any, fds: Sequence[int], where: Sequence[tuple[int, int]],
-               pages: Sequence[Page]) -> array.array[int]:
-    """The descriptors page ``j``'s data move through: the O_DIRECT one of slab
-    ``where[j]`` (writer, slab) for a page whose every segment starts and ends on a 4 KiB
-    boundary (SGLang's ``page_first`` pages are a K and a V segment), else ``fds[j]``
-    (counted ``direct_fallback``)."""
-    out = array.array("i", fds)
-    unaligned = 0
+def unaligned_pages(segments: bytes | array.array[int], at: Sequence[int], n: int) -> list[int]:
+    """The pages ``j < n`` that O_DIRECT cannot move: a segment starts or ends off a 4 KiB
+    boundary (``segments``: flat uint64 ``(address, length)`` pairs, page ``j``'s from pair
+    ``at[j]`` to ``at[j + 1]``). One pass over the words when every page is aligned."""
+    words = memoryview(segments).cast("B").cast("Q")
+    if not any(w & (ALIGN - 1) for w in words):
+        return []
+    return [j for j in range(n) if any(w & (ALIGN - 1) for w in words[2 * at[j]: 2 * at[j + 1]])]
+
+
+def direct_fds(store: SlabStore, metrics: Any, pb: native.PageBatch,
+               where: Sequence[tuple[int, int]]) -> array.array[int]:
+    """The descriptors page ``j`` of ``pb`` moves its data through: the O_DIRECT one of slab
+    ``where[j]`` (writer, slab), else, for an :func:`unaligned_pages` page, ``pb.fds[j]``
+    (counted ``direct_fallback``). SGLang's ``page_first`` pages (a K and a V segment) are
+    aligned."""
+    out = array.array("i", pb.fds)
+    unaligned = set(unaligned_pages(pb.segments, pb.at, len(out)))
     direct: dict[tuple[int, int], int] = {}  # a batch's pages sit in a few slabs
-    for j, page in enumerate(pages):
-        if all(address % ALIGN == 0 and length % ALIGN == 0 for address, length in page):
+    for j in range(len(out)):
+        if j not in unaligned:
             fd = direct.get(where[j])
             if fd is None:
                 fd = direct[where[j]] = store.fd(where[j][0], where[j][1], direct=True)
             out[j] = fd
-        else:
-            unaligned += 1
     if unaligned:
-        metrics.count("direct_fallback", unaligned)
+        metrics.count("direct_fallback", len(unaligned))
     return out
 
 
 def plan_data_fds(plan: GetPlan, call: native.PlanRead, metrics: Any) -> array.array[int]:
     """The descriptors a planned O_DIRECT read (``call``, of ``plan``: made with its
-    ``direct_fds``) moves page ``j``'s data through, as :func:`direct_fds`: the O_DIRECT one
-    for a page whose every segment starts and ends on a 4 KiB boundary, else ``plan.fds[j]``
-    (counted ``direct_fallback``)."""
+    ``direct_fds``) moves page ``j``'s data through, as :func:`direct_fds`: the O_DIRECT one,
+    else ``plan.fds[j]`` for an :func:`unaligned_pages` page (counted ``direct_fallback``)."""
     direct = plan.direct_fds
     if direct is None:
         raise ValueError("a plan made without O_DIRECT descriptors")
     segments = cast("bytes | array.array[int]", call.keep[0])  # (keep: segments, at, plan)
-    at = cast("array.array[int]", call.keep[1])
-    words = memoryview(segments).cast("B").cast("Q")  # (address, length) pairs
-    if not any(w & (ALIGN - 1) for w in words):
+    unaligned = unaligned_pages(segments, cast("array.array[int]", call.keep[1]), plan.count)
+    if not unaligned:
         return direct
     out = array.array("i", direct)
-    unaligned = 0
-    for j in range(plan.count):
-        if any(w & (ALIGN - 1) for w in words[2 * at[j]: 2 * at[j + 1]]):
-            out[j] = plan.fds[j]
-            unaligned += 1
-    metrics.count("direct_fallback", unaligned)
+    for j in unaligned:
+        out[j] = plan.fds[j]
+    metrics.count("direct_fallback", len(unaligned))
     return out
 
 
@@ -301,12 +304,11 @@ class DirectTransport(SlotTransport):
     def _write_batch(self, store: SlabStore, batch: WriteBatch) -> tuple[native.PageBatch, array.array[int]]:
         pb, cols = write_page_batch(batch)
         me = store.me or 0  # reserve made this process a writer
-        return pb, direct_fds(store, self.metrics, cols.fds, [(me, s) for s in cols.slabs], batch.pages)
+        return pb, direct_fds(store, self.metrics, pb, [(me, s) for s in cols.slabs])
 
     def _read_batch(self, store: SlabStore, batch: ReadBatch) -> tuple[native.PageBatch, array.array[int]]:
         pb = read_page_batch(batch)
-        return pb, direct_fds(store, self.metrics, pb.fds, [(e[0], e[1]) for _fd, e in batch.located],
-                              batch.pages)
+        return pb, direct_fds(store, self.metrics, pb, [(e[0], e[1]) for _fd, e in batch.located])
 
     def write(self, store: SlabStore, batch: WriteBatch) -> None:
         """Each share: its marker records, then its data."""
