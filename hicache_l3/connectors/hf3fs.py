@@ -4,8 +4,10 @@ up to ``max_writers`` writers of ``capacity_bytes / max_writers`` each). Bytes m
 connector's slab I/O, or with ``usrbio`` (``auto`` where ``hf3fs_fuse.io`` imports and root is
 on a 3FS mount; ``on`` requires it) through 3FS's USRBIO rings: zero-copy for pages in a
 registered :class:`SharedHostBuffer`, through a staging iovec for others. Both paths use the
-same on-disk format; a USRBIO slot moves in two ring rounds (marker, data) so the torn-slot
-argument (:mod:`hicache_l3.slab.format`) holds, and a round that times out abandons its ring.
+same on-disk format. A USRBIO write waits for a slot's marker record before submitting its
+data, a read for its data before its marker record, so the torn-slot argument
+(:mod:`hicache_l3.slab.format`) holds; a batch's ring rounds overlap (:class:`UsrbioTransport`),
+and a round that times out abandons its ring.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import ctypes
 import dataclasses
 import datetime
 import errno
+import functools
 import importlib
 import mmap
 import threading
 import weakref
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from multiprocessing import shared_memory
@@ -56,12 +60,12 @@ class Hf3fsConfig(FileConfig):
     node_locks: bool = setting(True, "also flock writer directories (per node on FUSE)")
     usrbio: Literal["auto", "on", "off"] = setting("auto", "use 3FS USRBIO rings when available")
     usrbio_module: str = setting("hf3fs_fuse.io", "module providing the USRBIO API")
-    usrbio_entries: int = setting(128, "USRBIO ring entries (I/Os per ring round)")
+    usrbio_entries: int = setting(128, "USRBIO ring entries (I/Os in flight at once)")
     usrbio_staging_bytes: int = setting(
         64 << 20, "shared memory per direction for pages outside registered shared memory",
         size=True,
     )
-    usrbio_timeout_s: float = setting(30.0, "bound on one USRBIO ring round")
+    usrbio_timeout_s: float = setting(30.0, "bound on one USRBIO ring wait")
 
     def validate(self) -> None:
         """Check values that types alone cannot."""
@@ -172,24 +176,27 @@ class _Usrbio:
             s = self._scratch[read] = _Scratch(self.io, self.mount, self.entries, self.staging)
         return s
 
-    def run(self, read: bool, ios: list[tuple[Any, int, int]]) -> list[int]:
-        """One ring round: ``(iov slice, fd, offset)`` each; results per I/O (bytes or
-        ``-errno``). Caller holds ``locks[read]``.
+    def run(self, read: bool, ios: list[tuple[Any, int, int]],
+            meanwhile: Callable[[], list[tuple[Any, int, int]]] | None = None) -> list[int]:
+        """One ring round: ``ios`` (``(iov slice, fd, offset)`` each) submitted, then
+        ``meanwhile()`` run while they are in flight and the I/Os it returns submitted too;
+        results per I/O of both, in that order (bytes or ``-errno``). Caller holds
+        ``locks[read]``; at most ``entries`` I/Os in all.
 
         On the main thread the round runs on a helper thread: an interrupt (which only the
         main thread receives) then cannot split prepare/submit/wait, and the round is let
         finish (within the ring timeout) before the interrupt reaches the caller, so no
         submitted I/O writes into the caller's pages after the raise.
         """
-        if not ios:
+        if not ios and meanwhile is None:
             return []
         if threading.current_thread() is not threading.main_thread():
-            return self._round(read, ios)
+            return self._round(read, ios, meanwhile)
         if self._helper is None:
             self._helper = ThreadPoolExecutor(1, thread_name_prefix="hicache-usrbio")
         helper = self._helper
         try:
-            return helper.submit(self._round, read, ios).result()
+            return helper.submit(self._round, read, ios, meanwhile).result()
         except BaseException:
             # Interrupted (possibly inside submit, the round queued or not): the one helper
             # runs its work in order, so once a no-op queued now has run, so has the round.
@@ -199,34 +206,60 @@ class _Usrbio:
                 self._abandon(read)
             raise
 
-    def _round(self, read: bool, ios: list[tuple[Any, int, int]]) -> list[int]:
+    def _round(self, read: bool, ios: list[tuple[Any, int, int]],
+               meanwhile: Callable[[], list[tuple[Any, int, int]]] | None) -> list[int]:
         ring = self._rings.get(read)
         if ring is None:
             ring = self._rings[read] = self.io.make_ioring(
                 self.mount, self.entries, for_read=read, timeout=1, numa=-1
             )
-        results = [-errno.ETIMEDOUT] * len(ios)
-        prepared = 0
+        ios = list(ios)
+        submitted = 0
         try:
-            for n, (iov, fd, off) in enumerate(ios):
-                ring.prepare(iov, read, fd, off, n)
-                prepared += 1
-            ring.submit()
-            done = ring.wait(min_results=len(ios), timeout=self.timeout)
+            submitted = self._submit(ring, read, ios, 0)
+            if meanwhile is not None:
+                try:
+                    ios += meanwhile()
+                except BaseException:  # what is in flight lands before the raise
+                    self._land(ring, submitted)
+                    raise
+                try:
+                    submitted = self._submit(ring, read, ios, submitted)
+                except OSError:
+                    self._land(ring, submitted)
+                    raise
+            done = ring.wait(min_results=len(ios), timeout=self.timeout) if ios else []
         except OSError:
             self._abandon(read)
-            if prepared == 0:
+            if submitted == 0:
                 raise
             return [-errno.EIO] * len(ios)
         except BaseException:  # late completions must not be reaped by a later round
             self._abandon(read)
             raise
+        results = [-errno.ETIMEDOUT] * len(ios)
         for cqe in done:
             if 0 <= cqe.userdata < len(ios):
                 results[cqe.userdata] = cqe.result
         if len(done) < len(ios):
             self._abandon(read)  # late completions must not reach reused memory
         return results
+
+    @staticmethod
+    def _submit(ring: Any, read: bool, ios: list[tuple[Any, int, int]], start: int) -> int:
+        """Prepare ``ios[start:]`` (their index the userdata) and submit them; ``len(ios)``."""
+        for n in range(start, len(ios)):
+            iov, fd, off = ios[n]
+            ring.prepare(iov, read, fd, off, n)
+        if len(ios) > start:
+            ring.submit()
+        return len(ios)
+
+    def _land(self, ring: Any, submitted: int) -> None:
+        """Wait (within the ring timeout) for ``submitted`` I/Os in flight."""
+        if submitted:
+            with contextlib.suppress(OSError):
+                ring.wait(min_results=submitted, timeout=self.timeout)
 
     def _abandon(self, read: bool) -> None:
         self._rings.pop(read, None)
@@ -260,9 +293,11 @@ class _Plan:
 
 
 class UsrbioTransport(SlotTransport):
-    """Slot bytes moved through 3FS USRBIO rings (module docstring): a write in two ring
-    rounds (marker records; then data), a read in two (data; then marker records). Pages
-    inside registered shared memory go zero-copy, others staged."""
+    """Slot bytes moved through 3FS USRBIO rings (module docstring), a batch in rounds
+    whose data I/Os and marker records fit the ring. One ring wait takes a round's data with
+    the next round's marker records (a write) or the previous round's (a read), so ``k``
+    rounds wait ``k + 1`` times. Pages inside registered shared memory go zero-copy, others
+    staged."""
 
     name = "3FS USRBIO rings"
 
@@ -310,20 +345,20 @@ class UsrbioTransport(SlotTransport):
         return out
 
     def _rounds(self, pages: list[Page], page_bytes: int) -> list[list[_Plan]]:
-        """The pages' plans split into ring rounds: I/Os within ``entries``, staged bytes
-        within the staging area. Pages whose segments alone exceed a round are staged."""
+        """The pages' plans split into rounds whose data I/Os and marker records together
+        fit the ring (``entries``), staged bytes within the staging area. A page whose
+        segments alone leave no room for its marker record is staged."""
         entries, staging = self.rings.entries, max(self.rings.staging, page_bytes)
         rounds: list[list[_Plan]] = []
         current: list[_Plan] = []
         ios = staged = 0
         for j, page in enumerate(pages):
             p = _Plan(j, self._iov_slices(page))
-            if p.zero_copy is not None and len(p.zero_copy) > entries:
+            if p.zero_copy is not None and len(p.zero_copy) >= entries:
                 p.zero_copy = None
             need = len(p.zero_copy) if p.zero_copy is not None else 1
             stage = 0 if p.zero_copy is not None else page_bytes
-            if current and (ios + need > entries or staged + stage > staging
-                            or len(current) >= entries // 2):
+            if current and (ios + need + len(current) + 1 > entries or staged + stage > staging):
                 rounds.append(current)
                 current, ios, staged = [], 0, 0
             if stage:
@@ -341,98 +376,141 @@ class UsrbioTransport(SlotTransport):
         self.metrics.count("usrbio_zero_copy", zero)
         self.metrics.count("usrbio_staged", len(plans) - zero)
 
-    def _run(self, read: bool, ios: list[tuple[Any, int, int, _Plan]]) -> None:
-        """One ring round of ``(iov slice, fd, offset, plan)`` I/Os; a page fails when any
-        of its I/Os moved fewer bytes than asked."""
-        results = self.rings.run(read, [io[:3] for io in ios])
-        for r, (iov, _, _, p) in zip(results, ios):
+    def _run(self, read: bool, ios: list[tuple[Any, int, int, _Plan]],
+             meanwhile: Callable[[], list[tuple[Any, int, int, _Plan]]] | None = None) -> None:
+        """One ring round of ``(iov slice, fd, offset, plan)`` I/Os, and those ``meanwhile()``
+        returns while they are in flight (:meth:`_Usrbio.run`); a page fails when any of its
+        I/Os moved fewer bytes than asked."""
+        more: list[tuple[Any, int, int, _Plan]] = []
+
+        def then() -> list[tuple[Any, int, int]]:
+            more.extend(meanwhile() if meanwhile is not None else ())
+            return [io[:3] for io in more]
+
+        results = self.rings.run(read, [io[:3] for io in ios], then if meanwhile is not None else None)
+        for r, (iov, _, _, p) in zip(results, [*ios, *more]):
             if r != len(iov):
                 if p.ok:
                     self._log.warning("usrbio-io", "hf3fs: USRBIO I/O failed: result %d of %d", r,
                                       len(iov))
                 p.ok = False
 
+    def _data_ios(self, plans: list[_Plan], scratch: _Scratch, fds: list[int], data_at: list[int],
+                  page_bytes: int, pages: Sequence[Page] | None) -> list[tuple[Any, int, int, _Plan]]:
+        """The data I/Os of the pages of ``plans`` still OK: zero-copy, or through their
+        ``page_bytes`` in ``scratch``'s staging area (copied there first from ``pages`` when
+        given: a write)."""
+        ios: list[tuple[Any, int, int, _Plan]] = []
+        iov, view, base = scratch.iov, scratch.view, scratch.markers
+        for p in plans:
+            if not p.ok:
+                continue
+            fd = fds[p.index]
+            self.rings.register_fd(fd)
+            if p.zero_copy is not None:
+                _zero_copy_ios(ios, p, fd, data_at[p.index])
+                continue
+            o = pos = base + p.stage
+            if pages is None:
+                pos += page_bytes
+            else:
+                for seg in self.regions.views(pages[p.index]) or []:
+                    view[pos : pos + len(seg)] = seg
+                    pos += len(seg)
+            ios.append((iov[o:pos], fd, data_at[p.index], p))
+        return ios
+
     # ---- moving slots -----------------------------------------------------------------
     def write(self, store: SlabStore, batch: WriteBatch) -> None:
-        """Ring round 1: marker records; round 2: the data."""
+        """Each page's marker record, then its data; a round's data goes with the next
+        round's marker records, hashed and encoded while that data is in flight."""
         usrbio, geometry = self.rings, batch.geometry
         page_bytes = geometry.slot_bytes
         keys, pages, slots = batch.keys, batch.pages, batch.slots
+        fds = [s[0] for s in slots]
         data_at, marker_at = geometry.offsets(s[2] for s in slots)
         with usrbio.locks[False]:
-            for plan_round in self._rounds(pages, page_bytes):
-                scratch = usrbio.scratch(False, page_bytes)
-                iov, view, base = scratch.iov, scratch.view, scratch.markers
-                ios: list[tuple[Any, int, int, _Plan]] = []
-                for n, p in enumerate(plan_round):  # round 1: marker records
-                    fd, _, _, gen = slots[p.index]
-                    usrbio.register_fd(fd)
-                    csum = page_checksum(pages[p.index]) if batch.checksum else 0
-                    batch.checksums[p.index] = csum
-                    r = RECORD_BYTES * n
-                    view[r : r + RECORD_BYTES] = encode_marker(gen, page_bytes, csum,
-                                                               key_fingerprint(keys[p.index]))
-                    ios.append((iov[r : r + RECORD_BYTES], fd, marker_at[p.index], p))
-                self._run(False, ios)
-                ios = []
-                written = [p for p in plan_round if p.ok]
-                for p in written:  # round 2: the data, once the markers are written
-                    fd = slots[p.index][0]
-                    if p.zero_copy is not None:
-                        _zero_copy_ios(ios, p, fd, data_at[p.index])
-                    else:
-                        o = pos = base + p.stage
-                        for seg in self.regions.views(pages[p.index]) or []:
-                            view[pos : pos + len(seg)] = seg
-                            pos += len(seg)
-                        ios.append((iov[o:pos], fd, data_at[p.index], p))
-                self._run(False, ios)
-                self._count(written)
-                for p in plan_round:
+            rounds = self._rounds(pages, page_bytes)
+            scratch = usrbio.scratch(False, page_bytes)
+            data: list[tuple[Any, int, int, _Plan]] = []
+            previous: list[_Plan] = []
+            for k in range(len(rounds) + 1):
+                current = rounds[k] if k < len(rounds) else []
+
+                def markers(plans: list[_Plan] = current, s: _Scratch = scratch
+                            ) -> list[tuple[Any, int, int, _Plan]]:
+                    ios = []
+                    for n, p in enumerate(plans):
+                        fd, _, _, gen = slots[p.index]
+                        usrbio.register_fd(fd)
+                        csum = page_checksum(pages[p.index]) if batch.checksum else 0
+                        batch.checksums[p.index] = csum
+                        r = RECORD_BYTES * n
+                        s.view[r : r + RECORD_BYTES] = encode_marker(gen, page_bytes, csum,
+                                                                     key_fingerprint(keys[p.index]))
+                        ios.append((s.iov[r : r + RECORD_BYTES], fd, marker_at[p.index], p))
+                    return ios
+
+                if len(data) + len(current) > usrbio.entries:  # no room for both: the data first
+                    self._run(False, data)
+                    data = []
+                self._run(False, data, markers if current else None)
+                self._count([p for p in previous if p.ok])
+                for p in previous:
                     if p.ok:
                         batch.status[p.index] = OK
                     else:
                         batch.fail(p.index, Reason.ENGINE_ERROR)
+                scratch = usrbio.scratch(False, page_bytes)  # a fresh one if the round failed
+                data, previous = self._data_ios(current, scratch, fds, data_at, page_bytes, pages), current
 
     def read(self, store: SlabStore, batch: ReadBatch) -> None:
-        """Ring round 1: the data; round 2: marker records, after the data."""
+        """Each page's data, then its marker record; a round's data goes with the previous
+        round's marker records, and the round before that is verified meanwhile."""
         usrbio, geometry = self.rings, batch.geometry
         page_bytes = geometry.slot_bytes
         keys, pages, located, status = batch.keys, batch.pages, batch.located, batch.status
+        fds = [loc[0] for loc in located]
         data_at, marker_at = geometry.offsets(loc[1][2] for loc in located)
+        records: dict[int, memoryview] = {}  # a page's marker record, once read
+
+        def check(plans: list[_Plan]) -> list[tuple[Any, int, int, _Plan]]:
+            for p in plans:
+                j = p.index
+                if p.ok:
+                    status[j] = verify(records.pop(j), located[j].entry, keys[j], pages[j])
+                else:
+                    batch.fail(j, Reason.ENGINE_ERROR)
+            return []
+
         with usrbio.locks[True]:
-            for plan_round in self._rounds(pages, page_bytes):
-                scratch = usrbio.scratch(True, page_bytes)
-                iov, view, base = scratch.iov, scratch.view, scratch.markers
-                ios: list[tuple[Any, int, int, _Plan]] = []
-                for p in plan_round:  # round 1: the data
-                    fd = located[p.index][0]
-                    usrbio.register_fd(fd)
-                    if p.zero_copy is not None:
-                        _zero_copy_ios(ios, p, fd, data_at[p.index])
-                    else:
-                        o = base + p.stage
-                        ios.append((iov[o : o + page_bytes], fd, data_at[p.index], p))
-                self._run(True, ios)
-                self._count(plan_round)
+            rounds = self._rounds(pages, page_bytes)
+            scratch = usrbio.scratch(True, page_bytes)
+            waiting: list[_Plan] = []  # data read, marker records not yet
+            arrived: list[_Plan] = []  # both read, not yet verified
+            for k in range(len(rounds) + 1):
+                current = rounds[k] if k < len(rounds) else []
                 ios = []
-                for n, p in enumerate(plan_round):  # round 2: marker records, after the data
-                    if p.ok:
-                        r = RECORD_BYTES * n
-                        ios.append((iov[r : r + RECORD_BYTES], located[p.index][0], marker_at[p.index], p))
-                self._run(True, ios)
-                for n, p in enumerate(plan_round):
-                    j = p.index
-                    if not p.ok:
-                        batch.fail(j, Reason.ENGINE_ERROR)
-                        continue
-                    if p.zero_copy is None:
-                        pos = base + p.stage
-                        for seg in self.regions.views(pages[j]) or []:
-                            seg[:] = view[pos : pos + len(seg)]
+                at = RECORD_BYTES * (k % 2) * (usrbio.entries // 2)
+                for n, p in enumerate(q for q in waiting if q.ok):
+                    r = at + RECORD_BYTES * n
+                    records[p.index] = scratch.view[r : r + RECORD_BYTES]
+                    ios.append((scratch.iov[r : r + RECORD_BYTES], fds[p.index], marker_at[p.index], p))
+                data = self._data_ios(current, scratch, fds, data_at, page_bytes, None)
+                if len(ios) + len(data) > usrbio.entries:  # no room for both: the records first
+                    self._run(True, ios)
+                    ios = []
+                self._run(True, ios + data, functools.partial(check, arrived) if arrived else None)
+                self._count(current)
+                for p in current:  # the staged copies out, before the area is reused
+                    if p.ok and p.zero_copy is None:
+                        pos = scratch.markers + p.stage
+                        for seg in self.regions.views(pages[p.index]) or []:
+                            seg[:] = scratch.view[pos : pos + len(seg)]
                             pos += len(seg)
-                    record = view[RECORD_BYTES * n : RECORD_BYTES * (n + 1)]
-                    status[j] = verify(record, located[j].entry, keys[j], pages[j])
+                scratch = usrbio.scratch(True, page_bytes)  # a fresh one if the round failed
+                waiting, arrived = current, waiting
+            check(arrived)
 
     def close(self) -> None:
         """Deregister fds (before the store closes them), free rings and iovecs."""

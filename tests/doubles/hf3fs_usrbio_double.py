@@ -8,7 +8,8 @@ file descriptors, from worker threads, as the FUSE daemon's I/O threads would):
 
 * ``extract_mount_point(path)``: the nearest ancestor holding ``3fs-virt/iovs`` (a test
   "mount" is a directory with that subdirectory), or None;
-* ``register_fd(fd, flags=0)`` / ``deregister_fd(fd)``;
+* ``register_fd(fd, flags=0)`` / ``deregister_fd(fd)`` (the simulated daemon keeps its own
+  reference to the file, so a late I/O never reaches a file that reused the number);
 * ``make_iovec(shm, mount, block_size=0, numa=-1)``: a ``SharedMemory`` becomes an iovec;
   like the real one it symlinks ``<mount>/3fs-virt/iovs/<uuid>`` to ``/dev/shm/<name>``;
 * ``make_ioring(mount, entries, for_read=True, io_depth=0, priority=None, timeout=None,
@@ -22,7 +23,8 @@ in ``/dev/shm`` when the iovec is made (the FUSE daemon maps it by name; memory 
 it cannot be a target), slices are contiguous (step 1) and inside their iovec, the fd
 must be registered (once), ``read`` must match the ring's direction, at most
 ``entries`` I/Os may be outstanding, and ``wait`` honours its timeout.
-:data:`STATS` counts I/Os and bytes, so tests can prove the USRBIO path ran.
+:data:`STATS` counts I/Os, bytes and waits, so tests can prove the USRBIO path ran;
+:data:`EVENTS`, when a test sets it, records when each I/O starts and ends.
 """
 
 from __future__ import annotations
@@ -39,10 +41,14 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing import shared_memory
 from typing import Any
 
-STATS = {"ios": 0, "bytes": 0, "iovecs": 0}
+STATS = {"ios": 0, "bytes": 0, "iovecs": 0, "waits": 0}
 DELAY_S = 0.0  # tests set it to simulate a slow FUSE daemon
+EVENTS: list[tuple[str, bool, int, int, int]] | None = None
+"""Tests set a list: ``("start" | "done", read, file, offset, length)`` per I/O, in order
+(``file``: the daemon's descriptor of the registered file, one per registration)."""
 _lock = threading.Lock()
 _registered: set[int] = set()
+_files: dict[int, _File] = {}  # registered fd -> the daemon's own reference to its file
 _pool = ThreadPoolExecutor(4, thread_name_prefix="usrbio-double")
 
 
@@ -58,6 +64,22 @@ def extract_mount_point(path: str) -> str | None:
         current = parent
 
 
+class _File:
+    """The daemon's reference to a registered file (a duplicate descriptor): I/O submitted
+    on an fd reaches the file registered then, even when it completes after ``fd`` was
+    deregistered, closed and its number reused, as 3FS's daemon's own file handles do."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = os.dup(fd)
+        self.users = 1  # the registration, and each I/O submitted and not yet done
+
+    def release(self) -> None:
+        """Drop one user (caller holds ``_lock``); the last one closes the duplicate."""
+        self.users -= 1
+        if self.users == 0:
+            os.close(self.fd)
+
+
 def register_fd(fd: int, flags: int = 0) -> None:
     """Allow USRBIO I/O on ``fd``; registering an fd twice is an error, as in 3FS."""
     os.fstat(fd)  # EBADF for a closed fd
@@ -65,12 +87,16 @@ def register_fd(fd: int, flags: int = 0) -> None:
         if fd in _registered:
             raise OSError(errno.EINVAL, f"fd {fd} is already registered")
         _registered.add(fd)
+        _files[fd] = _File(fd)
 
 
 def deregister_fd(fd: int) -> None:
     """Forget ``fd`` (must happen before it is closed)."""
     with _lock:
         _registered.discard(fd)
+        file = _files.pop(fd, None)
+        if file is not None:
+            file.release()
 
 
 class iovec:
@@ -151,7 +177,7 @@ class ioring:
             raise OSError(errno.EINVAL, f"entries must be > 0, got {entries}")
         self.entries = entries
         self.for_read = for_read
-        self._prepared: list[tuple[iovec, int, int, Any]] = []
+        self._prepared: list[tuple[iovec, _File, int, Any]] = []
         self._outstanding = 0
         self._done: queue.Queue[_Cqe] = queue.Queue()
         self._lock = threading.Lock()
@@ -171,12 +197,13 @@ class ioring:
         with _lock:
             if fd not in _registered:
                 raise OSError(errno.EBADF, f"fd {fd} is not registered")
+            file = _files[fd]
         if off < 0:
             raise OSError(errno.EINVAL, f"negative offset {off}")
         with self._lock:
             if self._outstanding + len(self._prepared) >= self.entries:
                 raise OSError(errno.EAGAIN, f"ioring full ({self.entries} entries)")
-            self._prepared.append((iov, fd, off, userdata))
+            self._prepared.append((iov, file, off, userdata))
         return self
 
     def submit(self) -> ioring:
@@ -184,15 +211,19 @@ class ioring:
         with self._lock:
             batch, self._prepared = self._prepared, []
             self._outstanding += len(batch)
+        with _lock:
+            for _, file, _, _ in batch:
+                file.users += 1
         _pool.submit(self._start, batch)  # one call, as the real submit is one C call
         return self
 
-    def _start(self, batch: list[tuple[iovec, int, int, Any]]) -> None:
+    def _start(self, batch: list[tuple[iovec, _File, int, Any]]) -> None:
         for io in batch:
             _pool.submit(self._run, *io)
 
-    def _run(self, iov: iovec, fd: int, off: int, userdata: Any) -> None:
-        view = iov.memory()
+    def _run(self, iov: iovec, file: _File, off: int, userdata: Any) -> None:
+        view, fd = iov.memory(), file.fd
+        _event("start", self.for_read, fd, off, len(view))
         if DELAY_S:
             time.sleep(DELAY_S)
         try:
@@ -205,6 +236,8 @@ class ioring:
         with _lock:
             STATS["ios"] += 1
             STATS["bytes"] += max(n, 0)
+            file.release()
+        _event("done", self.for_read, fd, off, len(view))
         self._done.put(_Cqe(n, userdata))
 
     def wait(self, *, max_results: int = 0, min_results: int = 0,
@@ -212,6 +245,8 @@ class ioring:
         """At least ``min_results`` completions (fewer only on timeout), at most
         ``max_results`` (0: no limit beyond what is ready)."""
         max_results = max(max_results, min_results)
+        with _lock:
+            STATS["waits"] += 1
         deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
         out: list[_Cqe] = []
         while len(out) < min_results:
@@ -232,6 +267,13 @@ class ioring:
         if not out and min_results > 0:
             raise OSError(errno.ETIMEDOUT, "timed out waiting for I/O completions")
         return out
+
+
+def _event(what: str, read: bool, fd: int, off: int, length: int) -> None:
+    events = EVENTS
+    if events is not None:
+        with _lock:
+            events.append((what, read, fd, off, length))
 
 
 def make_ioring(hf3fs_mount_point: str, entries: int, for_read: bool = True, io_depth: int = 0,

@@ -123,6 +123,64 @@ def _settings(mount: str, **kw: Any) -> dict[str, Any]:
             "usrbio_module": DOUBLE, **kw}
 
 
+def _slot_order(events: list[tuple[str, bool, int, int, int]],
+                read: bool) -> dict[tuple[int, int], list[str]]:
+    """Per (file, slot), what happened to it in ``events`` of direction ``read``, in order:
+    ``"<start|done> <marker|data>"``."""
+    geometry = Geometry(PAGE)
+    slot_of = {geometry.marker_offset(s): (s, "marker") for s in range(2048)}
+    slot_of.update({geometry.data_offset(s): (s, "data") for s in range(2048)})
+    out: dict[tuple[int, int], list[str]] = {}
+    for what, r, fd, off, _ in events:
+        if r == read:
+            slot, part = slot_of[off]
+            out.setdefault((fd, slot), []).append(f"{what} {part}")
+    return out
+
+
+# a freed staging segment may still be exported to the double's daemon threads
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("shared", [False, True], ids=["staged", "zero-copy"])
+def test_rounds_overlap_and_each_slot_keeps_its_order(mount: str, shared: bool,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch of several ring rounds waits once per round and once more (a round's data
+    travels with the next round's marker records when writing, with the previous round's
+    when reading), and every slot's marker record is still written before its data, and
+    read after it."""
+    n, entries = 13, 8  # rounds of 4 pages: 4 rounds
+    with open_connector("hf3fs", NS, _settings(mount, usrbio_entries=entries)) as conn:
+        buf = SharedHostBuffer(n * PAGE) if shared else HostBuffer(n * PAGE)
+        conn.register(buf)
+        view = buf.view()
+        keys = [f"round-{i}" for i in range(n)]
+        pages = contiguous_pages(buf.address, PAGE, range(n))
+        for i, key in enumerate(keys):
+            view[i * PAGE : (i + 1) * PAGE] = page_pattern(key, PAGE)
+        assert conn.batch_set(["warm"], pages[:1]) == [True]  # slab files opened before counting
+        events: list[tuple[str, bool, int, int, int]] = []
+        monkeypatch.setattr(double, "EVENTS", events)
+        waits = double.STATS["waits"]
+        assert conn.batch_set(keys, pages) == [True] * n
+        assert double.STATS["waits"] - waits == 4 + 1
+        written = _slot_order(events, read=False)
+        assert len(written) == n
+        assert all(o == ["start marker", "done marker", "start data", "done data"] for o in written.values())
+
+        view[:] = bytes(len(view))
+        events.clear()
+        waits = double.STATS["waits"]
+        assert conn.batch_get(keys, pages) == [True] * n
+        assert double.STATS["waits"] - waits == 4 + 1
+        read = _slot_order(events, read=True)
+        assert read.keys() == written.keys()
+        assert all(o == ["start data", "done data", "start marker", "done marker"] for o in read.values())
+        for i, key in enumerate(keys):
+            assert view[i * PAGE : (i + 1) * PAGE] == page_pattern(key, PAGE)
+    del view
+    if isinstance(buf, SharedHostBuffer):
+        buf.close()
+
+
 # the double's simulated daemon threads may still hold slices of a freed staging
 # segment when it is collected (SharedMemory.__del__ then cannot unmap it)
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
