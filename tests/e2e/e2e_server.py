@@ -185,6 +185,10 @@ class SGLangServer:
             "PYTHONPATH": _pythonpath(str(STANDINS)),
             "HICACHE_L3_E2E_STATS": str(self.stats_path),
             "PYTHONUNBUFFERED": "1",
+            # stop() signals the whole group: without these SGLang takes the scheduler's
+            # exit for a crash and sleeps 5 s before its (GPU) crash diagnostics
+            "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
+            "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
             **(env or {}),
         })
 
