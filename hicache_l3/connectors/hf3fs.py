@@ -233,7 +233,8 @@ class _Usrbio:
             self._abandon(read)
             if submitted == 0:
                 raise
-            return [-errno.EIO] * len(ios)
+            # what was submitted may still complete: as a timeout (the slot held), not a failure
+            return [-errno.ETIMEDOUT] * submitted + [-errno.EIO] * (len(ios) - submitted)
         except BaseException:  # late completions must not be reaped by a later round
             self._abandon(read)
             raise
@@ -290,6 +291,7 @@ class _Plan:
     zero_copy: list[Any] | None  # iov slices over the page's segments, or None: staged
     stage: int = 0  # offset of the staged copy in the scratch iovec
     ok: bool = True
+    held: bool = False  # an I/O of it timed out: it may still land
 
 
 class UsrbioTransport(SlotTransport):
@@ -380,7 +382,7 @@ class UsrbioTransport(SlotTransport):
              meanwhile: Callable[[], list[tuple[Any, int, int, _Plan]]] | None = None) -> None:
         """One ring round of ``(iov slice, fd, offset, plan)`` I/Os, and those ``meanwhile()``
         returns while they are in flight (:meth:`_Usrbio.run`); a page fails when any of its
-        I/Os moved fewer bytes than asked."""
+        I/Os moved fewer bytes than asked, and is held when one timed out (never reaped)."""
         more: list[tuple[Any, int, int, _Plan]] = []
 
         def then() -> list[tuple[Any, int, int]]:
@@ -389,6 +391,7 @@ class UsrbioTransport(SlotTransport):
 
         results = self.rings.run(read, [io[:3] for io in ios], then if meanwhile is not None else None)
         for r, (iov, _, _, p) in zip(results, [*ios, *more]):
+            p.held |= r == -errno.ETIMEDOUT
             if r != len(iov):
                 if p.ok:
                     self._log.warning("usrbio-io", "hf3fs: USRBIO I/O failed: result %d of %d", r,
@@ -423,7 +426,9 @@ class UsrbioTransport(SlotTransport):
     # ---- moving slots -----------------------------------------------------------------
     def write(self, store: SlabStore, batch: WriteBatch) -> None:
         """Each page's marker record, then its data; a round's data goes with the next
-        round's marker records, hashed and encoded while that data is in flight."""
+        round's marker records, hashed and encoded while that data is in flight. A page
+        whose write timed out is held (:attr:`~hicache_l3.slab.io.WriteBatch.held`): the
+        abandoned ring may still write its slot."""
         usrbio, geometry = self.rings, batch.geometry
         page_bytes = geometry.slot_bytes
         keys, pages, slots = batch.keys, batch.pages, batch.slots
@@ -461,6 +466,8 @@ class UsrbioTransport(SlotTransport):
                         batch.status[p.index] = OK
                     else:
                         batch.fail(p.index, Reason.ENGINE_ERROR)
+                        if p.held:  # a late write must not land in a reused slot
+                            batch.held.add(p.index)
                 scratch = usrbio.scratch(False, page_bytes)  # a fresh one if the round failed
                 data, previous = self._data_ios(current, scratch, fds, data_at, page_bytes, pages), current
 

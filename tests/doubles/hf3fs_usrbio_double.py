@@ -43,6 +43,7 @@ from typing import Any
 
 STATS = {"ios": 0, "bytes": 0, "iovecs": 0, "waits": 0}
 DELAY_S = 0.0  # tests set it to simulate a slow FUSE daemon
+DELAY_MIN_BYTES = 0  # only I/Os of at least this many bytes are delayed
 EVENTS: list[tuple[str, bool, int, int, int]] | None = None
 """Tests set a list: ``("start" | "done", read, file, offset, length)`` per I/O, in order
 (``file``: the daemon's descriptor of the registered file, one per registration)."""
@@ -224,7 +225,7 @@ class ioring:
     def _run(self, iov: iovec, file: _File, off: int, userdata: Any) -> None:
         view, fd = iov.memory(), file.fd
         _event("start", self.for_read, fd, off, len(view))
-        if DELAY_S:
+        if DELAY_S and len(view) >= DELAY_MIN_BYTES:
             time.sleep(DELAY_S)
         try:
             if self.for_read:

@@ -231,6 +231,36 @@ def test_slow_daemon_fails_pages_within_the_timeout(mount: str, monkeypatch: pyt
         assert conn.batch_exists(["slow-0", "slow-1"]) == [True, True]
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # (as above)
+def test_a_write_that_timed_out_never_lands_in_a_reused_slot(mount: str,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Data writes that outlive the ring's timeout hold their slots (quarantined, never
+    reused), so their late bytes never become another key's page, even unchecksummed."""
+    settings = _settings(mount, usrbio_timeout_s=0.3, checksum="none", max_writers=1,
+                         capacity_bytes=2 * Geometry(PAGE).stride)
+    with open_connector("hf3fs", NS, settings) as conn:
+        buf = HostBuffer(2 * PAGE)
+        conn.register(buf)
+        view = buf.view()
+        pages = contiguous_pages(buf.address, PAGE, range(2))
+        view[:] = page_pattern("late-0", PAGE) + page_pattern("late-1", PAGE)
+        monkeypatch.setattr(double, "DELAY_MIN_BYTES", PAGE)  # the data, not the marker records
+        monkeypatch.setattr(double, "DELAY_S", 0.6)
+        assert conn.batch_set(["late-0", "late-1"], pages) == [False, False]
+        assert conn.stats()["engine"]["quarantined_slots"] == 2
+        monkeypatch.setattr(double, "DELAY_S", 0.0)
+        view[:] = page_pattern("next-0", PAGE) + page_pattern("next-1", PAGE)
+        stored = conn.batch_set(["next-0", "next-1"], pages)
+        time.sleep(1.0)  # the late writes have landed
+        view[:] = bytes(2 * PAGE)
+        got = conn.batch_get(["next-0", "next-1"], pages)
+        for i, key in enumerate(["next-0", "next-1"]):
+            if got[i]:
+                assert view[i * PAGE : (i + 1) * PAGE] == page_pattern(key, PAGE), f"{key}: wrong bytes"
+        assert stored == [False, False] and got == [False, False]  # the store's two slots are held
+        del view
+
+
 def test_usrbio_settings_that_cannot_work_are_named(mount: str, tmp_path: Path) -> None:
     with pytest.raises(EngineUnavailableError, match="no_such_usrbio_module"):
         open_connector("hf3fs", NS, _settings(mount, usrbio_module="no_such_usrbio_module"))
