@@ -385,11 +385,12 @@ class UsrbioTransport(SlotTransport):
         I/Os moved fewer bytes than asked, and is held when one timed out (never reaped)."""
         more: list[tuple[Any, int, int, _Plan]] = []
 
-        def then() -> list[tuple[Any, int, int]]:
-            more.extend(meanwhile() if meanwhile is not None else ())
+        def then(meanwhile: Callable[[], list[tuple[Any, int, int, _Plan]]]) -> list[tuple[Any, int, int]]:
+            more.extend(meanwhile())
             return [io[:3] for io in more]
 
-        results = self.rings.run(read, [io[:3] for io in ios], then if meanwhile is not None else None)
+        results = self.rings.run(read, [io[:3] for io in ios],
+                                 functools.partial(then, meanwhile) if meanwhile is not None else None)
         for r, (iov, _, _, p) in zip(results, [*ios, *more]):
             p.held |= r == -errno.ETIMEDOUT
             if r != len(iov):
@@ -423,6 +424,23 @@ class UsrbioTransport(SlotTransport):
             ios.append((iov[o:pos], fd, data_at[p.index], p))
         return ios
 
+    def _markers(self, batch: WriteBatch, plans: list[_Plan], scratch: _Scratch,
+                 marker_at: list[int]) -> list[tuple[Any, int, int, _Plan]]:
+        """The marker-record writes of the pages of ``plans``, each hashed (when the batch
+        checksums) and encoded into ``scratch``'s record area."""
+        ios: list[tuple[Any, int, int, _Plan]] = []
+        page_bytes = batch.geometry.slot_bytes
+        for n, p in enumerate(plans):
+            fd, _, _, gen = batch.slots[p.index]
+            self.rings.register_fd(fd)
+            csum = page_checksum(batch.pages[p.index]) if batch.checksum else 0
+            batch.checksums[p.index] = csum
+            r = RECORD_BYTES * n
+            scratch.view[r : r + RECORD_BYTES] = encode_marker(gen, page_bytes, csum,
+                                                               key_fingerprint(batch.keys[p.index]))
+            ios.append((scratch.iov[r : r + RECORD_BYTES], fd, marker_at[p.index], p))
+        return ios
+
     # ---- moving slots -----------------------------------------------------------------
     def write(self, store: SlabStore, batch: WriteBatch) -> None:
         """Each page's marker record, then its data; a round's data goes with the next
@@ -431,7 +449,7 @@ class UsrbioTransport(SlotTransport):
         abandoned ring may still write its slot."""
         usrbio, geometry = self.rings, batch.geometry
         page_bytes = geometry.slot_bytes
-        keys, pages, slots = batch.keys, batch.pages, batch.slots
+        pages, slots = batch.pages, batch.slots
         fds = [s[0] for s in slots]
         data_at, marker_at = geometry.offsets(s[2] for s in slots)
         with usrbio.locks[False]:
@@ -441,24 +459,10 @@ class UsrbioTransport(SlotTransport):
             previous: list[_Plan] = []
             for k in range(len(rounds) + 1):
                 current = rounds[k] if k < len(rounds) else []
-
-                def markers(plans: list[_Plan] = current, s: _Scratch = scratch
-                            ) -> list[tuple[Any, int, int, _Plan]]:
-                    ios = []
-                    for n, p in enumerate(plans):
-                        fd, _, _, gen = slots[p.index]
-                        usrbio.register_fd(fd)
-                        csum = page_checksum(pages[p.index]) if batch.checksum else 0
-                        batch.checksums[p.index] = csum
-                        r = RECORD_BYTES * n
-                        s.view[r : r + RECORD_BYTES] = encode_marker(gen, page_bytes, csum,
-                                                                     key_fingerprint(keys[p.index]))
-                        ios.append((s.iov[r : r + RECORD_BYTES], fd, marker_at[p.index], p))
-                    return ios
-
                 if len(data) + len(current) > usrbio.entries:  # no room for both: the data first
                     self._run(False, data)
                     data = []
+                markers = functools.partial(self._markers, batch, current, scratch, marker_at)
                 self._run(False, data, markers if current else None)
                 self._count([p for p in previous if p.ok])
                 for p in previous:
